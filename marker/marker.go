@@ -1,0 +1,146 @@
+package marker
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Kind says whether a snapshot is a periodic checkpoint or a user-requested
+// savepoint. Savepoints are never deleted by retention and never subsume
+// retained checkpoints.
+type Kind uint8
+
+const (
+	// Checkpoint is a periodic, engine-owned snapshot.
+	Checkpoint Kind = iota
+	// Savepoint is a snapshot requested by the user and owned by the user.
+	Savepoint
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Checkpoint:
+		return "checkpoint"
+	case Savepoint:
+		return "savepoint"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Mode is the barrier-handling mode of a checkpoint.
+type Mode uint8
+
+const (
+	// Aligned is exactly-once with barrier alignment: a subtask blocks each
+	// input channel on which barrier N arrived until barrier N has arrived on
+	// every open input channel.
+	Aligned Mode = iota
+	// Unaligned is exactly-once without alignment: the barrier overtakes
+	// queued data and the overtaken in-flight data becomes part of the
+	// snapshot as channel state.
+	Unaligned
+	// AtLeastOnce never blocks input; records that arrive after barrier N on
+	// one channel but before barrier N on another are reflected in snapshot N
+	// and are replayed after a restore, so they may be seen twice.
+	AtLeastOnce
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Aligned:
+		return "aligned"
+	case Unaligned:
+		return "unaligned"
+	case AtLeastOnce:
+		return "at-least-once"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseMode parses the names printed by Mode.String.
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(s) {
+	case "aligned", "exactly-once":
+		return Aligned, nil
+	case "unaligned":
+		return Unaligned, nil
+	case "at-least-once", "atleastonce", "alo":
+		return AtLeastOnce, nil
+	}
+	return 0, fmt.Errorf("marker: unknown checkpoint mode %q (want aligned, unaligned or at-least-once)", s)
+}
+
+// Options are carried by every barrier.
+type Options struct {
+	Kind Kind
+	Mode Mode
+}
+
+// Barrier is checkpoint barrier N. Timestamp is the trigger time at the
+// coordinator in Unix nanoseconds; subtasks use it for the start-delay metric.
+type Barrier struct {
+	ID        int64
+	Timestamp int64
+	Options   Options
+}
+
+func (b Barrier) String() string {
+	return fmt.Sprintf("barrier(%d %s %s)", b.ID, b.Options.Kind, b.Options.Mode)
+}
+
+// EventType distinguishes the in-band events.
+type EventType uint8
+
+const (
+	// EventBarrier carries a Barrier.
+	EventBarrier EventType = iota + 1
+	// EventCancel tells downstream subtasks that checkpoint ID was aborted
+	// upstream, so they must not wait for its barrier.
+	EventCancel
+	// EventEndOfInput says the sender will send nothing more on this channel.
+	EventEndOfInput
+)
+
+func (t EventType) String() string {
+	switch t {
+	case EventBarrier:
+		return "barrier"
+	case EventCancel:
+		return "cancel"
+	case EventEndOfInput:
+		return "end-of-input"
+	}
+	return fmt.Sprintf("event(%d)", uint8(t))
+}
+
+// Event is one in-band control event. For EventBarrier, Barrier is set; for
+// EventCancel, Barrier.ID holds the cancelled checkpoint id.
+type Event struct {
+	Type    EventType
+	Barrier Barrier
+}
+
+// NewBarrier returns a barrier event.
+func NewBarrier(b Barrier) Event { return Event{Type: EventBarrier, Barrier: b} }
+
+// NewCancel returns a cancel marker for checkpoint id.
+func NewCancel(id int64) Event { return Event{Type: EventCancel, Barrier: Barrier{ID: id}} }
+
+// EndOfInput is the end-of-input event.
+var EndOfInput = Event{Type: EventEndOfInput}
+
+// Priority reports whether the event may overtake queued data buffers
+// (unaligned barriers only).
+func (e Event) Priority() bool {
+	return e.Type == EventBarrier && e.Barrier.Options.Mode == Unaligned
+}
+
+func (e Event) String() string {
+	switch e.Type {
+	case EventBarrier:
+		return e.Barrier.String()
+	case EventCancel:
+		return fmt.Sprintf("cancel(%d)", e.Barrier.ID)
+	}
+	return e.Type.String()
+}

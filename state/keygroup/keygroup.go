@@ -1,0 +1,183 @@
+package keygroup
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+const (
+	// DefaultLowerMaxParallelism is the smallest default max parallelism.
+	DefaultLowerMaxParallelism = 1 << 7
+	// UpperMaxParallelism is the largest allowed max parallelism.
+	UpperMaxParallelism = 1 << 15
+)
+
+// Range is an inclusive range of key groups. The empty range has Start > End.
+type Range struct {
+	Start, End int
+}
+
+// Empty is the empty key-group range.
+var Empty = Range{Start: 0, End: -1}
+
+// Contains reports whether kg lies in r.
+func (r Range) Contains(kg int) bool { return kg >= r.Start && kg <= r.End }
+
+// Len is the number of key groups in r.
+func (r Range) Len() int {
+	if r.End < r.Start {
+		return 0
+	}
+	return r.End - r.Start + 1
+}
+
+// Intersect returns the key groups in both r and o.
+func (r Range) Intersect(o Range) Range {
+	s, e := max(r.Start, o.Start), min(r.End, o.End)
+	if e < s {
+		return Empty
+	}
+	return Range{s, e}
+}
+
+func (r Range) String() string { return fmt.Sprintf("[%d, %d]", r.Start, r.End) }
+
+// DefaultMaxParallelism returns the max parallelism used when none is set:
+// min(max(roundUpToPowerOfTwo(p + p/2), 128), 32768).
+func DefaultMaxParallelism(p int) int {
+	n := p + p/2
+	r := 1
+	for r < n {
+		r <<= 1
+	}
+	return min(max(r, DefaultLowerMaxParallelism), UpperMaxParallelism)
+}
+
+// CheckParallelism validates a parallelism against a max parallelism.
+func CheckParallelism(p, maxP int) error {
+	if maxP <= 0 || maxP > UpperMaxParallelism {
+		return fmt.Errorf("keygroup: max parallelism %d out of range (1..%d)", maxP, UpperMaxParallelism)
+	}
+	if p <= 0 || p > maxP {
+		return fmt.Errorf("keygroup: parallelism %d out of range (1..max parallelism %d)", p, maxP)
+	}
+	return nil
+}
+
+// RangeFor returns the key groups owned by subtask i of p subtasks.
+func RangeFor(maxP, p, i int) Range {
+	return Range{Start: (i*maxP + p - 1) / p, End: ((i+1)*maxP - 1) / p}
+}
+
+// Owner returns the subtask (of p) that owns key group kg.
+func Owner(maxP, p, kg int) int { return kg * p / maxP }
+
+// ForHash returns the key group of a key whose stable 32-bit hash is h.
+func ForHash(h uint32, maxP int) int {
+	return int(murmurMix(int32(h)) % uint32(maxP))
+}
+
+// murmurMix is Flink's MathUtils.murmurHash(int): one MurmurHash3 round over
+// a single int, returning a non-negative value.
+func murmurMix(code int32) uint32 {
+	c := uint32(code)
+	c *= 0xcc9e2d51
+	c = bits.RotateLeft32(c, 15)
+	c *= 0x1b873593
+	c = bits.RotateLeft32(c, 13)
+	c = c*5 + 0xe6546b64
+	c ^= 4
+	c ^= c >> 16
+	c *= 0x85ebca6b
+	c ^= c >> 13
+	c *= 0xc2b2ae35
+	c ^= c >> 16
+	v := int32(c)
+	switch {
+	case v >= 0:
+		return uint32(v)
+	case v != math.MinInt32:
+		return uint32(-v)
+	}
+	return 0
+}
+
+const (
+	fnvOffset = 2166136261
+	fnvPrime  = 16777619
+)
+
+// HashBytes is the stable 32-bit hash (FNV-1a) of b.
+func HashBytes(b []byte) uint32 {
+	h := uint32(fnvOffset)
+	for _, c := range b {
+		h ^= uint32(c)
+		h *= fnvPrime
+	}
+	return h
+}
+
+// HashString is HashBytes([]byte(s)) without the copy.
+func HashString(s string) uint32 {
+	h := uint32(fnvOffset)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= fnvPrime
+	}
+	return h
+}
+
+func hashUint64(v uint64) uint32 {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], v)
+	return HashBytes(b[:])
+}
+
+// Hash returns the stable hash of a key. Strings, byte-free integer kinds and
+// bools hash without allocating; any other comparable type is hashed over its
+// msgpack encoding, which is deterministic for structs and arrays.
+func Hash[K comparable](k K) uint32 {
+	switch v := any(k).(type) {
+	case string:
+		return HashString(v)
+	case int:
+		return hashUint64(uint64(v))
+	case int64:
+		return hashUint64(uint64(v))
+	case int32:
+		return hashUint64(uint64(v))
+	case int16:
+		return hashUint64(uint64(v))
+	case int8:
+		return hashUint64(uint64(v))
+	case uint:
+		return hashUint64(uint64(v))
+	case uint64:
+		return hashUint64(v)
+	case uint32:
+		return hashUint64(uint64(v))
+	case uint16:
+		return hashUint64(uint64(v))
+	case uint8:
+		return hashUint64(uint64(v))
+	case bool:
+		if v {
+			return hashUint64(1)
+		}
+		return hashUint64(0)
+	}
+	b, err := msgpack.Marshal(k)
+	if err != nil {
+		// Comparable types that msgpack cannot encode (channels, funcs in
+		// interfaces) have no stable identity across processes.
+		panic(fmt.Sprintf("keygroup: key of type %T has no stable encoding: %v", k, err))
+	}
+	return HashBytes(b)
+}
+
+// Of returns the key group of key k.
+func Of[K comparable](k K, maxP int) int { return ForHash(Hash(k), maxP) }
