@@ -1,0 +1,364 @@
+package channel
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/snapflow/snapflow/marker"
+)
+
+// Chan is a bounded FIFO channel of record buffers and in-band events between
+// two subtasks. It implements both Sender and Receiver. Any number of writers
+// may use it concurrently; it has exactly one reader (usually through a
+// Gate).
+type Chan[T any] struct {
+	name        string
+	capacity    int
+	bufferSize  int
+	recordBytes int64
+	// clearRecords is set when T holds pointers: recycled buffers are
+	// cleared so that the free list does not keep records alive.
+	clearRecords bool
+
+	// space carries a wake-up token for writers waiting in Send (CH3). It
+	// has capacity 1 and is posted without blocking.
+	space chan struct{}
+
+	// avail mirrors queue.len()+prio.len(). It is written under mu and read
+	// without it by the Gate, to skip empty channels cheaply.
+	avail atomic.Int64
+
+	mu sync.Mutex
+	// queue holds data buffers and non-priority events in send order (CH1).
+	queue ring[Item[T]]
+	// prio holds priority events in send order; it is polled before queue
+	// (CH4).
+	prio ring[marker.Event]
+	// nData is the number of data buffers in queue (CH2: nData <= capacity).
+	nData         int
+	queuedRecords int64
+	// waiters is the number of writers blocked in Send.
+	waiters int
+	// ended is set once EndOfInput was sent (marker invariant M3).
+	ended bool
+	free  []*Buffer[T]
+	// notify and gatePrio are set by NewGate. notify is the gate's wake-up
+	// channel (capacity 1); gatePrio counts the priority events queued on all
+	// of the gate's inputs.
+	notify   chan struct{}
+	gatePrio *atomic.Int64
+
+	sentBuffers, sentRecords, sentEvents int64
+	backpressuredNanos                   int64
+}
+
+var (
+	_ Sender[int]   = (*Chan[int])(nil)
+	_ Receiver[int] = (*Chan[int])(nil)
+)
+
+// New returns an empty channel.
+func New[T any](cfg Config) *Chan[T] {
+	if cfg.Capacity <= 0 {
+		cfg.Capacity = DefaultCapacity
+	}
+	if cfg.BufferSize <= 0 {
+		cfg.BufferSize = DefaultBufferSize
+	}
+	if cfg.RecordBytes <= 0 {
+		var zero T
+		cfg.RecordBytes = int(unsafe.Sizeof(zero))
+	}
+	c := &Chan[T]{
+		name:         cfg.Name,
+		capacity:     cfg.Capacity,
+		bufferSize:   cfg.BufferSize,
+		recordBytes:  int64(cfg.RecordBytes),
+		clearRecords: hasPointers(reflect.TypeFor[T]()),
+		space:        make(chan struct{}, 1),
+		// Buffers in circulation: Capacity queued, plus one being filled by
+		// each writer and one being processed by the reader. The slack
+		// covers a few writers; beyond that, surplus buffers go to the GC.
+		free: make([]*Buffer[T], 0, cfg.Capacity+4),
+	}
+	c.queue.reserve(cfg.Capacity + 4)
+	return c
+}
+
+// Name returns Config.Name.
+func (c *Chan[T]) Name() string { return c.name }
+
+// Capacity returns the maximum number of queued data buffers.
+func (c *Chan[T]) Capacity() int { return c.capacity }
+
+// NewBuffer implements Sender.
+func (c *Chan[T]) NewBuffer() *Buffer[T] {
+	c.mu.Lock()
+	if n := len(c.free); n > 0 {
+		b := c.free[n-1]
+		c.free[n-1] = nil
+		c.free = c.free[:n-1]
+		c.mu.Unlock()
+		return b
+	}
+	c.mu.Unlock()
+	return &Buffer[T]{Records: make([]T, 0, c.bufferSize)}
+}
+
+// Recycle implements Receiver. Buffers whose capacity is below BufferSize,
+// and buffers beyond the free list's bound, are left to the GC.
+func (c *Chan[T]) Recycle(b *Buffer[T]) {
+	if b == nil || cap(b.Records) < c.bufferSize {
+		return
+	}
+	if c.clearRecords {
+		clear(b.Records[:cap(b.Records)])
+	}
+	b.Records = b.Records[:0]
+	c.mu.Lock()
+	if len(c.free) < cap(c.free) {
+		c.free = append(c.free, b)
+	}
+	c.mu.Unlock()
+}
+
+// Send implements Sender. On error b is recycled.
+func (c *Chan[T]) Send(ctx context.Context, b *Buffer[T]) error {
+	if b == nil {
+		panic(fmt.Sprintf("channel: Send of nil buffer on %q", c.name))
+	}
+	c.mu.Lock()
+	if c.nData < c.capacity && !c.ended {
+		c.enqueueDataLocked(b)
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Unlock()
+	return c.sendSlow(ctx, b)
+}
+
+// sendSlow is Send when the channel is full (or ended): it waits for a space
+// token, re-checking the condition under the lock after every wake-up, so a
+// token that is stale or taken by another writer costs only a loop (CH3).
+func (c *Chan[T]) sendSlow(ctx context.Context, b *Buffer[T]) error {
+	var (
+		start time.Time
+		err   error
+	)
+	c.mu.Lock()
+	for {
+		if c.ended {
+			err = fmt.Errorf("channel: %q: %w", c.name, ErrEndOfInput)
+			break
+		}
+		if c.nData < c.capacity {
+			c.enqueueDataLocked(b)
+			// Pass the wake-up on if there is room for another waiter.
+			if c.waiters > 0 && c.nData < c.capacity {
+				postToken(c.space)
+			}
+			break
+		}
+		// Checked before waiting, so that a done context fails fast and
+		// deterministically.
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			err = fmt.Errorf("channel: send on %q: %w", c.name, ctxErr)
+			break
+		}
+		if start.IsZero() {
+			start = time.Now()
+		}
+		c.waiters++
+		c.mu.Unlock()
+		// On ctx.Done the loop fails above unless space appeared. A token
+		// posted meanwhile stays in c.space for the other waiters; at worst
+		// it causes one spurious re-check.
+		select {
+		case <-c.space:
+		case <-ctx.Done():
+		}
+		c.mu.Lock()
+		c.waiters--
+	}
+	if !start.IsZero() {
+		c.backpressuredNanos += int64(time.Since(start))
+	}
+	c.mu.Unlock()
+	if err != nil {
+		c.Recycle(b)
+	}
+	return err
+}
+
+func (c *Chan[T]) enqueueDataLocked(b *Buffer[T]) {
+	wasEmpty := c.queue.len()+c.prio.len() == 0
+	c.queue.pushBack(Item[T]{Buf: b})
+	c.avail.Add(1)
+	c.nData++
+	n := int64(len(b.Records))
+	c.queuedRecords += n
+	c.sentBuffers++
+	c.sentRecords += n
+	if wasEmpty {
+		c.wakeReaderLocked()
+	}
+}
+
+// wakeReaderLocked posts a token to the gate, if any. Posting under c.mu on
+// every empty -> non-empty transition is what makes CH3 hold for readers.
+func (c *Chan[T]) wakeReaderLocked() {
+	if c.notify != nil {
+		postToken(c.notify)
+	}
+}
+
+// SendEvent implements Sender.
+func (c *Chan[T]) SendEvent(ev marker.Event) error {
+	_, err := c.sendEvent(ev, false)
+	return err
+}
+
+// SendEventOvertaking implements Sender.
+func (c *Chan[T]) SendEventOvertaking(ev marker.Event) ([]*Buffer[T], error) {
+	return c.sendEvent(ev, true)
+}
+
+func (c *Chan[T]) sendEvent(ev marker.Event, copyOvertaken bool) ([]*Buffer[T], error) {
+	if ev.Type == 0 {
+		return nil, fmt.Errorf("channel: %q: zero event", c.name)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return nil, fmt.Errorf("channel: %q: %s: %w", c.name, ev, ErrEndOfInput)
+	}
+	c.sentEvents++
+	if ev.Type == marker.EventEndOfInput {
+		c.ended = true
+	}
+	if !ev.Priority() {
+		wasEmpty := c.queue.len()+c.prio.len() == 0
+		c.queue.pushBack(Item[T]{Event: ev})
+		c.avail.Add(1)
+		if wasEmpty {
+			c.wakeReaderLocked()
+		}
+		return nil, nil
+	}
+	var overtaken []*Buffer[T]
+	if copyOvertaken && c.nData > 0 {
+		overtaken = make([]*Buffer[T], 0, c.nData)
+		for i := 0; i < c.queue.len(); i++ {
+			if b := c.queue.at(i).Buf; b != nil {
+				cp := &Buffer[T]{Records: make([]T, len(b.Records))}
+				copy(cp.Records, b.Records)
+				overtaken = append(overtaken, cp)
+			}
+		}
+	}
+	c.prio.pushBack(ev)
+	c.avail.Add(1)
+	if c.gatePrio != nil {
+		c.gatePrio.Add(1)
+	}
+	// Always wake the reader: it may want priority events even from a
+	// blocked channel (Gate.PollPriority).
+	c.wakeReaderLocked()
+	return overtaken, nil
+}
+
+// TryPoll implements Receiver.
+func (c *Chan[T]) TryPoll() (Item[T], bool) {
+	c.mu.Lock()
+	it, ok := c.pollLocked()
+	c.mu.Unlock()
+	return it, ok
+}
+
+func (c *Chan[T]) pollLocked() (Item[T], bool) {
+	if c.prio.len() > 0 {
+		return Item[T]{Event: c.popPrioLocked()}, true
+	}
+	if c.queue.len() == 0 {
+		return Item[T]{}, false
+	}
+	it := c.queue.popFront()
+	c.avail.Add(-1)
+	if it.Buf != nil {
+		c.nData--
+		c.queuedRecords -= int64(len(it.Buf.Records))
+		if c.waiters > 0 {
+			postToken(c.space)
+		}
+	}
+	return it, true
+}
+
+// tryPollPriority returns the head priority event, if any.
+func (c *Chan[T]) tryPollPriority() (marker.Event, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.prio.len() == 0 {
+		return marker.Event{}, false
+	}
+	return c.popPrioLocked(), true
+}
+
+func (c *Chan[T]) popPrioLocked() marker.Event {
+	ev := c.prio.popFront()
+	c.avail.Add(-1)
+	if c.gatePrio != nil {
+		c.gatePrio.Add(-1)
+	}
+	return ev
+}
+
+// Gauges implements Sender and Receiver.
+func (c *Chan[T]) Gauges() Gauges {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Gauges{
+		Name:               c.name,
+		QueuedBuffers:      c.nData,
+		QueuedEvents:       c.queue.len() - c.nData + c.prio.len(),
+		QueuedBytes:        c.queuedRecords * c.recordBytes,
+		SentBuffers:        c.sentBuffers,
+		SentRecords:        c.sentRecords,
+		SentEvents:         c.sentEvents,
+		BackpressuredNanos: c.backpressuredNanos,
+	}
+}
+
+// postToken posts a wake-up token without blocking; a token already pending
+// is enough.
+func postToken(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// hasPointers reports whether values of type t contain pointers.
+func hasPointers(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128:
+		return false
+	case reflect.Array:
+		return t.Len() > 0 && hasPointers(t.Elem())
+	case reflect.Struct:
+		for i := 0; i < t.NumField(); i++ {
+			if hasPointers(t.Field(i).Type) {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}

@@ -1,0 +1,92 @@
+// Package channel implements the bounded FIFO channels that connect subtasks,
+// and the input Gate that multiplexes the channels of one subtask.
+//
+// Each subtask runs on one goroutine: a mailbox loop that polls its Gate,
+// handles control actions, and writes buffers and events to its output
+// channels (see Gate for the loop). Records travel in batches (Buffer); the
+// per-record cost of the engine is therefore one append into a buffer, and
+// the channel itself costs one mutex acquisition per buffer on each side.
+// The package starts no goroutines.
+//
+// # Design
+//
+// A Chan is a mutex-protected ring deque of items (data buffers and
+// non-priority events) plus a second, small ring of priority events that is
+// polled first. Writers that find Capacity data buffers queued wait on a
+// capacity-1 token channel selected together with ctx.Done(); the reader
+// posts a token whenever it removes a data buffer while writers wait, and a
+// writer re-checks the condition under the lock after every wake-up. A Gate
+// owns a second capacity-1 token channel (Ready) that its inputs post to.
+//
+// Buffer ownership. NewBuffer hands the writer a buffer from the channel's
+// free list (allocating only when the list is empty). Send transfers it to
+// the channel, TryPoll/Poll to the reader, and Recycle back to the free list.
+// Buffers are never shared, so records need no copying and no locking; in
+// steady state the cycle NewBuffer, Send, Poll, Recycle allocates nothing.
+// Overtaken-buffer copies (SendEventOvertaking) are fresh allocations: they
+// leave the cycle to become channel state of an unaligned checkpoint. They
+// copy the record values; memory that records point to is shared, so records
+// must be treated as immutable once sent.
+//
+// Events do not count against Capacity and SendEvent never blocks. Barriers,
+// cancel markers and end-of-input are broadcast by a subtask to all its
+// outputs; if such a send could wait for space, the subtask would wait on a
+// downstream reader, and that reader may itself be waiting, through barrier
+// alignment, for a barrier the first subtask has yet to send or to unblock.
+// Because events are never a wait edge, the only waits are writers waiting on
+// readers that drain every unblocked channel, and a reader blocks a channel
+// only after that channel delivered its barrier; so aligned checkpoints on an
+// acyclic graph cannot deadlock. It also lets an unaligned barrier overtake a
+// full queue, which is the point of unaligned checkpoints, and keeps the
+// subtask goroutine free to serve its mailbox. (Flink does the same: in its
+// credit-based flow control event buffers need no credit.) The event queue is
+// unbounded, but a channel carries only a few events per checkpoint.
+//
+// Blocking is by not polling. Gate.Block stops polling a channel during
+// barrier alignment; nothing is buffered on the reader side. The channel
+// fills to Capacity and its writers feel backpressure, exactly as in Flink
+// since 1.11 (FLINK-16404), where the blocked subpartition stops announcing
+// data and the receiver stores nothing. Gate.Unblock resumes polling.
+//
+// Priority events (marker.Event.Priority: unaligned barriers) go to the head
+// of the channel, behind earlier priority events, as in Flink's
+// PrioritizedDeque: they overtake queued data buffers and also queued
+// non-priority events (an overtaken aligned barrier or cancel marker of an
+// older checkpoint is then simply obsolete at the reader). The overtaken data
+// buffers are what an unaligned checkpoint persists as output channel state;
+// SendEventOvertaking returns copies of them while the originals are still
+// consumed normally. Gate.Poll returns priority events of unblocked inputs
+// before any data; Gate.PollPriority also takes them from blocked inputs.
+//
+// # Invariants
+//
+//   - CH1 (FIFO): per channel, data buffers and non-priority events are
+//     polled in the order their Send/SendEvent calls took effect (for one
+//     writer, program order). Non-priority events never overtake data: an
+//     aligned barrier stays behind the data sent before it, end-of-input
+//     behind everything.
+//   - CH2 (bounded): at most Capacity data buffers are queued on a channel.
+//     Events do not count.
+//   - CH3 (no lost wake-ups): reader side, if an item is queued on an
+//     unblocked input, or a priority event on any input, after the reader's
+//     last Poll that found nothing, then a token is pending on Ready or will
+//     be posted. Channels post on every empty to non-empty transition and on
+//     every priority event, and Unblock posts if the channel is non-empty.
+//     Writer side, a writer waiting in Send is woken whenever a data buffer
+//     is removed, and passes the token on if space remains.
+//   - CH4 (priority): a priority event is polled before every data buffer
+//     and non-priority event queued on its channel when it was sent, and
+//     after earlier priority events. The copies returned by
+//     SendEventOvertaking equal, in FIFO order, exactly the data buffers it
+//     overtook, and share no memory with them.
+//   - CH5 (ownership): a buffer is owned by exactly one of: the writer (from
+//     NewBuffer to Send), the channel (until polled), the reader (until
+//     Recycle), the free list. Send that fails recycles the buffer.
+//   - CH6 (no reader-side buffering): a blocked input is simply not polled;
+//     Gate keeps no items of its own.
+//   - CH7 (end of input): once marker.EndOfInput was sent on a channel, every
+//     later Send and SendEvent fails with ErrEndOfInput (marker M3).
+//   - CH8 (hot path): NewBuffer, Send, SendEvent of a non-priority event,
+//     TryPoll, Poll and Recycle do not allocate in steady state, and cost
+//     O(1) per buffer independent of the number of records.
+package channel

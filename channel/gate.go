@@ -1,0 +1,165 @@
+package channel
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/snapflow/snapflow/marker"
+)
+
+// Gate multiplexes the input channels of one subtask. It is the single
+// reader of each of its channels, and all its methods must be called from
+// the subtask's goroutine. The intended loop is
+//
+//	for {
+//		if ch, it, ok := g.Poll(); ok {
+//			// handle it
+//			continue
+//		}
+//		select {
+//		case <-g.Ready():
+//		case a := <-mailbox:
+//		case <-ctx.Done():
+//		}
+//	}
+//
+// which never misses an item (CH3).
+type Gate[T any] struct {
+	inputs  []*Chan[T]
+	blocked []bool
+	// next is where the round-robin scan of Poll starts.
+	next int
+	// notify holds a wake-up token (capacity 1). Channels post to it on
+	// every empty -> non-empty transition and on every priority event;
+	// Unblock posts to it when the unblocked channel is non-empty.
+	notify chan struct{}
+	// prio counts the priority events queued on all inputs. Poll looks for
+	// them first only when it is non-zero.
+	prio atomic.Int64
+}
+
+// NewGate returns a gate over inputs, in that order; Poll reports an input
+// by its index. It registers itself with each channel so that sends wake the
+// reader. A channel can belong to one gate only (it has one reader); NewGate
+// panics otherwise.
+func NewGate[T any](inputs []*Chan[T]) *Gate[T] {
+	g := &Gate[T]{
+		inputs:  append([]*Chan[T](nil), inputs...),
+		blocked: make([]bool, len(inputs)),
+		notify:  make(chan struct{}, 1),
+	}
+	for i, c := range g.inputs {
+		c.mu.Lock()
+		if c.notify != nil {
+			c.mu.Unlock()
+			panic(fmt.Sprintf("channel: input %d (%q) is already registered with a gate", i, c.name))
+		}
+		c.notify = g.notify
+		c.gatePrio = &g.prio
+		g.prio.Add(int64(c.prio.len()))
+		if c.queue.len()+c.prio.len() > 0 {
+			postToken(g.notify)
+		}
+		c.mu.Unlock()
+	}
+	return g
+}
+
+// Len returns the number of input channels.
+func (g *Gate[T]) Len() int { return len(g.inputs) }
+
+// Input returns input channel ch.
+func (g *Gate[T]) Input(ch int) *Chan[T] { return g.inputs[ch] }
+
+// Ready returns the channel that receives a token when an item may have
+// become available. Tokens may be spurious; after receiving one, call Poll.
+func (g *Gate[T]) Ready() <-chan struct{} { return g.notify }
+
+// Poll returns the next item from an unblocked input; it never blocks.
+// Priority events on unblocked inputs are returned before any data (CH4);
+// otherwise inputs are served round-robin, one item per turn, so no input
+// starves. ok is false when every unblocked input is empty.
+func (g *Gate[T]) Poll() (ch int, it Item[T], ok bool) {
+	n := len(g.inputs)
+	if g.prio.Load() > 0 {
+		for i := 0; i < n; i++ {
+			ch := g.index(i)
+			if g.blocked[ch] || g.inputs[ch].avail.Load() == 0 {
+				continue
+			}
+			if ev, ok := g.inputs[ch].tryPollPriority(); ok {
+				return ch, Item[T]{Event: ev}, true
+			}
+		}
+	}
+	for i := 0; i < n; i++ {
+		ch := g.index(i)
+		if g.blocked[ch] || g.inputs[ch].avail.Load() == 0 {
+			continue
+		}
+		if it, ok := g.inputs[ch].TryPoll(); ok {
+			g.next = ch + 1
+			if g.next == n {
+				g.next = 0
+			}
+			return ch, it, true
+		}
+	}
+	return -1, Item[T]{}, false
+}
+
+// PollPriority returns a queued priority event from any input, blocked or
+// not. It lets an unaligned barrier be seen on a channel that an aligned
+// checkpoint still blocks (e.g. to subsume that checkpoint).
+func (g *Gate[T]) PollPriority() (ch int, ev marker.Event, ok bool) {
+	if g.prio.Load() == 0 {
+		return -1, marker.Event{}, false
+	}
+	for i := 0; i < len(g.inputs); i++ {
+		ch := g.index(i)
+		if ev, ok := g.inputs[ch].tryPollPriority(); ok {
+			return ch, ev, true
+		}
+	}
+	return -1, marker.Event{}, false
+}
+
+func (g *Gate[T]) index(i int) int {
+	ch := g.next + i
+	if ch >= len(g.inputs) {
+		ch -= len(g.inputs)
+	}
+	return ch
+}
+
+// Block stops polling input ch. Nothing is buffered on the reader side: the
+// channel's queue fills up and its writers feel backpressure (CH6).
+func (g *Gate[T]) Block(ch int) { g.blocked[ch] = true }
+
+// Unblock resumes polling input ch. If the channel is non-empty it posts a
+// token to Ready, since its sends may have posted tokens that were consumed
+// while it was blocked (CH3).
+func (g *Gate[T]) Unblock(ch int) {
+	if !g.blocked[ch] {
+		return
+	}
+	g.blocked[ch] = false
+	if g.inputs[ch].avail.Load() > 0 {
+		postToken(g.notify)
+	}
+}
+
+// Blocked reports whether input ch is blocked.
+func (g *Gate[T]) Blocked(ch int) bool { return g.blocked[ch] }
+
+// Recycle returns a buffer polled from input ch to that channel's free list.
+func (g *Gate[T]) Recycle(ch int, b *Buffer[T]) { g.inputs[ch].Recycle(b) }
+
+// Gauges returns the gauges of every input, in input order.
+func (g *Gate[T]) Gauges() []Gauges {
+	out := make([]Gauges, len(g.inputs))
+	for i, c := range g.inputs {
+		out[i] = c.Gauges()
+	}
+	return out
+}

@@ -1,0 +1,106 @@
+package channel
+
+import (
+	"context"
+	"errors"
+
+	"github.com/snapflow/snapflow/marker"
+)
+
+// Buffer is a batch of records. Ownership passes from the writer to the
+// reader on Send; the reader hands it back with Recycle when it is done, after
+// which neither side may touch it (invariant CH5).
+type Buffer[T any] struct {
+	Records []T
+}
+
+// Item is what a reader polls: a data buffer or an in-band event. Exactly one
+// of Buf and Event is set: Buf is nil for an event, and Event is the zero
+// value for a data buffer.
+type Item[T any] struct {
+	Buf   *Buffer[T]
+	Event marker.Event
+}
+
+// IsEvent reports whether the item carries an event rather than data.
+func (it Item[T]) IsEvent() bool { return it.Buf == nil }
+
+// Default configuration values.
+const (
+	DefaultCapacity   = 8
+	DefaultBufferSize = 256
+)
+
+// Config configures a Chan. Zero or negative numeric fields take their
+// defaults.
+type Config struct {
+	// Capacity is the maximum number of queued data buffers (CH2). Events do
+	// not count against it. Default DefaultCapacity.
+	Capacity int
+	// BufferSize is the record capacity of the buffers handed out by
+	// NewBuffer. Default DefaultBufferSize.
+	BufferSize int
+	// RecordBytes is the estimated size of one record, used only for the
+	// QueuedBytes gauge. Default unsafe.Sizeof(T).
+	RecordBytes int
+	// Name identifies the channel in errors and gauges, e.g.
+	// "map[0]->sink[1]".
+	Name string
+}
+
+// Gauges is a point-in-time view of a channel's counters. Queued* values
+// describe the queue at the time of the call; Sent* and BackpressuredNanos
+// are totals since the channel was created.
+type Gauges struct {
+	Name string
+	// QueuedBuffers and QueuedEvents count queued data buffers and events
+	// (priority and non-priority).
+	QueuedBuffers, QueuedEvents int
+	// QueuedBytes is the number of queued records times Config.RecordBytes.
+	QueuedBytes int64
+	// SentBuffers, SentRecords and SentEvents count accepted Sends and
+	// SendEvents.
+	SentBuffers, SentRecords, SentEvents int64
+	// BackpressuredNanos is the total time writers waited in Send for space.
+	BackpressuredNanos int64
+}
+
+// ErrEndOfInput is returned (wrapped) by Send and SendEvent once
+// marker.EndOfInput has been sent on the channel (marker invariant M3).
+var ErrEndOfInput = errors.New("send after end-of-input")
+
+// Sender is the writer end of a channel. A network transport can implement
+// it later. All methods are safe for concurrent use by several writers.
+type Sender[T any] interface {
+	// NewBuffer returns an empty buffer with capacity Config.BufferSize,
+	// taken from the channel's free list; it allocates only when the free
+	// list is empty.
+	NewBuffer() *Buffer[T]
+	// Send queues b. It blocks while Capacity data buffers are queued
+	// (backpressure) and returns an error wrapping ctx.Err() if ctx ends
+	// first. The caller must not use b after Send, whatever the result.
+	Send(ctx context.Context, b *Buffer[T]) error
+	// SendEvent queues ev; it never blocks. A priority event
+	// (ev.Priority(), an unaligned barrier) is queued ahead of all queued
+	// data buffers and non-priority events, behind earlier priority events.
+	SendEvent(ev marker.Event) error
+	// SendEventOvertaking is SendEvent that also returns, for a priority
+	// event, deep copies of the data buffers it overtook in FIFO order (nil
+	// for a non-priority event). The originals stay queued and are consumed
+	// normally; the copies belong to the caller (channel state of an
+	// unaligned checkpoint).
+	SendEventOvertaking(ev marker.Event) (overtaken []*Buffer[T], err error)
+	// Gauges returns the channel's counters.
+	Gauges() Gauges
+}
+
+// Receiver is the reader end of a channel. A channel has one reader.
+type Receiver[T any] interface {
+	// TryPoll returns the head of the queue; it never blocks. Priority
+	// events come before everything else.
+	TryPoll() (Item[T], bool)
+	// Recycle returns a polled buffer to the writer's free list.
+	Recycle(b *Buffer[T])
+	// Gauges returns the channel's counters.
+	Gauges() Gauges
+}

@@ -1,0 +1,177 @@
+package graph
+
+import (
+	"fmt"
+
+	"github.com/snapflow/snapflow/channel"
+)
+
+// Partitioning says how records move from the subtasks of one operator to
+// the subtasks of the next.
+type Partitioning uint8
+
+const (
+	// Auto is Forward when both sides have the same parallelism and
+	// Rebalance otherwise.
+	Auto Partitioning = iota
+	// Forward sends subtask i's records to subtask i (same parallelism).
+	Forward
+	// Rebalance sends records round-robin to every downstream subtask.
+	Rebalance
+	// Hash routes by key: key -> key group -> owning subtask.
+	Hash
+	// Broadcast sends every record to every downstream subtask.
+	Broadcast
+)
+
+func (p Partitioning) String() string {
+	return [...]string{"auto", "forward", "rebalance", "hash", "broadcast"}[p]
+}
+
+type vertexKind uint8
+
+const (
+	kindSource vertexKind = iota
+	kindOperator
+	kindSink
+)
+
+func (k vertexKind) String() string { return [...]string{"source", "operator", "sink"}[k] }
+
+// vertex is one operator of the job graph, type-erased; the typed builder
+// functions capture the element types in its closures.
+type vertex struct {
+	id             int
+	kind           vertexKind
+	uid, name      string
+	parallelism    int // 0: job default
+	maxParallelism int // 0: job default
+	keyed          bool
+	inputs         []*edge
+	outputs        []*edge
+	// build starts subtask i of this vertex (see run.go).
+	build buildFunc
+}
+
+func (v *vertex) String() string {
+	return fmt.Sprintf("%s %q (%s)", v.kind, v.uid, v.name)
+}
+
+// edge connects two vertices. Its channels are made per attempt (see
+// attempt.chans).
+type edge struct {
+	from, to *vertex
+	part     Partitioning
+	// newChan creates a *channel.Chan[T] for the edge's element type T.
+	newChan func(channel.Config) any
+	// newRoute returns, for upstream subtask i, a func(T) int routing a
+	// record to a downstream subtask (nil for broadcast); the downstream
+	// parallelism and max parallelism are passed in.
+	newRoute func(i, p, maxP int) any
+}
+
+// stream is one upstream of a Stream: a vertex and how to partition its
+// output. A Stream made by Union has several.
+type stream struct {
+	v        *vertex
+	part     Partitioning
+	newRoute func(i, p, maxP int) any
+}
+
+// Stream is a typed stream of records produced by one or more operators.
+type Stream[T any] struct {
+	job   *Job
+	parts []stream
+}
+
+// KeyedStream is a stream partitioned by key: every record with the same key
+// reaches the same subtask of the next keyed operator, through the record's
+// key group.
+type KeyedStream[K comparable, T any] struct {
+	s   *Stream[T]
+	key func(T) K
+}
+
+// Option configures one operator.
+type Option func(*vertex)
+
+// Name sets the display name (default: the uid).
+func Name(name string) Option { return func(v *vertex) { v.name = name } }
+
+// Parallelism sets the number of subtasks of the operator.
+func Parallelism(p int) Option { return func(v *vertex) { v.parallelism = p } }
+
+// MaxParallelism sets the number of key groups (the upper bound for
+// rescaling) of the operator.
+func MaxParallelism(p int) Option { return func(v *vertex) { v.maxParallelism = p } }
+
+func (j *Job) addVertex(kind vertexKind, uid string, opts []Option) *vertex {
+	v := &vertex{id: len(j.vertices), kind: kind, uid: uid, name: uid}
+	for _, o := range opts {
+		o(v)
+	}
+	j.vertices = append(j.vertices, v)
+	return v
+}
+
+func (s *Stream[T]) with(p Partitioning) *Stream[T] {
+	parts := make([]stream, len(s.parts))
+	for i, st := range s.parts {
+		st.part, st.newRoute = p, nil
+		parts[i] = st
+	}
+	return &Stream[T]{job: s.job, parts: parts}
+}
+
+// Forward connects subtask i to subtask i of the next operator, which must
+// have the same parallelism.
+func (s *Stream[T]) Forward() *Stream[T] { return s.with(Forward) }
+
+// Rebalance distributes records round-robin over the next operator's
+// subtasks.
+func (s *Stream[T]) Rebalance() *Stream[T] { return s.with(Rebalance) }
+
+// Broadcast sends every record to every subtask of the next operator.
+func (s *Stream[T]) Broadcast() *Stream[T] { return s.with(Broadcast) }
+
+// Union merges streams of the same type; the next operator reads all of
+// them, each with its own partitioning.
+func Union[T any](s *Stream[T], others ...*Stream[T]) *Stream[T] {
+	parts := append([]stream(nil), s.parts...)
+	for _, o := range others {
+		if o.job != s.job {
+			s.job.errorf("graph: Union of streams from different jobs")
+			continue
+		}
+		parts = append(parts, o.parts...)
+	}
+	return &Stream[T]{job: s.job, parts: parts}
+}
+
+// KeyBy partitions s by the key that key extracts. The key must be
+// deterministic: the same record must always yield the same key, in every
+// process, or keyed state cannot be found after a restore.
+func KeyBy[T any, K comparable](s *Stream[T], key func(T) K) *KeyedStream[K, T] {
+	if key == nil {
+		s.job.errorf("graph: KeyBy with a nil key function")
+	}
+	parts := make([]stream, len(s.parts))
+	for i, st := range s.parts {
+		st.part = Hash
+		st.newRoute = func(_, p, maxP int) any { return hashRoute(key, p, maxP) }
+		parts[i] = st
+	}
+	return &KeyedStream[K, T]{s: &Stream[T]{job: s.job, parts: parts}, key: key}
+}
+
+// connect adds the edges from every upstream of in to v.
+func connect[T any](in *Stream[T], v *vertex) {
+	for _, st := range in.parts {
+		e := &edge{
+			from: st.v, to: v, part: st.part, newRoute: st.newRoute,
+			newChan: func(cfg channel.Config) any { return channel.New[T](cfg) },
+		}
+		st.v.outputs = append(st.v.outputs, e)
+		v.inputs = append(v.inputs, e)
+	}
+}

@@ -1,0 +1,161 @@
+package graph
+
+import (
+	"fmt"
+
+	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/state"
+)
+
+// Collector receives the records a function emits.
+type Collector[T any] interface {
+	Collect(T)
+}
+
+// SourceFunc produces the records of one source subtask. Next returns io.EOF
+// at the end of the input. A replayable source keeps its read position in
+// operator state (see Initializer and Snapshotter) so that a restored job
+// resumes exactly after the last checkpointed record.
+type SourceFunc[T any] interface {
+	Next(ctx *Context) (T, error)
+}
+
+// ProcessFunc handles each record of an unkeyed stream.
+type ProcessFunc[IN, OUT any] interface {
+	Process(ctx *Context, in IN, out Collector[OUT]) error
+}
+
+// KeyedProcessFunc handles each record of a keyed stream; keyed state
+// accessed through ctx is scoped to ctx.CurrentKey().
+type KeyedProcessFunc[K comparable, IN, OUT any] interface {
+	Process(ctx *KeyedContext[K], in IN, out Collector[OUT]) error
+}
+
+// SinkFunc consumes records.
+type SinkFunc[T any] interface {
+	Write(ctx *Context, in T) error
+}
+
+// The optional hooks below are detected on any function value.
+
+// Initializer is called once per subtask attempt before the first record,
+// with the restored state (ctx.Restored reports whether the job was
+// restored). Register state here.
+type Initializer interface {
+	InitializeState(ctx *Context) error
+}
+
+// Snapshotter is called when the subtask takes checkpoint ctx.CheckpointID,
+// between two records. Copy in-flight work into registered state here; the
+// registered state is captured right after it returns.
+type Snapshotter interface {
+	SnapshotState(ctx *SnapshotContext) error
+}
+
+// CheckpointListener learns about completed and aborted checkpoints.
+// Completing N covers every id below N (the subsumption contract), and a
+// notification can be lost (for example when a failure follows completion),
+// so implementations act on everything up to N and redo idempotently after a
+// restore.
+type CheckpointListener interface {
+	NotifyCheckpointComplete(id int64) error
+	NotifyCheckpointAborted(id int64) error
+}
+
+// InputEnder is called once when every input of the subtask has ended.
+type InputEnder interface {
+	EndInput(ctx *Context) error
+}
+
+// Closer releases resources when the subtask stops, normally or not.
+type Closer interface {
+	Close() error
+}
+
+// TaskInfo describes the subtask a function runs in.
+type TaskInfo struct {
+	UID, Name      string
+	Subtask        int
+	Parallelism    int
+	MaxParallelism int
+	// Attempt counts restarts of the job: 0 for the first run.
+	Attempt int
+}
+
+func (t TaskInfo) String() string {
+	return fmt.Sprintf("%s[%d/%d]", t.UID, t.Subtask, t.Parallelism)
+}
+
+// Context is handed to functions of one subtask. It is owned by the
+// subtask's goroutine.
+type Context struct {
+	info      TaskInfo
+	restored  bool
+	ckpt      bool
+	operators *state.OperatorStore
+	keyed     any // *state.KeyedBackend[K] for keyed operators
+}
+
+func newContext(in task.Info) (*Context, error) {
+	var lists []snapshot.NamedList
+	if in.Restored != nil {
+		lists = in.Restored.Lists
+	}
+	ops, err := state.NewOperatorStore(lists, in.IsRestore)
+	if err != nil {
+		return nil, err
+	}
+	return &Context{
+		info: TaskInfo{
+			UID: in.UID, Name: in.Name, Subtask: in.Subtask, Parallelism: in.Parallelism,
+			MaxParallelism: in.MaxParallelism, Attempt: in.Attempt,
+		},
+		restored:  in.IsRestore,
+		ckpt:      in.CheckpointingEnabled,
+		operators: ops,
+	}, nil
+}
+
+// Task describes the subtask.
+func (c *Context) Task() TaskInfo { return c.info }
+
+// Restored reports whether the job was restored from a checkpoint or
+// savepoint (the subtask may still have received no state).
+func (c *Context) Restored() bool { return c.restored }
+
+// CheckpointingEnabled reports whether the job takes periodic checkpoints.
+func (c *Context) CheckpointingEnabled() bool { return c.ckpt }
+
+// OperatorState is the subtask's operator (non-keyed) state; register lists
+// with state.ListState and state.UnionListState.
+func (c *Context) OperatorState() *state.OperatorStore { return c.operators }
+
+// KeyedState returns the keyed-state backend of a keyed subtask, for
+// registering state with state.Value. It returns nil for unkeyed subtasks or
+// a key type other than K.
+func KeyedState[K comparable](c *Context) *state.KeyedBackend[K] {
+	b, _ := c.keyed.(*state.KeyedBackend[K])
+	return b
+}
+
+// KeyedContext is the Context of a keyed subtask during Process.
+type KeyedContext[K comparable] struct {
+	*Context
+	backend *state.KeyedBackend[K]
+}
+
+// CurrentKey is the key of the record being processed.
+func (c *KeyedContext[K]) CurrentKey() K { return c.backend.CurrentKey() }
+
+// Backend is the keyed-state backend (state is scoped to CurrentKey).
+func (c *KeyedContext[K]) Backend() *state.KeyedBackend[K] { return c.backend }
+
+// SnapshotContext is handed to Snapshotter.SnapshotState.
+type SnapshotContext struct {
+	*Context
+	CheckpointID int64
+	Timestamp    int64 // trigger time, Unix nanoseconds
+	Options      marker.Options
+}

@@ -1,0 +1,220 @@
+package graph
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/state/keygroup"
+)
+
+// CheckpointConfig configures checkpointing. Checkpointing is enabled when
+// Interval > 0; Dir must then be set.
+type CheckpointConfig struct {
+	// Interval between periodic checkpoints; 0 disables them.
+	Interval time.Duration
+	// Mode is the barrier mode: marker.Aligned (exactly-once, the default)
+	// or marker.AtLeastOnce.
+	Mode marker.Mode
+	// Timeout after which a pending checkpoint expires (default 10m).
+	Timeout time.Duration
+	// MinPause is the least time between the completion of one checkpoint
+	// and the trigger of the next.
+	MinPause time.Duration
+	// MaxConcurrent pending checkpoints (default 1).
+	MaxConcurrent int
+	// TolerableFailures is the number of consecutive failed checkpoints the
+	// job tolerates; one more fails the job (and may restart it).
+	TolerableFailures int
+	// Dir is the checkpoint root: checkpoints go to Dir/<job-id>/chk-N.
+	Dir string
+	// Retain is the number of completed checkpoints kept (default 1).
+	Retain int
+	// RetainOnCancel keeps the checkpoints when the job is cancelled.
+	RetainOnCancel bool
+	// SavepointDir is where savepoints go (default Dir/<job-id>).
+	SavepointDir string
+	// FS is the filesystem for checkpoints (default the OS filesystem).
+	FS vfs.FS
+}
+
+// RestoreConfig says where the first attempt of a job starts from. Later
+// attempts (restarts after a failure) always restore the latest completed
+// checkpoint.
+type RestoreConfig struct {
+	// Latest restores the newest completed checkpoint of the job id, if any.
+	Latest bool
+	// Path restores an explicit checkpoint or savepoint (its directory or
+	// its _metadata file).
+	Path string
+	// AllowNonRestoredState skips state of operators that no longer exist
+	// instead of failing the restore.
+	AllowNonRestoredState bool
+}
+
+// Config configures a job.
+type Config struct {
+	// JobID names the job's checkpoint directory; default
+	// snapshot.JobIDFromName(job name), so a restarted job finds its
+	// checkpoints.
+	JobID string
+	// Parallelism is the default parallelism of operators (default 1).
+	Parallelism int
+	// MaxParallelism is the default number of key groups (default 128, or
+	// more for parallelism above 128). Changing it makes keyed state
+	// unrestorable.
+	MaxParallelism int
+	Checkpoint     CheckpointConfig
+	Restart        RestartStrategy
+	Restore        RestoreConfig
+	// ChannelCapacity is the number of buffers a channel queues before its
+	// writer blocks (default 8).
+	ChannelCapacity int
+	// BufferSize is the number of records per buffer (default 256).
+	BufferSize int
+	// FlushInterval bounds how long a record waits in a partly filled
+	// buffer (default 5ms).
+	FlushInterval time.Duration
+	// Logf receives warnings and progress (default log.Printf).
+	Logf func(format string, args ...any)
+	// OnEvent, when set, is called for job events (checkpoints completed or
+	// failed, failures, restarts, restores) from the job's master goroutine.
+	OnEvent func(Event)
+}
+
+// Job is a dataflow graph under construction. Build it with Source, Map,
+// KeyBy, ProcessKeyed, Sink and friends, then Run it.
+type Job struct {
+	name     string
+	cfg      Config
+	vertices []*vertex
+	errs     []error
+}
+
+// NewJob returns an empty job.
+func NewJob(name string, cfg Config) *Job {
+	return &Job{name: name, cfg: cfg}
+}
+
+// Name is the job's name.
+func (j *Job) Name() string { return j.name }
+
+// ID is the job id: the configured one, or derived from the name.
+func (j *Job) ID() string {
+	if j.cfg.JobID != "" {
+		return j.cfg.JobID
+	}
+	return snapshot.JobIDFromName(j.name)
+}
+
+func (j *Job) errorf(format string, args ...any) {
+	j.errs = append(j.errs, fmt.Errorf(format, args...))
+}
+
+func (j *Job) logf(format string, args ...any) {
+	if j.cfg.Logf != nil {
+		j.cfg.Logf(format, args...)
+		return
+	}
+	log.Printf(format, args...)
+}
+
+// Validate checks the graph and the configuration and resolves defaults.
+// Run calls it; it is exported so a graph can be checked without running.
+func (j *Job) Validate() error {
+	c := &j.cfg
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	errs = append(errs, j.errs...)
+	if c.Parallelism == 0 {
+		c.Parallelism = 1
+	}
+	if c.Parallelism < 0 {
+		add("graph: job parallelism %d must be positive", c.Parallelism)
+	}
+	if c.ChannelCapacity <= 0 {
+		c.ChannelCapacity = 8
+	}
+	if c.BufferSize <= 0 {
+		c.BufferSize = 256
+	}
+	if c.FlushInterval <= 0 {
+		c.FlushInterval = 5 * time.Millisecond
+	}
+	if c.Restart == nil {
+		c.Restart = NoRestart()
+	}
+	if c.Checkpoint.FS == nil {
+		c.Checkpoint.FS = vfs.Default
+	}
+	if c.Checkpoint.Interval < 0 {
+		add("graph: checkpoint interval %v must not be negative", c.Checkpoint.Interval)
+	}
+	if c.Checkpoint.Interval > 0 && c.Checkpoint.Dir == "" {
+		add("graph: checkpointing is enabled (interval %v) but Checkpoint.Dir is empty", c.Checkpoint.Interval)
+	}
+	if c.Checkpoint.Mode == marker.Unaligned {
+		add("graph: unaligned checkpoints are not supported yet; use aligned or at-least-once")
+	}
+	if (c.Restore.Latest || c.Restore.Path != "") && c.Checkpoint.Dir == "" && c.Restore.Path == "" {
+		add("graph: Restore.Latest needs Checkpoint.Dir")
+	}
+	if len(j.vertices) == 0 {
+		add("graph: job %q has no operators", j.name)
+	}
+	uids := map[string]*vertex{}
+	sources := 0
+	for _, v := range j.vertices {
+		if v.parallelism == 0 {
+			v.parallelism = c.Parallelism
+		}
+		if v.maxParallelism == 0 {
+			v.maxParallelism = c.MaxParallelism
+		}
+		if v.maxParallelism == 0 {
+			v.maxParallelism = max(keygroup.DefaultLowerMaxParallelism, keygroup.DefaultMaxParallelism(v.parallelism))
+		}
+		if v.uid == "" {
+			add("graph: %s %q has no uid; every operator needs a stable uid so its state can be restored", v.kind, v.name)
+		} else if o, dup := uids[v.uid]; dup {
+			add("graph: duplicate uid %q: %s and %s", v.uid, o, v)
+		} else {
+			uids[v.uid] = v
+		}
+		if v.parallelism < 1 {
+			add("graph: %s: parallelism %d must be positive", v, v.parallelism)
+		} else if err := keygroup.CheckParallelism(v.parallelism, v.maxParallelism); err != nil {
+			add("graph: %s: parallelism %d is above its max parallelism %d", v, v.parallelism, v.maxParallelism)
+		}
+		if v.kind == kindSource {
+			sources++
+		}
+		if v.kind != kindSink && len(v.outputs) == 0 {
+			add("graph: %s is not connected: nothing consumes its output (add a sink or remove it)", v)
+		}
+		for _, e := range v.inputs {
+			if e.part == Auto {
+				if e.from.parallelism == v.parallelism {
+					e.part = Forward
+				} else {
+					e.part = Rebalance
+				}
+			}
+		}
+	}
+	for _, v := range j.vertices {
+		for _, e := range v.inputs {
+			if e.part == Forward && e.from.parallelism != v.parallelism {
+				add("graph: forward edge from %s (parallelism %d) to %s (parallelism %d) needs equal parallelism; use Rebalance", e.from, e.from.parallelism, v, v.parallelism)
+			}
+		}
+	}
+	if len(j.vertices) > 0 && sources == 0 {
+		add("graph: job %q has no source", j.name)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,333 @@
+package graph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/state"
+	"github.com/snapflow/snapflow/state/keygroup"
+)
+
+// Source adds a source operator. newFn is called once per subtask (and again
+// after every restart) to create that subtask's function.
+func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Option) *Stream[T] {
+	v := j.addVertex(kindSource, uid, opts)
+	if newFn == nil {
+		j.errorf("graph: source %q has a nil function", uid)
+	}
+	v.build = func(a *attempt, i int) runFunc {
+		return func(ctx context.Context) error {
+			out := outputFor[T](ctx, a, v, i)
+			op := &sourceOp[T]{fn: newFn(), out: out}
+			return task.RunSource(ctx, a.taskConfig(v, i), op, out)
+		}
+	}
+	return &Stream[T]{job: j, parts: []stream{{v: v}}}
+}
+
+// Map applies f to every record. f must be stateless; use Process for
+// stateful logic.
+func Map[IN, OUT any](s *Stream[IN], uid string, f func(IN) OUT, opts ...Option) *Stream[OUT] {
+	return addOperator(s, uid, opts, f == nil, func() (batchFunc[IN, OUT], any) {
+		return func(_ *Context, recs []IN, out *task.Output[OUT]) error {
+			for _, r := range recs {
+				out.Collect(f(r))
+			}
+			return nil
+		}, nil
+	})
+}
+
+// Filter keeps the records for which keep returns true.
+func Filter[T any](s *Stream[T], uid string, keep func(T) bool, opts ...Option) *Stream[T] {
+	return addOperator(s, uid, opts, keep == nil, func() (batchFunc[T, T], any) {
+		return func(_ *Context, recs []T, out *task.Output[T]) error {
+			for _, r := range recs {
+				if keep(r) {
+					out.Collect(r)
+				}
+			}
+			return nil
+		}, nil
+	})
+}
+
+// FlatMap emits zero or more records for every input record.
+func FlatMap[IN, OUT any](s *Stream[IN], uid string, f func(IN, Collector[OUT]), opts ...Option) *Stream[OUT] {
+	return addOperator(s, uid, opts, f == nil, func() (batchFunc[IN, OUT], any) {
+		return func(_ *Context, recs []IN, out *task.Output[OUT]) error {
+			for _, r := range recs {
+				f(r, out)
+			}
+			return nil
+		}, nil
+	})
+}
+
+// Process applies a (possibly stateful) function to an unkeyed stream.
+// newFn is called once per subtask attempt.
+func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN, OUT], opts ...Option) *Stream[OUT] {
+	return addOperator(s, uid, opts, newFn == nil, func() (batchFunc[IN, OUT], any) {
+		fn := newFn()
+		return func(ctx *Context, recs []IN, out *task.Output[OUT]) error {
+			for _, r := range recs {
+				if err := fn.Process(ctx, r, out); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, fn
+	})
+}
+
+// ProcessKeyed applies a keyed function: state registered through
+// KeyedState is scoped to the key of the current record. The operator's
+// subtasks own contiguous key-group ranges.
+func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, newFn func() KeyedProcessFunc[K, IN, OUT], opts ...Option) *Stream[OUT] {
+	j := s.s.job
+	v := j.addVertex(kindOperator, uid, opts)
+	v.keyed = true
+	if newFn == nil {
+		j.errorf("graph: operator %q has a nil function", uid)
+	}
+	connect(s.s, v)
+	key := s.key
+	v.build = func(a *attempt, i int) runFunc {
+		return func(ctx context.Context) error {
+			out := outputFor[OUT](ctx, a, v, i)
+			op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out}
+			return task.RunInput(ctx, a.taskConfig(v, i), gateFor[IN](a, v, i), a.mode, task.Operator[IN](op), out)
+		}
+	}
+	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
+}
+
+// Sink adds a sink operator.
+func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Option) {
+	j := s.job
+	v := j.addVertex(kindSink, uid, opts)
+	if newFn == nil {
+		j.errorf("graph: sink %q has a nil function", uid)
+	}
+	connect(s, v)
+	v.build = func(a *attempt, i int) runFunc {
+		return func(ctx context.Context) error {
+			fn := newFn()
+			op := &fnOp[T]{process: func(c *Context, recs []T) error {
+				for _, r := range recs {
+					if err := fn.Write(c, r); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, hooks: hooks{fn: fn}}
+			return task.RunInput(ctx, a.taskConfig(v, i), gateFor[T](a, v, i), a.mode, task.Operator[T](op), nopEmitter{})
+		}
+	}
+}
+
+type batchFunc[IN, OUT any] func(ctx *Context, recs []IN, out *task.Output[OUT]) error
+
+// addOperator adds an unkeyed one-input operator; mk is called once per
+// subtask attempt and returns the batch function and the user function value
+// (nil for plain funcs) whose optional hooks are honoured.
+func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bool, mk func() (batchFunc[IN, OUT], any)) *Stream[OUT] {
+	j := s.job
+	v := j.addVertex(kindOperator, uid, opts)
+	if nilFn {
+		j.errorf("graph: operator %q has a nil function", uid)
+	}
+	connect(s, v)
+	v.build = func(a *attempt, i int) runFunc {
+		return func(ctx context.Context) error {
+			out := outputFor[OUT](ctx, a, v, i)
+			process, fn := mk()
+			op := &fnOp[IN]{hooks: hooks{fn: fn}, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
+			return task.RunInput(ctx, a.taskConfig(v, i), gateFor[IN](a, v, i), a.mode, task.Operator[IN](op), out)
+		}
+	}
+	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
+}
+
+// hooks carries the lifecycle of a user function value: state
+// initialization, snapshots, notifications and close.
+type hooks struct {
+	fn    any
+	ctx   *Context
+	keyed interface {
+		Snapshot() ([]snapshot.KeyGroupState, error)
+	}
+}
+
+func (h *hooks) open(info task.Info) error {
+	c, err := newContext(info)
+	h.ctx = c
+	return err
+}
+
+func (h *hooks) initialize() error {
+	if in, ok := h.fn.(Initializer); ok {
+		if err := in.InitializeState(h.ctx); err != nil {
+			return fmt.Errorf("initialize state: %w", err)
+		}
+	}
+	return nil
+}
+
+func (h *hooks) Snapshot(b marker.Barrier) (snapshot.SubtaskState, error) {
+	if s, ok := h.fn.(Snapshotter); ok {
+		sc := &SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}
+		if err := s.SnapshotState(sc); err != nil {
+			return snapshot.SubtaskState{}, err
+		}
+	}
+	lists, err := h.ctx.operators.Snapshot()
+	if err != nil {
+		return snapshot.SubtaskState{}, err
+	}
+	st := snapshot.SubtaskState{Lists: lists}
+	if h.keyed != nil {
+		if st.KeyGroups, err = h.keyed.Snapshot(); err != nil {
+			return snapshot.SubtaskState{}, err
+		}
+	}
+	return st, nil
+}
+
+func (h *hooks) NotifyComplete(id int64) error {
+	if l, ok := h.fn.(CheckpointListener); ok {
+		return l.NotifyCheckpointComplete(id)
+	}
+	return nil
+}
+
+func (h *hooks) NotifyAborted(id int64) error {
+	if l, ok := h.fn.(CheckpointListener); ok {
+		return l.NotifyCheckpointAborted(id)
+	}
+	return nil
+}
+
+func (h *hooks) EndInput() error {
+	if e, ok := h.fn.(InputEnder); ok {
+		return e.EndInput(h.ctx)
+	}
+	return nil
+}
+
+func (h *hooks) Close() error {
+	if c, ok := h.fn.(Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// fnOp runs an unkeyed operator or sink.
+type fnOp[IN any] struct {
+	hooks
+	process func(*Context, []IN) error
+}
+
+func (o *fnOp[IN]) Open(info task.Info) error {
+	if err := o.open(info); err != nil {
+		return err
+	}
+	return o.initialize()
+}
+
+func (o *fnOp[IN]) ProcessBatch(recs []IN) error { return o.process(o.ctx, recs) }
+
+// keyedOp runs a keyed operator: before each record it sets the current
+// key (and key group) of the keyed-state backend.
+type keyedOp[K comparable, IN, OUT any] struct {
+	hooks
+	fn      KeyedProcessFunc[K, IN, OUT]
+	key     func(IN) K
+	out     *task.Output[OUT]
+	backend *state.KeyedBackend[K]
+	kctx    *KeyedContext[K]
+	maxP    int
+	kgs     keygroup.Range
+}
+
+func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
+	o.hooks.fn = o.fn
+	if err := o.open(info); err != nil {
+		return err
+	}
+	var restored []snapshot.KeyGroupState
+	if info.Restored != nil {
+		restored = info.Restored.KeyGroups
+	}
+	b, err := state.NewKeyedBackend[K](info.KeyGroups, info.MaxParallelism, restored)
+	if err != nil {
+		return err
+	}
+	o.backend, o.keyed, o.ctx.keyed = b, b, b
+	o.kctx = &KeyedContext[K]{Context: o.ctx, backend: b}
+	o.maxP, o.kgs = info.MaxParallelism, info.KeyGroups
+	return o.initialize()
+}
+
+func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []IN) error {
+	for _, r := range recs {
+		k := o.key(r)
+		kg := keygroup.Of(k, o.maxP)
+		if !o.kgs.Contains(kg) {
+			return fmt.Errorf("key group %d of key %v is not in this subtask's key-group range %v; the key function is most likely not deterministic", kg, k, o.kgs)
+		}
+		o.backend.SetCurrentKey(k, kg)
+		if err := o.fn.Process(o.kctx, r, o.out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sourceOp runs a source function.
+type sourceOp[T any] struct {
+	hooks
+	fn  SourceFunc[T]
+	out *task.Output[T]
+}
+
+func (o *sourceOp[T]) Open(info task.Info) error {
+	o.hooks.fn = o.fn
+	if err := o.open(info); err != nil {
+		return err
+	}
+	return o.initialize()
+}
+
+func (o *sourceOp[T]) Emit(max int) (bool, error) {
+	for range max {
+		r, err := o.fn.Next(o.ctx)
+		if errors.Is(err, io.EOF) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		o.out.Collect(r)
+		if o.out.Err() != nil {
+			return false, nil
+		}
+	}
+	return false, nil
+}
+
+// hashRoute routes records to the subtask owning their key's key group.
+func hashRoute[T any, K comparable](key func(T) K, p, maxP int) func(T) int {
+	return func(r T) int { return keygroup.Owner(maxP, p, keygroup.Of(key(r), maxP)) }
+}
+
+type nopEmitter struct{}
+
+func (nopEmitter) Flush() error                       { return nil }
+func (nopEmitter) BroadcastEvent(marker.Event) error { return nil }
+func (nopEmitter) Err() error                         { return nil }

@@ -1,0 +1,132 @@
+package task
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/marker"
+)
+
+// Edge is one output edge of a subtask: the channels to every consumer
+// subtask it may write to, and how records are routed among them.
+type Edge[T any] struct {
+	Chans []*channel.Chan[T]
+	// Route picks the channel index of a record. Nil broadcasts every record
+	// to all channels.
+	Route func(T) int
+}
+
+// Output batches the records a subtask emits into buffers per target
+// channel and sends a buffer when it is full or on Flush. It implements the
+// user-facing Collector.
+//
+// Collect never returns an error, so user functions stay simple: a send
+// that fails (the job is being cancelled) is recorded, later records are
+// dropped, and the subtask loop checks Err after each batch.
+type Output[T any] struct {
+	ctx     context.Context
+	edges   []edgeOut[T]
+	err     error
+	emitted int64
+}
+
+type edgeOut[T any] struct {
+	chans   []*channel.Chan[T]
+	pending []*channel.Buffer[T]
+	route   func(T) int
+}
+
+// NewOutput returns an output writing to edges. ctx bounds every blocking
+// send.
+func NewOutput[T any](ctx context.Context, edges []Edge[T]) *Output[T] {
+	o := &Output[T]{ctx: ctx, edges: make([]edgeOut[T], len(edges))}
+	for i, e := range edges {
+		o.edges[i] = edgeOut[T]{chans: e.Chans, pending: make([]*channel.Buffer[T], len(e.Chans)), route: e.Route}
+	}
+	return o
+}
+
+// Collect emits one record.
+func (o *Output[T]) Collect(rec T) {
+	if o.err != nil {
+		return
+	}
+	o.emitted++
+	for i := range o.edges {
+		e := &o.edges[i]
+		if e.route == nil {
+			for c := range e.chans {
+				o.push(e, c, rec)
+			}
+			continue
+		}
+		o.push(e, e.route(rec), rec)
+	}
+}
+
+func (o *Output[T]) push(e *edgeOut[T], c int, rec T) {
+	b := e.pending[c]
+	if b == nil {
+		b = e.chans[c].NewBuffer()
+		e.pending[c] = b
+	}
+	b.Records = append(b.Records, rec)
+	if len(b.Records) == cap(b.Records) {
+		e.pending[c] = nil
+		if err := e.chans[c].Send(o.ctx, b); err != nil && o.err == nil {
+			o.err = err
+		}
+	}
+}
+
+// Flush sends every partly filled buffer.
+func (o *Output[T]) Flush() error {
+	for i := range o.edges {
+		e := &o.edges[i]
+		for c, b := range e.pending {
+			if b == nil {
+				continue
+			}
+			e.pending[c] = nil
+			if len(b.Records) == 0 {
+				e.chans[c].Recycle(b)
+				continue
+			}
+			if err := e.chans[c].Send(o.ctx, b); err != nil && o.err == nil {
+				o.err = err
+			}
+		}
+	}
+	return o.err
+}
+
+// BroadcastEvent flushes and then sends ev on every output channel, so the
+// event follows every record emitted before it (invariant CH1 of package
+// channel keeps that order downstream).
+func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
+	if err := o.Flush(); err != nil {
+		return err
+	}
+	for i := range o.edges {
+		for _, c := range o.edges[i].chans {
+			if err := c.SendEvent(ev); err != nil {
+				return fmt.Errorf("task: send %v: %w", ev, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Err is the first send error, if any.
+func (o *Output[T]) Err() error { return o.err }
+
+// Emitted is the number of records collected so far.
+func (o *Output[T]) Emitted() int64 { return o.emitted }
+
+// Emitter is the type-erased view of an Output that the subtask loops use.
+type Emitter interface {
+	Flush() error
+	BroadcastEvent(ev marker.Event) error
+	Err() error
+}

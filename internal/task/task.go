@@ -1,0 +1,414 @@
+package task
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/snapflow/snapflow/align"
+	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/state/keygroup"
+)
+
+// Info describes one subtask to its operator.
+type Info struct {
+	UID, Name      string
+	Subtask        int
+	Parallelism    int
+	MaxParallelism int
+	Attempt        int
+	// KeyGroups is the key-group range of a keyed subtask (Empty otherwise).
+	KeyGroups keygroup.Range
+	// Restored is the state handed to this subtask by the restore plan; nil
+	// when the subtask starts empty.
+	Restored             *snapshot.SubtaskState
+	IsRestore            bool // the job was restored from a checkpoint
+	CheckpointingEnabled bool
+}
+
+// ID returns the subtask's task id.
+func (i Info) ID() snapshot.TaskID { return snapshot.TaskID{Operator: i.UID, Subtask: i.Subtask} }
+
+func (i Info) String() string {
+	return fmt.Sprintf("operator %q (%s) subtask %d/%d", i.UID, i.Name, i.Subtask, i.Parallelism)
+}
+
+// Lifecycle is what every operator implements.
+type Lifecycle interface {
+	// Open initializes the operator and its state (restored or empty).
+	Open(info Info) error
+	// Snapshot captures the operator's state for a checkpoint. It runs on
+	// the subtask goroutine between two records.
+	Snapshot(b marker.Barrier) (snapshot.SubtaskState, error)
+	NotifyComplete(id int64) error
+	NotifyAborted(id int64) error
+	// Close releases resources; called once, also after failures.
+	Close() error
+}
+
+// Operator consumes records of type IN.
+type Operator[IN any] interface {
+	Lifecycle
+	// ProcessBatch handles a batch of records in order.
+	ProcessBatch(recs []IN) error
+	// EndInput is called once after end-of-input arrived on every input.
+	EndInput() error
+}
+
+// SourceOperator produces records.
+type SourceOperator interface {
+	Lifecycle
+	// Emit produces up to max records into the operator's output and
+	// reports whether the input is exhausted.
+	Emit(max int) (eof bool, err error)
+}
+
+// ReportKind says what a Report tells the master.
+type ReportKind uint8
+
+const (
+	ReportAck ReportKind = iota + 1
+	ReportDecline
+	// ReportReachedEnd: a source has emitted its last record.
+	ReportReachedEnd
+	// ReportFinished: the subtask has stopped after end of input.
+	ReportFinished
+)
+
+// Report is a message from a subtask to the job master.
+type Report struct {
+	Kind    ReportKind
+	Task    snapshot.TaskID
+	ID      int64
+	State   snapshot.SubtaskState
+	Metrics snapshot.SubtaskMetrics
+	Reason  snapshot.DeclineReason
+	Err     error
+	At      time.Time
+}
+
+// Config holds what every subtask loop needs besides its operator.
+type Config struct {
+	Info    Info
+	Mail    *Mailbox
+	Reports chan<- Report
+	// FlushInterval bounds how long a record may wait in a partly filled
+	// output buffer while the subtask is busy.
+	FlushInterval time.Duration
+	// BatchSize is the number of records a source emits between mailbox
+	// checks.
+	BatchSize int
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+func (c *Config) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+// runner holds what the source and input loops share.
+type runner struct {
+	cfg      *Config
+	out      Emitter
+	mails    []Mail
+	lastDone int64   // highest checkpoint notified complete
+	pending  *Report // ack of the snapshot whose barrier is not forwarded yet
+}
+
+func (r *runner) report(ctx context.Context, rep Report) error {
+	rep.Task = r.cfg.Info.ID()
+	rep.At = r.cfg.now()
+	select {
+	case r.cfg.Reports <- rep:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// snapshot captures op's state for barrier b (the synchronous part of a
+// checkpoint) and keeps the ack until the barrier is forwarded.
+func (r *runner) snapshot(ctx context.Context, op Lifecycle, b marker.Barrier, m snapshot.SubtaskMetrics) error {
+	start := r.cfg.now()
+	st, err := op.Snapshot(b)
+	if err != nil {
+		err = fmt.Errorf("task: %v: snapshot for checkpoint %d: %w", r.cfg.Info, b.ID, err)
+		_ = r.report(ctx, Report{Kind: ReportDecline, ID: b.ID, Reason: snapshot.DeclinedTaskError, Err: err})
+		return err
+	}
+	m.SyncDuration = r.cfg.now().Sub(start)
+	st.Subtask = r.cfg.Info.Subtask
+	st.KeyGroupStart, st.KeyGroupEnd = -1, -1
+	if kg := r.cfg.Info.KeyGroups; kg.Len() > 0 {
+		st.KeyGroupStart, st.KeyGroupEnd = kg.Start, kg.End
+	}
+	r.pending = &Report{Kind: ReportAck, ID: b.ID, State: st, Metrics: m}
+	return nil
+}
+
+// forward sends barrier b downstream (after every record emitted before it,
+// T1) and then acks the snapshot taken for it.
+func (r *runner) forward(ctx context.Context, b marker.Barrier) error {
+	if err := r.out.BroadcastEvent(marker.NewBarrier(b)); err != nil {
+		return err
+	}
+	ack := r.pending
+	r.pending = nil
+	if ack == nil || ack.ID != b.ID {
+		return fmt.Errorf("task: %v: barrier %d forwarded without a snapshot", r.cfg.Info, b.ID)
+	}
+	return r.report(ctx, *ack)
+}
+
+// handleNotify carries out completion and abort notifications.
+func (r *runner) handleNotify(op Lifecycle, m Mail) error {
+	switch m.Kind {
+	case MailComplete:
+		if m.ID <= r.lastDone {
+			return nil
+		}
+		r.lastDone = m.ID
+		if err := op.NotifyComplete(m.ID); err != nil {
+			return fmt.Errorf("task: %v: notify checkpoint %d complete: %w", r.cfg.Info, m.ID, err)
+		}
+	case MailAborted:
+		if err := op.NotifyAborted(m.ID); err != nil {
+			return fmt.Errorf("task: %v: notify checkpoint %d aborted: %w", r.cfg.Info, m.ID, err)
+		}
+	}
+	return nil
+}
+
+// guard turns a panic in operator code into an error naming the subtask.
+func guard(info Info, err *error) {
+	if p := recover(); p != nil {
+		*err = fmt.Errorf("task: %v panicked: %v\n%s", info, p, debug.Stack())
+	}
+}
+
+// RunSource runs a source subtask until it finishes, fails or ctx ends.
+func RunSource(ctx context.Context, cfg *Config, op SourceOperator, out Emitter) (err error) {
+	defer guard(cfg.Info, &err)
+	r := &runner{cfg: cfg, out: out}
+	if err := op.Open(cfg.Info); err != nil {
+		return fmt.Errorf("task: %v: open: %w", cfg.Info, err)
+	}
+	defer func() {
+		if cerr := op.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("task: %v: close: %w", cfg.Info, cerr)
+		}
+	}()
+	batch := max(cfg.BatchSize, 1)
+	eof := false
+	lastFlush := cfg.now()
+	for {
+		if cfg.Mail.Pending() || eof {
+			if eof {
+				select {
+				case <-cfg.Mail.Ready():
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			r.mails = cfg.Mail.Drain(r.mails[:0])
+			for _, m := range r.mails {
+				switch m.Kind {
+				case MailTrigger:
+					delay := max(0, cfg.now().UnixNano()-m.Barrier.Timestamp)
+					if err := r.snapshot(ctx, op, m.Barrier, snapshot.SubtaskMetrics{StartDelay: time.Duration(delay)}); err != nil {
+						return err
+					}
+					if err := r.forward(ctx, m.Barrier); err != nil {
+						return err
+					}
+				case MailFinish:
+					if err := out.BroadcastEvent(marker.EndOfInput); err != nil {
+						return err
+					}
+					return r.report(ctx, Report{Kind: ReportFinished})
+				default:
+					if err := r.handleNotify(op, m); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if eof {
+			continue
+		}
+		done, err := op.Emit(batch)
+		if err != nil {
+			return fmt.Errorf("task: %v: %w", cfg.Info, err)
+		}
+		if err := out.Err(); err != nil {
+			return err
+		}
+		if now := cfg.now(); done || now.Sub(lastFlush) >= cfg.FlushInterval {
+			if err := out.Flush(); err != nil {
+				return err
+			}
+			lastFlush = now
+		}
+		if done {
+			eof = true
+			if !cfg.Info.CheckpointingEnabled {
+				if err := out.BroadcastEvent(marker.EndOfInput); err != nil {
+					return err
+				}
+				return r.report(ctx, Report{Kind: ReportFinished})
+			}
+			if err := r.report(ctx, Report{Kind: ReportReachedEnd}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// RunInput runs a subtask with inputs (an operator or a sink) until all of
+// its inputs ended, it fails, or ctx ends.
+func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], mode marker.Mode, op Operator[IN], out Emitter) (err error) {
+	defer guard(cfg.Info, &err)
+	r := &runner{cfg: cfg, out: out}
+	al, err := align.New[*channel.Buffer[IN]](align.Config{Channels: gate.Len(), Mode: mode})
+	if err != nil {
+		return fmt.Errorf("task: %v: %w", cfg.Info, err)
+	}
+	if err := op.Open(cfg.Info); err != nil {
+		return fmt.Errorf("task: %v: open: %w", cfg.Info, err)
+	}
+	defer func() {
+		if cerr := op.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("task: %v: close: %w", cfg.Info, cerr)
+		}
+	}()
+	lastFlush := cfg.now()
+	for {
+		if cfg.Mail.Pending() {
+			r.mails = cfg.Mail.Drain(r.mails[:0])
+			for _, m := range r.mails {
+				if err := r.handleNotify(op, m); err != nil {
+					return err
+				}
+			}
+		}
+		ch, it, ok := gate.Poll()
+		if !ok {
+			if err := out.Flush(); err != nil {
+				return err
+			}
+			lastFlush = cfg.now()
+			select {
+			case <-gate.Ready():
+			case <-cfg.Mail.Ready():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		in := align.Input[*channel.Buffer[IN]]{Channel: ch}
+		if it.Buf != nil {
+			in.Kind, in.Item = align.Record, it.Buf
+		} else {
+			in.Now = cfg.now().UnixNano()
+			switch it.Event.Type {
+			case marker.EventBarrier:
+				in.Kind, in.Barrier = align.Barrier, it.Event.Barrier
+			case marker.EventCancel:
+				in.Kind, in.Barrier = align.Cancel, it.Event.Barrier
+			case marker.EventEndOfInput:
+				in.Kind = align.EndOfInput
+			default:
+				return fmt.Errorf("task: %v: unknown event %v on input %d", cfg.Info, it.Event, ch)
+			}
+		}
+		finished := false
+		for _, a := range al.Step(in) {
+			switch a.Kind {
+			case align.Deliver:
+				if a.Input == align.Record {
+					if err := op.ProcessBatch(a.Item.Records); err != nil {
+						return fmt.Errorf("task: %v: %w", cfg.Info, err)
+					}
+					gate.Recycle(a.Channel, a.Item)
+				}
+			case align.Block:
+				gate.Block(a.Channel)
+			case align.Unblock:
+				gate.Unblock(a.Channel)
+			case align.Trigger:
+				m := snapshot.SubtaskMetrics{
+					AlignmentDuration: time.Duration(a.AlignmentNanos),
+					StartDelay:        time.Duration(a.StartDelayNanos),
+				}
+				if err := r.snapshot(ctx, op, a.Barrier, m); err != nil {
+					return err
+				}
+			case align.ForwardBarrier:
+				if err := r.forward(ctx, a.Barrier); err != nil {
+					return err
+				}
+			case align.Abort:
+				if err := r.report(ctx, Report{Kind: ReportDecline, ID: a.ID, Reason: declineReason(a.Reason)}); err != nil {
+					return err
+				}
+			case align.ForwardCancel:
+				if err := out.BroadcastEvent(marker.NewCancel(a.ID)); err != nil {
+					return err
+				}
+			case align.Finished:
+				finished = true
+			}
+		}
+		if err := out.Err(); err != nil {
+			return err
+		}
+		if finished {
+			return r.finish(ctx, op)
+		}
+		if now := cfg.now(); now.Sub(lastFlush) >= cfg.FlushInterval {
+			if err := out.Flush(); err != nil {
+				return err
+			}
+			lastFlush = now
+		}
+	}
+}
+
+func declineReason(r align.AbortReason) snapshot.DeclineReason {
+	switch r {
+	case align.Subsumed:
+		return snapshot.DeclinedSubsumed
+	case align.CancelMarker:
+		return snapshot.DeclinedCancelMarker
+	case align.InputEnded:
+		return snapshot.DeclinedEndOfInput
+	}
+	return snapshot.DeclinedTaskError
+}
+
+// finish ends a subtask whose inputs all ended: end the operator's input,
+// pass end-of-input on, and handle the notifications already queued (T4).
+func (r *runner) finish(ctx context.Context, op interface {
+	Lifecycle
+	EndInput() error
+}) error {
+	if err := op.EndInput(); err != nil {
+		return fmt.Errorf("task: %v: end of input: %w", r.cfg.Info, err)
+	}
+	if err := r.out.BroadcastEvent(marker.EndOfInput); err != nil {
+		return err
+	}
+	r.mails = r.cfg.Mail.Drain(r.mails[:0])
+	for _, m := range r.mails {
+		if err := r.handleNotify(op, m); err != nil {
+			return err
+		}
+	}
+	return r.report(ctx, Report{Kind: ReportFinished})
+}

@@ -1,0 +1,24 @@
+// Package sink provides exactly-once sinks built on two-phase commit.
+//
+// Publishing is the minimal two-phase-commit sink: records written between
+// two checkpoints form one transaction. On checkpoint N the open transaction
+// is pre-committed (moved into the sink's checkpointed state under id N) and
+// a new one begins; only when N completes (NotifyCheckpointComplete(N)) are
+// the pending transactions with id <= N committed, through a Committer that
+// must be idempotent. After a restore, every pending transaction found in
+// the restored state is committed again (its checkpoint completed, but the
+// notification may have been lost), and records after the checkpoint are
+// replayed by the sources and land in new transactions.
+//
+// Invariants:
+//
+//   - P1: a record is published only after a checkpoint covering it
+//     completed.
+//   - P2: every transaction is identified by (sink uid, subtask, checkpoint
+//     id); committing the same transaction twice publishes it once.
+//   - P3: the transactions of one subtask are committed in checkpoint order
+//     (the subsumption contract: completing N commits every id <= N).
+//
+// With checkpointing disabled there is no exactly-once: the open
+// transaction is committed at end of input.
+package sink

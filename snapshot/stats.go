@@ -1,0 +1,364 @@
+package snapshot
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/snapflow/snapflow/marker"
+)
+
+// CheckpointStatus is the state of a checkpoint in the statistics.
+type CheckpointStatus uint8
+
+const (
+	StatusInProgress CheckpointStatus = iota
+	StatusCompleted
+	StatusFailed
+)
+
+func (s CheckpointStatus) String() string {
+	switch s {
+	case StatusInProgress:
+		return "in-progress"
+	case StatusCompleted:
+		return "completed"
+	case StatusFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// Counts are the checkpoint counters of Flink's web UI. Restored counts
+// restores of the job (RecordRestore); the others count checkpoints and
+// savepoints, and Triggered == InProgress + Completed + Failed.
+type Counts struct {
+	Triggered, InProgress, Completed, Failed, Restored int
+}
+
+// SubtaskStats are the statistics of one subtask in one checkpoint.
+type SubtaskStats struct {
+	Task TaskID
+	// AckTime is zero until the subtask acknowledged.
+	AckTime time.Time
+	SubtaskMetrics
+	StateSize int64
+}
+
+// CheckpointStats are the statistics of one checkpoint or savepoint.
+type CheckpointStats struct {
+	ID     int64
+	Kind   marker.Kind
+	Mode   marker.Mode
+	Status CheckpointStatus
+	// TriggerTime is when the barrier was injected; LatestAck is the time of
+	// the latest acknowledgement; EndTime is the time of completion
+	// (Persisted) or failure, zero while in progress.
+	TriggerTime, LatestAck, EndTime time.Time
+	// EndToEnd is LatestAck - TriggerTime, or EndTime - TriggerTime for a
+	// failed checkpoint.
+	EndToEnd time.Duration
+	// StateSize sums SubtaskState.Size over the acknowledged subtasks;
+	// ProcessedBytes sums SubtaskMetrics.ProcessedBytes.
+	StateSize, ProcessedBytes int64
+	Acked, Total              int
+	FailureReason             string
+	Path                      string
+	// Subtasks has one entry per subtask (Total), in operator order.
+	Subtasks []SubtaskStats
+}
+
+// MaxAlignment is the longest alignment of any subtask.
+func (cs *CheckpointStats) MaxAlignment() time.Duration {
+	var d time.Duration
+	for i := range cs.Subtasks {
+		d = max(d, cs.Subtasks[i].AlignmentDuration)
+	}
+	return d
+}
+
+// MaxStartDelay is the longest start delay of any subtask.
+func (cs *CheckpointStats) MaxStartDelay() time.Duration {
+	var d time.Duration
+	for i := range cs.Subtasks {
+		d = max(d, cs.Subtasks[i].StartDelay)
+	}
+	return d
+}
+
+func (cs *CheckpointStats) clone() *CheckpointStats {
+	c := *cs
+	c.Subtasks = append([]SubtaskStats(nil), cs.Subtasks...)
+	return &c
+}
+
+// RestoreStats describe the latest restore of the job.
+type RestoreStats struct {
+	ID   int64
+	Path string
+	Time time.Time
+}
+
+// Stats are the checkpoint statistics of a job, kept by the driver across
+// restarts of the job (each restart creates a new Coordinator with the same
+// Stats). The Stats of a Coordinator change during Step; share only Clones.
+type Stats struct {
+	Counts Counts
+	// History holds the most recent checkpoints, newest last.
+	History         []CheckpointStats
+	LatestCompleted *CheckpointStats
+	LatestFailed    *CheckpointStats
+	LatestRestored  *RestoreStats
+
+	historySize int
+	// lastID is the highest checkpoint id triggered or restored (C1).
+	lastID int64
+	sum    summaryAcc
+}
+
+// RecordRestore records that the job was restored from checkpoint id.
+func (s *Stats) RecordRestore(id int64, path string, now time.Time) {
+	s.Counts.Restored++
+	s.LatestRestored = &RestoreStats{ID: id, Path: path, Time: now}
+	s.lastID = max(s.lastID, id)
+}
+
+// Clone returns a deep copy of s.
+func (s *Stats) Clone() *Stats {
+	c := *s
+	c.History = make([]CheckpointStats, len(s.History))
+	for i := range s.History {
+		c.History[i] = *s.History[i].clone()
+	}
+	if s.LatestCompleted != nil {
+		c.LatestCompleted = s.LatestCompleted.clone()
+	}
+	if s.LatestFailed != nil {
+		c.LatestFailed = s.LatestFailed.clone()
+	}
+	if s.LatestRestored != nil {
+		r := *s.LatestRestored
+		c.LatestRestored = &r
+	}
+	return &c
+}
+
+func (s *Stats) setHistorySize(n int) {
+	s.historySize = n
+	s.trim()
+}
+
+func (s *Stats) trim() {
+	n := s.historySize
+	if n <= 0 {
+		n = DefaultHistorySize
+	}
+	if over := len(s.History) - n; over > 0 {
+		clear(s.History[:over]) // drop references to Subtasks
+		s.History = append(s.History[:0], s.History[over:]...)
+	}
+}
+
+// failInProgress marks checkpoints left in progress by a previous
+// coordinator as failed.
+func (s *Stats) failInProgress(now time.Time, reason string) {
+	for i := range s.History {
+		cs := &s.History[i]
+		if cs.Status == StatusInProgress {
+			cs.Status = StatusFailed
+			cs.FailureReason = reason
+			cs.EndTime = now
+			cs.EndToEnd = now.Sub(cs.TriggerTime)
+			s.LatestFailed = cs.clone()
+		}
+	}
+	s.Counts.Failed += s.Counts.InProgress
+	s.Counts.InProgress = 0
+}
+
+func (s *Stats) triggered(cs *CheckpointStats) {
+	s.Counts.Triggered++
+	s.Counts.InProgress++
+	s.lastID = max(s.lastID, cs.ID)
+	s.History = append(s.History, *cs)
+	s.trim()
+}
+
+// update copies cs into its History entry, if still there. The entry shares
+// cs.Subtasks.
+func (s *Stats) update(cs *CheckpointStats) {
+	for i := len(s.History) - 1; i >= 0; i-- {
+		if s.History[i].ID == cs.ID {
+			s.History[i] = *cs
+			return
+		}
+	}
+}
+
+func (s *Stats) completed(cs *CheckpointStats) {
+	s.Counts.InProgress--
+	s.Counts.Completed++
+	s.update(cs)
+	c := *cs // Subtasks no longer change
+	s.LatestCompleted = &c
+	s.sum.add(cs)
+}
+
+func (s *Stats) failed(cs *CheckpointStats) {
+	s.Counts.InProgress--
+	s.Counts.Failed++
+	s.update(cs)
+	c := *cs
+	s.LatestFailed = &c
+}
+
+// DurationSummary is the minimum, average and maximum of a duration.
+type DurationSummary struct{ Min, Avg, Max time.Duration }
+
+// SizeSummary is the minimum, average and maximum of a byte count.
+type SizeSummary struct{ Min, Avg, Max int64 }
+
+// Summary summarizes all completed checkpoints and savepoints recorded in a
+// Stats (not only those in History), like the Summary tab of Flink's UI.
+type Summary struct {
+	Count          int
+	EndToEnd       DurationSummary
+	StateSize      SizeSummary
+	ProcessedBytes SizeSummary
+	// Alignment and StartDelay summarize each checkpoint's largest subtask
+	// value (MaxAlignment, MaxStartDelay).
+	Alignment  DurationSummary
+	StartDelay DurationSummary
+}
+
+type minAvgMax struct{ n, sum, min, max int64 }
+
+func (m *minAvgMax) add(v int64) {
+	if m.n == 0 || v < m.min {
+		m.min = v
+	}
+	if m.n == 0 || v > m.max {
+		m.max = v
+	}
+	m.n++
+	m.sum += v
+}
+
+func (m minAvgMax) size() SizeSummary {
+	if m.n == 0 {
+		return SizeSummary{}
+	}
+	return SizeSummary{Min: m.min, Avg: m.sum / m.n, Max: m.max}
+}
+
+func (m minAvgMax) duration() DurationSummary {
+	s := m.size()
+	return DurationSummary{Min: time.Duration(s.Min), Avg: time.Duration(s.Avg), Max: time.Duration(s.Max)}
+}
+
+type summaryAcc struct {
+	n                                  int
+	e2e, size, processed, align, delay minAvgMax
+}
+
+func (a *summaryAcc) add(cs *CheckpointStats) {
+	a.n++
+	a.e2e.add(int64(cs.EndToEnd))
+	a.size.add(cs.StateSize)
+	a.processed.add(cs.ProcessedBytes)
+	a.align.add(int64(cs.MaxAlignment()))
+	a.delay.add(int64(cs.MaxStartDelay()))
+}
+
+// Summary returns min/avg/max over the completed checkpoints.
+func (s *Stats) Summary() Summary {
+	return Summary{
+		Count:          s.sum.n,
+		EndToEnd:       s.sum.e2e.duration(),
+		StateSize:      s.sum.size.size(),
+		ProcessedBytes: s.sum.processed.size(),
+		Alignment:      s.sum.align.duration(),
+		StartDelay:     s.sum.delay.duration(),
+	}
+}
+
+const statsTimeLayout = "15:04:05.000"
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format(statsTimeLayout)
+}
+
+// fmtBytes prints a byte count with a binary unit.
+func fmtBytes(n int64) string {
+	const unit = 1024
+	if n < unit && n > -unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	f, i := float64(n)/unit, 0
+	for ; (f >= unit || f <= -unit) && i < 4; i++ {
+		f /= unit
+	}
+	return fmt.Sprintf("%.1f%ciB", f, "KMGTP"[i])
+}
+
+// Format writes a compact table of s: the counts, the summary, one line per
+// checkpoint in History, the subtasks of the latest completed checkpoint,
+// and the latest restore. Times are printed in their own location.
+func (s *Stats) Format(w io.Writer) error {
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	c := s.Counts
+	fmt.Fprintf(tw, "counts: triggered=%d in-progress=%d completed=%d failed=%d restored=%d\n",
+		c.Triggered, c.InProgress, c.Completed, c.Failed, c.Restored)
+	if sum := s.Summary(); sum.Count > 0 {
+		fmt.Fprintf(tw, "summary of %d completed (min/avg/max): e2e %v/%v/%v size %s/%s/%s align %v/%v/%v delay %v/%v/%v\n",
+			sum.Count,
+			sum.EndToEnd.Min, sum.EndToEnd.Avg, sum.EndToEnd.Max,
+			fmtBytes(sum.StateSize.Min), fmtBytes(sum.StateSize.Avg), fmtBytes(sum.StateSize.Max),
+			sum.Alignment.Min, sum.Alignment.Avg, sum.Alignment.Max,
+			sum.StartDelay.Min, sum.StartDelay.Avg, sum.StartDelay.Max)
+	}
+	if len(s.History) > 0 {
+		fmt.Fprintln(tw, "id\tkind\tstatus\ttrigger\te2e\tsize\tacked\talign\tdelay\tinfo")
+		for i := range s.History {
+			h := &s.History[i]
+			info := h.Path
+			if h.Status == StatusFailed {
+				info = h.FailureReason
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%v\t%s\t%d/%d\t%v\t%v\t%s\n",
+				h.ID, h.Kind, h.Status, fmtTime(h.TriggerTime), h.EndToEnd, fmtBytes(h.StateSize),
+				h.Acked, h.Total, h.MaxAlignment(), h.MaxStartDelay(), info)
+		}
+	}
+	if lc := s.LatestCompleted; lc != nil {
+		fmt.Fprintf(tw, "latest completed %s %d at %s: %s\n", lc.Kind, lc.ID, fmtTime(lc.EndTime), lc.Path)
+		fmt.Fprintln(tw, "  task\tack\tsize\tsync\tasync\talign\tdelay\tprocessed")
+		for i := range lc.Subtasks {
+			st := &lc.Subtasks[i]
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%v\t%v\t%v\t%s\n",
+				fmtTask(st.Task), fmtTime(st.AckTime), fmtBytes(st.StateSize), st.SyncDuration,
+				st.AsyncDuration, st.AlignmentDuration, st.StartDelay, fmtBytes(st.ProcessedBytes))
+		}
+	}
+	if r := s.LatestRestored; r != nil {
+		fmt.Fprintf(tw, "latest restored %d at %s: %s\n", r.ID, fmtTime(r.Time), r.Path)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// tabwriter pads empty trailing cells; drop the padding.
+	var out strings.Builder
+	for line := range strings.Lines(buf.String()) {
+		out.WriteString(strings.TrimRight(line, " \n"))
+		out.WriteByte('\n')
+	}
+	_, err := io.WriteString(w, out.String())
+	return err
+}

@@ -1,0 +1,192 @@
+package state
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// encoder encodes values into one growing buffer and hands out sub-slices of
+// it, so a snapshot costs a few buffer growths instead of one allocation per
+// element. A returned slice is never written again: later encodings append
+// past its capacity, or into a new array when the buffer grows.
+type encoder struct {
+	buf []byte
+	enc *msgpack.Encoder
+}
+
+func newEncoder() *encoder {
+	e := &encoder{}
+	e.enc = msgpack.NewEncoder(e)
+	e.enc.UseCompactInts(true)
+	e.enc.SetSortMapKeys(true)
+	return e
+}
+
+// Write implements io.Writer for the msgpack encoder.
+func (e *encoder) Write(p []byte) (int, error) {
+	e.buf = append(e.buf, p...)
+	return len(p), nil
+}
+
+// WriteByte implements io.ByteWriter for the msgpack encoder.
+func (e *encoder) WriteByte(c byte) error {
+	e.buf = append(e.buf, c)
+	return nil
+}
+
+// encode returns the msgpack encoding of v.
+func (e *encoder) encode(v any) ([]byte, error) {
+	start := len(e.buf)
+	if err := e.enc.Encode(v); err != nil {
+		e.buf = e.buf[:start]
+		return nil, err
+	}
+	return e.buf[start:len(e.buf):len(e.buf)], nil
+}
+
+// decoder decodes restored bytes. It is reused across the elements of one
+// registration.
+type decoder struct {
+	r   bytes.Reader
+	dec *msgpack.Decoder
+}
+
+func newDecoder() *decoder {
+	d := &decoder{}
+	d.dec = msgpack.NewDecoder(&d.r)
+	return d
+}
+
+// decodeInto decodes b, which must hold exactly one msgpack value, into *v.
+// It never panics (S6).
+func decodeInto[T any](d *decoder, b []byte, v *T) (err error) {
+	if err := checkValue(b); err != nil {
+		return err
+	}
+	d.r.Reset(b)
+	d.dec.Reset(&d.r)
+	defer func() {
+		// checkValue rules out the inputs known to break the msgpack
+		// decoder. This is the last line of S6 for any input it missed.
+		if p := recover(); p != nil {
+			panic(p)
+		}
+	}()
+	if err := d.dec.Decode(v); err != nil {
+		return err
+	}
+	if n := d.r.Len(); n > 0 {
+		return fmt.Errorf("%d trailing bytes", n)
+	}
+	return nil
+}
+
+// typeName names T for error messages.
+func typeName[T any]() string { return reflect.TypeFor[T]().String() }
+
+var errTruncated = errors.New("truncated msgpack value")
+
+// checkValue returns nil if b is exactly one well-formed msgpack value whose
+// declared lengths all fit in b. It walks b iteratively in O(len(b)), with
+// no recursion and no allocation. Every value takes at least one byte, so
+// the count of values still to be read can never exceed the bytes left. This
+// bounds what the msgpack decoder allocates for any length header. (v5.4.1
+// sizes a decoded slice from the header without a limit.)
+func checkValue(b []byte) error {
+	pending := uint64(1) // values still to read
+	i := 0
+	for pending > 0 {
+		if i >= len(b) {
+			return errTruncated
+		}
+		c := b[i]
+		i++
+		pending--
+		var children, skip uint64
+		switch {
+		case c <= 0x7f || c >= 0xe0: // positive / negative fixint
+		case c <= 0x8f: // fixmap
+			children = 2 * uint64(c&0x0f)
+		case c <= 0x9f: // fixarray
+			children = uint64(c & 0x0f)
+		case c <= 0xbf: // fixstr
+			skip = uint64(c & 0x1f)
+		default:
+			var hdr int   // width of the big-endian length that follows c
+			var fixed int // payload bytes after the header, besides the length
+			switch c {
+			case 0xc0, 0xc2, 0xc3: // nil, false, true
+			case 0xc1:
+				return fmt.Errorf("reserved msgpack code 0xc1 at offset %d", i-1)
+			case 0xc4, 0xd9: // bin8, str8
+				hdr = 1
+			case 0xc5, 0xda: // bin16, str16
+				hdr = 2
+			case 0xc6, 0xdb: // bin32, str32
+				hdr = 4
+			case 0xc7: // ext8: len, type, data
+				hdr, fixed = 1, 1
+			case 0xc8:
+				hdr, fixed = 2, 1
+			case 0xc9:
+				hdr, fixed = 4, 1
+			case 0xcc, 0xd0: // uint8, int8
+				fixed = 1
+			case 0xcd, 0xd1:
+				fixed = 2
+			case 0xca, 0xce, 0xd2: // float32, uint32, int32
+				fixed = 4
+			case 0xcb, 0xcf, 0xd3: // float64, uint64, int64
+				fixed = 8
+			case 0xd4, 0xd5, 0xd6, 0xd7, 0xd8: // fixext1..16: type, data
+				fixed = 1 + 1<<(c-0xd4)
+			case 0xdc: // array16
+				hdr = 2
+			case 0xdd: // array32
+				hdr = 4
+			case 0xde: // map16
+				hdr = 2
+			case 0xdf: // map32
+				hdr = 4
+			}
+			if len(b)-i < hdr {
+				return errTruncated
+			}
+			var n uint64
+			switch hdr {
+			case 1:
+				n = uint64(b[i])
+			case 2:
+				n = uint64(binary.BigEndian.Uint16(b[i:]))
+			case 4:
+				n = uint64(binary.BigEndian.Uint32(b[i:]))
+			}
+			i += hdr
+			switch c {
+			case 0xdc, 0xdd:
+				children = n
+			case 0xde, 0xdf:
+				children = 2 * n
+			default:
+				skip = n + uint64(fixed)
+			}
+		}
+		if skip > uint64(len(b)-i) {
+			return errTruncated
+		}
+		i += int(skip)
+		pending += children
+		if pending > uint64(len(b)-i) {
+			return fmt.Errorf("msgpack value declares %d more values than the %d bytes left", pending, len(b)-i)
+		}
+	}
+	if i != len(b) {
+		return fmt.Errorf("%d trailing bytes after msgpack value", len(b)-i)
+	}
+	return nil
+}

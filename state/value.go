@@ -1,0 +1,60 @@
+package state
+
+import (
+	"fmt"
+	"iter"
+
+	"github.com/snapflow/snapflow/snapshot"
+)
+
+// ValueState is a keyed state that holds one value of type V per key. Its
+// methods act on the backend's current key, and they panic if no key is set.
+type ValueState[K comparable, V any] struct {
+	b    *KeyedBackend[K]
+	name string
+	t    table[K, V]
+}
+
+// Value registers the keyed value state name with values of type V, or
+// returns it if it is already registered. On first registration it decodes
+// the restored values of that name. Call it while the state is initialized
+// (InitializeState), not per record.
+func Value[K comparable, V any](b *KeyedBackend[K], name string) (*ValueState[K, V], error) {
+	return register(b, name, describeValue[V](), func(t table[K, V]) *ValueState[K, V] {
+		return &ValueState[K, V]{b: b, name: name, t: t}
+	})
+}
+
+func describeValue[V any]() string { return fmt.Sprintf("value state of %s", typeName[V]()) }
+
+// Name returns the name the state was registered under.
+func (s *ValueState[K, V]) Name() string { return s.name }
+
+// Value returns the current key's value, and false if it has none.
+func (s *ValueState[K, V]) Value() (V, bool) {
+	s.b.mustKey()
+	return s.t.get(s.b.key, s.b.kg)
+}
+
+// Update sets the current key's value to x.
+func (s *ValueState[K, V]) Update(x V) {
+	s.b.mustKey()
+	s.t.put(s.b.key, s.b.kg, x)
+}
+
+// Clear removes the current key's value.
+func (s *ValueState[K, V]) Clear() {
+	s.b.mustKey()
+	s.t.remove(s.b.key, s.b.kg)
+}
+
+// All iterates over every key with a value, in unspecified order. It does
+// not change the current key. During the iteration, the loop body may update
+// or clear only the key it is visiting (Go map rules).
+func (s *ValueState[K, V]) All() iter.Seq2[K, V] { return s.t.all }
+
+func (s *ValueState[K, V]) describe() string { return describeValue[V]() }
+
+func (s *ValueState[K, V]) snapshot(e *encoder, out []snapshot.KeyGroupState) ([]snapshot.KeyGroupState, error) {
+	return s.t.snapshot(e, s.name, out)
+}
