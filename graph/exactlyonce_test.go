@@ -35,7 +35,7 @@ const numKeys = 100
 // runningSum is a keyed operator: per key it keeps the running sum of the
 // mapped values in keyed state and emits it with every record.
 type runningSum struct {
-	sum     *state.ValueState[int64, int64]
+	sum      *state.ValueState[int64, int64]
 	failAt   []int64 // failAt[attempt]: fail when the subtasks saw this many records in that attempt
 	counters []atomic.Int64
 }

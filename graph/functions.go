@@ -14,8 +14,14 @@ type Collector[T any] interface {
 	Collect(T)
 }
 
+// ErrNoRecord is returned by SourceFunc.Next when no record is available
+// right now (a paced or polling source). The subtask then handles its
+// mailbox (checkpoints) and calls Next again shortly; a source should return
+// it rather than block.
+var ErrNoRecord = task.ErrIdle
+
 // SourceFunc produces the records of one source subtask. Next returns io.EOF
-// at the end of the input. A replayable source keeps its read position in
+// at the end of the input, and ErrNoRecord when it has nothing to emit yet. A replayable source keeps its read position in
 // operator state (see Initializer and Snapshotter) so that a restored job
 // resumes exactly after the last checkpointed record.
 type SourceFunc[T any] interface {

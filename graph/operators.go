@@ -305,10 +305,13 @@ func (o *sourceOp[T]) Open(info task.Info) error {
 }
 
 func (o *sourceOp[T]) Emit(max int) (bool, error) {
-	for range max {
+	for i := range max {
 		r, err := o.fn.Next(o.ctx)
 		if errors.Is(err, io.EOF) {
 			return true, nil
+		}
+		if errors.Is(err, ErrNoRecord) && i > 0 {
+			return false, nil // emitted some: let the loop run, then ask again
 		}
 		if err != nil {
 			return false, err
@@ -328,6 +331,6 @@ func hashRoute[T any, K comparable](key func(T) K, p, maxP int) func(T) int {
 
 type nopEmitter struct{}
 
-func (nopEmitter) Flush() error                       { return nil }
+func (nopEmitter) Flush() error                      { return nil }
 func (nopEmitter) BroadcastEvent(marker.Event) error { return nil }
-func (nopEmitter) Err() error                         { return nil }
+func (nopEmitter) Err() error                        { return nil }

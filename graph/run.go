@@ -197,7 +197,9 @@ func (e *Execution) run(ctx context.Context) error {
 		if !ok {
 			return fmt.Errorf("graph: job %q failed (attempt %d, no more restarts): %w", j.name, n, err)
 		}
-		j.logf("graph: job %q attempt %d failed: %v; restarting in %v", j.name, n, err, delay)
+		if j.cfg.OnEvent == nil {
+			j.logf("graph: job %q attempt %d failed: %v; restarting in %v", j.name, n, err, delay)
+		}
 		e.emit(Event{Kind: JobRestarting, Attempt: n + 1, Delay: delay, Err: err})
 		t := time.NewTimer(delay)
 		select {

@@ -74,7 +74,7 @@ func decodeInto[T any](d *decoder, b []byte, v *T) (err error) {
 		// checkValue rules out the inputs known to break the msgpack
 		// decoder. This is the last line of S6 for any input it missed.
 		if p := recover(); p != nil {
-			panic(p)
+			err = fmt.Errorf("msgpack decoder panicked: %v", p)
 		}
 	}()
 	if err := d.dec.Decode(v); err != nil {

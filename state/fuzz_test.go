@@ -20,7 +20,7 @@ func FuzzRestoreList(f *testing.F) {
 	}
 	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0xc7, 0x0c, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}) // time ext, zeros
-	f.Add([]byte{0xd6, 0xff, 0xff, 0xff, 0xff, 0xff})                  // time ext, 32-bit
+	f.Add([]byte{0xd6, 0xff, 0xff, 0xff, 0xff, 0xff})                   // time ext, 32-bit
 	f.Fuzz(func(t *testing.T, b []byte) {
 		restoreList[int](t, b)
 		restoreList[string](t, b)

@@ -64,6 +64,7 @@ type pacedSource struct {
 	sigs   []Signal
 	pace   time.Duration
 	failAt int64
+	nextAt time.Time
 }
 
 func (s *pacedSource) Next(ctx *graph.Context) (Signal, error) {
@@ -72,7 +73,12 @@ func (s *pacedSource) Next(ctx *graph.Context) (Signal, error) {
 		if off := s.sigs[pos].Offset; ctx.Task().Attempt == 0 && off == s.failAt {
 			return Signal{}, fmt.Errorf("Oops! Handle device signals failed! offset: %d, device: %s", off, s.sigs[pos].Device)
 		}
-		time.Sleep(s.pace)
+		// Pace the replay without blocking the subtask's mailbox.
+		if now := time.Now(); now.Before(s.nextAt) {
+			return Signal{}, graph.ErrNoRecord
+		} else {
+			s.nextAt = now.Add(s.pace)
+		}
 	}
 	return s.Indexed.Next(ctx)
 }

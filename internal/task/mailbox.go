@@ -51,6 +51,10 @@ func (mb *Mailbox) Put(m Mail) {
 	mb.queue = append(mb.queue, m)
 	mb.n.Add(1)
 	mb.mu.Unlock()
+	mb.wake()
+}
+
+func (mb *Mailbox) wake() {
 	select {
 	case mb.notify <- struct{}{}:
 	default:

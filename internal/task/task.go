@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -12,6 +13,14 @@ import (
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
+
+// ErrIdle is returned by SourceOperator.Emit when the source has no record
+// available right now; the loop then flushes its output and waits briefly
+// for mail before asking again.
+var ErrIdle = errors.New("task: source has no record available")
+
+// IdleWait is how long an idle source waits for mail before polling again.
+const IdleWait = time.Millisecond
 
 // Info describes one subtask to its operator.
 type Info struct {
@@ -243,6 +252,24 @@ func RunSource(ctx context.Context, cfg *Config, op SourceOperator, out Emitter)
 			continue
 		}
 		done, err := op.Emit(batch)
+		if errors.Is(err, ErrIdle) {
+			if err := out.Flush(); err != nil {
+				return err
+			}
+			lastFlush = cfg.now()
+			t := time.NewTimer(IdleWait)
+			select {
+			case <-cfg.Mail.Ready():
+				// Put the token back: the loop drains on Pending.
+				cfg.Mail.wake()
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
+			t.Stop()
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("task: %v: %w", cfg.Info, err)
 		}

@@ -1,0 +1,423 @@
+package graph_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/sink"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/source"
+	"github.com/snapflow/snapflow/state"
+)
+
+func ints(n int) []int64 {
+	r := make([]int64, n)
+	for i := range r {
+		r[i] = int64(i)
+	}
+	return r
+}
+
+// collect is a sink that appends into a shared, locked slice.
+type collect[T any] struct {
+	mu  *sync.Mutex
+	out *[]T
+}
+
+func (c collect[T]) Write(_ *graph.Context, v T) error {
+	c.mu.Lock()
+	*c.out = append(*c.out, v)
+	c.mu.Unlock()
+	return nil
+}
+
+func collector[T any]() (func() graph.SinkFunc[T], func() []T) {
+	var mu sync.Mutex
+	var out []T
+	return func() graph.SinkFunc[T] { return collect[T]{&mu, &out} }, func() []T {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(out)
+	}
+}
+
+func quiet(t *testing.T) graph.Config { return graph.Config{Logf: t.Logf} }
+
+func TestValidateRejectsBadGraphs(t *testing.T) {
+	newSink, _ := collector[int64]()
+	for _, tc := range []struct {
+		name  string
+		build func(j *graph.Job)
+		want  string
+	}{
+		{"missing uid", func(j *graph.Job) {
+			s := graph.Source(j, "", source.Slice(ints(3)), graph.Name("numbers"))
+			graph.Sink(s, "sink", newSink)
+		}, `source "numbers" has no uid`},
+		{"duplicate uid", func(j *graph.Job) {
+			s := graph.Source(j, "x", source.Slice(ints(3)))
+			m := graph.Map(s, "x", func(v int64) int64 { return v })
+			graph.Sink(m, "sink", newSink)
+		}, `duplicate uid "x"`},
+		{"parallelism above max", func(j *graph.Job) {
+			s := graph.Source(j, "src", source.Slice(ints(3)), graph.Parallelism(9), graph.MaxParallelism(4))
+			graph.Sink(s, "sink", newSink, graph.Parallelism(1))
+		}, `source "src" (src): parallelism 9 is above its max parallelism 4`},
+		{"unconnected operator", func(j *graph.Job) {
+			s := graph.Source(j, "src", source.Slice(ints(3)))
+			graph.Map(s, "dangling", func(v int64) int64 { return v })
+			graph.Sink(s, "sink", newSink)
+		}, `operator "dangling" (dangling) is not connected`},
+		{"forward with different parallelism", func(j *graph.Job) {
+			s := graph.Source(j, "src", source.Slice(ints(3)), graph.Parallelism(2))
+			graph.Sink(s.Forward(), "sink", newSink, graph.Parallelism(3))
+		}, `forward edge from source "src" (src) (parallelism 2) to sink "sink" (sink) (parallelism 3)`},
+		{"nil function", func(j *graph.Job) {
+			s := graph.Source[int64](j, "src", nil)
+			graph.Sink(s, "sink", newSink)
+		}, `source "src" has a nil function`},
+		{"no operators", func(j *graph.Job) {}, `has no operators`},
+		{"checkpoints without dir", func(j *graph.Job) {
+			s := graph.Source(j, "src", source.Slice(ints(3)))
+			graph.Sink(s, "sink", newSink)
+		}, `Checkpoint.Dir is empty`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := quiet(t)
+			if tc.name == "checkpoints without dir" {
+				cfg.Checkpoint.Interval = time.Second
+			}
+			j := graph.NewJob("bad", cfg)
+			tc.build(j)
+			err := j.Run(context.Background())
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestPartitionings(t *testing.T) {
+	const n = 10_000
+	for _, tc := range []struct {
+		name  string
+		part  func(*graph.Stream[int64]) *graph.Stream[int64]
+		count int // expected records at the sink
+	}{
+		{"rebalance", (*graph.Stream[int64]).Rebalance, n},
+		{"broadcast", (*graph.Stream[int64]).Broadcast, 3 * n},
+		{"auto", func(s *graph.Stream[int64]) *graph.Stream[int64] { return s }, n},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			newSink, got := collector[string]()
+			j := graph.NewJob("parts", quiet(t))
+			s := graph.Source(j, "src", source.Slice(ints(n)), graph.Parallelism(2))
+			tagged := graph.Process(tc.part(s), "tag", func() graph.ProcessFunc[int64, string] { return tagger{} }, graph.Parallelism(3))
+			graph.Sink(tagged, "sink", newSink, graph.Parallelism(1))
+			require.NoError(t, j.Run(context.Background()))
+			out := got()
+			require.Len(t, out, tc.count)
+			perSubtask := map[string]int{}
+			for _, o := range out {
+				perSubtask[o[:strings.IndexByte(o, ':')]]++
+			}
+			require.Len(t, perSubtask, 3, "every subtask received records")
+			if tc.name == "broadcast" {
+				for st, c := range perSubtask {
+					require.Equal(t, n, c, st)
+				}
+			}
+		})
+	}
+}
+
+type tagger struct{}
+
+func (tagger) Process(ctx *graph.Context, v int64, out graph.Collector[string]) error {
+	out.Collect(fmt.Sprintf("%d:%d", ctx.Task().Subtask, v))
+	return nil
+}
+
+func TestKeyByRoutesEveryKeyToOneSubtask(t *testing.T) {
+	newSink, got := collector[string]()
+	j := graph.NewJob("keys", quiet(t))
+	s := graph.Source(j, "src", source.Slice(ints(5000)), graph.Parallelism(2))
+	k := graph.KeyBy(s, func(v int64) int64 { return v % 37 })
+	out := graph.ProcessKeyed(k, "who", func() graph.KeyedProcessFunc[int64, int64, string] { return keyTagger{} }, graph.Parallelism(3))
+	graph.Sink(out, "sink", newSink)
+	require.NoError(t, j.Run(context.Background()))
+	owner := map[string]string{}
+	for _, o := range got() {
+		key, st, _ := strings.Cut(o, "@")
+		if prev, ok := owner[key]; ok {
+			require.Equal(t, prev, st, "key %s on two subtasks", key)
+		}
+		owner[key] = st
+	}
+	require.Len(t, owner, 37)
+}
+
+type keyTagger struct{}
+
+func (keyTagger) Process(ctx *graph.KeyedContext[int64], _ int64, out graph.Collector[string]) error {
+	out.Collect(fmt.Sprintf("%d@%d", ctx.CurrentKey(), ctx.Task().Subtask))
+	return nil
+}
+
+func TestUnionReadsAllInputs(t *testing.T) {
+	newSink, got := collector[int64]()
+	j := graph.NewJob("union", quiet(t))
+	a := graph.Source(j, "a", source.Slice(ints(100)))
+	b := graph.Map(graph.Source(j, "b", source.Slice(ints(50))), "neg", func(v int64) int64 { return -v - 1 })
+	graph.Sink(graph.Union(a, b), "sink", newSink)
+	require.NoError(t, j.Run(context.Background()))
+	require.Len(t, got(), 150)
+}
+
+type failingSource struct {
+	n     int
+	fail  func(i int) error
+	panic bool
+}
+
+func (f *failingSource) Next(*graph.Context) (int64, error) {
+	f.n++
+	if err := f.fail(f.n); err != nil {
+		if f.panic {
+			panic(err)
+		}
+		return 0, err
+	}
+	if f.n > 100 {
+		return 0, io.EOF
+	}
+	return int64(f.n), nil
+}
+
+func TestFailuresAndRestartStrategy(t *testing.T) {
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name    string
+		restart graph.RestartStrategy
+		panic   bool
+		failN   int // attempts that fail
+		want    string
+	}{
+		{"no restart", graph.NoRestart(), false, 1, "boom"},
+		{"panic fails the job with the operator named", graph.NoRestart(), true, 1, `operator "src" (src) subtask 0/1 panicked: boom`},
+		{"fixed delay recovers", graph.FixedDelay(2, time.Millisecond), false, 2, ""},
+		{"fixed delay exhausted", graph.FixedDelay(2, time.Millisecond), false, 3, "no more restarts"},
+		{"exponential recovers", graph.ExponentialDelay{Initial: time.Millisecond, Max: 4 * time.Millisecond, Multiplier: 2, Attempts: 3}, false, 3, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var attempts atomic.Int32
+			cfg := quiet(t)
+			cfg.Restart = tc.restart
+			var events []graph.EventKind
+			cfg.OnEvent = func(e graph.Event) { events = append(events, e.Kind) }
+			j := graph.NewJob("fail", cfg)
+			newSink, _ := collector[int64]()
+			s := graph.Source(j, "src", func() graph.SourceFunc[int64] {
+				a := int(attempts.Add(1))
+				return &failingSource{panic: tc.panic, fail: func(i int) error {
+					if a <= tc.failN && i == 10 {
+						return boom
+					}
+					return nil
+				}}
+			})
+			graph.Sink(s, "sink", newSink)
+			err := j.Run(context.Background())
+			if tc.want == "" {
+				require.NoError(t, err)
+				require.Equal(t, graph.JobFinished, events[len(events)-1])
+				return
+			}
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+			require.Contains(t, events, graph.JobFailed)
+		})
+	}
+}
+
+// counter is a stateful operator: it counts records in operator list state
+// and emits the running count.
+type counter struct {
+	n     int64
+	state *state.List[int64]
+}
+
+func (c *counter) InitializeState(ctx *graph.Context) error {
+	l, err := state.ListState[int64](ctx.OperatorState(), "count")
+	if err != nil {
+		return err
+	}
+	c.state = l
+	for _, v := range l.Get() {
+		c.n += v
+	}
+	return nil
+}
+
+func (c *counter) SnapshotState(*graph.SnapshotContext) error {
+	c.state.Update([]int64{c.n})
+	return nil
+}
+
+func (c *counter) Process(_ *graph.Context, _ int64, out graph.Collector[int64]) error {
+	c.n++
+	out.Collect(c.n)
+	return nil
+}
+
+// TestSavepointRestoreAndUIDMatching takes a savepoint of a running job,
+// then restores it into jobs with changed operators: a removed uid fails the
+// restore unless AllowNonRestoredState, and a new operator starts empty.
+func TestSavepointRestoreAndUIDMatching(t *testing.T) {
+	dir := t.TempDir()
+	release := make(chan struct{})
+	cfg := quiet(t)
+	cfg.Checkpoint = graph.CheckpointConfig{Interval: time.Hour, Dir: dir}
+	j := graph.NewJob("savepoints", cfg)
+	s := graph.Source(j, "src", func() graph.SourceFunc[int64] {
+		return &gatedSource{Indexed: source.Slice(ints(100))().(*source.Indexed[int64]), gateAt: 40, release: release}
+	})
+	c := graph.Process(s, "count", func() graph.ProcessFunc[int64, int64] { return &counter{} })
+	newSink, _ := collector[int64]()
+	graph.Sink(c, "sink", newSink)
+	e, err := j.Start(context.Background())
+	require.NoError(t, err)
+	// Wait until the source reached the gate, then take a savepoint.
+	var path string
+	require.Eventually(t, func() bool {
+		p, err := e.TriggerSavepoint(context.Background())
+		if err != nil {
+			return false
+		}
+		path = p
+		return true
+	}, 10*time.Second, time.Millisecond)
+	close(release)
+	require.NoError(t, e.Wait())
+	require.FileExists(t, filepath.Join(path, "_metadata"))
+
+	// Same graph restored from the savepoint: the counter continues.
+	restoreCfg := func(allow bool) graph.Config {
+		c := quiet(t)
+		c.Checkpoint = graph.CheckpointConfig{Interval: time.Hour, Dir: t.TempDir()}
+		c.Restore = graph.RestoreConfig{Path: path, AllowNonRestoredState: allow}
+		return c
+	}
+	newSink2, got2 := collector[int64]()
+	j2 := graph.NewJob("savepoints", restoreCfg(false))
+	s2 := graph.Source(j2, "src", source.Slice(ints(100)))
+	c2 := graph.Process(s2, "count", func() graph.ProcessFunc[int64, int64] { return &counter{} })
+	graph.Sink(c2, "sink", newSink2)
+	require.NoError(t, j2.Run(context.Background()))
+	out := got2()
+	require.NotEmpty(t, out)
+	require.Equal(t, int64(100), out[len(out)-1], "counter restored and continued to 100")
+	require.Greater(t, len(out), 0)
+	require.Less(t, len(out), 100, "source resumed after the savepoint's offset")
+
+	// Operator "count" replaced by "count-v2": restore fails by default...
+	build := func(j *graph.Job) func() []int64 {
+		newSink, got := collector[int64]()
+		s := graph.Source(j, "src", source.Slice(ints(100)))
+		c := graph.Process(s, "count-v2", func() graph.ProcessFunc[int64, int64] { return &counter{} })
+		graph.Sink(c, "sink", newSink)
+		return got
+	}
+	j3 := graph.NewJob("savepoints", restoreCfg(false))
+	build(j3)
+	err = j3.Run(context.Background())
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `operator uid "count"`)
+	// ...and with AllowNonRestoredState the new operator starts empty.
+	j4 := graph.NewJob("savepoints", restoreCfg(true))
+	got4 := build(j4)
+	require.NoError(t, j4.Run(context.Background()))
+	out4 := got4()
+	require.Equal(t, int64(len(out4)), out4[len(out4)-1], "new operator counted from zero")
+}
+
+// gatedSource blocks at record gateAt until release is closed (it keeps the
+// job running while a savepoint is taken).
+type gatedSource struct {
+	*source.Indexed[int64]
+	gateAt  int64
+	release chan struct{}
+}
+
+func (g *gatedSource) Next(ctx *graph.Context) (int64, error) {
+	if g.Position() == g.gateAt {
+		select {
+		case <-g.release:
+		case <-time.After(20 * time.Millisecond):
+			// Yield so the subtask can take the savepoint's trigger.
+			return 0, graph.ErrNoRecord
+		}
+	}
+	return g.Indexed.Next(ctx)
+}
+
+// TestCorruptLatestCheckpointFallsBack corrupts the newest retained
+// checkpoint; the restart restores the previous one with a warning.
+func TestCorruptLatestCheckpointFallsBack(t *testing.T) {
+	dir := t.TempDir()
+	var warnings []string
+	var mu sync.Mutex
+	cfg := graph.Config{
+		Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, Retain: 3},
+		Logf: func(f string, a ...any) {
+			mu.Lock()
+			warnings = append(warnings, fmt.Sprintf(f, a...))
+			mu.Unlock()
+		},
+	}
+	newSink, _ := collector[int64]()
+	j := graph.NewJob("corrupt", cfg)
+	graph.Sink(graph.Process(graph.Source(j, "src", source.Slice(ints(50_000))), "count",
+		func() graph.ProcessFunc[int64, int64] { return &counter{} }), "sink", newSink)
+	require.NoError(t, j.Run(context.Background()))
+
+	// Corrupt the newest checkpoint and restore "latest".
+	st, err := snapshot.OpenStorage(dir, j.ID(), snapshot.StorageOptions{})
+	require.NoError(t, err)
+	refs, err := st.Checkpoints()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(refs), 2)
+	newest := refs[len(refs)-1]
+	require.NoError(t, os.WriteFile(filepath.Join(newest.Path, "_metadata"), []byte("garbage"), 0o644))
+
+	cfg.Restore.Latest = true
+	var restoredFrom int64
+	cfg.OnEvent = func(e graph.Event) {
+		if e.Kind == graph.JobRestored {
+			restoredFrom = e.CheckpointID
+		}
+	}
+	j2 := graph.NewJob("corrupt", cfg)
+	newSink2, _ := collector[int64]()
+	graph.Sink(graph.Process(graph.Source(j2, "src", source.Slice(ints(50_000))), "count",
+		func() graph.ProcessFunc[int64, int64] { return &counter{} }), "sink", newSink2)
+	require.NoError(t, j2.Run(context.Background()))
+	require.Equal(t, refs[len(refs)-2].ID, restoredFrom)
+	mu.Lock()
+	defer mu.Unlock()
+	require.True(t, slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, newest.Path) }), "warning names %s: %v", newest.Path, warnings)
+}
+
+var _ = sink.NewMemory[int]
