@@ -32,7 +32,10 @@
 // # Encoding
 //
 // Every element, key and value is one msgpack value, encoded with compact
-// integers and sorted map keys. Decoding restored bytes first checks, without
+// integers and sorted map keys. Keys are encoded boxed, as keygroup.Hash
+// encodes them. Encoding through a pointer would take msgpack's reflect path,
+// which quiets a float32 signalling NaN and so moves the key to another key
+// group. Decoding restored bytes first checks, without
 // recursion, that the bytes are exactly one well-formed msgpack value whose
 // declared lengths fit in the input (checkValue). Only then is the value
 // handed to the msgpack decoder, so that a corrupt length cannot make it
@@ -54,7 +57,7 @@
 // group of its key, keygroup.Of(key, maxParallelism). Restore checks both
 // (Flink's KeyGroupRangeOffsets check). A key whose recorded key group differs
 // from its computed one shows that the key's hash or encoding is not
-// deterministic. SetCurrentKey panics on a key group outside the range
+// deterministic, or that the max parallelism changed. SetCurrentKey panics on a key group outside the range
 // (a partitioner/assignment mismatch is a broken invariant). For speed it
 // trusts that kg == keygroup.Of(k, maxParallelism).
 //
@@ -73,7 +76,9 @@
 // keep their order.
 //
 // S6: Decoding restored bytes never panics. Every failure is an error that
-// names the state, the element index or key group, and the cause.
+// names the state, the element index or key group, and the cause. That
+// includes a key that decodes into a dynamic type that is not comparable
+// (K = any holding a map), which would otherwise panic as a map key.
 //
 // S7: SetCurrentKey, and ValueState.Value and Update on an existing key, do
 // not allocate.

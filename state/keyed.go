@@ -84,7 +84,8 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 			}
 			if kg := keygroup.Of(k, maxParallelism); kg != g.KeyGroup {
 				return nil, fmt.Errorf("state: restored key %v of keyed state %q was recorded in key group %d "+
-					"but maps to key group %d (max parallelism %d): the key's hash or encoding is not deterministic",
+					"but maps to key group %d (max parallelism %d): the key's hash or encoding is not deterministic, "+
+					"or the state was written with another max parallelism",
 					k, g.State, g.KeyGroup, kg, maxParallelism)
 			}
 			es = append(es, restoredEntry[K]{kg: g.KeyGroup, key: k, rawKey: e.Key, rawVal: e.Value})

@@ -231,7 +231,7 @@ func TestKeyGroupMismatch(t *testing.T) {
 	restored := []snapshot.KeyGroupState{{State: "v", KeyGroup: 48, Entries: []snapshot.KeyedEntry{{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}}}}
 	_, err := NewKeyedBackend[string](all, maxP, restored)
 	require.EqualError(t, err, `state: restored key D1 of keyed state "v" was recorded in key group 48 but maps to key group 47 `+
-		`(max parallelism 128): the key's hash or encoding is not deterministic`)
+		`(max parallelism 128): the key's hash or encoding is not deterministic, or the state was written with another max parallelism`)
 }
 
 func TestSetCurrentKeyChecksRange(t *testing.T) {

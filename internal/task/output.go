@@ -25,10 +25,14 @@ type Edge[T any] struct {
 // that fails (the job is being cancelled) is recorded, later records are
 // dropped, and the subtask loop checks Err after each batch.
 type Output[T any] struct {
-	ctx     context.Context
-	edges   []edgeOut[T]
-	err     error
-	emitted int64
+	// Fast path, used when the output has exactly one channel (a forward
+	// edge or a single consumer): the buffer being filled, never nil.
+	cur    *channel.Buffer[T]
+	single *channel.Chan[T]
+
+	ctx   context.Context
+	edges []edgeOut[T]
+	err   error
 }
 
 type edgeOut[T any] struct {
@@ -44,15 +48,42 @@ func NewOutput[T any](ctx context.Context, edges []Edge[T]) *Output[T] {
 	for i, e := range edges {
 		o.edges[i] = edgeOut[T]{chans: e.Chans, pending: make([]*channel.Buffer[T], len(e.Chans)), route: e.Route}
 	}
+	if len(edges) == 1 && len(edges[0].Chans) == 1 {
+		o.single = edges[0].Chans[0]
+		o.cur = o.single.NewBuffer()
+	}
 	return o
 }
 
 // Collect emits one record.
 func (o *Output[T]) Collect(rec T) {
+	if b := o.cur; b != nil {
+		b.Records = append(b.Records, rec)
+		if len(b.Records) == cap(b.Records) {
+			o.sendCur()
+		}
+		return
+	}
+	o.collectSlow(rec)
+}
+
+// sendCur sends the fast-path buffer and starts a new one.
+func (o *Output[T]) sendCur() {
+	b := o.cur
+	o.cur = o.single.NewBuffer()
+	if o.err != nil {
+		o.single.Recycle(b)
+		return
+	}
+	if err := o.single.Send(o.ctx, b); err != nil {
+		o.err = err
+	}
+}
+
+func (o *Output[T]) collectSlow(rec T) {
 	if o.err != nil {
 		return
 	}
-	o.emitted++
 	for i := range o.edges {
 		e := &o.edges[i]
 		if e.route == nil {
@@ -82,6 +113,12 @@ func (o *Output[T]) push(e *edgeOut[T], c int, rec T) {
 
 // Flush sends every partly filled buffer.
 func (o *Output[T]) Flush() error {
+	if o.cur != nil {
+		if len(o.cur.Records) > 0 {
+			o.sendCur()
+		}
+		return o.err
+	}
 	for i := range o.edges {
 		e := &o.edges[i]
 		for c, b := range e.pending {
@@ -120,9 +157,6 @@ func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
 
 // Err is the first send error, if any.
 func (o *Output[T]) Err() error { return o.err }
-
-// Emitted is the number of records collected so far.
-func (o *Output[T]) Emitted() int64 { return o.emitted }
 
 // Emitter is the type-erased view of an Output that the subtask loops use.
 type Emitter interface {
