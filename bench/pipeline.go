@@ -41,6 +41,9 @@ type countSink struct {
 
 func (s *countSink) Write(_ *graph.Context, _ int64) error { s.n++; return nil }
 
+// WriteBatch counts a buffer at once, as the baseline's sink does.
+func (s *countSink) WriteBatch(_ *graph.Context, in []int64) error { s.n += int64(len(in)); return nil }
+
 func (s *countSink) EndInput(*graph.Context) error { s.total.Add(s.n); return nil }
 
 // EnginePipeline builds source -> map -> filter -> sink over n records with

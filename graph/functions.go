@@ -28,6 +28,22 @@ type SourceFunc[T any] interface {
 	Next(ctx *Context) (T, error)
 }
 
+// BatchSourceFunc is an optional, faster form of SourceFunc: ReadBatch
+// fills dst from the front and returns how many records it wrote. It
+// returns io.EOF at the end of the input and ErrNoRecord when nothing is
+// available yet; dst[:n] is emitted in either case.
+type BatchSourceFunc[T any] interface {
+	SourceFunc[T]
+	ReadBatch(ctx *Context, dst []T) (int, error)
+}
+
+// BatchSinkFunc is an optional, faster form of SinkFunc that receives a
+// whole buffer of records at a time (in order).
+type BatchSinkFunc[T any] interface {
+	SinkFunc[T]
+	WriteBatch(ctx *Context, in []T) error
+}
+
 // ProcessFunc handles each record of an unkeyed stream.
 type ProcessFunc[IN, OUT any] interface {
 	Process(ctx *Context, in IN, out Collector[OUT]) error

@@ -288,11 +288,12 @@ func (c *counter) Process(_ *graph.Context, _ int64, out graph.Collector[int64])
 func TestSavepointRestoreAndUIDMatching(t *testing.T) {
 	dir := t.TempDir()
 	release := make(chan struct{})
+	reached := make(chan struct{})
 	cfg := quiet(t)
 	cfg.Checkpoint = graph.CheckpointConfig{Interval: time.Hour, Dir: dir}
 	j := graph.NewJob("savepoints", cfg)
 	s := graph.Source(j, "src", func() graph.SourceFunc[int64] {
-		return &gatedSource{Indexed: source.Slice(ints(100))().(*source.Indexed[int64]), gateAt: 40, release: release}
+		return &gatedSource{Indexed: source.NewIndexed(100, func(i int64) int64 { return i }), gateAt: 40, release: release, reached: reached}
 	})
 	c := graph.Process(s, "count", func() graph.ProcessFunc[int64, int64] { return &counter{} })
 	newSink, _ := collector[int64]()
@@ -300,15 +301,9 @@ func TestSavepointRestoreAndUIDMatching(t *testing.T) {
 	e, err := j.Start(context.Background())
 	require.NoError(t, err)
 	// Wait until the source reached the gate, then take a savepoint.
-	var path string
-	require.Eventually(t, func() bool {
-		p, err := e.TriggerSavepoint(context.Background())
-		if err != nil {
-			return false
-		}
-		path = p
-		return true
-	}, 10*time.Second, time.Millisecond)
+	<-reached
+	path, err := e.TriggerSavepoint(context.Background())
+	require.NoError(t, err)
 	close(release)
 	require.NoError(t, e.Wait())
 	require.FileExists(t, filepath.Join(path, "_metadata"))
@@ -359,10 +354,13 @@ type gatedSource struct {
 	*source.Indexed[int64]
 	gateAt  int64
 	release chan struct{}
+	reached chan struct{}
+	once    sync.Once
 }
 
 func (g *gatedSource) Next(ctx *graph.Context) (int64, error) {
 	if g.Position() == g.gateAt {
+		g.once.Do(func() { close(g.reached) })
 		select {
 		case <-g.release:
 		case <-time.After(20 * time.Millisecond):

@@ -24,6 +24,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 		return func(ctx context.Context) error {
 			out := outputFor[T](ctx, a, v, i)
 			op := &sourceOp[T]{fn: newFn(), out: out}
+			op.batch, _ = op.fn.(BatchSourceFunc[T])
 			return task.RunSource(ctx, a.taskConfig(v, i), op, out)
 		}
 	}
@@ -35,8 +36,20 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 func Map[IN, OUT any](s *Stream[IN], uid string, f func(IN) OUT, opts ...Option) *Stream[OUT] {
 	return addOperator(s, uid, opts, f == nil, func() (batchFunc[IN, OUT], any) {
 		return func(_ *Context, recs []IN, out *task.Output[OUT]) error {
-			for _, r := range recs {
-				out.Collect(f(r))
+			for len(recs) > 0 {
+				dst := out.Free()
+				if dst == nil {
+					for _, r := range recs {
+						out.Collect(f(r))
+					}
+					return nil
+				}
+				k := min(len(dst), len(recs))
+				for i, r := range recs[:k] {
+					dst[i] = f(r)
+				}
+				out.Advance(k)
+				recs = recs[k:]
 			}
 			return nil
 		}, nil
@@ -47,11 +60,28 @@ func Map[IN, OUT any](s *Stream[IN], uid string, f func(IN) OUT, opts ...Option)
 func Filter[T any](s *Stream[T], uid string, keep func(T) bool, opts ...Option) *Stream[T] {
 	return addOperator(s, uid, opts, keep == nil, func() (batchFunc[T, T], any) {
 		return func(_ *Context, recs []T, out *task.Output[T]) error {
-			for _, r := range recs {
-				if keep(r) {
-					out.Collect(r)
+			dst := out.Free()
+			if dst == nil {
+				for _, r := range recs {
+					if keep(r) {
+						out.Collect(r)
+					}
 				}
+				return nil
 			}
+			j := 0
+			for _, r := range recs {
+				if !keep(r) {
+					continue
+				}
+				if j == len(dst) {
+					out.Advance(j)
+					dst, j = out.Free(), 0
+				}
+				dst[j] = r
+				j++
+			}
+			out.Advance(j)
 			return nil
 		}, nil
 	})
@@ -126,6 +156,9 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 				}
 				return nil
 			}, hooks: hooks{fn: fn}}
+			if b, ok := fn.(BatchSinkFunc[T]); ok {
+				op.process = func(c *Context, recs []T) error { return b.WriteBatch(c, recs) }
+			}
 			return task.RunInput(ctx, a.taskConfig(v, i), gateFor[T](a, v, i), a.mode, task.Operator[T](op), nopEmitter{})
 		}
 	}
@@ -292,8 +325,9 @@ func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []IN) error {
 // sourceOp runs a source function.
 type sourceOp[T any] struct {
 	hooks
-	fn  SourceFunc[T]
-	out *task.Output[T]
+	fn    SourceFunc[T]
+	batch BatchSourceFunc[T] // fn, when it reads batches
+	out   *task.Output[T]
 }
 
 func (o *sourceOp[T]) Open(info task.Info) error {
@@ -305,23 +339,34 @@ func (o *sourceOp[T]) Open(info task.Info) error {
 }
 
 func (o *sourceOp[T]) Emit(max int) (bool, error) {
-	for i := range max {
-		r, err := o.fn.Next(o.ctx)
-		if errors.Is(err, io.EOF) {
-			return true, nil
-		}
-		if errors.Is(err, ErrNoRecord) && i > 0 {
-			return false, nil // emitted some: let the loop run, then ask again
-		}
-		if err != nil {
-			return false, err
-		}
-		o.out.Collect(r)
-		if o.out.Err() != nil {
-			return false, nil
+	if o.batch != nil {
+		if dst := o.out.Free(); dst != nil {
+			n, err := o.batch.ReadBatch(o.ctx, dst[:min(len(dst), max)])
+			o.out.Advance(n)
+			return o.emitted(n, err)
 		}
 	}
+	for i := range max {
+		r, err := o.fn.Next(o.ctx)
+		if err != nil {
+			return o.emitted(i, err)
+		}
+		o.out.Collect(r)
+	}
 	return false, nil
+}
+
+// emitted interprets the error after n records were emitted.
+func (o *sourceOp[T]) emitted(n int, err error) (bool, error) {
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, io.EOF):
+		return true, nil
+	case errors.Is(err, ErrNoRecord) && n > 0:
+		return false, nil // emitted some: let the loop run, then ask again
+	}
+	return false, err
 }
 
 // hashRoute routes records to the subtask owning their key's key group.
@@ -334,3 +379,5 @@ type nopEmitter struct{}
 func (nopEmitter) Flush() error                      { return nil }
 func (nopEmitter) BroadcastEvent(marker.Event) error { return nil }
 func (nopEmitter) Err() error                        { return nil }
+
+func (nopEmitter) Pending() bool { return false }

@@ -30,9 +30,36 @@ type Indexed[T any] struct {
 	state *state.List[position]
 }
 
+// NewIndexed returns a source of n records, record i being at(i), for
+// embedding in a source of one's own (see cmd/snapdemo).
+func NewIndexed[T any](n int64, at func(int64) T) *Indexed[T] {
+	return &Indexed[T]{n: n, at: at}
+}
+
 // Generate returns a source factory for n records, record i being gen(i).
+// Its sources read in batches.
 func Generate[T any](n int64, gen func(i int64) T) func() graph.SourceFunc[T] {
-	return func() graph.SourceFunc[T] { return &Indexed[T]{n: n, at: gen} }
+	return func() graph.SourceFunc[T] { return &batched[T]{NewIndexed(n, gen)} }
+}
+
+// batched adds ReadBatch to Indexed. It is a separate type so that a source
+// embedding *Indexed and overriding Next does not inherit a ReadBatch that
+// would bypass its Next.
+type batched[T any] struct{ *Indexed[T] }
+
+// ReadBatch fills dst with the next records.
+func (b *batched[T]) ReadBatch(_ *graph.Context, dst []T) (int, error) {
+	s := b.Indexed
+	n := 0
+	for n < len(dst) && s.next < s.n {
+		dst[n] = s.at(s.next)
+		s.next += s.step
+		n++
+	}
+	if s.next >= s.n {
+		return n, io.EOF
+	}
+	return n, nil
 }
 
 // Slice returns a source factory over records.

@@ -163,7 +163,8 @@ func run(ctx context.Context, w io.Writer, o options) error {
 		},
 	})
 	src := graph.Source(job, "Devices_Signals_Recoverable_Source", func() graph.SourceFunc[Signal] {
-		return &pacedSource{Indexed: source.Slice(sigs)().(*source.Indexed[Signal]), sigs: sigs, pace: o.pace, failAt: o.failAt}
+		at := func(i int64) Signal { return sigs[i] }
+		return &pacedSource{Indexed: source.NewIndexed(int64(len(sigs)), at), sigs: sigs, pace: o.pace, failAt: o.failAt}
 	}, graph.Name("device signals"))
 	steps := graph.ProcessKeyed(graph.KeyBy(src, func(s Signal) string { return s.Device }), "per-device-step",
 		func() graph.KeyedProcessFunc[string, Signal, string] { return &deviceStep{} }, graph.Name("per-device step"))

@@ -26,7 +26,11 @@ type Edge[T any] struct {
 // dropped, and the subtask loop checks Err after each batch.
 type Output[T any] struct {
 	// Fast path, used when the output has exactly one channel (a forward
-	// edge or a single consumer): the buffer being filled, never nil.
+	// edge or a single consumer): records go to buf[n], buf being the full
+	// length of cur's backing array. Collect is then small enough to
+	// inline. Multi-channel outputs keep buf empty and take collectSlow.
+	buf    []T
+	n      int
 	cur    *channel.Buffer[T]
 	single *channel.Chan[T]
 
@@ -50,27 +54,49 @@ func NewOutput[T any](ctx context.Context, edges []Edge[T]) *Output[T] {
 	}
 	if len(edges) == 1 && len(edges[0].Chans) == 1 {
 		o.single = edges[0].Chans[0]
-		o.cur = o.single.NewBuffer()
+		o.newCur()
 	}
 	return o
 }
 
 // Collect emits one record.
 func (o *Output[T]) Collect(rec T) {
-	if b := o.cur; b != nil {
-		b.Records = append(b.Records, rec)
-		if len(b.Records) == cap(b.Records) {
-			o.sendCur()
-		}
+	if o.n < len(o.buf) {
+		o.buf[o.n] = rec
+		o.n++
 		return
 	}
 	o.collectSlow(rec)
 }
 
+// Free returns the unused tail of the buffer being filled, sending it first
+// if it is full, for batch loops that write records directly (then call
+// Advance). It returns nil when the output has several channels; use
+// Collect then.
+func (o *Output[T]) Free() []T {
+	if o.single == nil {
+		return nil
+	}
+	if o.n == len(o.buf) {
+		o.sendCur()
+	}
+	return o.buf[o.n:]
+}
+
+// Advance marks k records written into the slice returned by Free.
+func (o *Output[T]) Advance(k int) { o.n += k }
+
+func (o *Output[T]) newCur() {
+	o.cur = o.single.NewBuffer()
+	o.buf = o.cur.Records[:cap(o.cur.Records)]
+	o.n = 0
+}
+
 // sendCur sends the fast-path buffer and starts a new one.
 func (o *Output[T]) sendCur() {
 	b := o.cur
-	o.cur = o.single.NewBuffer()
+	b.Records = o.buf[:o.n]
+	o.newCur()
 	if o.err != nil {
 		o.single.Recycle(b)
 		return
@@ -81,6 +107,12 @@ func (o *Output[T]) sendCur() {
 }
 
 func (o *Output[T]) collectSlow(rec T) {
+	if o.single != nil {
+		o.sendCur()
+		o.buf[o.n] = rec
+		o.n++
+		return
+	}
 	if o.err != nil {
 		return
 	}
@@ -113,8 +145,8 @@ func (o *Output[T]) push(e *edgeOut[T], c int, rec T) {
 
 // Flush sends every partly filled buffer.
 func (o *Output[T]) Flush() error {
-	if o.cur != nil {
-		if len(o.cur.Records) > 0 {
+	if o.single != nil {
+		if o.n > 0 {
 			o.sendCur()
 		}
 		return o.err
@@ -155,12 +187,28 @@ func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
 	return nil
 }
 
+// Pending reports whether records wait in partly filled buffers.
+func (o *Output[T]) Pending() bool {
+	if o.single != nil {
+		return o.n > 0
+	}
+	for i := range o.edges {
+		for _, b := range o.edges[i].pending {
+			if b != nil && len(b.Records) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Err is the first send error, if any.
 func (o *Output[T]) Err() error { return o.err }
 
 // Emitter is the type-erased view of an Output that the subtask loops use.
 type Emitter interface {
 	Flush() error
+	Pending() bool
 	BroadcastEvent(ev marker.Event) error
 	Err() error
 }

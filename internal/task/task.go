@@ -315,6 +315,12 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		}
 	}()
 	lastFlush := cfg.now()
+	// Idle input does not flush at once: partly filled buffers wait up to
+	// FlushInterval, so a consumer faster than its producer does not shrink
+	// every buffer to a few records.
+	flushTimer := time.NewTimer(time.Hour)
+	flushTimer.Stop()
+	defer flushTimer.Stop()
 	for {
 		if cfg.Mail.Pending() {
 			r.mails = cfg.Mail.Drain(r.mails[:0])
@@ -326,16 +332,30 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		}
 		ch, it, ok := gate.Poll()
 		if !ok {
-			if err := out.Flush(); err != nil {
-				return err
+			var flushC <-chan time.Time
+			if out.Pending() {
+				if wait := cfg.FlushInterval - cfg.now().Sub(lastFlush); wait > 0 {
+					flushTimer.Reset(wait)
+					flushC = flushTimer.C
+				} else {
+					if err := out.Flush(); err != nil {
+						return err
+					}
+					lastFlush = cfg.now()
+				}
 			}
-			lastFlush = cfg.now()
 			select {
 			case <-gate.Ready():
 			case <-cfg.Mail.Ready():
+			case <-flushC:
+				if err := out.Flush(); err != nil {
+					return err
+				}
+				lastFlush = cfg.now()
 			case <-ctx.Done():
 				return ctx.Err()
 			}
+			flushTimer.Stop()
 			continue
 		}
 		in := align.Input[*channel.Buffer[IN]]{Channel: ch}
