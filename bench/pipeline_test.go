@@ -25,20 +25,26 @@ func BenchmarkPipeline(b *testing.B) {
 			if interval > 0 {
 				name = interval.String()
 			}
-			b.Run(fmt.Sprintf("impl=engine/p=%d/checkpoint=%s", p, name), func(b *testing.B) {
-				dir := b.TempDir()
-				run(b, func(n int64) int64 {
-					var total atomic.Int64
-					cfg := graph.Config{Logf: func(string, ...any) {}}
-					if interval > 0 {
-						cfg.Checkpoint = graph.CheckpointConfig{Interval: interval, Dir: dir}
-					}
-					if err := EnginePipeline(n, p, cfg, &total).Run(context.Background()); err != nil {
-						b.Fatal(err)
-					}
-					return total.Load()
+			for _, chaining := range []bool{true, false} {
+				impl := "engine"
+				if !chaining {
+					impl = "engine-unchained"
+				}
+				b.Run(fmt.Sprintf("impl=%s/p=%d/checkpoint=%s", impl, p, name), func(b *testing.B) {
+					dir := b.TempDir()
+					run(b, func(n int64) int64 {
+						var total atomic.Int64
+						cfg := graph.Config{Logf: func(string, ...any) {}, DisableChaining: !chaining}
+						if interval > 0 {
+							cfg.Checkpoint = graph.CheckpointConfig{Interval: interval, Dir: dir}
+						}
+						if err := EnginePipeline(n, p, cfg, &total).Run(context.Background()); err != nil {
+							b.Fatal(err)
+						}
+						return total.Load()
+					})
 				})
-			})
+			}
 		}
 	}
 }
@@ -68,13 +74,15 @@ func TestPipelinesAgree(t *testing.T) {
 		if got := BaselinePipeline(context.Background(), n, p, 256, 8); got != want {
 			t.Fatalf("baseline p=%d: %d, want %d", p, got, want)
 		}
-		var total atomic.Int64
-		cfg := graph.Config{Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir()}, Logf: t.Logf}
-		if err := EnginePipeline(n, p, cfg, &total).Run(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if total.Load() != want {
-			t.Fatalf("engine p=%d: %d, want %d", p, total.Load(), want)
+		for _, chaining := range []bool{true, false} {
+			var total atomic.Int64
+			cfg := graph.Config{Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir()}, Logf: t.Logf, DisableChaining: !chaining}
+			if err := EnginePipeline(n, p, cfg, &total).Run(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if total.Load() != want {
+				t.Fatalf("engine p=%d chaining=%v: %d, want %d", p, chaining, total.Load(), want)
+			}
 		}
 	}
 }

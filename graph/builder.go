@@ -49,8 +49,14 @@ type vertex struct {
 	keyed          bool
 	inputs         []*edge
 	outputs        []*edge
-	// build starts subtask i of this vertex (see run.go).
-	build buildFunc
+	noChain        bool
+	// member builds subtask i's operator as a chain member; next is the
+	// chained consumer's ProcessBatch (nil when v's output goes to
+	// channels). It also returns what the chain loop needs from a head: the
+	// operator's func([]IN) error ProcessBatch, or its task.SourceOperator.
+	member memberFunc
+	// run runs subtask i of a chain that v heads (see run.go).
+	run runFunc
 }
 
 func (v *vertex) String() string {
@@ -62,6 +68,8 @@ func (v *vertex) String() string {
 type edge struct {
 	from, to *vertex
 	part     Partitioning
+	// chained: both ends run in one subtask (set by Validate).
+	chained bool
 	// newChan creates a *channel.Chan[T] for the edge's element type T.
 	newChan func(channel.Config) any
 	// newRoute returns, for upstream subtask i, a func(T) int routing a
@@ -97,6 +105,10 @@ type Option func(*vertex)
 
 // Name sets the display name (default: the uid).
 func Name(name string) Option { return func(v *vertex) { v.name = name } }
+
+// DisableChaining keeps the operator out of operator chains: it runs on its
+// own goroutine(s), connected to its neighbours by channels.
+func DisableChaining() Option { return func(v *vertex) { v.noChain = true } }
 
 // Parallelism sets the number of subtasks of the operator.
 func Parallelism(p int) Option { return func(v *vertex) { v.parallelism = p } }

@@ -63,7 +63,7 @@ func (r *runningSum) Process(ctx *graph.KeyedContext[int64], in rec, o graph.Col
 // sink at parallelism 2. Key parity equals the source subtask (record i is
 // read by subtask i%2 and has key i%100), so every key's records arrive in
 // source order and the output is deterministic.
-func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode marker.Mode) (*graph.Job, *sink.Memory[out]) {
+func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode marker.Mode, noChaining bool) (*graph.Job, *sink.Memory[out]) {
 	committer := sink.NewMemory[out]()
 	counters := make([]atomic.Int64, len(failAt))
 	cfg := graph.Config{
@@ -71,6 +71,8 @@ func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode mark
 		Checkpoint:  graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: mode, Retain: 2, TolerableFailures: -1},
 		Restart:     graph.FixedDelay(len(failAt)+1, time.Millisecond),
 		Logf:        t.Logf,
+		// Chained: source+map and sum+sink each run in one subtask.
+		DisableChaining: noChaining,
 	}
 	job := graph.NewJob("exactly-once", cfg)
 	src := graph.Source(job, "source", source.Generate(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }))
@@ -109,7 +111,7 @@ func TestExactlyOnceWithFailures(t *testing.T) {
 	const n = 1_000_000
 	want := expectedOutput(n)
 
-	job, free := exactlyOnceJob(t, n, t.TempDir(), nil, marker.Aligned)
+	job, free := exactlyOnceJob(t, n, t.TempDir(), nil, marker.Aligned, false)
 	require.NoError(t, job.Run(context.Background()))
 	require.Equal(t, want, sorted(free.Published()), "failure-free run")
 
@@ -122,9 +124,10 @@ func TestExactlyOnceWithFailures(t *testing.T) {
 		if run == 2 {
 			failAt = append(failAt, 1+rng.Int64N(n/2-1))
 		}
-		t.Run(fmt.Sprintf("run=%d/fail-at=%v", run, failAt), func(t *testing.T) {
+		noChaining := run == 1
+		t.Run(fmt.Sprintf("run=%d/fail-at=%v/unchained=%v", run, failAt, noChaining), func(t *testing.T) {
 			var restored atomic.Int64
-			job, c := exactlyOnceJob(t, n, t.TempDir(), failAt, marker.Aligned)
+			job, c := exactlyOnceJob(t, n, t.TempDir(), failAt, marker.Aligned, noChaining)
 			e, err := job.Start(context.Background())
 			require.NoError(t, err)
 			require.NoError(t, e.Wait())
@@ -143,7 +146,7 @@ func TestExactlyOnceWithFailures(t *testing.T) {
 // failure (duplicates are allowed).
 func TestAtLeastOnceNoLoss(t *testing.T) {
 	const n = 200_000
-	job, c := exactlyOnceJob(t, n, t.TempDir(), []int64{n / 5}, marker.AtLeastOnce)
+	job, c := exactlyOnceJob(t, n, t.TempDir(), []int64{n / 5}, marker.AtLeastOnce, true)
 	require.NoError(t, job.Run(context.Background()))
 	seen := map[int64]bool{}
 	for _, o := range c.Published() {

@@ -79,6 +79,9 @@ type Config struct {
 	// FlushInterval bounds how long a record waits in a partly filled
 	// buffer (default 5ms).
 	FlushInterval time.Duration
+	// DisableChaining runs every operator on goroutines of its own (see
+	// the DisableChaining option for one operator).
+	DisableChaining bool
 	// Logf receives warnings and progress (default log.Printf).
 	Logf func(format string, args ...any)
 	// OnEvent, when set, is called for job events (checkpoints completed or
@@ -92,6 +95,7 @@ type Job struct {
 	name     string
 	cfg      Config
 	vertices []*vertex
+	chains   [][]*vertex // set by Validate: the operators each subtask runs
 	errs     []error
 }
 
@@ -216,5 +220,43 @@ func (j *Job) Validate() error {
 	if len(j.vertices) > 0 && sources == 0 {
 		add("graph: job %q has no source", j.name)
 	}
+	if len(errs) == 0 {
+		j.buildChains()
+	}
 	return errors.Join(errs...)
+}
+
+// chainable reports whether v can run in the subtask of its only
+// producer: a forward edge, equal parallelism, the producer has no other
+// consumer, and neither side opted out.
+func (j *Job) chainable(v *vertex) bool {
+	if j.cfg.DisableChaining || v.noChain || len(v.inputs) != 1 {
+		return false
+	}
+	e := v.inputs[0]
+	return e.part == Forward && len(e.from.outputs) == 1 && !e.from.noChain && e.from.parallelism == v.parallelism
+}
+
+// buildChains groups the vertices into chains (Flink's operator chaining):
+// each chain runs as one goroutine per subtask, its operators calling each
+// other directly.
+func (j *Job) buildChains() {
+	j.chains = nil
+	for _, v := range j.vertices {
+		for _, e := range v.inputs {
+			e.chained = false
+		}
+	}
+	for _, v := range j.vertices {
+		if j.chainable(v) {
+			continue // not a head
+		}
+		chain := []*vertex{v}
+		for cur := v; len(cur.outputs) == 1 && j.chainable(cur.outputs[0].to); {
+			cur.outputs[0].chained = true
+			cur = cur.outputs[0].to
+			chain = append(chain, cur)
+		}
+		j.chains = append(j.chains, chain)
+	}
 }

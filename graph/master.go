@@ -21,7 +21,6 @@ type master struct {
 	coord   *snapshot.Coordinator
 	storage *snapshot.Storage
 	sources []snapshot.TaskID
-	all     []snapshot.TaskID
 
 	running     int   // subtasks not yet finished
 	sourcesLeft int   // sources that have not reached the end of input
@@ -42,15 +41,14 @@ func newMaster(e *Execution, a *attempt, storage *snapshot.Storage) (*master, er
 	ops := make([]snapshot.OperatorInfo, len(j.vertices))
 	for i, v := range j.vertices {
 		ops[i] = snapshot.OperatorInfo{UID: v.uid, Name: v.name, Parallelism: v.parallelism, MaxParallelism: v.maxParallelism, Source: v.kind == kindSource}
-		for s := 0; s < v.parallelism; s++ {
-			id := snapshot.TaskID{Operator: v.uid, Subtask: s}
-			m.all = append(m.all, id)
-			if v.kind == kindSource {
-				m.sources = append(m.sources, id)
+		if v.kind == kindSource {
+			for s := 0; s < v.parallelism; s++ {
+				m.sources = append(m.sources, snapshot.TaskID{Operator: v.uid, Subtask: s})
 			}
 		}
 	}
-	m.running, m.sourcesLeft = len(m.all), len(m.sources)
+	// One goroutine, mailbox and Finished report per chain subtask.
+	m.running, m.sourcesLeft = len(a.boxes), len(m.sources)
 	cc := j.cfg.Checkpoint
 	coord, err := snapshot.NewCoordinator(snapshot.Config{
 		JobID: j.ID(), JobName: j.name,
@@ -206,12 +204,12 @@ func (m *master) do(act snapshot.Action) error {
 			m.finalDone = true
 		}
 	case snapshot.NotifyComplete:
-		for _, id := range m.all {
-			m.a.mails[id].Put(task.Mail{Kind: task.MailComplete, ID: a.ID})
+		for _, mb := range m.a.boxes {
+			mb.Put(task.Mail{Kind: task.MailComplete, ID: a.ID})
 		}
 	case snapshot.NotifyAborted:
-		for _, id := range m.all {
-			m.a.mails[id].Put(task.Mail{Kind: task.MailAborted, ID: a.ID})
+		for _, mb := range m.a.boxes {
+			mb.Put(task.Mail{Kind: task.MailAborted, ID: a.ID})
 		}
 		m.e.emit(Event{Kind: CheckpointAborted, Attempt: m.a.number, CheckpointID: a.ID, Reason: a.Reason, Err: a.Err})
 		if w, ok := m.waiting[a.ID]; ok {

@@ -20,13 +20,14 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	if newFn == nil {
 		j.errorf("graph: source %q has a nil function", uid)
 	}
-	v.build = func(a *attempt, i int) runFunc {
-		return func(ctx context.Context) error {
-			out := outputFor[T](ctx, a, v, i)
-			op := &sourceOp[T]{fn: newFn(), out: out}
-			op.batch, _ = op.fn.(BatchSourceFunc[T])
-			return task.RunSource(ctx, a.taskConfig(v, i), op, out)
-		}
+	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
+		out := outFor[T](ctx, a, v, i, next)
+		op := &sourceOp[T]{fn: newFn(), out: out}
+		op.batch, _ = op.fn.(BatchSourceFunc[T])
+		return task.Member{Info: a.info(v, i), Op: op, Out: out}, op
+	}
+	v.run = func(ctx context.Context, a *attempt, i int, chain *task.Chain, head any) error {
+		return task.RunSource(ctx, a.taskConfig(v, i), head.(task.SourceOperator), chain)
 	}
 	return &Stream[T]{job: j, parts: []stream{{v: v}}}
 }
@@ -127,13 +128,12 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	}
 	connect(s.s, v)
 	key := s.key
-	v.build = func(a *attempt, i int) runFunc {
-		return func(ctx context.Context) error {
-			out := outputFor[OUT](ctx, a, v, i)
-			op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out}
-			return task.RunInput(ctx, a.taskConfig(v, i), gateFor[IN](a, v, i), a.mode, task.Operator[IN](op), out)
-		}
+	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
+		out := outFor[OUT](ctx, a, v, i, next)
+		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out}
+		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}, op.ProcessBatch
 	}
+	v.run = runInput[IN](v)
 	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
 }
 
@@ -145,8 +145,8 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 		j.errorf("graph: sink %q has a nil function", uid)
 	}
 	connect(s, v)
-	v.build = func(a *attempt, i int) runFunc {
-		return func(ctx context.Context) error {
+	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
+		{
 			fn := newFn()
 			op := &fnOp[T]{process: func(c *Context, recs []T) error {
 				for _, r := range recs {
@@ -159,9 +159,10 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 			if b, ok := fn.(BatchSinkFunc[T]); ok {
 				op.process = func(c *Context, recs []T) error { return b.WriteBatch(c, recs) }
 			}
-			return task.RunInput(ctx, a.taskConfig(v, i), gateFor[T](a, v, i), a.mode, task.Operator[T](op), nopEmitter{})
+			return task.Member{Info: a.info(v, i), Op: op, Out: nopEmitter{}, EndInput: op.EndInput}, op.ProcessBatch
 		}
 	}
+	v.run = runInput[T](v)
 }
 
 type batchFunc[IN, OUT any] func(ctx *Context, recs []IN, out *task.Output[OUT]) error
@@ -176,15 +177,31 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		j.errorf("graph: operator %q has a nil function", uid)
 	}
 	connect(s, v)
-	v.build = func(a *attempt, i int) runFunc {
-		return func(ctx context.Context) error {
-			out := outputFor[OUT](ctx, a, v, i)
-			process, fn := mk()
-			op := &fnOp[IN]{hooks: hooks{fn: fn}, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
-			return task.RunInput(ctx, a.taskConfig(v, i), gateFor[IN](a, v, i), a.mode, task.Operator[IN](op), out)
-		}
+	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
+		out := outFor[OUT](ctx, a, v, i, next)
+		process, fn := mk()
+		op := &fnOp[IN]{hooks: hooks{fn: fn}, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
+		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}, op.ProcessBatch
 	}
+	v.run = runInput[IN](v)
 	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
+}
+
+// runInput runs subtask i of a chain headed by v, which reads records of
+// type IN from its input gate.
+func runInput[IN any](v *vertex) runFunc {
+	return func(ctx context.Context, a *attempt, i int, chain *task.Chain, head any) error {
+		return task.RunInput(ctx, a.taskConfig(v, i), gateFor[IN](a, v, i), a.mode, head.(func([]IN) error), chain)
+	}
+}
+
+// outFor is the output of subtask i of v: local into the chained consumer
+// when next (its func([]T) error) is set, to channels otherwise.
+func outFor[T any](ctx context.Context, a *attempt, v *vertex, i int, next any) *task.Output[T] {
+	if next != nil {
+		return task.LocalOut(a.job.cfg.BufferSize, next.(func([]T) error))
+	}
+	return outputFor[T](ctx, a, v, i)
 }
 
 // hooks carries the lifecycle of a user function value: state

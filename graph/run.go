@@ -213,22 +213,26 @@ func (e *Execution) run(ctx context.Context) error {
 
 // attempt is one run of the job graph.
 type attempt struct {
-	job     *Job
-	number  int
-	mode    marker.Mode
-	plan    *restore.Plan
+	job    *Job
+	number int
+	mode   marker.Mode
+	plan   *restore.Plan
+	// mails maps every subtask of every operator to the mailbox of the
+	// chain subtask it runs in; boxes lists each mailbox once.
 	mails   map[snapshot.TaskID]*task.Mailbox
+	boxes   []*task.Mailbox
 	reports chan task.Report
 	// chans[e][i][k] carries records of edge e from upstream subtask i to
 	// downstream subtask k (nil where the partitioning never sends).
 	chans map[*edge][][]any
 }
 
-type buildFunc func(a *attempt, i int) runFunc
+type memberFunc func(ctx context.Context, a *attempt, i int, next any) (task.Member, any)
 
-type runFunc func(ctx context.Context) error
+type runFunc func(ctx context.Context, a *attempt, i int, chain *task.Chain, head any) error
 
-func (a *attempt) taskConfig(v *vertex, i int) *task.Config {
+// info describes subtask i of v.
+func (a *attempt) info(v *vertex, i int) task.Info {
 	info := task.Info{
 		UID: v.uid, Name: v.name, Subtask: i, Parallelism: v.parallelism,
 		MaxParallelism: v.maxParallelism, Attempt: a.number, KeyGroups: keygroup.Empty,
@@ -241,6 +245,13 @@ func (a *attempt) taskConfig(v *vertex, i int) *task.Config {
 		info.IsRestore = true
 		info.Restored = a.plan.Tasks[info.ID()]
 	}
+	return info
+}
+
+// taskConfig is the loop configuration of subtask i of the chain headed by
+// v.
+func (a *attempt) taskConfig(v *vertex, i int) *task.Config {
+	info := a.info(v, i)
 	return &task.Config{
 		Info: info, Mail: a.mails[info.ID()], Reports: a.reports,
 		FlushInterval: a.job.cfg.FlushInterval, BatchSize: a.job.cfg.BufferSize,
@@ -310,11 +321,20 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 	}
 	// Wire fresh channels for every edge.
 	chCfg := channel.Config{Capacity: j.cfg.ChannelCapacity, BufferSize: j.cfg.BufferSize}
-	for _, v := range j.vertices {
-		for i := 0; i < v.parallelism; i++ {
-			a.mails[snapshot.TaskID{Operator: v.uid, Subtask: i}] = task.NewMailbox()
+	for _, chain := range j.chains {
+		for i := 0; i < chain[0].parallelism; i++ {
+			mb := task.NewMailbox()
+			a.boxes = append(a.boxes, mb)
+			for _, v := range chain {
+				a.mails[snapshot.TaskID{Operator: v.uid, Subtask: i}] = mb
+			}
 		}
+	}
+	for _, v := range j.vertices {
 		for _, ed := range v.outputs {
+			if ed.chained {
+				continue
+			}
 			chans := make([][]any, v.parallelism)
 			a.chans[ed] = chans
 			for i := range chans {
@@ -335,16 +355,27 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	for _, v := range j.vertices {
-		for i := 0; i < v.parallelism; i++ {
-			run := v.build(a, i)
-			g.Go(func() error { return run(gctx) })
+	for _, chain := range j.chains {
+		for i := 0; i < chain[0].parallelism; i++ {
+			g.Go(func() error { return runChain(gctx, a, chain, i) })
 		}
 	}
 	g.Go(func() error { return m.run(gctx) })
 	err = g.Wait()
 	e.publish()
 	return err
+}
+
+// runChain builds subtask i of every operator of chain, tail first so
+// that each member can hand its output to the next, and runs the chain.
+func runChain(ctx context.Context, a *attempt, chain []*vertex, i int) error {
+	c := &task.Chain{Members: make([]task.Member, len(chain))}
+	var next, head any
+	for k := len(chain) - 1; k >= 0; k-- {
+		c.Members[k], head = chain[k].member(ctx, a, i, next)
+		next = head
+	}
+	return chain[0].run(ctx, a, i, c, head)
 }
 
 // gateFor returns the input gate of subtask i of v.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 )
 
 // Signal is one device signal of the seed's dataset:
@@ -49,6 +50,10 @@ func ParseSignals(name string, data []byte) ([]Signal, error) {
 	seen := map[int64]int{}
 	for i := 0; dec.More(); i++ {
 		start := dec.InputOffset()
+		// Point at the element itself, past the separator before it.
+		for start < int64(len(data)) && strings.IndexByte(" \t\r\n,", data[start]) >= 0 {
+			start++
+		}
 		var elem map[string]json.RawMessage
 		if err := dec.Decode(&elem); err != nil {
 			var se *json.SyntaxError

@@ -33,6 +33,9 @@ type Output[T any] struct {
 	n      int
 	cur    *channel.Buffer[T]
 	single *channel.Chan[T]
+	// local, when set, receives every full buffer directly (chaining; see
+	// LocalOut); buf is then reused after local returns.
+	local func([]T) error
 
 	ctx   context.Context
 	edges []edgeOut[T]
@@ -74,7 +77,7 @@ func (o *Output[T]) Collect(rec T) {
 // Advance). It returns nil when the output has several channels; use
 // Collect then.
 func (o *Output[T]) Free() []T {
-	if o.single == nil {
+	if o.buf == nil {
 		return nil
 	}
 	if o.n == len(o.buf) {
@@ -94,6 +97,14 @@ func (o *Output[T]) newCur() {
 
 // sendCur sends the fast-path buffer and starts a new one.
 func (o *Output[T]) sendCur() {
+	if o.local != nil {
+		recs := o.buf[:o.n]
+		o.n = 0
+		if o.err == nil {
+			o.err = o.local(recs)
+		}
+		return
+	}
 	b := o.cur
 	b.Records = o.buf[:o.n]
 	o.newCur()
@@ -107,7 +118,7 @@ func (o *Output[T]) sendCur() {
 }
 
 func (o *Output[T]) collectSlow(rec T) {
-	if o.single != nil {
+	if o.buf != nil {
 		o.sendCur()
 		o.buf[o.n] = rec
 		o.n++
@@ -145,7 +156,7 @@ func (o *Output[T]) push(e *edgeOut[T], c int, rec T) {
 
 // Flush sends every partly filled buffer.
 func (o *Output[T]) Flush() error {
-	if o.single != nil {
+	if o.buf != nil {
 		if o.n > 0 {
 			o.sendCur()
 		}
@@ -174,6 +185,9 @@ func (o *Output[T]) Flush() error {
 // event follows every record emitted before it (invariant CH1 of package
 // channel keeps that order downstream).
 func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
+	if o.local != nil {
+		return errLocalEvent
+	}
 	if err := o.Flush(); err != nil {
 		return err
 	}
@@ -189,7 +203,7 @@ func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
 
 // Pending reports whether records wait in partly filled buffers.
 func (o *Output[T]) Pending() bool {
-	if o.single != nil {
+	if o.buf != nil {
 		return o.n > 0
 	}
 	for i := range o.edges {

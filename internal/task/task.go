@@ -58,15 +58,6 @@ type Lifecycle interface {
 	Close() error
 }
 
-// Operator consumes records of type IN.
-type Operator[IN any] interface {
-	Lifecycle
-	// ProcessBatch handles a batch of records in order.
-	ProcessBatch(recs []IN) error
-	// EndInput is called once after end-of-input arrived on every input.
-	EndInput() error
-}
-
 // SourceOperator produces records.
 type SourceOperator interface {
 	Lifecycle
@@ -124,14 +115,17 @@ func (c *Config) now() time.Time {
 // runner holds what the source and input loops share.
 type runner struct {
 	cfg      *Config
-	out      Emitter
+	chain    *Chain
 	mails    []Mail
-	lastDone int64   // highest checkpoint notified complete
-	pending  *Report // ack of the snapshot whose barrier is not forwarded yet
+	lastDone int64    // highest checkpoint notified complete
+	pending  []Report // acks of the snapshot whose barrier is not forwarded yet
 }
 
+// report sends rep to the master; Task defaults to the head's id.
 func (r *runner) report(ctx context.Context, rep Report) error {
-	rep.Task = r.cfg.Info.ID()
+	if rep.Task == (snapshot.TaskID{}) {
+		rep.Task = r.cfg.Info.ID()
+	}
 	rep.At = r.cfg.now()
 	select {
 	case r.cfg.Reports <- rep:
@@ -141,58 +135,72 @@ func (r *runner) report(ctx context.Context, rep Report) error {
 	}
 }
 
-// snapshot captures op's state for barrier b (the synchronous part of a
-// checkpoint) and keeps the ack until the barrier is forwarded.
-func (r *runner) snapshot(ctx context.Context, op Lifecycle, b marker.Barrier, m snapshot.SubtaskMetrics) error {
+// snapshot captures the chain's state for barrier b (the synchronous part
+// of a checkpoint) and keeps the acks until the barrier is forwarded.
+func (r *runner) snapshot(ctx context.Context, b marker.Barrier, m snapshot.SubtaskMetrics) error {
 	start := r.cfg.now()
-	st, err := op.Snapshot(b)
+	acks, err := r.chain.snapshot(b)
 	if err != nil {
-		err = fmt.Errorf("task: %v: snapshot for checkpoint %d: %w", r.cfg.Info, b.ID, err)
 		_ = r.report(ctx, Report{Kind: ReportDecline, ID: b.ID, Reason: snapshot.DeclinedTaskError, Err: err})
 		return err
 	}
 	m.SyncDuration = r.cfg.now().Sub(start)
-	st.Subtask = r.cfg.Info.Subtask
-	st.KeyGroupStart, st.KeyGroupEnd = -1, -1
-	if kg := r.cfg.Info.KeyGroups; kg.Len() > 0 {
-		st.KeyGroupStart, st.KeyGroupEnd = kg.Start, kg.End
+	for i := range acks {
+		acks[i].Metrics = m
 	}
-	r.pending = &Report{Kind: ReportAck, ID: b.ID, State: st, Metrics: m}
+	r.pending = acks
 	return nil
 }
 
 // forward sends barrier b downstream (after every record emitted before it,
-// T1) and then acks the snapshot taken for it.
+// T1) and then acks the snapshots taken for it.
 func (r *runner) forward(ctx context.Context, b marker.Barrier) error {
-	if err := r.out.BroadcastEvent(marker.NewBarrier(b)); err != nil {
+	if err := r.chain.tail().Out.BroadcastEvent(marker.NewBarrier(b)); err != nil {
 		return err
 	}
-	ack := r.pending
+	acks := r.pending
 	r.pending = nil
-	if ack == nil || ack.ID != b.ID {
+	if len(acks) == 0 || acks[0].ID != b.ID {
 		return fmt.Errorf("task: %v: barrier %d forwarded without a snapshot", r.cfg.Info, b.ID)
 	}
-	return r.report(ctx, *ack)
-}
-
-// handleNotify carries out completion and abort notifications.
-func (r *runner) handleNotify(op Lifecycle, m Mail) error {
-	switch m.Kind {
-	case MailComplete:
-		if m.ID <= r.lastDone {
-			return nil
-		}
-		r.lastDone = m.ID
-		if err := op.NotifyComplete(m.ID); err != nil {
-			return fmt.Errorf("task: %v: notify checkpoint %d complete: %w", r.cfg.Info, m.ID, err)
-		}
-	case MailAborted:
-		if err := op.NotifyAborted(m.ID); err != nil {
-			return fmt.Errorf("task: %v: notify checkpoint %d aborted: %w", r.cfg.Info, m.ID, err)
+	for _, a := range acks {
+		if err := r.report(ctx, a); err != nil {
+			return err
 		}
 	}
 	return nil
 }
+
+// broadcast flushes the chain and sends ev on the tail's channels.
+func (r *runner) broadcast(ev marker.Event) error {
+	if err := r.chain.flushLocal(); err != nil {
+		return err
+	}
+	return r.chain.tail().Out.BroadcastEvent(ev)
+}
+
+// handleNotify carries out completion and abort notifications.
+func (r *runner) handleNotify(m Mail) error {
+	if m.Kind == MailComplete {
+		if m.ID <= r.lastDone {
+			return nil
+		}
+		r.lastDone = m.ID
+	}
+	return r.chain.notify(m)
+}
+
+// lifecycle opens the chain and arranges for it to be closed.
+func (r *runner) open() error { return r.chain.open() }
+
+func (r *runner) close(err *error) {
+	if cerr := r.chain.close(); cerr != nil && *err == nil {
+		*err = cerr
+	}
+}
+
+// flushAll flushes the chain, head first.
+func (r *runner) flushAll() error { return r.chain.flush() }
 
 // guard turns a panic in operator code into an error naming the subtask.
 func guard(info Info, err *error) {
@@ -201,18 +209,15 @@ func guard(info Info, err *error) {
 	}
 }
 
-// RunSource runs a source subtask until it finishes, fails or ctx ends.
-func RunSource(ctx context.Context, cfg *Config, op SourceOperator, out Emitter) (err error) {
+// RunSource runs a source subtask (src heads chain) until it finishes,
+// fails or ctx ends.
+func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chain) (err error) {
 	defer guard(cfg.Info, &err)
-	r := &runner{cfg: cfg, out: out}
-	if err := op.Open(cfg.Info); err != nil {
-		return fmt.Errorf("task: %v: open: %w", cfg.Info, err)
+	r := &runner{cfg: cfg, chain: chain}
+	if err := r.open(); err != nil {
+		return err
 	}
-	defer func() {
-		if cerr := op.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("task: %v: close: %w", cfg.Info, cerr)
-		}
-	}()
+	defer r.close(&err)
 	batch := max(cfg.BatchSize, 1)
 	eof := false
 	lastFlush := cfg.now()
@@ -230,19 +235,22 @@ func RunSource(ctx context.Context, cfg *Config, op SourceOperator, out Emitter)
 				switch m.Kind {
 				case MailTrigger:
 					delay := max(0, cfg.now().UnixNano()-m.Barrier.Timestamp)
-					if err := r.snapshot(ctx, op, m.Barrier, snapshot.SubtaskMetrics{StartDelay: time.Duration(delay)}); err != nil {
+					if err := r.snapshot(ctx, m.Barrier, snapshot.SubtaskMetrics{StartDelay: time.Duration(delay)}); err != nil {
 						return err
 					}
 					if err := r.forward(ctx, m.Barrier); err != nil {
 						return err
 					}
 				case MailFinish:
-					if err := out.BroadcastEvent(marker.EndOfInput); err != nil {
+					if err := r.chain.endInput(); err != nil {
+						return err
+					}
+					if err := r.broadcast(marker.EndOfInput); err != nil {
 						return err
 					}
 					return r.report(ctx, Report{Kind: ReportFinished})
 				default:
-					if err := r.handleNotify(op, m); err != nil {
+					if err := r.handleNotify(m); err != nil {
 						return err
 					}
 				}
@@ -251,9 +259,9 @@ func RunSource(ctx context.Context, cfg *Config, op SourceOperator, out Emitter)
 		if eof {
 			continue
 		}
-		done, err := op.Emit(batch)
+		done, err := src.Emit(batch)
 		if errors.Is(err, ErrIdle) {
-			if err := out.Flush(); err != nil {
+			if err := r.flushAll(); err != nil {
 				return err
 			}
 			lastFlush = cfg.now()
@@ -273,11 +281,11 @@ func RunSource(ctx context.Context, cfg *Config, op SourceOperator, out Emitter)
 		if err != nil {
 			return fmt.Errorf("task: %v: %w", cfg.Info, err)
 		}
-		if err := out.Err(); err != nil {
+		if err := r.chain.err(); err != nil {
 			return err
 		}
 		if now := cfg.now(); done || now.Sub(lastFlush) >= cfg.FlushInterval {
-			if err := out.Flush(); err != nil {
+			if err := r.flushAll(); err != nil {
 				return err
 			}
 			lastFlush = now
@@ -285,7 +293,10 @@ func RunSource(ctx context.Context, cfg *Config, op SourceOperator, out Emitter)
 		if done {
 			eof = true
 			if !cfg.Info.CheckpointingEnabled {
-				if err := out.BroadcastEvent(marker.EndOfInput); err != nil {
+				if err := r.chain.endInput(); err != nil {
+					return err
+				}
+				if err := r.broadcast(marker.EndOfInput); err != nil {
 					return err
 				}
 				return r.report(ctx, Report{Kind: ReportFinished})
@@ -297,23 +308,20 @@ func RunSource(ctx context.Context, cfg *Config, op SourceOperator, out Emitter)
 	}
 }
 
-// RunInput runs a subtask with inputs (an operator or a sink) until all of
-// its inputs ended, it fails, or ctx ends.
-func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], mode marker.Mode, op Operator[IN], out Emitter) (err error) {
+// RunInput runs a subtask with inputs until all of its inputs ended, it
+// fails, or ctx ends. process is the head's ProcessBatch; chain holds the
+// head and the operators chained to it.
+func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], mode marker.Mode, process func([]IN) error, chain *Chain) (err error) {
 	defer guard(cfg.Info, &err)
-	r := &runner{cfg: cfg, out: out}
+	r := &runner{cfg: cfg, chain: chain}
 	al, err := align.New[*channel.Buffer[IN]](align.Config{Channels: gate.Len(), Mode: mode})
 	if err != nil {
 		return fmt.Errorf("task: %v: %w", cfg.Info, err)
 	}
-	if err := op.Open(cfg.Info); err != nil {
-		return fmt.Errorf("task: %v: open: %w", cfg.Info, err)
+	if err := r.open(); err != nil {
+		return err
 	}
-	defer func() {
-		if cerr := op.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("task: %v: close: %w", cfg.Info, cerr)
-		}
-	}()
+	defer r.close(&err)
 	lastFlush := cfg.now()
 	// Idle input does not flush at once: partly filled buffers wait up to
 	// FlushInterval, so a consumer faster than its producer does not shrink
@@ -325,7 +333,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		if cfg.Mail.Pending() {
 			r.mails = cfg.Mail.Drain(r.mails[:0])
 			for _, m := range r.mails {
-				if err := r.handleNotify(op, m); err != nil {
+				if err := r.handleNotify(m); err != nil {
 					return err
 				}
 			}
@@ -333,12 +341,12 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		ch, it, ok := gate.Poll()
 		if !ok {
 			var flushC <-chan time.Time
-			if out.Pending() {
+			if r.chain.pending() {
 				if wait := cfg.FlushInterval - cfg.now().Sub(lastFlush); wait > 0 {
 					flushTimer.Reset(wait)
 					flushC = flushTimer.C
 				} else {
-					if err := out.Flush(); err != nil {
+					if err := r.flushAll(); err != nil {
 						return err
 					}
 					lastFlush = cfg.now()
@@ -348,7 +356,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			case <-gate.Ready():
 			case <-cfg.Mail.Ready():
 			case <-flushC:
-				if err := out.Flush(); err != nil {
+				if err := r.flushAll(); err != nil {
 					return err
 				}
 				lastFlush = cfg.now()
@@ -379,7 +387,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			switch a.Kind {
 			case align.Deliver:
 				if a.Input == align.Record {
-					if err := op.ProcessBatch(a.Item.Records); err != nil {
+					if err := process(a.Item.Records); err != nil {
 						return fmt.Errorf("task: %v: %w", cfg.Info, err)
 					}
 					gate.Recycle(a.Channel, a.Item)
@@ -393,7 +401,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					AlignmentDuration: time.Duration(a.AlignmentNanos),
 					StartDelay:        time.Duration(a.StartDelayNanos),
 				}
-				if err := r.snapshot(ctx, op, a.Barrier, m); err != nil {
+				if err := r.snapshot(ctx, a.Barrier, m); err != nil {
 					return err
 				}
 			case align.ForwardBarrier:
@@ -405,21 +413,21 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					return err
 				}
 			case align.ForwardCancel:
-				if err := out.BroadcastEvent(marker.NewCancel(a.ID)); err != nil {
+				if err := r.broadcast(marker.NewCancel(a.ID)); err != nil {
 					return err
 				}
 			case align.Finished:
 				finished = true
 			}
 		}
-		if err := out.Err(); err != nil {
+		if err := r.chain.err(); err != nil {
 			return err
 		}
 		if finished {
-			return r.finish(ctx, op)
+			return r.finish(ctx)
 		}
 		if now := cfg.now(); now.Sub(lastFlush) >= cfg.FlushInterval {
-			if err := out.Flush(); err != nil {
+			if err := r.flushAll(); err != nil {
 				return err
 			}
 			lastFlush = now
@@ -439,21 +447,18 @@ func declineReason(r align.AbortReason) snapshot.DeclineReason {
 	return snapshot.DeclinedTaskError
 }
 
-// finish ends a subtask whose inputs all ended: end the operator's input,
-// pass end-of-input on, and handle the notifications already queued (T4).
-func (r *runner) finish(ctx context.Context, op interface {
-	Lifecycle
-	EndInput() error
-}) error {
-	if err := op.EndInput(); err != nil {
-		return fmt.Errorf("task: %v: end of input: %w", r.cfg.Info, err)
+// finish ends a subtask whose inputs all ended: end the chain's input, pass
+// end-of-input on, and handle the notifications already queued (T4).
+func (r *runner) finish(ctx context.Context) error {
+	if err := r.chain.endInput(); err != nil {
+		return err
 	}
-	if err := r.out.BroadcastEvent(marker.EndOfInput); err != nil {
+	if err := r.broadcast(marker.EndOfInput); err != nil {
 		return err
 	}
 	r.mails = r.cfg.Mail.Drain(r.mails[:0])
 	for _, m := range r.mails {
-		if err := r.handleNotify(op, m); err != nil {
+		if err := r.handleNotify(m); err != nil {
 			return err
 		}
 	}

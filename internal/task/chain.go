@@ -1,0 +1,168 @@
+package task
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/snapflow/snapflow/marker"
+)
+
+// Member is one operator of a chain, with its own identity and output.
+type Member struct {
+	Info Info
+	Op   Lifecycle
+	// Out is the operator's output: a local output into the next member,
+	// or, for the last member, the output to the subtask's channels.
+	Out Emitter
+	// EndInput ends the operator's input; nil for sources.
+	EndInput func() error
+}
+
+// Chain is the operators one subtask runs: the head reads the subtask's
+// input (or is its source) and every other member consumes the batches of
+// the member before it, directly, through a local output (chaining). A
+// subtask of an unchained operator is a chain of one.
+//
+// Invariant T5: records move through a chain in order, and every local
+// output is flushed, head first, before the chain snapshots, ends its input
+// or forwards an event; so a snapshot of member k reflects exactly the
+// records that members before it emitted before the barrier.
+type Chain struct {
+	Members []Member
+}
+
+// tail is the member whose output goes to channels.
+func (c *Chain) tail() *Member { return &c.Members[len(c.Members)-1] }
+
+// open opens the members tail first, so a member is open before anything
+// can reach it.
+func (c *Chain) open() error {
+	for i := len(c.Members) - 1; i >= 0; i-- {
+		m := &c.Members[i]
+		if err := m.Op.Open(m.Info); err != nil {
+			return fmt.Errorf("task: %v: open: %w", m.Info, err)
+		}
+	}
+	return nil
+}
+
+// flush pushes every partly filled buffer through the chain, head first,
+// and the tail's to its channels.
+func (c *Chain) flush() error {
+	for i := range c.Members {
+		if err := c.Members[i].Out.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Chain) pending() bool {
+	for i := range c.Members {
+		if c.Members[i].Out.Pending() {
+			return true
+		}
+	}
+	return false
+}
+
+// err is the first output error in the chain.
+func (c *Chain) err() error {
+	for i := range c.Members {
+		if err := c.Members[i].Out.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flushLocal flushes every member's output but the tail's (T5).
+func (c *Chain) flushLocal() error {
+	for i := 0; i < len(c.Members)-1; i++ {
+		if err := c.Members[i].Out.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// snapshot flushes the local outputs and snapshots every member.
+func (c *Chain) snapshot(b marker.Barrier) ([]Report, error) {
+	if err := c.flushLocal(); err != nil {
+		return nil, err
+	}
+	acks := make([]Report, len(c.Members))
+	for i := range c.Members {
+		m := &c.Members[i]
+		st, err := m.Op.Snapshot(b)
+		if err != nil {
+			return nil, fmt.Errorf("task: %v: snapshot for checkpoint %d: %w", m.Info, b.ID, err)
+		}
+		st.Subtask = m.Info.Subtask
+		st.KeyGroupStart, st.KeyGroupEnd = -1, -1
+		if kg := m.Info.KeyGroups; kg.Len() > 0 {
+			st.KeyGroupStart, st.KeyGroupEnd = kg.Start, kg.End
+		}
+		acks[i] = Report{Kind: ReportAck, Task: m.Info.ID(), ID: b.ID, State: st}
+	}
+	return acks, nil
+}
+
+// endInput ends the input of every member in order, flushing each output
+// into the next member (T5). Sources (EndInput nil) are skipped.
+func (c *Chain) endInput() error {
+	for i := range c.Members {
+		m := &c.Members[i]
+		if m.EndInput != nil {
+			if err := m.EndInput(); err != nil {
+				return fmt.Errorf("task: %v: end of input: %w", m.Info, err)
+			}
+		}
+		if i < len(c.Members)-1 {
+			if err := m.Out.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Chain) notify(m Mail) error {
+	for i := range c.Members {
+		mb := &c.Members[i]
+		var err error
+		switch m.Kind {
+		case MailComplete:
+			if err = mb.Op.NotifyComplete(m.ID); err != nil {
+				err = fmt.Errorf("task: %v: notify checkpoint %d complete: %w", mb.Info, m.ID, err)
+			}
+		case MailAborted:
+			if err = mb.Op.NotifyAborted(m.ID); err != nil {
+				err = fmt.Errorf("task: %v: notify checkpoint %d aborted: %w", mb.Info, m.ID, err)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Chain) close() error {
+	var errs []error
+	for i := range c.Members {
+		m := &c.Members[i]
+		if err := m.Op.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("task: %v: close: %w", m.Info, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// LocalOut is the output of a chained member: full buffers go straight to
+// the next member's ProcessBatch on the same goroutine.
+func LocalOut[T any](bufferSize int, next func([]T) error) *Output[T] {
+	return &Output[T]{local: next, buf: make([]T, max(bufferSize, 1))}
+}
+
+var errLocalEvent = errors.New("task: events are not sent through a chained output")
