@@ -38,7 +38,8 @@ type BatchSourceFunc[T any] interface {
 }
 
 // BatchSinkFunc is an optional, faster form of SinkFunc that receives a
-// whole buffer of records at a time (in order).
+// whole buffer of records at a time (in order). The slice is valid only
+// during the call: copy what must outlive it.
 type BatchSinkFunc[T any] interface {
 	SinkFunc[T]
 	WriteBatch(ctx *Context, in []T) error

@@ -419,3 +419,23 @@ func TestCorruptLatestCheckpointFallsBack(t *testing.T) {
 }
 
 var _ = sink.NewMemory[int]
+
+func TestChannelGauges(t *testing.T) {
+	const n = 5000
+	newSink, _ := collector[int64]()
+	j := graph.NewJob("gauges", quiet(t))
+	s := graph.Source(j, "src", source.Slice(ints(n)), graph.Parallelism(2))
+	graph.Sink(s.Rebalance(), "sink", newSink, graph.Parallelism(1))
+	e, err := j.Start(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, e.Wait())
+	gs := e.Channels()
+	require.Len(t, gs, 2, "src[0]->sink[0] and src[1]->sink[0]")
+	var sent int64
+	for _, g := range gs {
+		require.Contains(t, g.Name, "->sink[0]")
+		require.Zero(t, g.QueuedBuffers, "drained at the end")
+		sent += g.SentRecords
+	}
+	require.Equal(t, int64(n), sent)
+}

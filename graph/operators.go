@@ -145,22 +145,20 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 		j.errorf("graph: sink %q has a nil function", uid)
 	}
 	connect(s, v)
-	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
-		{
-			fn := newFn()
-			op := &fnOp[T]{process: func(c *Context, recs []T) error {
-				for _, r := range recs {
-					if err := fn.Write(c, r); err != nil {
-						return err
-					}
+	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
+		fn := newFn()
+		op := &fnOp[T]{hooks: hooks{fn: fn}, process: func(c *Context, recs []T) error {
+			for _, r := range recs {
+				if err := fn.Write(c, r); err != nil {
+					return err
 				}
-				return nil
-			}, hooks: hooks{fn: fn}}
-			if b, ok := fn.(BatchSinkFunc[T]); ok {
-				op.process = func(c *Context, recs []T) error { return b.WriteBatch(c, recs) }
 			}
-			return task.Member{Info: a.info(v, i), Op: op, Out: nopEmitter{}, EndInput: op.EndInput}, op.ProcessBatch
+			return nil
+		}}
+		if b, ok := fn.(BatchSinkFunc[T]); ok {
+			op.process = func(c *Context, recs []T) error { return b.WriteBatch(c, recs) }
 		}
+		return task.Member{Info: a.info(v, i), Op: op, Out: nopEmitter{}, EndInput: op.EndInput}, op.ProcessBatch
 	}
 	v.run = runInput[T](v)
 }

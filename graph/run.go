@@ -64,6 +64,8 @@ type Execution struct {
 	stats *snapshot.Stats // published clone
 
 	savepoints chan savepointRequest
+	channels   []gauged // channels of the current attempt, under mu
+
 	// Owned by the run goroutine.
 	liveStats *snapshot.Stats
 	nextID    int64
@@ -130,6 +132,24 @@ func (e *Execution) publish() {
 	e.mu.Lock()
 	e.stats = c
 	e.mu.Unlock()
+}
+
+// gauged is a channel of any element type.
+type gauged interface{ Gauges() channel.Gauges }
+
+// Channels returns the gauges of every channel of the running attempt
+// (queued buffers and bytes, records sent, time writers spent
+// backpressured), in a stable order. Chained operators have no channels
+// between them.
+func (e *Execution) Channels() []channel.Gauges {
+	e.mu.Lock()
+	chans := e.channels
+	e.mu.Unlock()
+	out := make([]channel.Gauges, len(chans))
+	for i, c := range chans {
+		out[i] = c.Gauges()
+	}
+	return out
 }
 
 // TriggerSavepoint takes a savepoint and returns its path once it is
@@ -321,6 +341,7 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 	}
 	// Wire fresh channels for every edge.
 	chCfg := channel.Config{Capacity: j.cfg.ChannelCapacity, BufferSize: j.cfg.BufferSize}
+	var all []gauged
 	for _, chain := range j.chains {
 		for i := 0; i < chain[0].parallelism; i++ {
 			mb := task.NewMailbox()
@@ -346,10 +367,14 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 					cfg := chCfg
 					cfg.Name = fmt.Sprintf("%s[%d]->%s[%d]", v.uid, i, ed.to.uid, k)
 					chans[i][k] = ed.newChan(cfg)
+					all = append(all, chans[i][k].(gauged))
 				}
 			}
 		}
 	}
+	e.mu.Lock()
+	e.channels = all
+	e.mu.Unlock()
 	m, err := newMaster(e, a, storage)
 	if err != nil {
 		return err
