@@ -167,6 +167,7 @@ func KeyedState[K comparable](c *Context) *state.KeyedBackend[K] {
 type KeyedContext[K comparable] struct {
 	*Context
 	backend *state.KeyedBackend[K]
+	timers  *timerService[K]
 }
 
 // CurrentKey is the key of the record being processed.

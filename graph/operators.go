@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
@@ -131,7 +132,8 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[OUT](ctx, a, v, i, next)
 		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out}
-		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}, op.ProcessBatch
+		op.onTimer, _ = op.fn.(TimerHandler[K, OUT])
+		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op}, op.ProcessBatch
 	}
 	v.run = runInput[IN](v)
 	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
@@ -301,6 +303,7 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	kctx    *KeyedContext[K]
 	maxP    int
 	kgs     keygroup.Range
+	onTimer TimerHandler[K, OUT] // nil when fn has no timers
 }
 
 func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
@@ -317,9 +320,26 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 		return err
 	}
 	o.backend, o.keyed, o.ctx.keyed = b, b, b
-	o.kctx = &KeyedContext[K]{Context: o.ctx, backend: b}
+	ts, err := newTimerService(b, info.MaxParallelism)
+	if err != nil {
+		return err
+	}
+	o.kctx = &KeyedContext[K]{Context: o.ctx, backend: b, timers: ts}
 	o.maxP, o.kgs = info.MaxParallelism, info.KeyGroups
 	return o.initialize()
+}
+
+// NextTimer implements task.Timers.
+func (o *keyedOp[K, IN, OUT]) NextTimer() (time.Time, bool) { return o.kctx.timers.NextTimer() }
+
+// FireTimers implements task.Timers.
+func (o *keyedOp[K, IN, OUT]) FireTimers(now time.Time) error {
+	return o.kctx.timers.fire(now, func(at time.Time) error {
+		if o.onTimer == nil {
+			return fmt.Errorf("a timer for key %v fired but the function (%T) does not implement graph.TimerHandler", o.backend.CurrentKey(), o.fn)
+		}
+		return o.onTimer.OnTimer(o.kctx, at, o.out)
+	})
 }
 
 func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []IN) error {

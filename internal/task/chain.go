@@ -3,6 +3,7 @@ package task
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/snapflow/snapflow/marker"
 )
@@ -16,6 +17,8 @@ type Member struct {
 	Out Emitter
 	// EndInput ends the operator's input; nil for sources.
 	EndInput func() error
+	// Timers are the member's processing-time timers; nil if it has none.
+	Timers Timers
 }
 
 // Chain is the operators one subtask runs: the head reads the subtask's
@@ -166,3 +169,40 @@ func LocalOut[T any](bufferSize int, next func([]T) error) *Output[T] {
 }
 
 var errLocalEvent = errors.New("task: events are not sent through a chained output")
+
+// Timers is implemented by members with processing-time timers. Timers fire
+// on the subtask goroutine, between buffers, like records.
+type Timers interface {
+	// NextTimer is the earliest registered timer, if any.
+	NextTimer() (time.Time, bool)
+	// FireTimers fires every timer due at now, in time order.
+	FireTimers(now time.Time) error
+}
+
+// nextTimer is the earliest timer of any member.
+func (c *Chain) nextTimer() (time.Time, bool) {
+	var next time.Time
+	found := false
+	for i := range c.Members {
+		if t := c.Members[i].Timers; t != nil {
+			if at, ok := t.NextTimer(); ok && (!found || at.Before(next)) {
+				next, found = at, true
+			}
+		}
+	}
+	return next, found
+}
+
+// fireTimers fires the due timers of every member, head first.
+func (c *Chain) fireTimers(now time.Time) error {
+	for i := range c.Members {
+		m := &c.Members[i]
+		if m.Timers == nil {
+			continue
+		}
+		if err := m.Timers.FireTimers(now); err != nil {
+			return fmt.Errorf("task: %v: timer: %w", m.Info, err)
+		}
+	}
+	return nil
+}

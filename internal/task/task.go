@@ -329,6 +329,9 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	flushTimer := time.NewTimer(time.Hour)
 	flushTimer.Stop()
 	defer flushTimer.Stop()
+	userTimer := time.NewTimer(time.Hour)
+	userTimer.Stop()
+	defer userTimer.Stop()
 	for {
 		if cfg.Mail.Pending() {
 			r.mails = cfg.Mail.Drain(r.mails[:0])
@@ -352,6 +355,18 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					lastFlush = cfg.now()
 				}
 			}
+			var timerC <-chan time.Time
+			if at, ok := r.chain.nextTimer(); ok {
+				if wait := at.Sub(cfg.now()); wait > 0 {
+					userTimer.Reset(wait)
+					timerC = userTimer.C
+				} else {
+					if err := r.chain.fireTimers(cfg.now()); err != nil {
+						return err
+					}
+					continue
+				}
+			}
 			select {
 			case <-gate.Ready():
 			case <-cfg.Mail.Ready():
@@ -360,10 +375,15 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					return err
 				}
 				lastFlush = cfg.now()
+			case <-timerC:
+				if err := r.chain.fireTimers(cfg.now()); err != nil {
+					return err
+				}
 			case <-ctx.Done():
 				return ctx.Err()
 			}
 			flushTimer.Stop()
+			userTimer.Stop()
 			continue
 		}
 		in := align.Input[*channel.Buffer[IN]]{Channel: ch}
@@ -426,7 +446,13 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		if finished {
 			return r.finish(ctx)
 		}
-		if now := cfg.now(); now.Sub(lastFlush) >= cfg.FlushInterval {
+		now := cfg.now()
+		if at, ok := r.chain.nextTimer(); ok && !now.Before(at) {
+			if err := r.chain.fireTimers(now); err != nil {
+				return err
+			}
+		}
+		if now.Sub(lastFlush) >= cfg.FlushInterval {
 			if err := r.flushAll(); err != nil {
 				return err
 			}
