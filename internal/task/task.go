@@ -268,8 +268,7 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			t := time.NewTimer(IdleWait)
 			select {
 			case <-cfg.Mail.Ready():
-				// Put the token back: the loop drains on Pending.
-				cfg.Mail.wake()
+				// The loop drains on Pending at its top.
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
