@@ -154,3 +154,51 @@ func TestAtLeastOnceNoLoss(t *testing.T) {
 	}
 	require.Len(t, seen, n)
 }
+
+// TestExactlyOnceAcrossProcessRestarts simulates crashes of the whole
+// process: each execution is cancelled at a random moment (its checkpoints
+// retained, as after a crash) and the next one restores the latest
+// completed checkpoint of the same job id. The committer outlives the
+// executions, like an external system; the final output is exactly once.
+func TestExactlyOnceAcrossProcessRestarts(t *testing.T) {
+	const n = 300_000
+	dir := t.TempDir()
+	committer := sink.NewMemory[out]()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	build := func() *graph.Job {
+		cfg := graph.Config{
+			Parallelism: 2,
+			Checkpoint:  graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, Retain: 2, RetainOnCancel: true},
+			Restore:     graph.RestoreConfig{Latest: true},
+			Logf:        t.Logf,
+		}
+		job := graph.NewJob("process-restarts", cfg)
+		src := graph.Source(job, "source", source.Generate(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }))
+		mapped := graph.Map(src, "double", func(r rec) rec { r.I *= 2; return r })
+		sums := graph.ProcessKeyed(graph.KeyBy(mapped, func(r rec) int64 { return r.Key }), "sum",
+			func() graph.KeyedProcessFunc[int64, rec, out] { return &runningSum{} })
+		graph.Sink(sums, "sink", sink.Publishing[out](committer))
+		return job
+	}
+	var restoredFrom []int64
+	for crash := 0; crash < 4; crash++ {
+		e, err := build().Start(context.Background())
+		require.NoError(t, err)
+		time.Sleep(time.Duration(20+rng.IntN(60)) * time.Millisecond) // run a while, then "crash"
+		e.Cancel()
+		if err := e.Wait(); err != nil {
+			require.ErrorIs(t, err, context.Canceled)
+		}
+		if r := e.Stats().LatestRestored; r != nil {
+			restoredFrom = append(restoredFrom, r.ID)
+		}
+	}
+	e, err := build().Start(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, e.Wait())
+	t.Logf("restored from checkpoints %v", restoredFrom)
+	require.True(t, slices.IsSorted(restoredFrom), "checkpoint ids keep increasing across restarts: %v", restoredFrom)
+	require.Equal(t, expectedOutput(n), sorted(committer.Published()))
+}
