@@ -439,3 +439,40 @@ func TestChannelGauges(t *testing.T) {
 	}
 	require.Equal(t, int64(n), sent)
 }
+
+// TestSavepointDoesNotCommitSinks: sinks commit on checkpoints only; a
+// restart restores the latest checkpoint, which may be older than a
+// savepoint, so committing on the savepoint could publish twice.
+func TestSavepointDoesNotCommitSinks(t *testing.T) {
+	release, reached := make(chan struct{}), make(chan struct{})
+	committer := sink.NewMemory[int64]()
+	var released atomic.Bool
+	var early atomic.Int32
+	committer.OnCommit = func(sink.Txn, []int64) {
+		if !released.Load() {
+			early.Add(1) // a commit before the final checkpoint
+		}
+	}
+	cfg := quiet(t)
+	cfg.Checkpoint = graph.CheckpointConfig{Interval: time.Hour, Dir: t.TempDir()}
+	j := graph.NewJob("savepoint-commit", cfg)
+	s := graph.Source(j, "src", func() graph.SourceFunc[int64] {
+		return &gatedSource{Indexed: source.NewIndexed(100, func(i int64) int64 { return i }), gateAt: 40, release: release, reached: reached}
+	})
+	graph.Sink(s, "sink", sink.Publishing[int64](committer))
+	e, err := j.Start(context.Background())
+	require.NoError(t, err)
+	<-reached
+	_, err = e.TriggerSavepoint(context.Background())
+	require.NoError(t, err)
+	// The second savepoint's trigger mail is handled after whatever mail
+	// the first one's completion sent, so a commit on savepoint 1 would
+	// have happened by now.
+	_, err = e.TriggerSavepoint(context.Background())
+	require.NoError(t, err)
+	released.Store(true)
+	close(release)
+	require.NoError(t, e.Wait())
+	require.Zero(t, early.Load(), "nothing published on a savepoint")
+	require.Len(t, committer.Published(), 100, "the final checkpoint published everything once")
+}

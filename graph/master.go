@@ -204,6 +204,14 @@ func (m *master) do(act snapshot.Action) error {
 			m.finalDone = true
 		}
 	case snapshot.NotifyComplete:
+		// Savepoints are not notified (as in Flink, for savepoints that do
+		// not stop the job): a restart restores the latest checkpoint, which
+		// may be older than the savepoint, so a sink that committed on the
+		// savepoint would publish the records in between twice. The next
+		// checkpoint's notification covers the savepoint's id.
+		if a.Kind == marker.Savepoint {
+			break
+		}
 		for _, mb := range m.a.boxes {
 			mb.Put(task.Mail{Kind: task.MailComplete, ID: a.ID})
 		}
