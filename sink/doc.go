@@ -19,6 +19,12 @@
 //   - P3: the transactions of one subtask are committed in checkpoint order
 //     (the subsumption contract: completing N commits every id <= N).
 //
+// Every transaction id carries the sink's commit user (CommitUserState): a
+// random id chosen when the job is first built, kept in union list state so
+// that every subtask, every restart and every restore into a new job (a new
+// job id) uses the same one, as Paimon's committer does. Each checkpoint
+// ends one transaction, possibly empty.
+//
 // With checkpointing disabled there is no exactly-once: the open
 // transaction is committed at end of input.
 package sink

@@ -1,6 +1,8 @@
 package sink
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"slices"
@@ -12,6 +14,9 @@ import (
 
 // Txn identifies one transaction (P2).
 type Txn struct {
+	// CommitUser is the sink's stable identity across restarts and
+	// restores (see CommitUserState).
+	CommitUser   string `msgpack:"user"`
 	Sink         string `msgpack:"sink"`
 	Subtask      int    `msgpack:"subtask"`
 	CheckpointID int64  `msgpack:"checkpoint"`
@@ -30,6 +35,13 @@ type Committer[T any] interface {
 // PendingState is the name of the sink's operator list state.
 const PendingState = "pending-transactions"
 
+// CommitUserState is the name of the union list state that keeps the
+// commit user: a random id chosen when the job is built for the first time
+// and restored ever after (Paimon's commitUser), so transaction ids stay the
+// same across restarts and savepoint restores even when the job id changes.
+// Union state hands every subtask the same value.
+const CommitUserState = "commit-user"
+
 type pendingTxn[T any] struct {
 	Txn     Txn `msgpack:"txn"`
 	Records []T `msgpack:"records"`
@@ -37,11 +49,22 @@ type pendingTxn[T any] struct {
 
 // Publishing returns a two-phase-commit sink factory over c.
 func Publishing[T any](c Committer[T]) func() graph.SinkFunc[T] {
-	return func() graph.SinkFunc[T] { return &publishing[T]{c: c} }
+	user := newCommitUser()
+	return func() graph.SinkFunc[T] { return &publishing[T]{c: c, user: user} }
+}
+
+func newCommitUser() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("sink: no randomness for a commit user: %v", err))
+	}
+	return hex.EncodeToString(b[:])
 }
 
 type publishing[T any] struct {
 	c       Committer[T]
+	user    string // the commit user: initial, then restored
+	users   *state.List[string]
 	info    graph.TaskInfo
 	ckpt    bool
 	current []T
@@ -51,6 +74,15 @@ type publishing[T any] struct {
 
 func (p *publishing[T]) InitializeState(ctx *graph.Context) error {
 	p.info, p.ckpt = ctx.Task(), ctx.CheckpointingEnabled()
+	users, err := state.UnionListState[string](ctx.OperatorState(), CommitUserState)
+	if err != nil {
+		return err
+	}
+	p.users = users
+	if restored := users.Get(); len(restored) > 0 {
+		p.user = restored[0]
+	}
+	users.Update([]string{p.user})
 	l, err := state.ListState[pendingTxn[T]](ctx.OperatorState(), PendingState)
 	if err != nil {
 		return err
@@ -76,7 +108,7 @@ func (p *publishing[T]) Write(_ *graph.Context, rec T) error {
 // SnapshotState pre-commits the open transaction under the checkpoint id.
 func (p *publishing[T]) SnapshotState(ctx *graph.SnapshotContext) error {
 	p.pending = append(p.pending, pendingTxn[T]{
-		Txn:     Txn{Sink: p.info.UID, Subtask: p.info.Subtask, CheckpointID: ctx.CheckpointID},
+		Txn:     Txn{CommitUser: p.user, Sink: p.info.UID, Subtask: p.info.Subtask, CheckpointID: ctx.CheckpointID},
 		Records: p.current,
 	})
 	p.current = nil
@@ -110,7 +142,7 @@ func (p *publishing[T]) EndInput(*graph.Context) error {
 	if p.ckpt || len(p.current) == 0 {
 		return nil
 	}
-	t := Txn{Sink: p.info.UID, Subtask: p.info.Subtask, CheckpointID: math.MaxInt64}
+	t := Txn{CommitUser: p.user, Sink: p.info.UID, Subtask: p.info.Subtask, CheckpointID: math.MaxInt64}
 	err := p.c.Commit(t, p.current)
 	p.current = nil
 	return err

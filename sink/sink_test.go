@@ -14,6 +14,7 @@ import (
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/sink"
+	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/source"
 )
 
@@ -182,7 +183,9 @@ func TestPublishingEndInputWithoutCheckpointing(t *testing.T) {
 	require.NoError(t, p.Write(ctx, 8))
 	require.NoError(t, p.EndInput(ctx))
 	require.Equal(t, []int{7, 8}, mem.Published())
-	require.Equal(t, []sink.Txn{{Sink: "cap", Subtask: 0, CheckpointID: math.MaxInt64}}, txns)
+	require.Len(t, txns, 1)
+	require.Len(t, txns[0].CommitUser, 32, "a random commit user")
+	require.Equal(t, sink.Txn{CommitUser: txns[0].CommitUser, Sink: "cap", Subtask: 0, CheckpointID: math.MaxInt64}, txns[0])
 }
 
 // TestPublishingJobWithoutCheckpointing: in a job without checkpoints every
@@ -199,7 +202,48 @@ func TestPublishingJobWithoutCheckpointing(t *testing.T) {
 	slices.Sort(got)
 	require.Equal(t, seq(0, 1000), got)
 	slices.SortFunc(txns, func(a, b sink.Txn) int { return a.Subtask - b.Subtask })
-	require.Equal(t, []sink.Txn{{Sink: "out", Subtask: 0, CheckpointID: math.MaxInt64}, {Sink: "out", Subtask: 1, CheckpointID: math.MaxInt64}}, txns)
+	require.Len(t, txns, 2)
+	user := txns[0].CommitUser
+	require.NotEmpty(t, user)
+	require.Equal(t, []sink.Txn{{CommitUser: user, Sink: "out", Subtask: 0, CheckpointID: math.MaxInt64}, {CommitUser: user, Sink: "out", Subtask: 1, CheckpointID: math.MaxInt64}}, txns,
+		"every subtask shares the job's commit user")
+}
+
+// TestCommitUserSurvivesRestore: a job restored from a savepoint into a new
+// job (a new process builds a new sink factory with another initial commit
+// user) keeps the commit user in union list state.
+func TestCommitUserSurvivesRestore(t *testing.T) {
+	dir := t.TempDir()
+	users := func(mem *sink.Memory[int64]) map[string]bool {
+		u := map[string]bool{}
+		var mu sync.Mutex
+		mem.OnCommit = func(txn sink.Txn, _ []int64) { mu.Lock(); u[txn.CommitUser] = true; mu.Unlock() }
+		return u
+	}
+	mem1 := sink.NewMemory[int64]()
+	u1 := users(mem1)
+	cfg := graph.Config{Parallelism: 2, Logf: t.Logf, Checkpoint: graph.CheckpointConfig{Interval: time.Millisecond, Dir: dir, Retain: 1}}
+	j1 := graph.NewJob("commit-user", cfg)
+	graph.Sink(graph.Source(j1, "src", source.Generate(20_000, func(i int64) int64 { return i })), "out", sink.Publishing[int64](mem1))
+	require.NoError(t, j1.Run(context.Background()))
+	require.Len(t, u1, 1)
+
+	// Restore the last checkpoint of j1 into a fresh job under another name
+	// (so another job id and checkpoint directory).
+	st, err := snapshot.OpenStorage(dir, j1.ID(), snapshot.StorageOptions{})
+	require.NoError(t, err)
+	refs, err := st.Checkpoints()
+	require.NoError(t, err)
+	require.NotEmpty(t, refs)
+	mem2 := sink.NewMemory[int64]()
+	u2 := users(mem2)
+	cfg2 := cfg
+	cfg2.Checkpoint.Dir = t.TempDir()
+	cfg2.Restore.Path = refs[len(refs)-1].Path
+	j2 := graph.NewJob("commit-user-2", cfg2)
+	graph.Sink(graph.Source(j2, "src", source.Generate(20_000, func(i int64) int64 { return i })), "out", sink.Publishing[int64](mem2))
+	require.NoError(t, j2.Run(context.Background()))
+	require.Equal(t, u1, u2, "the restored job commits under the same commit user")
 }
 
 func seq(from, to int64) []int64 {
