@@ -15,6 +15,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/snapflow/snapflow/graph"
@@ -103,7 +104,21 @@ func (d *deviceStep) Process(_ *graph.KeyedContext[string], s Signal, out graph.
 	return nil
 }
 
-func run(ctx context.Context, w io.Writer, o options) error {
+// lockedWriter serializes writes: the sink's committer and the job's event
+// callback print from different goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func run(ctx context.Context, out io.Writer, o options) error {
+	w := &lockedWriter{w: out}
 	name, data := "device-signals.json (embedded)", embedded
 	if o.data != "" {
 		b, err := os.ReadFile(o.data)
