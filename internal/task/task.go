@@ -119,7 +119,18 @@ type runner struct {
 	mails    []Mail
 	lastDone int64    // highest checkpoint notified complete
 	pending  []Report // acks of the snapshot whose barrier is not forwarded yet
+	// aborted holds checkpoints above lastDone that the master notified as
+	// aborted; their barriers are answered with a cancel marker instead of
+	// a snapshot (Flink's SubtaskCheckpointCoordinator does the same).
+	aborted map[int64]struct{}
+	// cancelled is the id whose Trigger was skipped, so its ForwardBarrier
+	// sends a cancel marker.
+	cancelled int64
 }
+
+// maxAborted bounds the aborted set; older entries are forgotten (they only
+// save work).
+const maxAborted = 64
 
 // report sends rep to the master; Task defaults to the head's id.
 func (r *runner) report(ctx context.Context, rep Report) error {
@@ -181,13 +192,40 @@ func (r *runner) broadcast(ev marker.Event) error {
 
 // handleNotify carries out completion and abort notifications.
 func (r *runner) handleNotify(m Mail) error {
-	if m.Kind == MailComplete {
+	switch m.Kind {
+	case MailComplete:
 		if m.ID <= r.lastDone {
 			return nil
 		}
 		r.lastDone = m.ID
+		for id := range r.aborted {
+			if id <= m.ID {
+				delete(r.aborted, id)
+			}
+		}
+	case MailAborted:
+		if m.ID > r.lastDone {
+			if r.aborted == nil {
+				r.aborted = map[int64]struct{}{}
+			}
+			if len(r.aborted) >= maxAborted {
+				clear(r.aborted)
+			}
+			r.aborted[m.ID] = struct{}{}
+		}
 	}
 	return r.chain.notify(m)
+}
+
+// skipAborted reports whether checkpoint id was already notified as aborted;
+// then the subtask declines it and forwards a cancel marker in place of the
+// barrier instead of taking a snapshot nobody will use.
+func (r *runner) skipAborted(ctx context.Context, id int64) (bool, error) {
+	if _, ok := r.aborted[id]; !ok {
+		return false, nil
+	}
+	r.cancelled = id
+	return true, r.report(ctx, Report{Kind: ReportDecline, ID: id, Reason: snapshot.DeclinedCancelMarker})
 }
 
 // lifecycle opens the chain and arranges for it to be closed.
@@ -416,6 +454,12 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			case align.Unblock:
 				gate.Unblock(a.Channel)
 			case align.Trigger:
+				if skip, err := r.skipAborted(ctx, a.Barrier.ID); skip || err != nil {
+					if err != nil {
+						return err
+					}
+					continue
+				}
 				m := snapshot.SubtaskMetrics{
 					AlignmentDuration: time.Duration(a.AlignmentNanos),
 					StartDelay:        time.Duration(a.StartDelayNanos),
@@ -424,6 +468,12 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					return err
 				}
 			case align.ForwardBarrier:
+				if a.Barrier.ID == r.cancelled {
+					if err := r.broadcast(marker.NewCancel(a.Barrier.ID)); err != nil {
+						return err
+					}
+					continue
+				}
 				if err := r.forward(ctx, a.Barrier); err != nil {
 					return err
 				}

@@ -945,3 +945,34 @@ func TestRunInputTimers(t *testing.T) {
 		require.Contains(t, err.Error(), `task: operator "head" (HEAD) subtask 0/1: timer: boom`)
 	})
 }
+
+// TestRunInputSkipsAbortedCheckpoint: a barrier for a checkpoint the master
+// already notified as aborted is declined and replaced downstream by a
+// cancel marker, without a snapshot; a later checkpoint is taken normally.
+func TestRunInputSkipsAbortedCheckpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 1)
+		chain, process := h.singleChain()
+		h.runInput(marker.Aligned, chain, process)
+		h.mail.Put(Mail{Kind: MailAborted, ID: 1})
+		synctest.Wait()
+		h.send(0, 1)
+		h.event(0, barrier(1))
+		h.send(0, 2)
+		h.event(0, barrier(2))
+		h.event(0, marker.EndOfInput)
+
+		dec := h.report()
+		require.Equal(t, ReportDecline, dec.Kind)
+		require.Equal(t, int64(1), dec.ID)
+		ack := h.report()
+		require.Equal(t, ReportAck, ack.Kind)
+		require.Equal(t, int64(2), ack.ID)
+		require.Equal(t, ReportFinished, h.report().Kind)
+		require.NoError(t, h.wait())
+
+		require.NotContains(t, h.rec.log(), "head snapshot 1")
+		toks := h.readUntil(marker.EventEndOfInput)
+		require.Equal(t, []string{"1", "cancel(1)", "2", "barrier(2 checkpoint aligned)", eoi}, toks)
+	})
+}
