@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -476,3 +478,89 @@ func TestSavepointDoesNotCommitSinks(t *testing.T) {
 	require.Zero(t, early.Load(), "nothing published on a savepoint")
 	require.Len(t, committer.Published(), 100, "the final checkpoint published everything once")
 }
+
+// slowSnapshot passes records through; its first snapshot takes longer than
+// the checkpoint timeout.
+type slowSnapshot struct {
+	delay time.Duration
+	slow  *atomic.Bool
+}
+
+func (s *slowSnapshot) Process(_ *graph.Context, v int64, out graph.Collector[int64]) error {
+	out.Collect(v)
+	return nil
+}
+
+func (s *slowSnapshot) SnapshotState(*graph.SnapshotContext) error {
+	if s.slow.CompareAndSwap(true, false) {
+		time.Sleep(s.delay)
+	}
+	return nil
+}
+
+// TestCheckpointTimeoutAndTolerableFailures: an expired checkpoint fails
+// the job when no failure is tolerated, and is survived when one is.
+func TestCheckpointTimeoutAndTolerableFailures(t *testing.T) {
+	for _, tolerable := range []int{0, 2} {
+		t.Run(fmt.Sprintf("tolerable=%d", tolerable), func(t *testing.T) {
+			var slow atomic.Bool
+			slow.Store(true)
+			cfg := quiet(t)
+			cfg.Checkpoint = graph.CheckpointConfig{Interval: 5 * time.Millisecond, Timeout: 50 * time.Millisecond, TolerableFailures: tolerable, Dir: t.TempDir()}
+			j := graph.NewJob("timeouts", cfg)
+			s := graph.Source(j, "src", source.Slice(ints(20_000)))
+			// Checkpoint 1 expires after 50ms while the operator sleeps 80ms
+			// in its snapshot; checkpoint 2 (triggered on the expiry) may
+			// expire too; checkpoint 3 finds the operator free again.
+			p := graph.Process(s, "slow", func() graph.ProcessFunc[int64, int64] { return &slowSnapshot{delay: 80 * time.Millisecond, slow: &slow} }, graph.DisableChaining())
+			newSink, got := collector[int64]()
+			graph.Sink(p, "sink", newSink)
+			e, err := j.Start(context.Background())
+			require.NoError(t, err)
+			err = e.Wait()
+			st := e.Stats()
+			require.GreaterOrEqual(t, st.Counts.Failed, 1)
+			require.True(t, slices.ContainsFunc(st.History, func(c snapshot.CheckpointStats) bool {
+				return c.ID == 1 && strings.Contains(c.FailureReason, "expired")
+			}), "checkpoint 1 expired: %+v", st.History)
+			if tolerable == 0 {
+				require.Error(t, err)
+				require.Contains(t, err.Error(), "exceeded checkpoint tolerable failure threshold (0)")
+				return
+			}
+			require.NoError(t, err)
+			require.Len(t, got(), 20_000)
+		})
+	}
+}
+
+// TestCancelStopsEveryGoroutine: Cancel stops a job that would run forever,
+// and no goroutine of it is left behind.
+func TestCancelStopsEveryGoroutine(t *testing.T) {
+	before := runtime.NumGoroutine()
+	cfg := quiet(t)
+	cfg.Parallelism = 2
+	cfg.Checkpoint = graph.CheckpointConfig{Interval: time.Millisecond, Dir: t.TempDir()}
+	j := graph.NewJob("forever", cfg)
+	s := graph.Source(j, "src", source.Generate(math.MaxInt64, func(i int64) int64 { return i }))
+	k := graph.KeyBy(s, func(v int64) int64 { return v % 10 })
+	out := graph.ProcessKeyed(k, "who", func() graph.KeyedProcessFunc[int64, int64, string] { return keyTagger{} })
+	graph.Sink(out, "sink", func() graph.SinkFunc[string] { return discard[string]{} })
+	e, err := j.Start(context.Background())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return e.Stats().Counts.Completed >= 2 }, 10*time.Second, time.Millisecond)
+	e.Cancel()
+	require.ErrorIs(t, e.Wait(), context.Canceled)
+	// Poll by hand: testify's Eventually runs its condition on a goroutine
+	// of its own, which would be counted.
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("goroutines left: %d > %d\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
+	}
+}
+
+type discard[T any] struct{}
+
+func (discard[T]) Write(*graph.Context, T) error { return nil }
