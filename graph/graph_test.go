@@ -512,7 +512,9 @@ func TestCheckpointTimeoutAndTolerableFailures(t *testing.T) {
 			// Checkpoint 1 expires after 50ms while the operator sleeps 80ms
 			// in its snapshot; checkpoint 2 (triggered on the expiry) may
 			// expire too; checkpoint 3 finds the operator free again.
-			p := graph.Process(s, "slow", func() graph.ProcessFunc[int64, int64] { return &slowSnapshot{delay: 80 * time.Millisecond, slow: &slow} }, graph.DisableChaining())
+			p := graph.Process(s, "slow", func() graph.ProcessFunc[int64, int64] {
+				return &slowSnapshot{delay: 80 * time.Millisecond, slow: &slow}
+			}, graph.DisableChaining())
 			newSink, got := collector[int64]()
 			graph.Sink(p, "sink", newSink)
 			e, err := j.Start(context.Background())
