@@ -325,15 +325,15 @@ func (s *Stats) Format(w io.Writer) error {
 			sum.StartDelay.Min, sum.StartDelay.Avg, sum.StartDelay.Max)
 	}
 	if len(s.History) > 0 {
-		fmt.Fprintln(tw, "id\tkind\tstatus\ttrigger\te2e\tsize\tacked\talign\tdelay\tinfo")
+		fmt.Fprintln(tw, "id\tkind\tmode\tstatus\ttrigger\te2e\tsize\tacked\talign\tdelay\tinfo")
 		for i := range s.History {
 			h := &s.History[i]
 			info := h.Path
 			if h.Status == StatusFailed {
 				info = h.FailureReason
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%v\t%s\t%d/%d\t%v\t%v\t%s\n",
-				h.ID, h.Kind, h.Status, fmtTime(h.TriggerTime), h.EndToEnd, fmtBytes(h.StateSize),
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\t%s\t%d/%d\t%v\t%v\t%s\n",
+				h.ID, h.Kind, h.Mode, h.Status, fmtTime(h.TriggerTime), h.EndToEnd, fmtBytes(h.StateSize),
 				h.Acked, h.Total, h.MaxAlignment(), h.MaxStartDelay(), info)
 		}
 	}
