@@ -164,7 +164,7 @@ func (j *Job) Validate() error {
 	if c.Checkpoint.Mode == marker.Unaligned {
 		add("graph: unaligned checkpoints are not supported yet; use aligned or at-least-once")
 	}
-	if (c.Restore.Latest || c.Restore.Path != "") && c.Checkpoint.Dir == "" && c.Restore.Path == "" {
+	if c.Restore.Latest && c.Checkpoint.Dir == "" {
 		add("graph: Restore.Latest needs Checkpoint.Dir")
 	}
 	if len(j.vertices) == 0 {
@@ -180,7 +180,7 @@ func (j *Job) Validate() error {
 			v.maxParallelism = c.MaxParallelism
 		}
 		if v.maxParallelism == 0 {
-			v.maxParallelism = max(keygroup.DefaultLowerMaxParallelism, keygroup.DefaultMaxParallelism(v.parallelism))
+			v.maxParallelism = keygroup.DefaultMaxParallelism(v.parallelism)
 		}
 		if v.uid == "" {
 			add("graph: %s %q has no uid; every operator needs a stable uid so its state can be restored", v.kind, v.name)

@@ -25,6 +25,12 @@
 // job id) uses the same one, as Paimon's committer does. Each checkpoint
 // ends one transaction, possibly empty.
 //
+// Publishing keeps the records of open and pre-committed transactions in
+// memory and in its checkpointed state, which bounds it to modest volumes
+// between checkpoints; sinks for real systems keep them in the external
+// system's transaction and checkpoint only its handle (Flink's
+// TwoPhaseCommitSinkFunction, Paimon's committables).
+//
 // With checkpointing disabled there is no exactly-once: the open
 // transaction is committed at end of input.
 package sink
