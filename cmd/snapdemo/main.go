@@ -1,9 +1,3 @@
-// Command snapdemo replays a device-signals dataset through a checkpointed
-// job (source -> per-device step -> two-phase-commit sink), crashes it once,
-// restores it from the latest completed checkpoint and shows that every
-// device signal was published exactly once.
-//
-// With no arguments it replays the seed's nine device signals (embedded).
 package main
 
 import (
