@@ -11,7 +11,9 @@ import (
 // Edge is one output edge of a subtask: the channels to every consumer
 // subtask it may write to, and how records are routed among them.
 type Edge[T any] struct {
-	Chans []*channel.Chan[T]
+	// Chans are the writer ends: local channels now, a network transport
+	// later (channel.Sender is the seam).
+	Chans []channel.Sender[T]
 	// Route picks the channel index of a record. Nil broadcasts every record
 	// to all channels.
 	Route func(T) int
@@ -32,7 +34,7 @@ type Output[T any] struct {
 	buf    []T
 	n      int
 	cur    *channel.Buffer[T]
-	single *channel.Chan[T]
+	single channel.Sender[T]
 	// local, when set, receives every full buffer directly (chaining; see
 	// LocalOut); buf is then reused after local returns.
 	local func([]T) error
@@ -43,7 +45,7 @@ type Output[T any] struct {
 }
 
 type edgeOut[T any] struct {
-	chans   []*channel.Chan[T]
+	chans   []channel.Sender[T]
 	pending []*channel.Buffer[T]
 	route   func(T) int
 }
@@ -109,8 +111,7 @@ func (o *Output[T]) sendCur() {
 	b.Records = o.buf[:o.n]
 	o.newCur()
 	if o.err != nil {
-		o.single.Recycle(b)
-		return
+		return // the job is stopping; drop the records
 	}
 	if err := o.single.Send(o.ctx, b); err != nil {
 		o.err = err
@@ -165,14 +166,10 @@ func (o *Output[T]) Flush() error {
 	for i := range o.edges {
 		e := &o.edges[i]
 		for c, b := range e.pending {
-			if b == nil {
-				continue
+			if b == nil || len(b.Records) == 0 {
+				continue // (a pending buffer always holds a record)
 			}
 			e.pending[c] = nil
-			if len(b.Records) == 0 {
-				e.chans[c].Recycle(b)
-				continue
-			}
 			if err := e.chans[c].Send(o.ctx, b); err != nil && o.err == nil {
 				o.err = err
 			}

@@ -42,7 +42,7 @@ func drainChan(c *channel.Chan[int]) (bufs [][]int, items []any) {
 
 func TestOutputSingleChannel(t *testing.T) {
 	c := newChans(1, 3)[0]
-	o := NewOutput(context.Background(), []Edge[int]{{Chans: []*channel.Chan[int]{c}}})
+	o := NewOutput(context.Background(), []Edge[int]{{Chans: []channel.Sender[int]{c}}})
 	require.False(t, o.Pending())
 	for i := range 7 {
 		o.Collect(i)
@@ -67,7 +67,7 @@ func TestOutputSingleChannel(t *testing.T) {
 // into it.
 func TestOutputFreeAdvance(t *testing.T) {
 	c := newChans(1, 4)[0]
-	o := NewOutput(context.Background(), []Edge[int]{{Chans: []*channel.Chan[int]{c}}})
+	o := NewOutput(context.Background(), []Edge[int]{{Chans: []channel.Sender[int]{c}}})
 	dst := o.Free()
 	require.Len(t, dst, 4)
 	dst[0], dst[1], dst[2] = 10, 11, 12
@@ -95,9 +95,9 @@ func TestOutputFreeAdvance(t *testing.T) {
 
 	// Several channels: no fast path.
 	cs := newChans(2, 4)
-	multi := NewOutput(context.Background(), []Edge[int]{{Chans: cs}})
+	multi := NewOutput(context.Background(), []Edge[int]{{Chans: senders(cs)}})
 	require.Nil(t, multi.Free())
-	two := NewOutput(context.Background(), []Edge[int]{{Chans: cs[:1]}, {Chans: cs[1:]}})
+	two := NewOutput(context.Background(), []Edge[int]{{Chans: senders(cs[:1])}, {Chans: senders(cs[1:])}})
 	require.Nil(t, two.Free(), "two edges of one channel each are not the fast path")
 }
 
@@ -105,7 +105,7 @@ func TestOutputFreeAdvance(t *testing.T) {
 // picks, in order, batching per channel.
 func TestOutputRoute(t *testing.T) {
 	cs := newChans(3, 2)
-	o := NewOutput(context.Background(), []Edge[int]{{Chans: cs, Route: func(r int) int { return r % 3 }}})
+	o := NewOutput(context.Background(), []Edge[int]{{Chans: senders(cs), Route: func(r int) int { return r % 3 }}})
 	for i := range 10 {
 		o.Collect(i)
 	}
@@ -133,8 +133,8 @@ func TestOutputRoute(t *testing.T) {
 func TestOutputBroadcast(t *testing.T) {
 	cs := newChans(3, 4)
 	o := NewOutput(context.Background(), []Edge[int]{
-		{Chans: cs[:2]}, // broadcast
-		{Chans: cs[2:], Route: func(int) int { return 0 }},
+		{Chans: senders(cs[:2])}, // broadcast
+		{Chans: senders(cs[2:]), Route: func(int) int { return 0 }},
 	})
 	for i := range 5 {
 		o.Collect(i)
@@ -155,12 +155,12 @@ func TestOutputBroadcastEventFlushesFirst(t *testing.T) {
 		n     int
 		want  [][]any
 	}{
-		{"single", func(cs []*channel.Chan[int]) []Edge[int] { return []Edge[int]{{Chans: cs[:1]}} }, 1,
+		{"single", func(cs []*channel.Chan[int]) []Edge[int] { return []Edge[int]{{Chans: senders(cs[:1])}} }, 1,
 			[][]any{{0, 1, 2, "barrier(4 checkpoint aligned)"}}},
 		{"routed", func(cs []*channel.Chan[int]) []Edge[int] {
-			return []Edge[int]{{Chans: cs[:2], Route: func(r int) int { return r % 2 }}}
+			return []Edge[int]{{Chans: senders(cs[:2]), Route: func(r int) int { return r % 2 }}}
 		}, 2, [][]any{{0, 2, "barrier(4 checkpoint aligned)"}, {1, "barrier(4 checkpoint aligned)"}}},
-		{"broadcast", func(cs []*channel.Chan[int]) []Edge[int] { return []Edge[int]{{Chans: cs[:2]}} }, 2,
+		{"broadcast", func(cs []*channel.Chan[int]) []Edge[int] { return []Edge[int]{{Chans: senders(cs[:2])}} }, 2,
 			[][]any{{0, 1, 2, "barrier(4 checkpoint aligned)"}, {0, 1, 2, "barrier(4 checkpoint aligned)"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -182,7 +182,7 @@ func TestOutputBroadcastEventFlushesFirst(t *testing.T) {
 func TestOutputSendErrors(t *testing.T) {
 	t.Run("end of input", func(t *testing.T) {
 		c := newChans(1, 2)[0]
-		o := NewOutput(context.Background(), []Edge[int]{{Chans: []*channel.Chan[int]{c}}})
+		o := NewOutput(context.Background(), []Edge[int]{{Chans: []channel.Sender[int]{c}}})
 		require.NoError(t, c.SendEvent(marker.EndOfInput))
 		for i := range 5 {
 			o.Collect(i) // never panics, records are dropped
@@ -196,7 +196,7 @@ func TestOutputSendErrors(t *testing.T) {
 	})
 	t.Run("event after end of input", func(t *testing.T) {
 		cs := newChans(2, 2)
-		o := NewOutput(context.Background(), []Edge[int]{{Chans: cs}})
+		o := NewOutput(context.Background(), []Edge[int]{{Chans: senders(cs)}})
 		require.NoError(t, cs[1].SendEvent(marker.EndOfInput))
 		err := o.BroadcastEvent(marker.NewCancel(1))
 		require.ErrorIs(t, err, channel.ErrEndOfInput)
@@ -207,8 +207,8 @@ func TestOutputSendErrors(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		cs := []*channel.Chan[int]{c, channel.New[int](channel.Config{Capacity: 1, BufferSize: 1})}
-		o := NewOutput(ctx, []Edge[int]{{Chans: cs}}) // slow path
-		o.Collect(1)                                  // fills and sends one buffer per channel
+		o := NewOutput(ctx, []Edge[int]{{Chans: senders(cs)}}) // slow path
+		o.Collect(1)                                           // fills and sends one buffer per channel
 		require.NoError(t, o.Err())
 		o.Collect(2) // the channels are full: Send waits and gives up on ctx
 		require.ErrorIs(t, o.Err(), context.Canceled)
@@ -277,7 +277,7 @@ func TestLocalOutError(t *testing.T) {
 // steady state when the reader recycles buffers (channel CH8).
 func TestOutputZeroAllocs(t *testing.T) {
 	c := newChans(1, 8)[0]
-	o := NewOutput(context.Background(), []Edge[int]{{Chans: []*channel.Chan[int]{c}}})
+	o := NewOutput(context.Background(), []Edge[int]{{Chans: []channel.Sender[int]{c}}})
 	recycle := func() {
 		for {
 			it, ok := c.TryPoll()
@@ -319,7 +319,7 @@ func TestOutputZeroAllocs(t *testing.T) {
 
 func BenchmarkOutputCollect(b *testing.B) {
 	c := newChans(1, channel.DefaultBufferSize)[0]
-	o := NewOutput(context.Background(), []Edge[int]{{Chans: []*channel.Chan[int]{c}}})
+	o := NewOutput(context.Background(), []Edge[int]{{Chans: []channel.Sender[int]{c}}})
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		o.Collect(i)
@@ -333,4 +333,13 @@ func BenchmarkOutputCollect(b *testing.B) {
 			}
 		}
 	}
+}
+
+// senders views channels as their writer ends.
+func senders(cs []*channel.Chan[int]) []channel.Sender[int] {
+	out := make([]channel.Sender[int], len(cs))
+	for i, c := range cs {
+		out[i] = c
+	}
+	return out
 }

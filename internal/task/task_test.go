@@ -145,7 +145,7 @@ func (h *harness) event(ch int, ev marker.Event) {
 
 // output is the head member writing to the harness's output channel.
 func (h *harness) output() *Output[int] {
-	return NewOutput(h.ctx, []Edge[int]{{Chans: []*channel.Chan[int]{h.out}}})
+	return NewOutput(h.ctx, []Edge[int]{{Chans: []channel.Sender[int]{h.out}}})
 }
 
 // singleChain is one operator "head" that logs every record and forwards
