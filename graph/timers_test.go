@@ -25,11 +25,10 @@ type timeoutFn struct {
 	failAttempt int
 	onFire      func()
 
-	seen       *state.ValueState[int64, bool]
-	n          int
-	snapAll    int64 // first checkpoint taken after all records
-	attempt    int
-	registered int
+	seen    *state.ValueState[int64, bool]
+	n       int
+	snapAll int64 // first checkpoint taken after all records
+	attempt int
 }
 
 func (f *timeoutFn) InitializeState(ctx *graph.Context) error {
