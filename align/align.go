@@ -232,8 +232,9 @@ func New[T any](cfg Config) (*Aligner[T], error) {
 // returned slice is reused: it is valid until the next call of Step.
 //
 // Step panics on a protocol violation by the driver: a channel out of range,
-// an unknown input kind, or any input on a channel after its EndOfInput
-// (marker M3).
+// an unknown input kind, input on a blocked channel (the driver must stop
+// reading it on Block; channel.Gate does, CH6), or any input on a channel
+// after its EndOfInput (marker M3).
 func (a *Aligner[T]) Step(in Input[T]) []Action[T] {
 	clear(a.c.acts) // drop references to delivered items
 	a.c.acts = a.c.acts[:0]
@@ -245,6 +246,9 @@ func (a *Aligner[T]) Step(in Input[T]) []Action[T] {
 	}
 	if a.c.ended[in.Channel] {
 		panic(fmt.Sprintf("align: %s on channel %d after its end of input (marker M3)", in.Kind, in.Channel))
+	}
+	if a.h.blocked(in.Channel) {
+		panic(fmt.Sprintf("align: %s on blocked channel %d: the driver must not read a channel between Block and Unblock", in.Kind, in.Channel))
 	}
 	if in.Kind == EndOfInput {
 		a.c.ended[in.Channel] = true
@@ -268,10 +272,10 @@ func (a *Aligner[T]) Open() int { return a.c.open }
 // buffer.
 type core[T any] struct {
 	abortOnEnd bool
-	// ended[ch] is set when EndOfInput arrives on ch (even if it is buffered
-	// behind a block); nothing may arrive on ch afterwards.
+	// ended[ch] is set when EndOfInput arrives on ch; nothing may arrive on
+	// ch afterwards.
 	ended []bool
-	// open counts channels whose EndOfInput has not been processed yet.
+	// open counts channels whose EndOfInput has not been delivered yet.
 	open     int
 	finished bool
 	acts     []Action[T]

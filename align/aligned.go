@@ -27,18 +27,11 @@ type alignedHandler[T any] struct {
 	target, count int
 	aligned       []bool
 	// blockedCh[ch] is set while ch delivered the barrier of current.
-	// Invariant A5: nblocked > 0 or len(buf) > 0 only while aligning.
+	// Invariant A5: nblocked > 0 only while aligning.
 	blockedCh []bool
 	nblocked  int
 	// startNow is Now at the first barrier; delay the start delay.
 	startNow, delay int64
-
-	// buf holds, in arrival order, the inputs that arrived on blocked
-	// channels. They are replayed through step when the alignment ends.
-	buf []Input[T]
-	// free holds empty backing arrays for buf, one per replay nesting level,
-	// so that steady state does not allocate.
-	free [][]Input[T]
 }
 
 func newAlignedHandler[T any](c *core[T], channels int) *alignedHandler[T] {
@@ -60,12 +53,7 @@ func (h *alignedHandler[T]) pending() (int64, bool) {
 }
 
 func (h *alignedHandler[T]) step(in Input[T]) {
-	if h.blockedCh[in.Channel] {
-		// The driver read past a Block (or a test script did): keep the
-		// input until the alignment ends (A1, A2).
-		h.buf = append(h.buf, in)
-		return
-	}
+	// Aligner.Step rejected input on a blocked channel.
 	switch in.Kind {
 	case Record:
 		h.c.deliver(in)
@@ -80,10 +68,8 @@ func (h *alignedHandler[T]) step(in Input[T]) {
 
 func (h *alignedHandler[T]) onBarrier(in Input[T]) {
 	id := in.Barrier.ID
-	// A newer barrier subsumes the alignment in progress. Releasing the
-	// buffered inputs may start another alignment (a buffered barrier), so
-	// look again until nothing older is being aligned.
-	for h.aligning && id > h.current {
+	// A newer barrier subsumes the alignment in progress.
+	if h.aligning && id > h.current {
 		h.abortCurrent(Subsumed)
 	}
 	switch {
@@ -115,7 +101,7 @@ func (h *alignedHandler[T]) onCancel(in Input[T]) {
 	// Deliberate difference from Flink: an alignment older than the
 	// cancelled id is aborted as subsumed (Flink drops it silently), so
 	// that every started checkpoint gets an outcome (A6).
-	for h.aligning && id > h.current {
+	if h.aligning && id > h.current {
 		h.abortCurrent(Subsumed)
 	}
 	switch {
@@ -172,11 +158,9 @@ func (h *alignedHandler[T]) abortCurrent(r AbortReason) {
 	h.endAlignment()
 }
 
-// endAlignment unblocks every blocked channel (in channel order) and then
-// replays the buffered inputs in arrival order, before any further input
-// (A1). A replayed input may end another alignment; its own buffered inputs
-// arrived earlier than the rest of this replay, so they are replayed at once,
-// recursively.
+// endAlignment unblocks every blocked channel, in channel order. What
+// waits behind a block waits in the channel itself (channel CH6), so
+// nothing is replayed here.
 func (h *alignedHandler[T]) endAlignment() {
 	for ch := 0; h.nblocked > 0; ch++ {
 		if h.blockedCh[ch] {
@@ -185,18 +169,4 @@ func (h *alignedHandler[T]) endAlignment() {
 			h.c.unblock(ch)
 		}
 	}
-	if len(h.buf) == 0 {
-		return
-	}
-	var next []Input[T]
-	if n := len(h.free); n > 0 {
-		next, h.free = h.free[n-1], h.free[:n-1]
-	}
-	q := h.buf
-	h.buf = next[:0]
-	for _, in := range q {
-		h.step(in)
-	}
-	clear(q)
-	h.free = append(h.free, q[:0])
 }

@@ -37,6 +37,11 @@ import (
 // With trace, each input is first printed with the actions it produced:
 // "<index> <token>: <action>, <action>, ..." ("-" for none).
 //
+// The tokens are the order in which items arrive in the channels. As
+// channel.Gate does, the harness does not read a blocked channel: an item
+// arriving on it waits there ("held" in the trace) and is fed, and printed
+// again, once the channel is unblocked, before any later item.
+//
 // Every run is checked against the invariants A1-A7 of doc.go; violations and
 // panics of the aligner are printed.
 func TestDataDriven(t *testing.T) {
@@ -90,7 +95,10 @@ func formatRun(sc script, res runResult, trace, metrics bool) string {
 		}
 		if trace {
 			s := strings.Join(acts, ", ")
-			if s == "" {
+			switch {
+			case st.held:
+				s = "held (channel blocked)"
+			case s == "":
 				s = "-"
 			}
 			fmt.Fprintf(&b, "%d %s: %s\n", st.input.idx, sc.tokens[st.input.idx], s)

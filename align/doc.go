@@ -9,7 +9,7 @@
 // only.
 //
 //	for {
-//		in := readFromSomeUnblockedChannel()
+//		in := readFromSomeUnblockedChannel() // channel.Gate.Poll
 //		for _, a := range al.Step(in) {
 //			switch a.Kind {
 //			case align.Deliver:        // give a.Item (record or end of input) to the operator
@@ -39,16 +39,15 @@
 //     single-channel subtask never blocks).
 //   - Barrier N of the current alignment on a channel that has not delivered
 //     it yet: the channel is blocked; if it was the last one, the alignment
-//     completes: Trigger N, ForwardBarrier N, Unblock every blocked channel,
-//     then the buffered inputs are released.
+//     completes: Trigger N, ForwardBarrier N, Unblock every blocked channel.
 //   - Barrier M newer than the alignment N in progress subsumes it: Abort
-//     N (subsumed), ForwardCancel N, Unblock, release, and then M is handled
-//     as above.
+//     N (subsumed), ForwardCancel N, Unblock, and then M is handled as
+//     above.
 //   - Stale barriers (id below the current one, or equal to it once it was
 //     completed or aborted) and duplicate barriers are ignored.
 //   - Cancel marker for n: if n is the alignment in progress, or newer than
-//     anything seen: Abort n (cancel-marker), ForwardCancel n, Unblock,
-//     release; ids <= n are stale afterwards. An older alignment in
+//     anything seen: Abort n (cancel-marker), ForwardCancel n, Unblock;
+//     ids <= n are stale afterwards. An older alignment in
 //     progress is first aborted as subsumed.
 //   - EndOfInput on channel c is delivered in order. If an alignment is in
 //     progress, the ended channel counts as aligned (Flink 1.20's default,
@@ -56,12 +55,20 @@
 //     Config.AbortOnEndOfInput the alignment is aborted (end-of-input)
 //     instead. After the last channel's EndOfInput: Finished.
 //
-// Blocking is advisory: the driver should stop reading a blocked channel, but
-// items it already read (or that a test script sends) are kept by the aligner
-// and replayed through Step's logic, in arrival order, as soon as the
-// alignment ends (completed or aborted), before any further input. This
-// covers records, end of input, and also barriers and cancel markers, which
-// are replayed with their usual meaning.
+// Blocking is the driver's job and it is mandatory: after Block the driver
+// must not feed the channel to Step until Unblock (Step panics otherwise).
+// What arrives meanwhile waits in the channel itself. channel.Gate does
+// exactly that: Gate.Block stops polling the channel, whose queue fills and
+// pushes back on its writer (channel CH6), and Block is carried out before
+// the next Poll, since every action of a Step is. So the aligner keeps no
+// inputs of its own, and everything it is fed is handled at once.
+//
+// (Earlier versions kept the items fed on a blocked channel and replayed
+// them when the alignment ended. Behind a Gate that buffer was unreachable,
+// so it is gone; the datadriven harness now reads its scripts as the Gate
+// does: see aligned_gate. Gate.PollPriority, which does read priority
+// events of blocked channels, is not used by the runtime yet: an unaligned
+// handler that uses it must let Step accept those events.)
 //
 // # At-least-once
 //
@@ -89,10 +96,9 @@
 // The tests check these on every datadriven script and on random scripts.
 //
 //   - A1 (delivery): every Record and EndOfInput is delivered exactly once,
-//     and the items of one channel are delivered in their arrival order. In
-//     at-least-once mode they are delivered in the same Step they arrive.
-//     In aligned mode an item that has arrived and is not delivered yet sits
-//     behind a blocked channel.
+//     in the Step that feeds it, so the items of one channel are delivered
+//     in their arrival order. (In aligned mode what arrives on a blocked
+//     channel waits in the channel until Unblock.)
 //   - A2 (consistent cut): for each Trigger N in aligned mode and each
 //     channel c: if barrier N arrived on c, every item that arrived on c
 //     before it is delivered before Trigger N and no item that arrived on c
@@ -113,17 +119,16 @@
 //     outcome (Trigger or Abort) before Finished.
 //   - A7 (finish): Finished is returned exactly once, as the last action,
 //     after the EndOfInput of every channel was delivered.
-//   - A8 (allocation): Step does not allocate for records delivered
-//     directly, nor, once its buffers have grown, for whole checkpoint
-//     cycles (testing.AllocsPerRun in TestNoAllocs).
+//   - A8 (allocation): Step does not allocate for records, nor, once its
+//     action buffer has grown, for whole checkpoint cycles
+//     (testing.AllocsPerRun in TestNoAllocs).
 //
 // # Differences from Flink
 //
-//   - Flink (since 1.11) does not buffer on the receiver: blocking is done by
-//     credit-based flow control. Here the driver is asked to stop reading,
-//     and whatever still arrives on a blocked channel is buffered and
-//     replayed. For the same reason a stale barrier needs no "resume
-//     consumption": the channel was never blocked for it.
+//   - Blocking is the driver not reading the channel (Flink, since 1.11,
+//     stops announcing credit, FLINK-16404); neither buffers on the
+//     receiver. A stale barrier needs no "resume consumption": the channel
+//     was never blocked for it.
 //   - A barrier that completes an alignment does not block its channel (Flink
 //     blocks and immediately unblocks all channels).
 //   - A cancel marker for an id newer than the alignment in progress aborts
@@ -141,6 +146,7 @@
 //     newest only).
 //   - The mode comes from Config, not from the barrier's options.
 //   - Protocol violations by the driver (input after a channel's
-//     EndOfInput, an unknown channel) panic: they are broken invariants of
-//     the caller (marker M3), not runtime errors.
+//     EndOfInput, input on a blocked channel, an unknown channel) panic:
+//     they are broken invariants of the caller (marker M3, channel CH6),
+//     not runtime errors.
 package align

@@ -13,9 +13,9 @@ import (
 )
 
 // Chan is a bounded FIFO channel of record buffers and in-band events between
-// two subtasks. It implements both Sender and Receiver. Any number of writers
-// may use it concurrently; it has exactly one reader (usually through a
-// Gate).
+// two subtasks. It implements Sender, the writer end; its reader end is
+// TryPoll and Recycle, used by the channel's one reader (a Gate). Any number
+// of writers may use it concurrently.
 type Chan[T any] struct {
 	name        string
 	capacity    int
@@ -57,10 +57,7 @@ type Chan[T any] struct {
 	backpressuredNanos                   int64
 }
 
-var (
-	_ Sender[int]   = (*Chan[int])(nil)
-	_ Receiver[int] = (*Chan[int])(nil)
-)
+var _ Sender[int] = (*Chan[int])(nil)
 
 // New returns an empty channel.
 func New[T any](cfg Config) *Chan[T] {
@@ -110,8 +107,9 @@ func (c *Chan[T]) NewBuffer() *Buffer[T] {
 	return &Buffer[T]{Records: make([]T, 0, c.bufferSize)}
 }
 
-// Recycle implements Receiver. Buffers whose capacity is below BufferSize,
-// and buffers beyond the free list's bound, are left to the GC.
+// Recycle returns a polled buffer to the writer's free list (reader side).
+// Buffers whose capacity is below BufferSize, and buffers beyond the free
+// list's bound, are left to the GC.
 func (c *Chan[T]) Recycle(b *Buffer[T]) {
 	if b == nil || cap(b.Records) < c.bufferSize {
 		return
@@ -272,7 +270,8 @@ func (c *Chan[T]) sendEvent(ev marker.Event, copyOvertaken bool) ([]*Buffer[T], 
 	return overtaken, nil
 }
 
-// TryPoll implements Receiver.
+// TryPoll returns the head of the queue; it never blocks (reader side).
+// Priority events come before everything else.
 func (c *Chan[T]) TryPoll() (Item[T], bool) {
 	c.mu.Lock()
 	it, ok := c.pollLocked()
@@ -318,7 +317,7 @@ func (c *Chan[T]) popPrioLocked() marker.Event {
 	return ev
 }
 
-// Gauges implements Sender and Receiver.
+// Gauges implements Sender.
 func (c *Chan[T]) Gauges() Gauges {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -600,8 +600,8 @@ func TestNewGateNonEmpty(t *testing.T) {
 	if g.prio.Load() != 0 {
 		t.Fatalf("gate priority count = %d, want 0", g.prio.Load())
 	}
-	if g.Len() != 2 || g.Input(1) != b {
-		t.Fatal("Len/Input disagree with the inputs")
+	if g.Len() != 2 || g.inputs[1] != b {
+		t.Fatal("Len/inputs disagree with the inputs")
 	}
 }
 

@@ -5,7 +5,8 @@
 // handles control actions, and writes buffers and events to its output
 // channels (see Gate for the loop). Records travel in batches (Buffer); the
 // per-record cost of the engine is therefore one append into a buffer, and
-// the channel itself costs one mutex acquisition per buffer on each side.
+// the channel itself costs four mutex acquisitions per buffer: NewBuffer and
+// Send on the writer's side, Poll (or TryPoll) and Recycle on the reader's.
 // The package starts no goroutines.
 //
 // # Design

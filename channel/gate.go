@@ -68,9 +68,6 @@ func NewGate[T any](inputs []*Chan[T]) *Gate[T] {
 // Len returns the number of input channels.
 func (g *Gate[T]) Len() int { return len(g.inputs) }
 
-// Input returns input channel ch.
-func (g *Gate[T]) Input(ch int) *Chan[T] { return g.inputs[ch] }
-
 // Ready returns the channel that receives a token when an item may have
 // become available. Tokens may be spurious; after receiving one, call Poll.
 func (g *Gate[T]) Ready() <-chan struct{} { return g.notify }

@@ -93,14 +93,3 @@ type Sender[T any] interface {
 	// Gauges returns the channel's counters.
 	Gauges() Gauges
 }
-
-// Receiver is the reader end of a channel. A channel has one reader.
-type Receiver[T any] interface {
-	// TryPoll returns the head of the queue; it never blocks. Priority
-	// events come before everything else.
-	TryPoll() (Item[T], bool)
-	// Recycle returns a polled buffer to the writer's free list.
-	Recycle(b *Buffer[T])
-	// Gauges returns the channel's counters.
-	Gauges() Gauges
-}

@@ -44,8 +44,9 @@ type vertex struct {
 	id             int
 	kind           vertexKind
 	uid, name      string
-	parallelism    int // 0: job default
-	maxParallelism int // 0: job default
+	parallelism    int  // the job default unless parallelismSet
+	parallelismSet bool // set by the Parallelism option
+	maxParallelism int  // 0: job default
 	keyed          bool
 	inputs         []*edge
 	outputs        []*edge
@@ -110,8 +111,10 @@ func Name(name string) Option { return func(v *vertex) { v.name = name } }
 // own goroutine(s), connected to its neighbours by channels.
 func DisableChaining() Option { return func(v *vertex) { v.noChain = true } }
 
-// Parallelism sets the number of subtasks of the operator.
-func Parallelism(p int) Option { return func(v *vertex) { v.parallelism = p } }
+// Parallelism sets the number of subtasks of the operator (at least 1).
+func Parallelism(p int) Option {
+	return func(v *vertex) { v.parallelism, v.parallelismSet = p, true }
+}
 
 // MaxParallelism sets the number of key groups (the upper bound for
 // rescaling) of the operator.

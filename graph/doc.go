@@ -11,43 +11,105 @@
 // Rebalance, Broadcast, or by key (KeyBy routes key -> key group -> owning
 // subtask, see package state/keygroup), Auto choosing Forward at equal
 // parallelism. User functions optionally implement Initializer (register
-// and restore state), Snapshotter, CheckpointListener, InputEnder, Closer,
-// and, for keyed functions, TimerHandler.
+// and restore state), Snapshotter, CheckpointListener, InputEnder (emit at
+// the end of the input), SinkEnder, Closer, and, for keyed functions,
+// TimerHandler.
 //
 // # Running a job
 //
 // Run (or Start) validates the graph (uids present and unique, parallelism
-// within max parallelism, every operator connected, forward edges between
-// equal parallelism) and reports every problem by operator before anything
-// runs. It then groups operators into chains: an operator joins its
-// producer's chain when the edge is Forward, both have the same
+// at least 1 and within max parallelism, every operator connected, forward
+// edges between equal parallelism) and reports every problem by operator
+// before anything runs. It then groups operators into chains: an operator
+// joins its producer's chain when the edge is Forward, both have the same
 // parallelism, the producer has no other consumer and neither opted out
 // (DisableChaining). Each subtask of a chain is one goroutine running the
-// mailbox loop of package internal/task; channels connect the chains.
+// mailbox loop of package internal/task; channels connect the chains. The
+// execution's own goroutine runs the restart loop and, during an attempt,
+// the job master: the thin driver of the pure internal/master state
+// machine, which drives the pure snapshot.Coordinator.
 //
-// One more goroutine, the master, drives the pure snapshot.Coordinator: it
-// owns the clock and the timer, writes checkpoints to storage, delivers
-// triggers and notifications to subtask mailboxes and collects acks. A
-// failed attempt (an operator error or panic, or too many failed
-// checkpoints) is torn down as a whole and, as the RestartStrategy allows,
-// restarted from the latest completed checkpoint in the job's directory
-// (CheckpointConfig.Dir/<job id>, the job id being the MD5 of the job name
-// unless Config.JobID is set).
+// # Lifecycle
+//
+// This is the one place that says what happens to a job and its
+// checkpoints, from start to end.
+//
+//   - Execution. Every Start begins an execution with a new random id
+//     (Execution.ID). The id is recorded in every checkpoint's metadata and
+//     in every transaction id a sink creates (sink.Txn.Execution), so two
+//     executions never produce two different outputs under one id, even
+//     when checkpoint ids repeat (a savepoint restored into a new checkpoint
+//     directory, a deleted chk-N directory).
+//   - Job directory. Checkpoints live in Checkpoint.Dir/<job id>, the job
+//     id being the MD5 of the job name unless Config.JobID is set, so runs
+//     of the same job find each other's checkpoints. Executions are told
+//     apart there by their execution id in the metadata and by checkpoint
+//     ids, which only grow within a job directory (G3). Storage writes a
+//     completed log (_completed) next to the chk-N directories: a
+//     checkpoint is complete once its metadata is durable and logged, and
+//     only then are sinks told to commit it.
+//   - First attempt. It restores nothing, unless Restore.Latest (the newest
+//     completed checkpoint, or stop-with-savepoint, of the job directory)
+//     or Restore.Path (an explicit checkpoint or savepoint) says otherwise.
+//     When it restores nothing although the job directory holds completed
+//     checkpoints, a log line says so.
+//   - Restart. After a failure the RestartStrategy decides whether and
+//     when to run another attempt. A restart restores this execution's
+//     newest completed checkpoint, or, if it has none yet, exactly what the
+//     first attempt restored (its explicit path, the checkpoint Latest
+//     chose, or nothing): never a checkpoint another execution left behind
+//     (bug 2 of issue 5). Errors that a restart cannot cure fail the job at
+//     once: state for a uid not in the job, a changed max parallelism, an
+//     explicit path that does not decode (restore.ErrUnrecoverable), a
+//     restore that would publish committed records again
+//     (restore.ErrFallback), a metadata write of unknown outcome
+//     (snapshot.ErrIndeterminate), subtasks that did not stop.
+//   - Falling back. If the newest completed checkpoint is missing or
+//     corrupt, restoring an older one would make sinks publish what they
+//     committed for the newer one again. Restore refuses that by default
+//     with an error naming both checkpoints; RestoreConfig.AllowFallback
+//     accepts the duplicates.
+//   - End of input. A bounded job ends as Flink's FLIP-147 says: every
+//     subtask ends its input (pending timers fire, EndInput emits, and
+//     end-of-input goes downstream), then the final checkpoint is taken and
+//     committed, then every subtask stops and Wait returns nil. Nothing a
+//     subtask emits is left uncommitted.
+//   - Savepoints. TriggerSavepoint writes a savepoint (to SavepointDir or
+//     the job directory) and returns its path; it does not make sinks
+//     commit, because a restart restores the newest checkpoint, which may
+//     be older. Stop is stop-with-savepoint: sources emit nothing after its
+//     barrier, sinks commit it, every subtask stops without ending its
+//     input, and Stop returns the path once the job has ended. Resume with
+//     Restore.Path (or Restore.Latest in the same directory).
+//   - Cancel. Cancelling the context passed to Start, or Execution.Cancel,
+//     is a shutdown, not "discard this job": the checkpoints stay, and a
+//     later run with Restore.Latest resumes exactly where the last completed
+//     checkpoint left off. (A signal.NotifyContext in main is all a service
+//     needs.) Wait returns context.Canceled. Subtasks that do not stop
+//     within Config.CancelTimeout (a user function blocked for good; Go
+//     cannot stop a goroutine) are named in Wait's error; exit the process
+//     to release them.
+//   - Discard. Job.DiscardCheckpoints deletes the job's checkpoints and its
+//     completed log (not savepoints). It is the only call that does.
+//   - Retention. Checkpoint.Retain completed checkpoints are kept (default
+//     1); older ones are deleted after a newer one completed. A failed
+//     deletion is logged and retried; it never fails the checkpoint.
 //
 // # Invariants
 //
 //   - G1: the master never blocks on a subtask: mailboxes are unbounded, and
 //     subtasks report on a buffered channel the master always drains.
-//   - G2: every mailbox receives a checkpoint's MailComplete before any
-//     source receives MailFinish, and MailFinish is sent only after a
-//     checkpoint triggered after every source reached its end completed
-//     (with internal/task T3/T4: no record is left uncommitted at the end).
-//   - G3: checkpoint ids never repeat within a job directory: a new attempt
-//     or execution continues after the highest id restored, triggered or
-//     found in storage.
-//   - G4: subtasks are notified of completed checkpoints, never of
-//     completed savepoints (a restart restores the latest checkpoint, which
-//     may be older than a savepoint).
+//   - G2: every mailbox receives the final checkpoint's MailComplete before
+//     MailFinish, and the final checkpoint is triggered only after every
+//     subtask ended its input (internal/master MS2).
+//   - G3: checkpoint ids never repeat within a job directory: an attempt or
+//     execution continues above the highest id restored, triggered, logged
+//     or found in storage.
+//   - G4: subtasks are notified of completed checkpoints and of a completed
+//     stop-with-savepoint, never of other savepoints.
 //   - G5: an attempt's channels, mailboxes and operators are created fresh;
 //     nothing but the restored checkpoint carries state between attempts.
+//   - G6: a restart restores only this execution's checkpoints or its
+//     starting point.
+//   - G7: OnEvent is called from the execution's goroutine only, in order.
 package graph

@@ -34,11 +34,26 @@ const numKeys = 100
 
 // runningSum is a keyed operator: per key it keeps the running sum of the
 // mapped values in keyed state and emits it with every record.
+//
+// It injects failures: attempt a fails at the first record, from the
+// failAt[a]-th the attempt's subtasks saw, that a subtask sees after it was
+// notified of a completed checkpoint of the attempt. So every injected
+// failure has a checkpoint to restore, and the test can insist on a
+// restore per failure.
 type runningSum struct {
-	sum      *state.ValueState[int64, int64]
-	failAt   []int64 // failAt[attempt]: fail when the subtasks saw this many records in that attempt
-	counters []atomic.Int64
+	sum       *state.ValueState[int64, int64]
+	failAt    []int64 // failAt[attempt]: fail from this many records seen in that attempt
+	counters  []atomic.Int64
+	fired     []atomic.Bool // fired[attempt]: the failure of that attempt happened
+	completed bool          // this subtask was notified of a completed checkpoint
 }
+
+func (r *runningSum) NotifyCheckpointComplete(int64) error {
+	r.completed = true
+	return nil
+}
+
+func (r *runningSum) NotifyCheckpointAborted(int64) error { return nil }
 
 func (r *runningSum) InitializeState(ctx *graph.Context) error {
 	v, err := state.Value[int64, int64](graph.KeyedState[int64](ctx), "sum")
@@ -48,8 +63,8 @@ func (r *runningSum) InitializeState(ctx *graph.Context) error {
 
 func (r *runningSum) Process(ctx *graph.KeyedContext[int64], in rec, o graph.Collector[out]) error {
 	if a := ctx.Task().Attempt; a < len(r.failAt) && r.failAt[a] > 0 {
-		if r.counters[a].Add(1) == r.failAt[a] {
-			return fmt.Errorf("injected failure at record %d of attempt %d", r.failAt[a], a)
+		if seen := r.counters[a].Add(1); seen >= r.failAt[a] && r.completed && r.fired[a].CompareAndSwap(false, true) {
+			return fmt.Errorf("injected failure at record %d of attempt %d", seen, a)
 		}
 	}
 	s, _ := r.sum.Value()
@@ -63,9 +78,10 @@ func (r *runningSum) Process(ctx *graph.KeyedContext[int64], in rec, o graph.Col
 // sink at parallelism 2. Key parity equals the source subtask (record i is
 // read by subtask i%2 and has key i%100), so every key's records arrive in
 // source order and the output is deterministic.
-func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode marker.Mode, noChaining bool) (*graph.Job, *sink.Memory[out]) {
+func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode marker.Mode, noChaining bool) (*graph.Job, *sink.Memory[out], []atomic.Bool) {
 	committer := sink.NewMemory[out]()
 	counters := make([]atomic.Int64, len(failAt))
+	fired := make([]atomic.Bool, len(failAt))
 	cfg := graph.Config{
 		Parallelism: 2,
 		Checkpoint:  graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: mode, Retain: 2, TolerableFailures: -1},
@@ -79,10 +95,10 @@ func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode mark
 	mapped := graph.Map(src, "double", func(r rec) rec { r.I *= 2; return r })
 	sums := graph.ProcessKeyed(graph.KeyBy(mapped, func(r rec) int64 { return r.Key }), "sum",
 		func() graph.KeyedProcessFunc[int64, rec, out] {
-			return &runningSum{failAt: failAt, counters: counters}
+			return &runningSum{failAt: failAt, counters: counters, fired: fired}
 		})
-	graph.Sink(sums, "sink", sink.Publishing[out](committer))
-	return job, committer
+	graph.Sink(sums, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))
+	return job, committer, fired
 }
 
 func expectedOutput(n int64) []out {
@@ -104,39 +120,45 @@ func sorted(o []out) []out {
 
 // TestExactlyOnceWithFailures is the end-to-end check: 1,000,000 records,
 // parallelism 2, a checkpoint every few milliseconds, failures injected at
-// random records, restarts from the latest completed checkpoint; the
-// published output equals the failure-free run exactly (no loss, no
-// duplicates).
+// random records after a checkpoint completed, restarts from the latest
+// completed checkpoint; the published output equals the failure-free run
+// exactly (no loss, no duplicates), and every failure was followed by a
+// restore (a run that restarted from scratch would prove nothing).
 func TestExactlyOnceWithFailures(t *testing.T) {
 	const n = 1_000_000
 	want := expectedOutput(n)
 
-	job, free := exactlyOnceJob(t, n, t.TempDir(), nil, marker.Aligned, false)
+	job, free, _ := exactlyOnceJob(t, n, t.TempDir(), nil, marker.Aligned, false)
 	require.NoError(t, job.Run(context.Background()))
 	require.Equal(t, want, sorted(free.Published()), "failure-free run")
 
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 0))
+	rng := rand.New(rand.NewPCG(testSeed(t), 0))
 	for run := 0; run < 3; run++ {
 		// One or two failures per run; records per subtask are ~n/2.
 		failAt := []int64{1 + rng.Int64N(n/2-1)}
 		if run == 2 {
-			failAt = append(failAt, 1+rng.Int64N(n/2-1))
+			failAt = append(failAt, 1+rng.Int64N(n/4))
 		}
 		noChaining := run == 1
 		t.Run(fmt.Sprintf("run=%d/fail-at=%v/unchained=%v", run, failAt, noChaining), func(t *testing.T) {
-			var restored atomic.Int64
-			job, c := exactlyOnceJob(t, n, t.TempDir(), failAt, marker.Aligned, noChaining)
+			job, c, fired := exactlyOnceJob(t, n, t.TempDir(), failAt, marker.Aligned, noChaining)
 			e, err := job.Start(context.Background())
 			require.NoError(t, err)
 			require.NoError(t, e.Wait())
 			got := sorted(c.Published())
 			require.Equal(t, len(want), len(got), "published record count")
 			require.Equal(t, want, got)
+			failures := 0
+			for i := range fired {
+				if fired[i].Load() {
+					failures++
+				}
+			}
+			require.True(t, fired[0].Load(), "the first attempt failed")
 			st := e.Stats()
-			restored.Store(int64(st.Counts.Restored))
-			require.LessOrEqual(t, int(restored.Load()), len(failAt))
+			require.Equal(t, failures, st.Counts.Restored, "every failure restored a checkpoint")
+			require.NotNil(t, st.LatestRestored)
+			require.Positive(t, st.LatestRestored.ID)
 			require.Positive(t, st.Counts.Completed)
 		})
 	}
@@ -146,58 +168,94 @@ func TestExactlyOnceWithFailures(t *testing.T) {
 // failure (duplicates are allowed).
 func TestAtLeastOnceNoLoss(t *testing.T) {
 	const n = 200_000
-	job, c := exactlyOnceJob(t, n, t.TempDir(), []int64{n / 5}, marker.AtLeastOnce, true)
+	job, c, fired := exactlyOnceJob(t, n, t.TempDir(), []int64{n / 5}, marker.AtLeastOnce, true)
 	require.NoError(t, job.Run(context.Background()))
 	seen := map[int64]bool{}
 	for _, o := range c.Published() {
 		seen[o.I] = true
 	}
 	require.Len(t, seen, n)
+	require.True(t, fired[0].Load(), "the failure happened")
 }
 
-// TestExactlyOnceAcrossProcessRestarts simulates crashes of the whole
-// process: each execution is cancelled at a random moment (its checkpoints
-// retained, as after a crash) and the next one restores the latest
-// completed checkpoint of the same job id. The committer outlives the
-// executions, like an external system; the final output is exactly once.
+// TestExactlyOnceAcrossProcessRestarts simulates stops of the whole
+// process: each execution is cancelled (the way a service stops on
+// SIGTERM; cancelling keeps the checkpoints) once a random number of its
+// checkpoints completed, and the next one restores the latest completed
+// checkpoint of the same job id. Every execution after the first must
+// restore at least the newest checkpoint the previous ones completed. The
+// committer outlives the executions, like an external system; the final
+// output is exactly once. (internal/crashtest does this with real
+// processes and SIGKILL.)
 func TestExactlyOnceAcrossProcessRestarts(t *testing.T) {
 	const n = 300_000
 	dir := t.TempDir()
 	committer := sink.NewMemory[out]()
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 1))
-	build := func() *graph.Job {
+	rng := rand.New(rand.NewPCG(testSeed(t), 1))
+	build := func(completed chan<- int64) *graph.Job {
 		cfg := graph.Config{
 			Parallelism: 2,
-			Checkpoint:  graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, Retain: 2, RetainOnCancel: true},
+			Checkpoint:  graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, Retain: 2},
 			Restore:     graph.RestoreConfig{Latest: true},
 			Logf:        t.Logf,
+			OnEvent: func(e graph.Event) {
+				if e.Kind == graph.CheckpointCompleted && !e.Savepoint {
+					select {
+					case completed <- e.CheckpointID:
+					default: // the test stopped listening
+					}
+				}
+			},
 		}
 		job := graph.NewJob("process-restarts", cfg)
 		src := graph.Source(job, "source", source.Generate(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }))
 		mapped := graph.Map(src, "double", func(r rec) rec { r.I *= 2; return r })
 		sums := graph.ProcessKeyed(graph.KeyBy(mapped, func(r rec) int64 { return r.Key }), "sum",
 			func() graph.KeyedProcessFunc[int64, rec, out] { return &runningSum{} })
-		graph.Sink(sums, "sink", sink.Publishing[out](committer))
+		graph.Sink(sums, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))
 		return job
 	}
 	var restoredFrom []int64
-	for crash := 0; crash < 4; crash++ {
-		e, err := build().Start(context.Background())
+	var newest int64 // the newest checkpoint completed by an earlier execution
+	for exec := 0; exec < 5; exec++ {
+		before := newest
+		completed := make(chan int64, 1024)
+		e, err := build(completed).Start(context.Background())
 		require.NoError(t, err)
-		time.Sleep(time.Duration(20+rng.IntN(60)) * time.Millisecond) // run a while, then "crash"
-		e.Cancel()
-		if err := e.Wait(); err != nil {
+		if exec < 4 {
+			// Run until a few checkpoints completed (or the job ended), then
+			// stop the "process".
+			done := make(chan struct{})
+			go func() { _ = e.Wait(); close(done) }()
+			for k := 1 + rng.IntN(3); k > 0; {
+				select {
+				case id := <-completed:
+					newest = max(newest, id)
+					k--
+				case <-done:
+					k = 0
+				}
+			}
+			e.Cancel()
+		}
+		err = e.Wait()
+		if exec < 4 && err != nil {
 			require.ErrorIs(t, err, context.Canceled)
+		} else {
+			require.NoError(t, err)
 		}
-		if r := e.Stats().LatestRestored; r != nil {
-			restoredFrom = append(restoredFrom, r.ID)
+		for len(completed) > 0 {
+			newest = max(newest, <-completed)
 		}
+		r := e.Stats().LatestRestored
+		if exec == 0 {
+			require.Nil(t, r, "the first execution starts empty")
+			continue
+		}
+		require.NotNil(t, r, "execution %d restored nothing: the checkpoints of the cancelled execution are gone", exec)
+		restoredFrom = append(restoredFrom, r.ID)
+		require.GreaterOrEqual(t, r.ID, before, "execution %d restored checkpoint %d, but %d had completed", exec, r.ID, before)
 	}
-	e, err := build().Start(context.Background())
-	require.NoError(t, err)
-	require.NoError(t, e.Wait())
 	t.Logf("restored from checkpoints %v", restoredFrom)
 	require.True(t, slices.IsSorted(restoredFrom), "checkpoint ids keep increasing across restarts: %v", restoredFrom)
 	require.Equal(t, expectedOutput(n), sorted(committer.Published()))

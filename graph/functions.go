@@ -5,7 +5,7 @@ import (
 
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state"
 )
 
@@ -87,8 +87,24 @@ type CheckpointListener interface {
 	NotifyCheckpointAborted(id int64) error
 }
 
-// InputEnder is called once when every input of the subtask has ended.
-type InputEnder interface {
+// InputEnder is implemented by a Process or ProcessKeyed function value
+// that wants to know when its input ends: EndInput is called once, when
+// every input of the subtask has ended, and may emit through out (a bounded
+// aggregation emits its result here). For a keyed function, pending
+// processing-time timers are handled first (see EndOfInputTimers), so
+// their output precedes EndInput's. With checkpointing, everything emitted
+// here is covered by the final checkpoint, taken after every subtask ended
+// its input, and so committed by the sinks before the job finishes.
+type InputEnder[OUT any] interface {
+	EndInput(ctx *Context, out Collector[OUT]) error
+}
+
+// SinkEnder is implemented by a sink function value that wants to know when
+// its input ends: EndInput is called once, when every input of the subtask
+// has ended. A sink that commits on checkpoints need not commit here when
+// checkpointing is on: the final checkpoint, taken after every subtask
+// ended its input, covers every record it received.
+type SinkEnder interface {
 	EndInput(ctx *Context) error
 }
 
@@ -105,6 +121,9 @@ type TaskInfo struct {
 	MaxParallelism int
 	// Attempt counts restarts of the job: 0 for the first run.
 	Attempt int
+	// Execution is the id of the job execution (one per Job.Start, the
+	// same in every attempt of it).
+	Execution string
 }
 
 func (t TaskInfo) String() string {
@@ -122,7 +141,7 @@ type Context struct {
 }
 
 func newContext(in task.Info) (*Context, error) {
-	var lists []snapshot.NamedList
+	var lists []checkpoint.NamedList
 	if in.Restored != nil {
 		lists = in.Restored.Lists
 	}
@@ -133,7 +152,7 @@ func newContext(in task.Info) (*Context, error) {
 	return &Context{
 		info: TaskInfo{
 			UID: in.UID, Name: in.Name, Subtask: in.Subtask, Parallelism: in.Parallelism,
-			MaxParallelism: in.MaxParallelism, Attempt: in.Attempt,
+			MaxParallelism: in.MaxParallelism, Attempt: in.Attempt, Execution: in.Execution,
 		},
 		restored:  in.IsRestore,
 		ckpt:      in.CheckpointingEnabled,

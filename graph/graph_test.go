@@ -14,11 +14,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/source"
@@ -350,8 +352,9 @@ func TestSavepointRestoreAndUIDMatching(t *testing.T) {
 	require.Equal(t, int64(len(out4)), out4[len(out4)-1], "new operator counted from zero")
 }
 
-// gatedSource blocks at record gateAt until release is closed (it keeps the
-// job running while a savepoint is taken).
+// gatedSource stops at record gateAt until release is closed (it keeps the
+// job running while a savepoint is taken). While it waits it returns
+// ErrNoRecord, so the subtask keeps serving its mailbox.
 type gatedSource struct {
 	*source.Indexed[int64]
 	gateAt  int64
@@ -365,32 +368,39 @@ func (g *gatedSource) Next(ctx *graph.Context) (int64, error) {
 		g.once.Do(func() { close(g.reached) })
 		select {
 		case <-g.release:
-		case <-time.After(20 * time.Millisecond):
-			// Yield so the subtask can take the savepoint's trigger.
+		default:
 			return 0, graph.ErrNoRecord
 		}
 	}
 	return g.Indexed.Next(ctx)
 }
 
-// TestCorruptLatestCheckpointFallsBack corrupts the newest retained
-// checkpoint; the restart restores the previous one with a warning.
-func TestCorruptLatestCheckpointFallsBack(t *testing.T) {
+// TestCorruptLatestCheckpointRefusesFallback corrupts the newest retained
+// checkpoint, whose completion the job directory's completed log records
+// (its transactions may be committed). Restoring "latest" refuses to fall
+// back past it, with an error wrapping restore.ErrFallback that names the
+// checkpoint and the opt-in; with AllowFallback the job restores the
+// previous checkpoint with a warning naming the corrupt one.
+func TestCorruptLatestCheckpointRefusesFallback(t *testing.T) {
 	dir := t.TempDir()
-	var warnings []string
+	var logs []string
 	var mu sync.Mutex
 	cfg := graph.Config{
 		Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, Retain: 3},
 		Logf: func(f string, a ...any) {
 			mu.Lock()
-			warnings = append(warnings, fmt.Sprintf(f, a...))
+			logs = append(logs, fmt.Sprintf(f, a...))
 			mu.Unlock()
 		},
 	}
-	newSink, _ := collector[int64]()
-	j := graph.NewJob("corrupt", cfg)
-	graph.Sink(graph.Process(graph.Source(j, "src", source.Slice(ints(50_000))), "count",
-		func() graph.ProcessFunc[int64, int64] { return &counter{} }), "sink", newSink)
+	build := func(cfg graph.Config) *graph.Job {
+		newSink, _ := collector[int64]()
+		j := graph.NewJob("corrupt", cfg)
+		graph.Sink(graph.Process(graph.Source(j, "src", source.Slice(ints(50_000))), "count",
+			func() graph.ProcessFunc[int64, int64] { return &counter{} }), "sink", newSink)
+		return j
+	}
+	j := build(cfg)
 	require.NoError(t, j.Run(context.Background()))
 
 	// Corrupt the newest checkpoint and restore "latest".
@@ -402,22 +412,28 @@ func TestCorruptLatestCheckpointFallsBack(t *testing.T) {
 	newest := refs[len(refs)-1]
 	require.NoError(t, os.WriteFile(filepath.Join(newest.Path, "_metadata"), []byte("garbage"), 0o644))
 
-	cfg.Restore.Latest = true
 	var restoredFrom int64
+	cfg.Restore.Latest = true
 	cfg.OnEvent = func(e graph.Event) {
 		if e.Kind == graph.JobRestored {
 			restoredFrom = e.CheckpointID
 		}
 	}
-	j2 := graph.NewJob("corrupt", cfg)
-	newSink2, _ := collector[int64]()
-	graph.Sink(graph.Process(graph.Source(j2, "src", source.Slice(ints(50_000))), "count",
-		func() graph.ProcessFunc[int64, int64] { return &counter{} }), "sink", newSink2)
-	require.NoError(t, j2.Run(context.Background()))
+	err = build(cfg).Run(context.Background())
+	require.ErrorIs(t, err, restore.ErrFallback)
+	require.Contains(t, err.Error(), fmt.Sprint(newest.ID), "the error names the checkpoint at risk")
+	require.Contains(t, err.Error(), "AllowFallback", "the error names the opt-in")
+	require.Zero(t, restoredFrom, "nothing restored")
+
+	mu.Lock()
+	logs = nil
+	mu.Unlock()
+	cfg.Restore.AllowFallback = true
+	require.NoError(t, build(cfg).Run(context.Background()))
 	require.Equal(t, refs[len(refs)-2].ID, restoredFrom)
 	mu.Lock()
 	defer mu.Unlock()
-	require.True(t, slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, newest.Path) }), "warning names %s: %v", newest.Path, warnings)
+	require.True(t, slices.ContainsFunc(logs, func(w string) bool { return strings.Contains(w, newest.Path) }), "warning names %s: %v", newest.Path, logs)
 }
 
 var _ = sink.NewMemory[int]
@@ -499,39 +515,43 @@ func (s *slowSnapshot) SnapshotState(*graph.SnapshotContext) error {
 }
 
 // TestCheckpointTimeoutAndTolerableFailures: an expired checkpoint fails
-// the job when no failure is tolerated, and is survived when one is.
+// the job when no failure is tolerated, and is survived when one is. The
+// job runs in a synctest bubble: its clock is fake and advances only when
+// every goroutine of the job is blocked, so the 80ms snapshot outlasts the
+// 50ms timeout on any machine.
 func TestCheckpointTimeoutAndTolerableFailures(t *testing.T) {
 	for _, tolerable := range []int{0, 2} {
 		t.Run(fmt.Sprintf("tolerable=%d", tolerable), func(t *testing.T) {
-			var slow atomic.Bool
-			slow.Store(true)
-			cfg := quiet(t)
-			cfg.Checkpoint = graph.CheckpointConfig{Interval: 5 * time.Millisecond, Timeout: 50 * time.Millisecond, TolerableFailures: tolerable, Dir: t.TempDir()}
-			j := graph.NewJob("timeouts", cfg)
-			s := graph.Source(j, "src", source.Slice(ints(20_000)))
-			// Checkpoint 1 expires after 50ms while the operator sleeps 80ms
-			// in its snapshot; checkpoint 2 (triggered on the expiry) may
-			// expire too; checkpoint 3 finds the operator free again.
-			p := graph.Process(s, "slow", func() graph.ProcessFunc[int64, int64] {
-				return &slowSnapshot{delay: 80 * time.Millisecond, slow: &slow}
-			}, graph.DisableChaining())
-			newSink, got := collector[int64]()
-			graph.Sink(p, "sink", newSink)
-			e, err := j.Start(context.Background())
-			require.NoError(t, err)
-			err = e.Wait()
-			st := e.Stats()
-			require.GreaterOrEqual(t, st.Counts.Failed, 1)
-			require.True(t, slices.ContainsFunc(st.History, func(c snapshot.CheckpointStats) bool {
-				return c.ID == 1 && strings.Contains(c.FailureReason, "expired")
-			}), "checkpoint 1 expired: %+v", st.History)
-			if tolerable == 0 {
-				require.Error(t, err)
-				require.Contains(t, err.Error(), "exceeded checkpoint tolerable failure threshold (0)")
-				return
-			}
-			require.NoError(t, err)
-			require.Len(t, got(), 20_000)
+			synctest.Test(t, func(t *testing.T) {
+				var slow atomic.Bool
+				slow.Store(true)
+				cfg := quiet(t)
+				cfg.Checkpoint = graph.CheckpointConfig{Interval: 5 * time.Millisecond, Timeout: 50 * time.Millisecond, TolerableFailures: tolerable, Dir: t.TempDir()}
+				j := graph.NewJob("timeouts", cfg)
+				s := graph.Source(j, "src", source.Slice(ints(20_000)))
+				// The first checkpoint the operator snapshots expires after
+				// 50ms while it sleeps 80ms; the next one finds it free again.
+				p := graph.Process(s, "slow", func() graph.ProcessFunc[int64, int64] {
+					return &slowSnapshot{delay: 80 * time.Millisecond, slow: &slow}
+				}, graph.DisableChaining())
+				newSink, got := collector[int64]()
+				graph.Sink(p, "sink", newSink)
+				e, err := j.Start(context.Background())
+				require.NoError(t, err)
+				err = e.Wait()
+				st := e.Stats()
+				require.GreaterOrEqual(t, st.Counts.Failed, 1)
+				require.True(t, slices.ContainsFunc(st.History, func(c snapshot.CheckpointStats) bool {
+					return strings.Contains(c.FailureReason, "expired")
+				}), "a checkpoint expired: %+v", st.History)
+				if tolerable == 0 {
+					require.Error(t, err)
+					require.Contains(t, err.Error(), "exceeded checkpoint tolerable failure threshold (0)")
+					return
+				}
+				require.NoError(t, err)
+				require.Len(t, got(), 20_000)
+			})
 		})
 	}
 }
@@ -543,6 +563,15 @@ func TestCancelStopsEveryGoroutine(t *testing.T) {
 	cfg := quiet(t)
 	cfg.Parallelism = 2
 	cfg.Checkpoint = graph.CheckpointConfig{Interval: time.Millisecond, Dir: t.TempDir()}
+	completed := make(chan struct{}, 2)
+	cfg.OnEvent = func(e graph.Event) {
+		if e.Kind == graph.CheckpointCompleted {
+			select {
+			case completed <- struct{}{}:
+			default:
+			}
+		}
+	}
 	j := graph.NewJob("forever", cfg)
 	s := graph.Source(j, "src", source.Generate(math.MaxInt64, func(i int64) int64 { return i }))
 	k := graph.KeyBy(s, func(v int64) int64 { return v % 10 })
@@ -550,7 +579,8 @@ func TestCancelStopsEveryGoroutine(t *testing.T) {
 	graph.Sink(out, "sink", func() graph.SinkFunc[string] { return discard[string]{} })
 	e, err := j.Start(context.Background())
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return e.Stats().Counts.Completed >= 2 }, 10*time.Second, time.Millisecond)
+	<-completed // two checkpoints completed: the job is fully running
+	<-completed
 	e.Cancel()
 	require.ErrorIs(t, e.Wait(), context.Canceled)
 	// Poll by hand: testify's Eventually runs its condition on a goroutine

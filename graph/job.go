@@ -33,20 +33,22 @@ type CheckpointConfig struct {
 	// Dir is the checkpoint root: checkpoints go to Dir/<job-id>/chk-N.
 	Dir string
 	// Retain is the number of completed checkpoints kept (default 1).
+	// Cancelling a job never deletes checkpoints; Job.DiscardCheckpoints
+	// does.
 	Retain int
-	// RetainOnCancel keeps the checkpoints when the job is cancelled.
-	RetainOnCancel bool
 	// SavepointDir is where savepoints go (default Dir/<job-id>).
 	SavepointDir string
 	// FS is the filesystem for checkpoints (default the OS filesystem).
 	FS vfs.FS
 }
 
-// RestoreConfig says where the first attempt of a job starts from. Later
-// attempts (restarts after a failure) always restore the latest completed
-// checkpoint.
+// RestoreConfig says where the first attempt of an execution starts from.
+// A restart after a failure restores the execution's own newest completed
+// checkpoint, or else what its first attempt started from.
 type RestoreConfig struct {
-	// Latest restores the newest completed checkpoint of the job id, if any.
+	// Latest restores the newest completed checkpoint (or
+	// stop-with-savepoint) in the job's checkpoint directory, if any; it
+	// takes precedence over Path.
 	Latest bool
 	// Path restores an explicit checkpoint or savepoint (its directory or
 	// its _metadata file).
@@ -54,6 +56,12 @@ type RestoreConfig struct {
 	// AllowNonRestoredState skips state of operators that no longer exist
 	// instead of failing the restore.
 	AllowNonRestoredState bool
+	// AllowFallback lets Latest restore an older checkpoint when the
+	// newest completed one (per the job directory's completed log) is
+	// missing or corrupt. Sinks may then publish the records between the
+	// two again: by default such a restore fails with an error wrapping
+	// restore.ErrFallback that names the checkpoints at stake.
+	AllowFallback bool
 }
 
 // Config configures a job.
@@ -82,10 +90,16 @@ type Config struct {
 	// DisableChaining runs every operator on goroutines of its own (see
 	// the DisableChaining option for one operator).
 	DisableChaining bool
+	// CancelTimeout bounds how long an attempt waits for its subtasks to
+	// stop once it ends (failure, cancel); subtasks still running then are
+	// named in an error and the job is not restarted (default 30s).
+	CancelTimeout time.Duration
 	// Logf receives warnings and progress (default log.Printf).
 	Logf func(format string, args ...any)
 	// OnEvent, when set, is called for job events (checkpoints completed or
-	// failed, failures, restarts, restores) from the job's master goroutine.
+	// failed, failures, restarts, restores, the end), in order, from the
+	// execution's goroutine (never concurrently). It must not block long:
+	// the job master waits for it.
 	OnEvent func(Event)
 }
 
@@ -135,7 +149,7 @@ func (j *Job) Validate() error {
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	errs = append(errs, j.errs...)
 	if c.Parallelism == 0 {
-		c.Parallelism = 1
+		c.Parallelism = 1 // the zero Config means parallelism 1
 	}
 	if c.Parallelism < 0 {
 		add("graph: job parallelism %d must be positive", c.Parallelism)
@@ -148,6 +162,9 @@ func (j *Job) Validate() error {
 	}
 	if c.FlushInterval <= 0 {
 		c.FlushInterval = 5 * time.Millisecond
+	}
+	if c.CancelTimeout <= 0 {
+		c.CancelTimeout = 30 * time.Second
 	}
 	if c.Restart == nil {
 		c.Restart = NoRestart()
@@ -173,7 +190,10 @@ func (j *Job) Validate() error {
 	uids := map[string]*vertex{}
 	sources := 0
 	for _, v := range j.vertices {
-		if v.parallelism == 0 {
+		if v.parallelismSet && v.parallelism < 1 {
+			add("graph: %s: Parallelism(%d) must be at least 1", v, v.parallelism)
+		}
+		if !v.parallelismSet {
 			v.parallelism = c.Parallelism
 		}
 		if v.maxParallelism == 0 {
@@ -189,9 +209,7 @@ func (j *Job) Validate() error {
 		} else {
 			uids[v.uid] = v
 		}
-		if v.parallelism < 1 {
-			add("graph: %s: parallelism %d must be positive", v, v.parallelism)
-		} else if err := keygroup.CheckParallelism(v.parallelism, v.maxParallelism); err != nil {
+		if v.parallelism >= 1 && keygroup.CheckParallelism(v.parallelism, v.maxParallelism) != nil {
 			add("graph: %s: parallelism %d is above its max parallelism %d", v, v.parallelism, v.maxParallelism)
 		}
 		if v.kind == kindSource {
@@ -259,4 +277,34 @@ func (j *Job) buildChains() {
 		}
 		j.chains = append(j.chains, chain)
 	}
+}
+
+// openStorage opens the job's checkpoint storage (Validate has run).
+func (j *Job) openStorage() (*snapshot.Storage, error) {
+	cc := j.cfg.Checkpoint
+	return snapshot.OpenStorage(cc.Dir, j.ID(), snapshot.StorageOptions{
+		FS: cc.FS, Retain: cc.Retain, SavepointDir: cc.SavepointDir, Logf: j.logf,
+	})
+}
+
+// DiscardCheckpoints deletes the job's checkpoints and its completed log
+// (not its savepoints): the explicit "discard this job" that cancelling
+// never does. A later run starts from scratch. It must not be called while
+// the job runs.
+func (j *Job) DiscardCheckpoints() error {
+	if err := j.Validate(); err != nil {
+		return err
+	}
+	if j.cfg.Checkpoint.Dir == "" {
+		return errors.New("graph: DiscardCheckpoints needs Checkpoint.Dir")
+	}
+	st, err := j.openStorage()
+	if err != nil {
+		return err
+	}
+	err = st.Discard()
+	if cerr := st.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

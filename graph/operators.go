@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"time"
 
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
@@ -18,6 +19,7 @@ import (
 // after every restart) to create that subtask's function.
 func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Option) *Stream[T] {
 	v := j.addVertex(kindSource, uid, opts)
+	rejectTimerPolicy(j, v)
 	if newFn == nil {
 		j.errorf("graph: source %q has a nil function", uid)
 	}
@@ -25,6 +27,9 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 		out := outFor[T](ctx, a, v, i, next)
 		op := &sourceOp[T]{fn: newFn(), out: out}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
+		if op.fn == nil {
+			op.openErr = nilFunction(v)
+		}
 		return task.Member{Info: a.info(v, i), Op: op, Out: out}, op
 	}
 	v.run = func(ctx context.Context, a *attempt, i int, chain *task.Chain, head any) error {
@@ -106,6 +111,9 @@ func FlatMap[IN, OUT any](s *Stream[IN], uid string, f func(IN, Collector[OUT]),
 func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN, OUT], opts ...Option) *Stream[OUT] {
 	return addOperator(s, uid, opts, newFn == nil, func() (batchFunc[IN, OUT], any) {
 		fn := newFn()
+		if fn == nil {
+			return nil, nil
+		}
 		return func(ctx *Context, recs []IN, out *task.Output[OUT]) error {
 			for _, r := range recs {
 				if err := fn.Process(ctx, r, out); err != nil {
@@ -124,6 +132,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	j := s.s.job
 	v := j.addVertex(kindOperator, uid, opts)
 	v.keyed = true
+	policy, _ := timerPolicies.take(v)
 	if newFn == nil {
 		j.errorf("graph: operator %q has a nil function", uid)
 	}
@@ -131,8 +140,12 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	key := s.key
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[OUT](ctx, a, v, i, next)
-		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out}
+		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: policy, logf: a.job.logf}
 		op.onTimer, _ = op.fn.(TimerHandler[K, OUT])
+		op.ender, op.openErr = inputEnder[OUT](v, op.fn)
+		if op.fn == nil {
+			op.openErr = nilFunction(v)
+		}
 		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op}, op.ProcessBatch
 	}
 	v.run = runInput[IN](v)
@@ -143,6 +156,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Option) {
 	j := s.job
 	v := j.addVertex(kindSink, uid, opts)
+	rejectTimerPolicy(j, v)
 	if newFn == nil {
 		j.errorf("graph: sink %q has a nil function", uid)
 	}
@@ -160,6 +174,14 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 		if b, ok := fn.(BatchSinkFunc[T]); ok {
 			op.process = func(c *Context, recs []T) error { return b.WriteBatch(c, recs) }
 		}
+		if e, ok := fn.(SinkEnder); ok {
+			op.endInput = func() error { return e.EndInput(op.ctx) }
+		} else {
+			op.openErr = strayEndInput(v, fn, "EndInput(ctx *graph.Context) error")
+		}
+		if fn == nil {
+			op.openErr = nilFunction(v)
+		}
 		return task.Member{Info: a.info(v, i), Op: op, Out: nopEmitter{}, EndInput: op.EndInput}, op.ProcessBatch
 	}
 	v.run = runInput[T](v)
@@ -173,6 +195,7 @@ type batchFunc[IN, OUT any] func(ctx *Context, recs []IN, out *task.Output[OUT])
 func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bool, mk func() (batchFunc[IN, OUT], any)) *Stream[OUT] {
 	j := s.job
 	v := j.addVertex(kindOperator, uid, opts)
+	rejectTimerPolicy(j, v)
 	if nilFn {
 		j.errorf("graph: operator %q has a nil function", uid)
 	}
@@ -181,10 +204,53 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		out := outFor[OUT](ctx, a, v, i, next)
 		process, fn := mk()
 		op := &fnOp[IN]{hooks: hooks{fn: fn}, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
+		ender, err := inputEnder[OUT](v, fn)
+		op.openErr = err
+		if process == nil {
+			op.openErr = nilFunction(v)
+		}
+		if ender != nil {
+			op.endInput = func() error { return ender.EndInput(op.ctx, out) }
+		}
 		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}, op.ProcessBatch
 	}
 	v.run = runInput[IN](v)
 	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
+}
+
+// inputEnder returns fn's InputEnder[OUT], if any. An EndInput method of
+// another signature (a sink's, or for another output type) would never be
+// called: that is an error, reported when the subtask opens.
+func inputEnder[OUT any](v *vertex, fn any) (InputEnder[OUT], error) {
+	if e, ok := fn.(InputEnder[OUT]); ok {
+		return e, nil
+	}
+	var out OUT
+	want := fmt.Sprintf("EndInput(ctx *graph.Context, out graph.Collector[%T]) error", out)
+	if _, ok := fn.(SinkEnder); ok {
+		return nil, fmt.Errorf("graph: %s: %T has EndInput(*graph.Context) error, which only sinks get; implement %s", v, fn, want)
+	}
+	return nil, strayEndInput(v, fn, want)
+}
+
+// strayEndInput reports an EndInput method of fn that is not the hook want,
+// so it would never be called.
+func strayEndInput(v *vertex, fn any, want string) error {
+	if fn == nil {
+		return nil
+	}
+	if m, ok := reflect.TypeOf(fn).MethodByName("EndInput"); ok {
+		return fmt.Errorf("graph: %s: %T has EndInput of type %v, which is never called; implement %s", v, fn, m.Type, want)
+	}
+	return nil
+}
+
+// rejectTimerPolicy reports EndOfInputTimers on an operator without keyed
+// timers.
+func rejectTimerPolicy(j *Job, v *vertex) {
+	if _, ok := timerPolicies.take(v); ok {
+		j.errorf("graph: %s: EndOfInputTimers applies to ProcessKeyed operators only", v)
+	}
 }
 
 // runInput runs subtask i of a chain headed by v, which reads records of
@@ -205,16 +271,25 @@ func outFor[T any](ctx context.Context, a *attempt, v *vertex, i int, next any) 
 }
 
 // hooks carries the lifecycle of a user function value: state
-// initialization, snapshots, notifications and close.
+// initialization, snapshots, notifications, end of input and close.
 type hooks struct {
 	fn    any
 	ctx   *Context
 	keyed interface {
-		Snapshot() ([]snapshot.KeyGroupState, error)
+		Snapshot() ([]checkpoint.KeyGroupState, error)
 	}
+	// endInput is the function's InputEnder or SinkEnder, bound to its
+	// Collector; nil if it has none.
+	endInput func() error
+	// openErr fails Open (a misdeclared hook found when the function was
+	// made).
+	openErr error
 }
 
 func (h *hooks) open(info task.Info) error {
+	if h.openErr != nil {
+		return h.openErr
+	}
 	c, err := newContext(info)
 	h.ctx = c
 	return err
@@ -229,21 +304,21 @@ func (h *hooks) initialize() error {
 	return nil
 }
 
-func (h *hooks) Snapshot(b marker.Barrier) (snapshot.SubtaskState, error) {
+func (h *hooks) Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error) {
 	if s, ok := h.fn.(Snapshotter); ok {
 		sc := &SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}
 		if err := s.SnapshotState(sc); err != nil {
-			return snapshot.SubtaskState{}, err
+			return checkpoint.SubtaskState{}, err
 		}
 	}
 	lists, err := h.ctx.operators.Snapshot()
 	if err != nil {
-		return snapshot.SubtaskState{}, err
+		return checkpoint.SubtaskState{}, err
 	}
-	st := snapshot.SubtaskState{Lists: lists}
+	st := checkpoint.SubtaskState{Lists: lists}
 	if h.keyed != nil {
 		if st.KeyGroups, err = h.keyed.Snapshot(); err != nil {
-			return snapshot.SubtaskState{}, err
+			return checkpoint.SubtaskState{}, err
 		}
 	}
 	return st, nil
@@ -264,8 +339,8 @@ func (h *hooks) NotifyAborted(id int64) error {
 }
 
 func (h *hooks) EndInput() error {
-	if e, ok := h.fn.(InputEnder); ok {
-		return e.EndInput(h.ctx)
+	if h.endInput != nil {
+		return h.endInput()
 	}
 	return nil
 }
@@ -304,6 +379,9 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	maxP    int
 	kgs     keygroup.Range
 	onTimer TimerHandler[K, OUT] // nil when fn has no timers
+	ender   InputEnder[OUT]      // nil when fn has no EndInput
+	policy  TimerPolicy
+	logf    func(format string, args ...any)
 }
 
 func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
@@ -311,7 +389,7 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 	if err := o.open(info); err != nil {
 		return err
 	}
-	var restored []snapshot.KeyGroupState
+	var restored []checkpoint.KeyGroupState
 	if info.Restored != nil {
 		restored = info.Restored.KeyGroups
 	}
@@ -340,6 +418,30 @@ func (o *keyedOp[K, IN, OUT]) FireTimers(now time.Time) error {
 		}
 		return o.onTimer.OnTimer(o.kctx, at, o.out)
 	})
+}
+
+// EndInput handles the pending timers by the operator's TimerPolicy, then
+// calls the function's EndInput. Dropped timers are always logged.
+func (o *keyedOp[K, IN, OUT]) EndInput() error {
+	ts := o.kctx.timers
+	if last, ok := ts.latest(); ok {
+		who := o.ctx.Task()
+		if o.policy == DropTimers {
+			n := ts.dropAll()
+			o.logf("graph: operator %s: end of input: dropped %d pending processing-time timers (EndOfInputTimers(DropTimers))", who, n)
+		} else {
+			if err := o.FireTimers(time.Unix(0, last)); err != nil {
+				return fmt.Errorf("timer at end of input: %w", err)
+			}
+			if n := ts.dropAll(); n > 0 {
+				o.logf("graph: operator %s: end of input: fired the pending processing-time timers up to %v, dropped %d registered meanwhile for later times", who, time.Unix(0, last).Format(time.RFC3339Nano), n)
+			}
+		}
+	}
+	if o.ender != nil {
+		return o.ender.EndInput(o.ctx, o.out)
+	}
+	return nil
 }
 
 func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []IN) error {
@@ -416,3 +518,9 @@ func (nopEmitter) BroadcastEvent(marker.Event) error { return nil }
 func (nopEmitter) Err() error                        { return nil }
 
 func (nopEmitter) Pending() bool { return false }
+
+// nilFunction is the error of an operator whose factory returned nil: it
+// fails the subtask's Open, before any record, and no restart can cure it.
+func nilFunction(v *vertex) error {
+	return unrecoverable(fmt.Errorf("graph: %s: its factory returned a nil function", v))
+}

@@ -2,6 +2,7 @@ package graph_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -62,11 +63,13 @@ func (k *keyCounter) Process(ctx *graph.KeyedContext[int64], e event, out graph.
 // random records and checks exactly-once end to end: every surviving event
 // is published once, and for every key the published counts are exactly
 // 1..n (keyed state restored with the sources' positions).
+//
+// Every round draws from a generator of its own, seeded by the test's seed
+// and the round number, so -graph.seed with -run of one round replays it.
 func TestRandomTopologiesExactlyOnce(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 2))
+	seed := testSeed(t)
 	for round := range 6 {
+		rng := rand.New(rand.NewPCG(seed, 2+uint64(round)<<8))
 		const perSource = 30_000
 		sources := 1 + rng.IntN(2)
 		keys := int64(1 + rng.IntN(50))
@@ -143,4 +146,18 @@ func TestRandomTopologiesExactlyOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+var graphSeedFlag = flag.Uint64("graph.seed", 0, "seed of the randomized graph tests (0: pick one from the clock)")
+
+// testSeed returns the seed of a randomized test, -graph.seed or one from
+// the clock, and logs how to replay it.
+func testSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := *graphSeedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (rerun with -run '^%s$' -graph.seed=%d)", seed, t.Name(), seed)
+	return seed
 }

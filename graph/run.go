@@ -2,9 +2,14 @@ package graph
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -14,6 +19,7 @@ import (
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -34,10 +40,12 @@ const (
 	JobRestored
 	// JobFinished: every subtask finished.
 	JobFinished
+	// JobStopped: the job stopped with the savepoint at Path (Stop).
+	JobStopped
 )
 
 func (k EventKind) String() string {
-	return [...]string{"?", "checkpoint-completed", "checkpoint-aborted", "job-failed", "job-restarting", "job-restored", "job-finished"}[k]
+	return [...]string{"?", "checkpoint-completed", "checkpoint-aborted", "job-failed", "job-restarting", "job-restored", "job-finished", "job-stopped"}[k]
 }
 
 // Event is a job event delivered to Config.OnEvent.
@@ -53,9 +61,12 @@ type Event struct {
 	Err          error
 }
 
-// Execution is a running job.
+// Execution is one run of a job: every attempt from Start until the job
+// finishes, stops, fails or is cancelled. See the package documentation
+// for its lifecycle.
 type Execution struct {
 	job    *Job
+	id     string
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error
@@ -63,19 +74,28 @@ type Execution struct {
 	mu    sync.Mutex
 	stats *snapshot.Stats // published clone
 
-	savepoints chan savepointRequest
-	channels   []gauged // channels of the current attempt, under mu
+	requests chan request
+	channels []gauged // channels of the current attempt, under mu
 
 	// Owned by the run goroutine.
 	liveStats *snapshot.Stats
 	nextID    int64
+	// startPath is what the first attempt restored from ("" for empty
+	// state); completed is set once this execution completed a checkpoint
+	// (or a stop-with-savepoint). A restart restores this execution's
+	// newest checkpoint, or else startPath (bug 2).
+	startPath string
+	completed bool
+	stoppedAt string // the stop-with-savepoint the job ended with
 }
 
-type savepointRequest struct {
-	reply chan savepointResult
+// request asks the master for a savepoint or a stop-with-savepoint.
+type request struct {
+	stop  bool
+	reply chan requestResult
 }
 
-type savepointResult struct {
+type requestResult struct {
 	path string
 	err  error
 }
@@ -90,17 +110,18 @@ func (j *Job) Run(ctx context.Context) error {
 	return e.Wait()
 }
 
-// Start validates the job and starts it in the background.
+// Start validates the job and starts a new execution of it in the
+// background.
 func (j *Job) Start(ctx context.Context) (*Execution, error) {
 	if err := j.Validate(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	e := &Execution{
-		job: j, cancel: cancel, done: make(chan struct{}),
-		savepoints: make(chan savepointRequest),
-		liveStats:  &snapshot.Stats{},
-		nextID:     1,
+		job: j, id: newExecutionID(), cancel: cancel, done: make(chan struct{}),
+		requests:  make(chan request),
+		liveStats: &snapshot.Stats{},
+		nextID:    1,
 	}
 	e.stats = e.liveStats.Clone()
 	go func() {
@@ -111,13 +132,31 @@ func (j *Job) Start(ctx context.Context) (*Execution, error) {
 	return e, nil
 }
 
-// Wait waits for the job to end and returns its error.
+func newExecutionID() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("graph: no randomness for an execution id: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// ID is the execution id: random, new for every Start. It is recorded in
+// every checkpoint the execution takes and in every transaction id its
+// sinks create, so that outputs of two executions never share an id.
+func (e *Execution) ID() string { return e.id }
+
+// Wait waits for the job to end and returns its error: nil when it
+// finished or stopped, context.Canceled after Cancel.
 func (e *Execution) Wait() error {
 	<-e.done
 	return e.err
 }
 
-// Cancel stops the job; Wait then returns context.Canceled.
+// Cancel stops the job at once, like cancelling the context passed to
+// Start: it is a shutdown, and the checkpoints stay, so a later run with
+// Restore.Latest resumes from them. Wait then returns context.Canceled (or
+// an error naming the subtasks that did not stop in time). Discarding the
+// checkpoints is an explicit Job.DiscardCheckpoints.
 func (e *Execution) Cancel() { e.cancel() }
 
 // Stats returns a copy of the checkpoint statistics.
@@ -153,11 +192,38 @@ func (e *Execution) Channels() []channel.Gauges {
 }
 
 // TriggerSavepoint takes a savepoint and returns its path once it is
-// durable.
+// durable. It fails at once when the savepoint is aborted or the attempt
+// fails meanwhile. Savepoints do not commit sinks (see the package
+// documentation); Stop does.
 func (e *Execution) TriggerSavepoint(ctx context.Context) (string, error) {
-	req := savepointRequest{reply: make(chan savepointResult, 1)}
+	return e.request(ctx, false)
+}
+
+// Stop stops the job with a savepoint (Flink's stop-with-savepoint): the
+// sources emit nothing after its barrier, sinks commit what the savepoint
+// covers, and every subtask then stops without ending its input (no
+// EndInput). It returns the savepoint's path once the job has ended; Wait
+// then returns nil. Start a job from that path (Restore.Path, or
+// Restore.Latest in the same checkpoint directory) to resume exactly after
+// it. If the savepoint fails, the job keeps running and Stop returns the
+// error.
+func (e *Execution) Stop(ctx context.Context) (string, error) {
+	path, err := e.request(ctx, true)
+	if err != nil {
+		return "", err
+	}
 	select {
-	case e.savepoints <- req:
+	case <-e.done:
+		return path, e.err
+	case <-ctx.Done():
+		return path, ctx.Err()
+	}
+}
+
+func (e *Execution) request(ctx context.Context, stop bool) (string, error) {
+	req := request{stop: stop, reply: make(chan requestResult, 1)}
+	select {
+	case e.requests <- req:
 	case <-e.done:
 		return "", errors.New("graph: job is not running")
 	case <-ctx.Done():
@@ -166,8 +232,6 @@ func (e *Execution) TriggerSavepoint(ctx context.Context) (string, error) {
 	select {
 	case r := <-req.reply:
 		return r.path, r.err
-	case <-e.done:
-		return "", errors.New("graph: job stopped before the savepoint completed")
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
@@ -182,37 +246,55 @@ func (e *Execution) emit(ev Event) {
 	}
 }
 
+// errUnrecoverable marks errors a restart cannot cure (Flink's
+// SuppressRestartsException): incompatible restored state, a restore that
+// would duplicate output, subtasks that did not stop.
+type errUnrecoverable struct{ err error }
+
+func (u errUnrecoverable) Error() string { return u.err.Error() }
+func (u errUnrecoverable) Unwrap() error { return u.err }
+
+func unrecoverable(err error) error { return errUnrecoverable{err} }
+
+func isUnrecoverable(err error) bool {
+	var u errUnrecoverable
+	return errors.As(err, &u) || errors.Is(err, restore.ErrUnrecoverable) || errors.Is(err, restore.ErrFallback)
+}
+
 // run is the restart loop: run an attempt; on failure ask the restart
-// strategy, then restore the latest completed checkpoint and go again.
+// strategy, then restore and go again. It runs on the execution's
+// goroutine, as does every attempt's master, so OnEvent is always called
+// from this one goroutine.
 func (e *Execution) run(ctx context.Context) error {
 	j := e.job
 	var storage *snapshot.Storage
-	if dir := j.cfg.Checkpoint.Dir; dir != "" {
+	if j.cfg.Checkpoint.Dir != "" {
 		var err error
-		storage, err = snapshot.OpenStorage(dir, j.ID(), snapshot.StorageOptions{
-			FS: j.cfg.Checkpoint.FS, Retain: j.cfg.Checkpoint.Retain,
-			SavepointDir: j.cfg.Checkpoint.SavepointDir, RetainOnCancel: j.cfg.Checkpoint.RetainOnCancel,
-		})
-		if err != nil {
+		if storage, err = j.openStorage(); err != nil {
 			return err
 		}
+		// Finishing, failing, stopping and cancelling all keep the
+		// checkpoints: a later run may resume from them.
+		defer storage.Close()
 	}
 	for n := 0; ; n++ {
 		err := e.attempt(ctx, n, storage)
 		if err == nil {
-			e.emit(Event{Kind: JobFinished, Attempt: n})
-			if storage != nil {
-				return storage.Close(false)
+			if e.stoppedAt != "" {
+				e.emit(Event{Kind: JobStopped, Attempt: n, Path: e.stoppedAt})
+			} else {
+				e.emit(Event{Kind: JobFinished, Attempt: n})
 			}
 			return nil
 		}
-		if ctx.Err() != nil {
-			if storage != nil {
-				_ = storage.Close(true)
-			}
+		var u errUnrecoverable
+		if ctx.Err() != nil && !errors.As(err, &u) {
 			return ctx.Err()
 		}
 		e.emit(Event{Kind: JobFailed, Attempt: n, Err: err})
+		if isUnrecoverable(err) {
+			return fmt.Errorf("graph: job %q failed (attempt %d, not restarted: restarting cannot help): %w", j.name, n, err)
+		}
 		delay, ok := j.cfg.Restart.NextDelay(n + 1)
 		if !ok {
 			return fmt.Errorf("graph: job %q failed (attempt %d, no more restarts): %w", j.name, n, err)
@@ -221,11 +303,24 @@ func (e *Execution) run(ctx context.Context) error {
 			j.logf("graph: job %q attempt %d failed: %v; restarting in %v", j.name, n, err, delay)
 		}
 		e.emit(Event{Kind: JobRestarting, Attempt: n + 1, Delay: delay, Err: err})
-		t := time.NewTimer(delay)
+		if err := e.backOff(ctx, delay); err != nil {
+			return err
+		}
+	}
+}
+
+// backOff waits before a restart, answering savepoint and stop requests
+// with an error meanwhile.
+func (e *Execution) backOff(ctx context.Context, delay time.Duration) error {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	for {
 		select {
 		case <-t.C:
+			return nil
+		case req := <-e.requests:
+			req.reply <- requestResult{err: errors.New("graph: job is restarting after a failure")}
 		case <-ctx.Done():
-			t.Stop()
 			return ctx.Err()
 		}
 	}
@@ -233,15 +328,19 @@ func (e *Execution) run(ctx context.Context) error {
 
 // attempt is one run of the job graph.
 type attempt struct {
-	job    *Job
-	number int
-	mode   marker.Mode
-	plan   *restore.Plan
+	job       *Job
+	number    int
+	execution string
+	mode      marker.Mode
+	plan      *restore.Plan
 	// mails maps every subtask of every operator to the mailbox of the
-	// chain subtask it runs in; boxes lists each mailbox once.
-	mails   map[snapshot.TaskID]*task.Mailbox
-	boxes   []*task.Mailbox
-	reports chan task.Report
+	// chain subtask it runs in; boxes lists each mailbox once, in the
+	// order of chainTasks and chainSource.
+	mails       map[checkpoint.TaskID]*task.Mailbox
+	boxes       []*task.Mailbox
+	chainTasks  [][]checkpoint.TaskID
+	chainSource []bool
+	reports     chan task.Report
 	// chans[e][i][k] carries records of edge e from upstream subtask i to
 	// downstream subtask k (nil where the partitioning never sends).
 	chans map[*edge][][]any
@@ -255,7 +354,8 @@ type runFunc func(ctx context.Context, a *attempt, i int, chain *task.Chain, hea
 func (a *attempt) info(v *vertex, i int) task.Info {
 	info := task.Info{
 		UID: v.uid, Name: v.name, Subtask: i, Parallelism: v.parallelism,
-		MaxParallelism: v.maxParallelism, Attempt: a.number, KeyGroups: keygroup.Empty,
+		MaxParallelism: v.maxParallelism, Attempt: a.number, Execution: a.execution,
+		KeyGroups:            keygroup.Empty,
 		CheckpointingEnabled: a.job.cfg.Checkpoint.Interval > 0,
 	}
 	if v.keyed {
@@ -278,34 +378,66 @@ func (a *attempt) taskConfig(v *vertex, i int) *task.Config {
 	}
 }
 
-func (e *Execution) restorePlan(n int, storage *snapshot.Storage) (*restore.Plan, error) {
+// restoreSource picks what attempt n restores (bug 2). The first attempt
+// restores the newest checkpoint of the job directory with Restore.Latest,
+// or Restore.Path, or nothing. A restart restores this execution's newest
+// completed checkpoint if it has one, or else exactly what the first
+// attempt restored from: never a checkpoint another execution left behind.
+func (e *Execution) restoreSource(n int, storage *snapshot.Storage) (*checkpoint.Metadata, string, error) {
 	j := e.job
 	rc := j.cfg.Restore
-	var (
-		md   *snapshot.Metadata
-		path string
-		err  error
-	)
-	if storage != nil && (n > 0 || rc.Latest) {
-		md, path, err = restore.Latest(storage, j.logf)
+	fs := j.cfg.Checkpoint.FS
+	if n > 0 {
+		if e.completed {
+			md, path, err := restore.Latest(storage, rc.AllowFallback, j.logf)
+			if err == nil && md == nil {
+				err = fmt.Errorf("graph: this execution completed checkpoints in %s, but none is there any more", storage.JobDir())
+			}
+			return md, path, err
+		}
+		if e.startPath == "" {
+			return nil, "", nil
+		}
+		md, err := restore.Load(fs, e.startPath)
+		return md, e.startPath, err
+	}
+	if storage != nil && rc.Latest {
+		md, path, err := restore.Latest(storage, rc.AllowFallback, j.logf)
+		if err != nil || md != nil {
+			e.startPath = path
+			return md, path, err
+		}
+	}
+	if rc.Path != "" {
+		md, err := restore.Load(fs, rc.Path)
+		e.startPath = rc.Path
+		return md, rc.Path, err
+	}
+	if storage != nil {
+		refs, err := storage.Checkpoints()
 		if err != nil {
-			return nil, err
+			return nil, "", err
+		}
+		if len(refs) > 0 {
+			j.logf("graph: job %q starts without state, although %s holds %d completed checkpoint(s) (newest %s): "+
+				"set Restore.Latest to resume from them, or call DiscardCheckpoints to remove them",
+				j.name, storage.JobDir(), len(refs), refs[len(refs)-1].Path)
 		}
 	}
-	if md == nil && rc.Path != "" {
-		path = rc.Path
-		if md, err = restore.Load(j.cfg.Checkpoint.FS, path); err != nil {
-			return nil, err
-		}
-	}
-	if md == nil {
-		return nil, nil
+	return nil, "", nil
+}
+
+func (e *Execution) restorePlan(n int, storage *snapshot.Storage) (*restore.Plan, error) {
+	j := e.job
+	md, path, err := e.restoreSource(n, storage)
+	if err != nil || md == nil {
+		return nil, err
 	}
 	ops := make([]restore.Operator, len(j.vertices))
 	for i, v := range j.vertices {
 		ops[i] = restore.Operator{UID: v.uid, Name: v.name, Parallelism: v.parallelism, MaxParallelism: v.maxParallelism, Keyed: v.keyed}
 	}
-	plan, err := restore.Assign(md, path, ops, rc.AllowNonRestoredState, j.logf)
+	plan, err := restore.Assign(md, path, ops, j.cfg.Restore.AllowNonRestoredState, j.logf)
 	if err != nil {
 		return nil, err
 	}
@@ -320,13 +452,12 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 		return err
 	}
 	if storage != nil {
-		refs, err := storage.Checkpoints()
+		// G3: ids never repeat within a job directory.
+		next, err := storage.NextID()
 		if err != nil {
 			return err
 		}
-		for _, r := range refs {
-			e.nextID = max(e.nextID, r.ID+1)
-		}
+		e.nextID = max(e.nextID, next)
 	}
 	if plan != nil {
 		e.liveStats.RecordRestore(plan.CheckpointID, plan.Path, time.Now())
@@ -334,23 +465,87 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 		e.emit(Event{Kind: JobRestored, Attempt: n, CheckpointID: plan.CheckpointID, Path: plan.Path})
 	}
 	a := &attempt{
-		job: j, number: n, mode: j.cfg.Checkpoint.Mode, plan: plan,
-		mails:   map[snapshot.TaskID]*task.Mailbox{},
+		job: j, number: n, execution: e.id, mode: j.cfg.Checkpoint.Mode, plan: plan,
+		mails:   map[checkpoint.TaskID]*task.Mailbox{},
 		reports: make(chan task.Report, 1024),
 		chans:   map[*edge][][]any{},
 	}
-	// Wire fresh channels for every edge.
-	chCfg := channel.Config{Capacity: j.cfg.ChannelCapacity, BufferSize: j.cfg.BufferSize}
-	var all []gauged
 	for _, chain := range j.chains {
 		for i := 0; i < chain[0].parallelism; i++ {
 			mb := task.NewMailbox()
 			a.boxes = append(a.boxes, mb)
+			a.chainTasks = append(a.chainTasks, chainTasks(chain, i))
+			a.chainSource = append(a.chainSource, chain[0].kind == kindSource)
 			for _, v := range chain {
-				a.mails[snapshot.TaskID{Operator: v.uid, Subtask: i}] = mb
+				a.mails[checkpoint.TaskID{Operator: v.uid, Subtask: i}] = mb
 			}
 		}
 	}
+	a.wireChannels(e)
+	d, err := newDriver(e, a, storage)
+	if err != nil {
+		return err
+	}
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	g, gctx := errgroup.WithContext(actx)
+	var running sync.Map // chain head name -> struct{}, while its goroutine runs
+	var nRunning atomic.Int32
+	for _, chain := range j.chains {
+		for i := 0; i < chain[0].parallelism; i++ {
+			name := a.info(chain[0], i).String()
+			running.Store(name, struct{}{})
+			nRunning.Add(1)
+			g.Go(func() error {
+				defer func() { running.Delete(name); nRunning.Add(-1) }()
+				return runChain(gctx, a, chain, i)
+			})
+		}
+	}
+	merr := d.run(gctx)
+	e.nextID = max(e.nextID, d.core.NextID())
+	acancel()
+	gerr, stuck := waitStopped(g, j.cfg.CancelTimeout, &running)
+	e.publish()
+	if stuck != nil {
+		return stuck
+	}
+	switch {
+	case merr == nil:
+		return gerr
+	case errors.Is(merr, context.Canceled) && gerr != nil:
+		return gerr // a subtask failed and cancelled the attempt
+	}
+	return merr
+}
+
+// waitStopped waits for the attempt's goroutines, at most timeout after
+// they were told to stop (Flink's task cancellation watchdog). Go cannot
+// stop a goroutine: subtasks still running then are named in an
+// unrecoverable error, and their goroutines leak.
+func waitStopped(g *errgroup.Group, timeout time.Duration, running *sync.Map) (error, error) {
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err, nil
+	case <-t.C:
+	}
+	var names []string
+	running.Range(func(k, _ any) bool { names = append(names, k.(string)); return true })
+	slices.Sort(names)
+	return nil, unrecoverable(fmt.Errorf("graph: %d subtask(s) did not stop within %v (CancelTimeout) after the attempt ended: %s; "+
+		"a user function is blocked and Go cannot stop a goroutine: make it return (honour a deadline or a context), "+
+		"or exit the process to release it", len(names), timeout, strings.Join(names, ", ")))
+}
+
+// wireChannels creates fresh channels for every unchained edge (G5).
+func (a *attempt) wireChannels(e *Execution) {
+	j := a.job
+	chCfg := channel.Config{Capacity: j.cfg.ChannelCapacity, BufferSize: j.cfg.BufferSize}
+	var all []gauged
 	for _, v := range j.vertices {
 		for _, ed := range v.outputs {
 			if ed.chained {
@@ -375,20 +570,6 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 	e.mu.Lock()
 	e.channels = all
 	e.mu.Unlock()
-	m, err := newMaster(e, a, storage)
-	if err != nil {
-		return err
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	for _, chain := range j.chains {
-		for i := 0; i < chain[0].parallelism; i++ {
-			g.Go(func() error { return runChain(gctx, a, chain, i) })
-		}
-	}
-	g.Go(func() error { return m.run(gctx) })
-	err = g.Wait()
-	e.publish()
-	return err
 }
 
 // runChain builds subtask i of every operator of chain, tail first so

@@ -2,7 +2,9 @@ package graph
 
 import (
 	"container/heap"
+	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/snapflow/snapflow/state"
@@ -17,10 +19,70 @@ import (
 // Timers are keyed state: they are part of every checkpoint, move with
 // their key group on restore, and fire after a restore if they were
 // registered before the checkpoint. A timer fires once, at or after its
-// time. Timers still pending when the input ends are dropped (as Flink
-// drops processing-time timers at the end of input).
+// time. What happens to timers still pending when the input ends is the
+// operator's TimerPolicy (EndOfInputTimers): by default they fire.
 type TimerHandler[K comparable, OUT any] interface {
 	OnTimer(ctx *KeyedContext[K], at time.Time, out Collector[OUT]) error
+}
+
+// TimerPolicy says what a keyed operator does with the processing-time
+// timers still pending when its input ends. Nothing is dropped silently:
+// every dropped timer is counted in a log line naming the operator.
+type TimerPolicy uint8
+
+const (
+	// FireTimers (the default) fires the pending timers at the end of the
+	// input, in time order, as if processing time jumped past the latest
+	// of them, before the function's EndInput. A timer registered while
+	// they fire fires too if it is not later than that latest timer; later
+	// ones are dropped and counted in a log line. So a window that waits
+	// for a timeout emits its last windows when a bounded input ends.
+	FireTimers TimerPolicy = iota
+	// DropTimers drops the pending timers at the end of the input (Flink's
+	// behaviour for processing-time timers), with a log line counting them.
+	DropTimers
+)
+
+func (p TimerPolicy) String() string {
+	switch p {
+	case FireTimers:
+		return "fire"
+	case DropTimers:
+		return "drop"
+	}
+	return fmt.Sprintf("timer-policy(%d)", uint8(p))
+}
+
+// EndOfInputTimers sets what a ProcessKeyed operator does with its pending
+// processing-time timers at the end of its input (default FireTimers).
+// Validation rejects it on other operators.
+func EndOfInputTimers(p TimerPolicy) Option {
+	return func(v *vertex) { timerPolicies.set(v, p) }
+}
+
+// timerPolicies holds the policies set by EndOfInputTimers until the
+// operator's builder function takes them into its closure (the Option
+// runs inside addVertex, before the builder knows the vertex).
+var timerPolicies = policyMap{m: map[*vertex]TimerPolicy{}}
+
+type policyMap struct {
+	mu sync.Mutex
+	m  map[*vertex]TimerPolicy
+}
+
+func (p *policyMap) set(v *vertex, tp TimerPolicy) {
+	p.mu.Lock()
+	p.m[v] = tp
+	p.mu.Unlock()
+}
+
+// take removes and returns v's policy.
+func (p *policyMap) take(v *vertex) (TimerPolicy, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	tp, ok := p.m[v]
+	delete(p.m, v)
+	return tp, ok
 }
 
 // TimerState is the name of the keyed list state that holds the timers
@@ -141,4 +203,30 @@ func (t *timerService[K]) fire(now time.Time, fn func(at time.Time) error) error
 		}
 	}
 	return nil
+}
+
+// latest is the time of the latest pending timer, if any.
+func (t *timerService[K]) latest() (int64, bool) {
+	var last int64
+	found := false
+	for tk := range t.set {
+		if !found || tk.at > last {
+			last, found = tk.at, true
+		}
+	}
+	return last, found
+}
+
+// dropAll deletes every pending timer, from the heap and from the keyed
+// state, and returns how many there were.
+func (t *timerService[K]) dropAll() int {
+	n := len(t.set)
+	for tk := range t.set {
+		t.backend.SetCurrentKey(tk.key, keygroup.Of(tk.key, t.maxP))
+		t.unpersist(tk.at)
+	}
+	clear(t.set)
+	clear(t.heap)
+	t.heap = t.heap[:0]
+	return n
 }

@@ -70,10 +70,22 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("marker: unknown checkpoint mode %q (want aligned, unaligned or at-least-once)", s)
 }
 
-// Options are carried by every barrier.
+// Options are carried by every barrier, and recorded in the checkpoint's
+// metadata.
 type Options struct {
 	Kind Kind
 	Mode Mode
+	// Stop marks the savepoint of a stop-with-savepoint (Flink's
+	// synchronous savepoint; only a Savepoint may have it): a source that
+	// snapshots for this barrier emits no more records afterwards (it keeps
+	// serving its mailbox and does not end its input), and, unlike other
+	// savepoints, its completion is notified to every subtask, so sinks
+	// commit what it covers before the job stops. If the savepoint is
+	// aborted, the sources are told to resume.
+	//
+	// It is omitted from the metadata encoding when false, so metadata
+	// written before the field existed decodes unchanged.
+	Stop bool `msgpack:",omitempty"`
 }
 
 // Barrier is checkpoint barrier N. Timestamp is the trigger time at the
@@ -85,7 +97,11 @@ type Barrier struct {
 }
 
 func (b Barrier) String() string {
-	return fmt.Sprintf("barrier(%d %s %s)", b.ID, b.Options.Kind, b.Options.Mode)
+	stop := ""
+	if b.Options.Stop {
+		stop = " stop"
+	}
+	return fmt.Sprintf("barrier(%d %s %s%s)", b.ID, b.Options.Kind, b.Options.Mode, stop)
 }
 
 // EventType distinguishes the in-band events.

@@ -67,6 +67,7 @@ func TestStrings(t *testing.T) {
 		{marker.Barrier{ID: 3}, "barrier(3 checkpoint aligned)"},
 		{marker.Barrier{ID: 4, Options: marker.Options{Kind: marker.Savepoint, Mode: marker.Unaligned}}, "barrier(4 savepoint unaligned)"},
 		{marker.NewBarrier(marker.Barrier{ID: 5, Options: marker.Options{Mode: marker.AtLeastOnce}}), "barrier(5 checkpoint at-least-once)"},
+		{marker.Barrier{ID: 8, Options: marker.Options{Kind: marker.Savepoint, Stop: true}}, "barrier(8 savepoint aligned stop)"},
 		{marker.NewCancel(6), "cancel(6)"},
 		{marker.EndOfInput, "end-of-input"},
 		{marker.Event{}, "event(0)"},

@@ -3,19 +3,56 @@
 // job starts with.
 //
 // Latest and Load are the only functions that do IO (they read _metadata
-// through snapshot.ReadMetadata). Assign is a pure function from the
+// through snapshot.ReadMetadata, and Latest the storage's checkpoint
+// directories and completed-checkpoint log). Assign is a pure function from the
 // checkpoint metadata and the new job's operators to a Plan: no IO, no
 // clock, no goroutines; the same inputs give the same Plan.
 //
 // # Choosing the checkpoint
 //
-// Latest walks the completed checkpoints of a snapshot.Storage from the
-// newest down and returns the first whose _metadata decodes. A newer one
-// that is corrupt, truncated or invalid is skipped with a warning, so a job
-// whose newest checkpoint was damaged restarts from the previous one rather
-// than not at all; the warning makes the fallback visible. Load reads an
-// explicit checkpoint or savepoint path (Flink's execution.savepoint.path)
-// and never falls back.
+// Latest walks the candidates of a snapshot.Storage from the newest down and
+// returns the first whose _metadata decodes. The candidates are the complete
+// chk-N directories and the stop-with-savepoints that the completed-
+// checkpoint log records (by their paths there; other savepoints are never
+// restored by Latest). A newer candidate that is corrupt, truncated, invalid
+// or gone is skipped with a warning, so a job whose newest checkpoint was
+// damaged restarts from the previous one rather than not at all; the warning
+// makes the fallback visible.
+//
+// Falling back is not always safe. The committed horizon H is the highest id
+// of a checkpoint or stop-with-savepoint in the log: a completion that may
+// have been notified, so sinks may have committed its transactions, and,
+// since completing H covers every id below it, those of every lower id too.
+// Restoring a checkpoint C < H would publish the records of checkpoints
+// C+1..H again under new transaction ids: silent duplicates. So by default
+// Latest refuses, with an error wrapping ErrFallback that names checkpoint H,
+// its path, why it cannot be restored (its metadata is missing, or corrupt
+// and why), the checkpoint it would restore instead and the checkpoints
+// whose records would be published twice. With allowFallback
+// (RestoreConfig.AllowFallback) it logs the same text as a warning and
+// restores C anyway. The same holds when nothing is left to restore below a
+// non-empty horizon: the error, or with allowFallback a warning and no
+// state. Falling back past candidates above H is safe and only logged: they
+// were written but never logged, so never reported complete (a crash
+// between the metadata and the log append). A job directory without a log
+// (written before it existed) has no horizon: Latest falls back as above
+// with a warning only. The guarantee is thus: a restore never silently
+// republishes what sinks committed, as long as the log survives; the log is
+// not redundant, and a damaged log fails snapshot.OpenStorage instead.
+//
+// Load reads an explicit checkpoint or savepoint path (Flink's
+// execution.savepoint.path) and never falls back.
+//
+// # Errors that no retry can fix
+//
+// Errors wrapping ErrUnrecoverable fail the same way however often they are
+// retried, so a restart loop should fail the job at once instead of
+// restarting into them (Flink's SuppressRestartsException): every error of
+// Assign (which is pure: state for a uid that is not in the job, a changed
+// max parallelism, files that cannot be redistributed, ...), Load of a path
+// that is missing or does not decode, and Latest refusing to fall back
+// (ErrFallback), finding no usable candidate, or finding a newer format
+// version. IO errors are not: they may be transient.
 //
 // # Matching operators
 //
@@ -64,10 +101,14 @@
 //     NamedList per list-state name the operator had (possibly without
 //     items), so the operator can tell "restored, empty" from "new".
 //   - R5: Latest falls back past a newer checkpoint only when its metadata is
-//     corrupt, truncated, invalid or gone (snapshot.ErrCorrupt,
-//     snapshot.ErrInvalid, not-exist); any other IO error, or a newer format
-//     version (snapshot.ErrUnsupportedVersion), fails the restore instead of
+//     corrupt, truncated, invalid or gone (checkpoint.ErrCorrupt,
+//     checkpoint.ErrInvalid, not-exist); any other IO error, or a newer format
+//     version (checkpoint.ErrUnsupportedVersion), fails the restore instead of
 //     silently restoring older state.
 //   - R6: a Plan shares element bytes (list items, keyed keys and values)
 //     with the Metadata it came from; its slices are its own.
+//   - R7: Latest never restores a checkpoint older than the committed horizon
+//     of the completed-checkpoint log, nor starts without state below it,
+//     unless allowFallback is set, and then only with a warning that names
+//     the checkpoints at risk.
 package restore

@@ -1,13 +1,16 @@
 package restore
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -21,51 +24,175 @@ func (l Logf) printf(format string, args ...any) {
 	}
 }
 
-// Latest returns the newest completed checkpoint in st whose _metadata
-// decodes, and its directory. Each newer checkpoint that is corrupt,
-// truncated, invalid or gone is skipped with a warning through logf naming
-// its path, the error and the checkpoint tried next (R5). It returns
-// (nil, "", nil) when st has no completed checkpoint, and an error when it
-// has some but none is usable, or when reading one fails otherwise.
-func Latest(st *snapshot.Storage, logf Logf) (*snapshot.Metadata, string, error) {
-	refs, err := st.Checkpoints()
+// ErrUnrecoverable is wrapped by the restore errors that no retry can fix,
+// because the same inputs fail the same way again: every Assign error (state
+// for a uid that is not in the job, a changed max parallelism, ...), Load of
+// a path that is missing or does not decode, and Latest when it refuses to
+// fall back (ErrFallback), when none of the checkpoints decodes, or when the
+// newest is of a newer format version. A restart strategy should fail the
+// job at once on these (Flink's SuppressRestartsException). Other errors,
+// IO errors in particular, may be transient.
+var ErrUnrecoverable = errors.New("restore: unrecoverable")
+
+// ErrFallback is wrapped by the error of Latest when restoring would fall
+// back past a checkpoint that the completed-checkpoint log says completed,
+// so that sinks may have committed its transactions: restoring an older
+// checkpoint would publish their records again under new transaction ids.
+// The error names the completed checkpoint, why it cannot be restored, the
+// checkpoint that would be restored instead, and the checkpoints whose
+// records would be published twice. errors.Is(ErrFallback, ErrUnrecoverable)
+// holds.
+var ErrFallback error = &subSentinel{msg: "restore: refusing to fall back past a completed checkpoint", parent: ErrUnrecoverable}
+
+// subSentinel is a sentinel error that is also a case of a broader one.
+type subSentinel struct {
+	msg    string
+	parent error
+}
+
+func (e *subSentinel) Error() string { return e.msg }
+func (e *subSentinel) Unwrap() error { return e.parent }
+
+// unrecoverable marks err as wrapping ErrUnrecoverable without changing its
+// message.
+func unrecoverable(err error) error {
+	if err == nil || errors.Is(err, ErrUnrecoverable) {
+		return err
+	}
+	return &unrecoverableError{err}
+}
+
+type unrecoverableError struct{ err error }
+
+func (e *unrecoverableError) Error() string   { return e.err.Error() }
+func (e *unrecoverableError) Unwrap() []error { return []error{e.err, ErrUnrecoverable} }
+
+// candidate is a checkpoint Latest may restore.
+type candidate struct {
+	id   int64
+	kind marker.Kind
+	path string
+}
+
+func (c candidate) String() string { return fmt.Sprintf("%s %s", c.kind, c.path) }
+
+// Latest returns the newest restorable checkpoint of st and its directory,
+// and refuses by default to restore one older than the newest completion
+// recorded in the completed-checkpoint log (see the package documentation).
+//
+// The candidates are the complete chk-N directories and the
+// stop-with-savepoints that the log records. Newest first, each whose
+// _metadata is corrupt, truncated, invalid or gone is skipped with a warning
+// through logf naming its path, the error and the candidate tried next (R5).
+// If the one found is older than the committed horizon H (the highest id of
+// a checkpoint or stop-with-savepoint in the log: a completion that may have
+// been notified), Latest returns an error wrapping ErrFallback, unless
+// allowFallback, with which it logs the same warning and returns it (R7).
+// It returns (nil, "", nil) when st has neither candidates nor a horizon,
+// and when allowFallback is set and nothing is left to restore below the
+// horizon. It fails when candidates exist but none is usable, and when
+// reading one fails otherwise. A job directory without a log (written before
+// it existed) has no horizon.
+func Latest(st *snapshot.Storage, allowFallback bool, logf Logf) (*checkpoint.Metadata, string, error) {
+	dirs, err := st.Checkpoints()
 	if err != nil {
 		return nil, "", fmt.Errorf("restore: %w", err)
 	}
-	if len(refs) == 0 {
+	logged, err := st.Completed()
+	if err != nil {
+		return nil, "", fmt.Errorf("restore: %w", err)
+	}
+	var horizon *snapshot.CompletedRef
+	var cands []candidate
+	for i := range logged {
+		r := &logged[i]
+		if r.Notified() && (horizon == nil || r.ID > horizon.ID) {
+			horizon = r
+		}
+		if r.Stop {
+			cands = append(cands, candidate{id: r.ID, kind: marker.Savepoint, path: r.Path})
+		}
+	}
+	for _, d := range dirs {
+		cands = append(cands, candidate{id: d.ID, kind: marker.Checkpoint, path: d.Path})
+	}
+	slices.SortStableFunc(cands, func(a, b candidate) int { return cmp.Compare(a.id, b.id) })
+	if len(cands) == 0 && horizon == nil {
 		return nil, "", nil
 	}
+
 	fs := st.FS()
 	var newestErr error
-	for i := len(refs) - 1; i >= 0; i-- {
-		ref := refs[i]
-		md, err := snapshot.ReadMetadata(fs, ref.Path)
-		if err == nil && md.CheckpointID != ref.ID {
-			err = fmt.Errorf("%w: %s holds checkpoint %d", snapshot.ErrInvalid, ref.Path, md.CheckpointID)
+	failed := make(map[int64]error) // the skipped candidates, by id
+	for i := len(cands) - 1; i >= 0; i-- {
+		c := cands[i]
+		md, err := snapshot.ReadMetadata(fs, c.path)
+		if err == nil && md.CheckpointID != c.id {
+			err = fmt.Errorf("%w: %s holds checkpoint %d", checkpoint.ErrInvalid, c.path, md.CheckpointID)
 		}
 		if err == nil {
-			return md, ref.Path, nil
+			if horizon != nil && c.id < horizon.ID {
+				risk := fallbackRisk(st, horizon, failed[horizon.ID],
+					fmt.Sprintf("restoring %s %d at %s", c.kind, c.id, c.path), c.id)
+				if !allowFallback {
+					return nil, "", fmt.Errorf("%w: %s; set RestoreConfig.AllowFallback to accept duplicates", ErrFallback, risk)
+				}
+				logf.printf("restore: WARNING: %s; restoring it because AllowFallback is set", risk)
+			}
+			return md, c.path, nil
 		}
 		if !skippable(err) {
-			return nil, "", fmt.Errorf("restore: checkpoint %s: %w", ref.Path, err)
+			err = fmt.Errorf("restore: %s: %w", c, err)
+			if errors.Is(err, checkpoint.ErrUnsupportedVersion) {
+				err = unrecoverable(err)
+			}
+			return nil, "", err
 		}
+		failed[c.id] = err
 		if newestErr == nil {
 			newestErr = err
 		}
 		next := "no older checkpoint"
 		if i > 0 {
-			next = "falling back to " + fs.PathBase(refs[i-1].Path)
+			next = "falling back to " + fs.PathBase(cands[i-1].path)
 		}
-		logf.printf("restore: skipping checkpoint %s: %v; %s", ref.Path, cause(err), next)
+		logf.printf("restore: skipping %s: %v; %s", c, cause(err), next)
 	}
-	return nil, "", fmt.Errorf("restore: none of the %d checkpoints in %s is usable; the newest: %w",
-		len(refs), st.JobDir(), newestErr)
+	if horizon != nil {
+		risk := fallbackRisk(st, horizon, failed[horizon.ID], "starting without state", 0)
+		if !allowFallback {
+			return nil, "", fmt.Errorf("%w: %s; set RestoreConfig.AllowFallback to accept duplicates", ErrFallback, risk)
+		}
+		logf.printf("restore: WARNING: %s; starting without state because AllowFallback is set", risk)
+		return nil, "", nil
+	}
+	return nil, "", unrecoverable(fmt.Errorf("restore: none of the %d checkpoints in %s is usable; the newest: %w",
+		len(cands), st.JobDir(), newestErr))
+}
+
+// fallbackRisk says what restoring instead (checkpoint id, or 0 for no
+// state) puts at risk, given the horizon h and why h itself cannot be
+// restored (err, nil if it was no candidate: its directory is gone).
+func fallbackRisk(st *snapshot.Storage, h *snapshot.CompletedRef, err error, instead string, id int64) string {
+	state := "missing"
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		state = fmt.Sprintf("corrupt: %v", cause(err))
+	}
+	committed := fmt.Sprintf("checkpoints %d..%d", id+1, h.ID)
+	switch {
+	case id+1 == h.ID:
+		committed = fmt.Sprintf("checkpoint %d", h.ID)
+	case id == 0:
+		committed = fmt.Sprintf("every checkpoint up to %d", h.ID)
+	}
+	return fmt.Sprintf("%s %d completed at %s (per %s), but its metadata is %s; %s would publish again the records that sinks committed for %s",
+		h.Kind, h.ID, h.Path, st.LogPath(), state, instead, committed)
 }
 
 // skippable reports whether Latest may fall back past a checkpoint that
 // failed with err (R5).
 func skippable(err error) bool {
-	return errors.Is(err, snapshot.ErrCorrupt) || errors.Is(err, snapshot.ErrInvalid) || errors.Is(err, os.ErrNotExist)
+	return errors.Is(err, checkpoint.ErrCorrupt) || errors.Is(err, checkpoint.ErrInvalid) || errors.Is(err, os.ErrNotExist)
 }
 
 // cause strips the *snapshot.ReadError around err when the message already
@@ -78,11 +205,16 @@ func cause(err error) error {
 }
 
 // Load reads the checkpoint or savepoint at path: its directory or its
-// _metadata file. Unlike Latest it never falls back.
-func Load(fs vfs.FS, path string) (*snapshot.Metadata, error) {
+// _metadata file. Unlike Latest it never falls back. An error for a path
+// that is missing or does not decode wraps ErrUnrecoverable.
+func Load(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 	md, err := snapshot.ReadMetadata(fs, path)
 	if err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
+		err = fmt.Errorf("restore: %w", err)
+		if skippable(err) || errors.Is(err, checkpoint.ErrUnsupportedVersion) {
+			err = unrecoverable(err)
+		}
+		return nil, err
 	}
 	return md, nil
 }
@@ -109,19 +241,28 @@ type Plan struct {
 	// (R4); a subtask without an entry starts empty. KeyGroupStart and
 	// KeyGroupEnd are the subtask's new key-group range for keyed operators
 	// and -1 otherwise.
-	Tasks map[snapshot.TaskID]*snapshot.SubtaskState
+	Tasks map[checkpoint.TaskID]*checkpoint.SubtaskState
 }
 
 // Assign matches the state in md (read from path) to the operators of the
 // new job by uid and redistributes it to the new parallelism (see the
 // package documentation). State of an operator that is not in ops is an
 // error unless allowNonRestored, in which case it is skipped and logged.
-func Assign(md *snapshot.Metadata, path string, ops []Operator, allowNonRestored bool, logf Logf) (*Plan, error) {
+// Assign is pure, so every error it returns wraps ErrUnrecoverable.
+func Assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestored bool, logf Logf) (*Plan, error) {
+	plan, err := assign(md, path, ops, allowNonRestored, logf)
+	if err != nil {
+		return nil, unrecoverable(err)
+	}
+	return plan, nil
+}
+
+func assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestored bool, logf Logf) (*Plan, error) {
 	if md == nil {
 		return nil, fmt.Errorf("restore: %s: no metadata", path)
 	}
 	where := fmt.Sprintf("checkpoint %d (%s)", md.CheckpointID, path)
-	if err := snapshot.ValidateMetadata(md); err != nil {
+	if err := checkpoint.ValidateMetadata(md); err != nil {
 		return nil, fmt.Errorf("restore: %s: %w", where, err)
 	}
 	byUID := make(map[string]*Operator, len(ops))
@@ -138,7 +279,7 @@ func Assign(md *snapshot.Metadata, path string, ops []Operator, allowNonRestored
 	plan := &Plan{
 		CheckpointID: md.CheckpointID,
 		Path:         path,
-		Tasks:        make(map[snapshot.TaskID]*snapshot.SubtaskState),
+		Tasks:        make(map[checkpoint.TaskID]*checkpoint.SubtaskState),
 	}
 	for i := range md.Operators {
 		old := &md.Operators[i]
@@ -179,7 +320,7 @@ func validateOperator(op *Operator) error {
 
 // hasState reports whether any subtask of op recorded list, keyed or file
 // state.
-func hasState(op *snapshot.OperatorState) bool {
+func hasState(op *checkpoint.OperatorState) bool {
 	for i := range op.Subtasks {
 		s := &op.Subtasks[i]
 		if len(s.Lists) > 0 || len(s.KeyGroups) > 0 || len(s.Files) > 0 {
@@ -191,15 +332,15 @@ func hasState(op *snapshot.OperatorState) bool {
 
 // assignOperator adds the new subtask states of one restored operator to
 // tasks.
-func assignOperator(tasks map[snapshot.TaskID]*snapshot.SubtaskState, old *snapshot.OperatorState, op *Operator, where string) error {
+func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *checkpoint.OperatorState, op *Operator, where string) error {
 	newP := op.Parallelism
-	olds := make([]*snapshot.SubtaskState, len(old.Subtasks))
+	olds := make([]*checkpoint.SubtaskState, len(old.Subtasks))
 	oldKeyed := false
 	for i := range old.Subtasks {
 		olds[i] = &old.Subtasks[i]
 		oldKeyed = oldKeyed || olds[i].KeyGroupStart >= 0
 	}
-	slices.SortFunc(olds, func(a, b *snapshot.SubtaskState) int { return a.Subtask - b.Subtask })
+	slices.SortFunc(olds, func(a, b *checkpoint.SubtaskState) int { return a.Subtask - b.Subtask })
 
 	if oldKeyed {
 		if !op.Keyed {
@@ -217,9 +358,9 @@ func assignOperator(tasks map[snapshot.TaskID]*snapshot.SubtaskState, old *snaps
 		}
 	}
 
-	news := make([]*snapshot.SubtaskState, newP)
+	news := make([]*checkpoint.SubtaskState, newP)
 	for i := range news {
-		s := &snapshot.SubtaskState{Subtask: i, KeyGroupStart: -1, KeyGroupEnd: -1}
+		s := &checkpoint.SubtaskState{Subtask: i, KeyGroupStart: -1, KeyGroupEnd: -1}
 		if op.Keyed {
 			r := keygroup.RangeFor(op.MaxParallelism, newP, i)
 			s.KeyGroupStart, s.KeyGroupEnd = r.Start, r.End
@@ -238,14 +379,14 @@ func assignOperator(tasks map[snapshot.TaskID]*snapshot.SubtaskState, old *snaps
 		}
 	}
 	for _, s := range news {
-		slices.SortStableFunc(s.KeyGroups, func(a, b snapshot.KeyGroupState) int { return a.KeyGroup - b.KeyGroup })
+		slices.SortStableFunc(s.KeyGroups, func(a, b checkpoint.KeyGroupState) int { return a.KeyGroup - b.KeyGroup })
 	}
 
 	if err := assignFiles(olds, news, samePar, old.Parallelism, where, op.UID); err != nil {
 		return err
 	}
 	for _, s := range news {
-		tasks[snapshot.TaskID{Operator: op.UID, Subtask: s.Subtask}] = s
+		tasks[checkpoint.TaskID{Operator: op.UID, Subtask: s.Subtask}] = s
 	}
 	return nil
 }
@@ -253,9 +394,9 @@ func assignOperator(tasks map[snapshot.TaskID]*snapshot.SubtaskState, old *snaps
 // assignLists redistributes operator list state (reference §5): Split lists
 // unchanged with unchanged parallelism, otherwise pooled and cut into even
 // contiguous chunks; Union lists concatenated for every subtask.
-func assignLists(olds, news []*snapshot.SubtaskState, samePar bool) {
+func assignLists(olds, news []*checkpoint.SubtaskState, samePar bool) {
 	type list struct {
-		dist  snapshot.Distribution
+		dist  checkpoint.Distribution
 		total int
 	}
 	var names []string
@@ -275,7 +416,7 @@ func assignLists(olds, news []*snapshot.SubtaskState, samePar bool) {
 		acc := lists[name]
 		// pooled holds the elements of all old subtasks in subtask order.
 		var pooled [][]byte
-		if acc.dist == snapshot.Union || !samePar {
+		if acc.dist == checkpoint.Union || !samePar {
 			pooled = make([][]byte, 0, acc.total)
 			for _, s := range olds {
 				if l := findList(s, name); l != nil {
@@ -284,9 +425,9 @@ func assignLists(olds, news []*snapshot.SubtaskState, samePar bool) {
 			}
 		}
 		switch {
-		case acc.dist == snapshot.Union:
+		case acc.dist == checkpoint.Union:
 			for _, s := range news {
-				s.Lists = append(s.Lists, snapshot.NamedList{Name: name, Distribution: snapshot.Union, Items: cloneItems(pooled)})
+				s.Lists = append(s.Lists, checkpoint.NamedList{Name: name, Distribution: checkpoint.Union, Items: cloneItems(pooled)})
 			}
 		case samePar:
 			own := make([][][]byte, len(news))
@@ -296,7 +437,7 @@ func assignLists(olds, news []*snapshot.SubtaskState, samePar bool) {
 				}
 			}
 			for i, s := range news {
-				s.Lists = append(s.Lists, snapshot.NamedList{Name: name, Distribution: snapshot.Split, Items: cloneItems(own[i])})
+				s.Lists = append(s.Lists, checkpoint.NamedList{Name: name, Distribution: checkpoint.Split, Items: cloneItems(own[i])})
 			}
 		default:
 			p := len(news)
@@ -307,14 +448,14 @@ func assignLists(olds, news []*snapshot.SubtaskState, samePar bool) {
 				if i < extra {
 					n++
 				}
-				s.Lists = append(s.Lists, snapshot.NamedList{Name: name, Distribution: snapshot.Split, Items: cloneItems(pooled[off : off+n])})
+				s.Lists = append(s.Lists, checkpoint.NamedList{Name: name, Distribution: checkpoint.Split, Items: cloneItems(pooled[off : off+n])})
 				off += n
 			}
 		}
 	}
 }
 
-func findList(s *snapshot.SubtaskState, name string) *snapshot.NamedList {
+func findList(s *checkpoint.SubtaskState, name string) *checkpoint.NamedList {
 	for i := range s.Lists {
 		if s.Lists[i].Name == name {
 			return &s.Lists[i]
@@ -334,7 +475,7 @@ func cloneItems(items [][]byte) [][]byte {
 // assignFiles hands state files to the new subtasks: unchanged with
 // unchanged parallelism, otherwise to every new subtask whose key-group range
 // intersects the old subtask's.
-func assignFiles(olds, news []*snapshot.SubtaskState, samePar bool, oldP int, where, uid string) error {
+func assignFiles(olds, news []*checkpoint.SubtaskState, samePar bool, oldP int, where, uid string) error {
 	if samePar {
 		for _, s := range olds {
 			if len(s.Files) > 0 {

@@ -1,9 +1,11 @@
 package sink
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log"
 	"math"
 	"slices"
 	"sync"
@@ -12,22 +14,58 @@ import (
 	"github.com/snapflow/snapflow/state"
 )
 
-// Txn identifies one transaction (P2).
+// Txn identifies one transaction (P2). Every field is part of the
+// identity: two transactions are the same iff their Txns are equal.
 type Txn struct {
 	// CommitUser is the sink's stable identity across restarts and
 	// restores (see CommitUserState).
-	CommitUser   string `msgpack:"user"`
+	CommitUser string `msgpack:"user"`
+	// Execution is the id of the execution (graph.TaskInfo.Execution, one
+	// per Job.Start) that created the transaction. Checkpoint ids can
+	// repeat across executions (a savepoint restored into a new checkpoint
+	// directory, a fork, a fallback to an older checkpoint), so without it
+	// two different contents could share a transaction id. A transaction
+	// restored from a checkpoint keeps the execution that created it.
+	Execution    string `msgpack:"exec"`
 	Sink         string `msgpack:"sink"`
 	Subtask      int    `msgpack:"subtask"`
 	CheckpointID int64  `msgpack:"checkpoint"`
 }
 
-func (t Txn) String() string { return fmt.Sprintf("%s-%d-%d", t.Sink, t.Subtask, t.CheckpointID) }
+// String is "sink-subtask-checkpoint", followed by "@execution" when the
+// execution is known.
+func (t Txn) String() string {
+	s := fmt.Sprintf("%s-%d-%d", t.Sink, t.Subtask, t.CheckpointID)
+	if t.Execution != "" {
+		s += "@" + t.Execution
+	}
+	return s
+}
 
-// Committer publishes the records of a transaction atomically. Commit must
-// be idempotent: a transaction committed before is acknowledged without
-// publishing again (P2). It is called from sink subtask goroutines, so
-// implementations shared by several subtasks must be safe for concurrent use.
+// Committer publishes the records of a transaction atomically.
+//
+// Commit must be idempotent by the whole Txn: a transaction committed
+// before (an equal Txn) is acknowledged without publishing again (P2). The
+// sink guarantees that one Txn never names two different contents (P4), so
+// a committer may trust a recorded Txn without comparing records. It must
+// not dedupe by a part of the Txn: transactions of different executions
+// can share the commit user, sink, subtask and checkpoint id.
+//
+// A committer that can only remember the newest checkpoint id it
+// committed per commit user (Paimon's filterCommitted, which skips every
+// committable whose id is not above the newest committed for the user) must
+// keep that watermark per (CommitUser, Execution, Sink, Subtask), for
+// example by using CommitUser+"/"+Execution as its own commit user: within
+// one execution checkpoint ids strictly increase across restarts (graph
+// G3) and each subtask commits in checkpoint order (P3), so the watermark
+// is exact, and a transaction restored into a later execution keeps its
+// original Execution, so its re-commit is recognized. A watermark per
+// commit user alone drops, silently, the transactions of an execution
+// restored from a savepoint or an older checkpoint, whose ids can be at or
+// below ids already committed.
+//
+// Commit is called from sink subtask goroutines, so implementations shared
+// by several subtasks must be safe for concurrent use.
 type Committer[T any] interface {
 	Commit(txn Txn, records []T) error
 }
@@ -47,10 +85,40 @@ type pendingTxn[T any] struct {
 	Records []T `msgpack:"records"`
 }
 
+// Option configures Publishing.
+type Option func(*options)
+
+type options struct {
+	user  string
+	fixed bool // user given by WithCommitUser: restored state does not override it
+	logf  func(format string, args ...any)
+}
+
+// WithCommitUser sets the commit user of the sink, overriding the one in
+// restored state. Give a job forked from another job's savepoint its own
+// identity this way (see the package doc); transactions restored from the
+// savepoint keep their original Txn, so they are still recognized when
+// they are re-committed.
+func WithCommitUser(user string) Option {
+	return func(o *options) { o.user, o.fixed = user, true }
+}
+
+// WithLogf sets where the sink logs (default log.Printf). Pass the job's
+// Config.Logf to keep the job's log in one place.
+func WithLogf(logf func(format string, args ...any)) Option {
+	return func(o *options) { o.logf = logf }
+}
+
 // Publishing returns a two-phase-commit sink factory over c.
-func Publishing[T any](c Committer[T]) func() graph.SinkFunc[T] {
-	user := newCommitUser()
-	return func() graph.SinkFunc[T] { return &publishing[T]{c: c, user: user} }
+func Publishing[T any](c Committer[T], opts ...Option) func() graph.SinkFunc[T] {
+	o := options{logf: log.Printf}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.user == "" {
+		o.user = newCommitUser()
+	}
+	return func() graph.SinkFunc[T] { return &publishing[T]{c: c, opts: o, user: o.user} }
 }
 
 func newCommitUser() string {
@@ -63,6 +131,7 @@ func newCommitUser() string {
 
 type publishing[T any] struct {
 	c       Committer[T]
+	opts    options
 	user    string // the commit user: initial, then restored
 	users   *state.List[string]
 	info    graph.TaskInfo
@@ -79,8 +148,19 @@ func (p *publishing[T]) InitializeState(ctx *graph.Context) error {
 		return err
 	}
 	p.users = users
-	if restored := users.Get(); len(restored) > 0 {
-		p.user = restored[0]
+	if restored := users.Get(); len(restored) > 0 && restored[0] != p.user {
+		if p.opts.fixed {
+			if p.info.Subtask == 0 && p.info.Attempt == 0 {
+				p.opts.logf("sink %q: commit user %s (WithCommitUser) replaces the restored commit user %s", p.info.UID, p.user, restored[0])
+			}
+		} else {
+			p.user = restored[0]
+			if p.info.Subtask == 0 && p.info.Attempt == 0 {
+				p.opts.logf("sink %q: restored commit user %s, shared by every job restored from the same state; "+
+					"new transactions are told apart by execution %s (a fork may set its own: sink.WithCommitUser; "+
+					"committers must dedupe by the whole Txn: sink.Committer)", p.info.UID, p.user, p.info.Execution)
+			}
+		}
 	}
 	users.Update([]string{p.user})
 	l, err := state.ListState[pendingTxn[T]](ctx.OperatorState(), PendingState)
@@ -88,9 +168,11 @@ func (p *publishing[T]) InitializeState(ctx *graph.Context) error {
 		return err
 	}
 	p.state = l
-	// Recover and commit: the checkpoint that holds these completed.
+	// Recover and commit: the checkpoint that holds these completed. Each
+	// keeps its original Txn, so a committer recognizes it if it was
+	// committed before.
 	restored := slices.Clone(l.Get())
-	slices.SortFunc(restored, func(a, b pendingTxn[T]) int { return int(a.Txn.CheckpointID - b.Txn.CheckpointID) })
+	slices.SortStableFunc(restored, func(a, b pendingTxn[T]) int { return cmp.Compare(a.Txn.CheckpointID, b.Txn.CheckpointID) })
 	for _, t := range restored {
 		if err := p.c.Commit(t.Txn, t.Records); err != nil {
 			return fmt.Errorf("sink: recommit %v after restore: %w", t.Txn, err)
@@ -105,12 +187,14 @@ func (p *publishing[T]) Write(_ *graph.Context, rec T) error {
 	return nil
 }
 
+// txn is the id of a new transaction of this subtask.
+func (p *publishing[T]) txn(checkpointID int64) Txn {
+	return Txn{CommitUser: p.user, Execution: p.info.Execution, Sink: p.info.UID, Subtask: p.info.Subtask, CheckpointID: checkpointID}
+}
+
 // SnapshotState pre-commits the open transaction under the checkpoint id.
 func (p *publishing[T]) SnapshotState(ctx *graph.SnapshotContext) error {
-	p.pending = append(p.pending, pendingTxn[T]{
-		Txn:     Txn{CommitUser: p.user, Sink: p.info.UID, Subtask: p.info.Subtask, CheckpointID: ctx.CheckpointID},
-		Records: p.current,
-	})
+	p.pending = append(p.pending, pendingTxn[T]{Txn: p.txn(ctx.CheckpointID), Records: p.current})
 	p.current = nil
 	p.state.Update(p.pending)
 	return nil
@@ -137,13 +221,16 @@ func (p *publishing[T]) NotifyCheckpointComplete(id int64) error {
 // checkpoint's completion commits them (subsumption).
 func (p *publishing[T]) NotifyCheckpointAborted(int64) error { return nil }
 
-// EndInput commits the open transaction when there are no checkpoints.
+// EndInput is called once every input ended. Without checkpointing it
+// commits the open transaction (under checkpoint id math.MaxInt64). With
+// checkpointing it keeps the open transaction: the final checkpoint is
+// taken after the end of input, so its snapshot pre-commits these records
+// and its completion commits them (P1).
 func (p *publishing[T]) EndInput(*graph.Context) error {
 	if p.ckpt || len(p.current) == 0 {
 		return nil
 	}
-	t := Txn{CommitUser: p.user, Sink: p.info.UID, Subtask: p.info.Subtask, CheckpointID: math.MaxInt64}
-	err := p.c.Commit(t, p.current)
+	err := p.c.Commit(p.txn(math.MaxInt64), p.current)
 	p.current = nil
 	return err
 }
@@ -162,7 +249,7 @@ type Memory[T any] struct {
 // NewMemory returns an empty in-memory committer.
 func NewMemory[T any]() *Memory[T] { return &Memory[T]{committed: map[Txn]bool{}} }
 
-// Commit publishes records once per txn.
+// Commit publishes records once per txn (the whole Txn).
 func (m *Memory[T]) Commit(txn Txn, records []T) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -41,6 +41,14 @@ func TestMemoryIdempotent(t *testing.T) {
 	p[0] = 42
 	require.Equal(t, []int{1, 2, 3}, m.Published())
 	require.Equal(t, "s-1-1", b.String())
+
+	// P2: the whole Txn is the identity. Another execution with the same
+	// commit user, sink, subtask and checkpoint id is another transaction.
+	d := a
+	d.Execution = "e2"
+	require.NoError(t, m.Commit(d, []int{4}))
+	require.Equal(t, []int{1, 2, 3, 4}, m.Published())
+	require.Equal(t, "s-0-1@e2", d.String())
 }
 
 // TestMemoryConcurrent: Commit is safe for concurrent use.
@@ -104,13 +112,14 @@ func contextFor(t *testing.T, checkpointing bool) *graph.Context {
 	return ctx
 }
 
-// twoPC is the full set of hooks a publishing sink has.
+// twoPC is the full set of hooks a publishing sink has. EndInput is the
+// sink form of the end-of-input hook (graph.SinkEnder).
 type twoPC[T any] interface {
 	graph.SinkFunc[T]
 	graph.Initializer
 	graph.Snapshotter
 	graph.CheckpointListener
-	graph.InputEnder
+	EndInput(ctx *graph.Context) error
 }
 
 // TestPublishingTransactions drives one publishing sink step by step:
@@ -126,6 +135,9 @@ func TestPublishingTransactions(t *testing.T) {
 	p, ok := sink.Publishing[int](mem)().(twoPC[int])
 	require.True(t, ok, "the publishing sink has every two-phase-commit hook")
 	require.NoError(t, p.InitializeState(ctx))
+	exec := ctx.Task().Execution
+	require.NotEmpty(t, exec, "the context names its execution")
+	id := func(n int, recs string) string { return fmt.Sprintf("cap-0-%d@%s %s", n, exec, recs) }
 
 	write := func(recs ...int) {
 		for _, r := range recs {
@@ -146,7 +158,7 @@ func TestPublishingTransactions(t *testing.T) {
 
 	require.NoError(t, p.NotifyCheckpointComplete(2))
 	require.Equal(t, []int{1, 2, 3}, mem.Published())
-	require.Equal(t, []string{"cap-0-1 [1 2]", "cap-0-2 [3]"}, txns, "P3: in checkpoint order")
+	require.Equal(t, []string{id(1, "[1 2]"), id(2, "[3]")}, txns, "P3: in checkpoint order")
 
 	require.NoError(t, p.NotifyCheckpointAborted(3))
 	require.Equal(t, []int{1, 2, 3}, mem.Published(), "abort keeps 3 pending")
@@ -165,7 +177,7 @@ func TestPublishingTransactions(t *testing.T) {
 
 	require.NoError(t, p.EndInput(ctx))
 	require.Equal(t, []int{1, 2, 3, 4, 5}, mem.Published(), "with checkpointing, EndInput commits nothing (the final checkpoint does)")
-	require.Equal(t, []string{"cap-0-1 [1 2]", "cap-0-2 [3]", "cap-0-3 [4]", "cap-0-5 [5]"}, txns)
+	require.Equal(t, []string{id(1, "[1 2]"), id(2, "[3]"), id(3, "[4]"), id(5, "[5]")}, txns)
 }
 
 // TestPublishingEndInputWithoutCheckpointing: with checkpointing disabled
@@ -185,7 +197,8 @@ func TestPublishingEndInputWithoutCheckpointing(t *testing.T) {
 	require.Equal(t, []int{7, 8}, mem.Published())
 	require.Len(t, txns, 1)
 	require.Len(t, txns[0].CommitUser, 32, "a random commit user")
-	require.Equal(t, sink.Txn{CommitUser: txns[0].CommitUser, Sink: "cap", Subtask: 0, CheckpointID: math.MaxInt64}, txns[0])
+	require.NotEmpty(t, ctx.Task().Execution)
+	require.Equal(t, sink.Txn{CommitUser: txns[0].CommitUser, Execution: ctx.Task().Execution, Sink: "cap", Subtask: 0, CheckpointID: math.MaxInt64}, txns[0])
 }
 
 // TestPublishingJobWithoutCheckpointing: in a job without checkpoints every
@@ -203,30 +216,53 @@ func TestPublishingJobWithoutCheckpointing(t *testing.T) {
 	require.Equal(t, seq(0, 1000), got)
 	slices.SortFunc(txns, func(a, b sink.Txn) int { return a.Subtask - b.Subtask })
 	require.Len(t, txns, 2)
-	user := txns[0].CommitUser
+	user, exec := txns[0].CommitUser, txns[0].Execution
 	require.NotEmpty(t, user)
-	require.Equal(t, []sink.Txn{{CommitUser: user, Sink: "out", Subtask: 0, CheckpointID: math.MaxInt64}, {CommitUser: user, Sink: "out", Subtask: 1, CheckpointID: math.MaxInt64}}, txns,
-		"every subtask shares the job's commit user")
+	require.NotEmpty(t, exec)
+	require.Equal(t, []sink.Txn{
+		{CommitUser: user, Execution: exec, Sink: "out", Subtask: 0, CheckpointID: math.MaxInt64},
+		{CommitUser: user, Execution: exec, Sink: "out", Subtask: 1, CheckpointID: math.MaxInt64},
+	}, txns, "every subtask shares the job's commit user and execution")
 }
 
-// TestCommitUserSurvivesRestore: a job restored from a savepoint into a new
-// job (a new process builds a new sink factory with another initial commit
-// user) keeps the commit user in union list state.
+// TestCommitUserSurvivesRestore: a job restored from a checkpoint into a
+// new job (a new process builds a new sink factory with another initial
+// commit user) keeps the commit user in union list state, logs that once,
+// and tells its transactions apart by its own execution id. A fork that
+// passes WithCommitUser commits its new transactions under that user, and
+// re-commits the restored ones under their original Txn.
 func TestCommitUserSurvivesRestore(t *testing.T) {
 	dir := t.TempDir()
-	users := func(mem *sink.Memory[int64]) map[string]bool {
-		u := map[string]bool{}
-		var mu sync.Mutex
-		mem.OnCommit = func(txn sink.Txn, _ []int64) { mu.Lock(); u[txn.CommitUser] = true; mu.Unlock() }
-		return u
+	type seen struct {
+		mu    sync.Mutex
+		users map[string]bool
+		execs map[string]bool
+	}
+	track := func(mem *sink.Memory[int64]) *seen {
+		s := &seen{users: map[string]bool{}, execs: map[string]bool{}}
+		mem.OnCommit = func(txn sink.Txn, _ []int64) {
+			s.mu.Lock()
+			s.users[txn.CommitUser], s.execs[txn.Execution] = true, true
+			s.mu.Unlock()
+		}
+		return s
 	}
 	mem1 := sink.NewMemory[int64]()
-	u1 := users(mem1)
+	s1 := track(mem1)
 	cfg := graph.Config{Parallelism: 2, Logf: t.Logf, Checkpoint: graph.CheckpointConfig{Interval: time.Millisecond, Dir: dir, Retain: 1}}
 	j1 := graph.NewJob("commit-user", cfg)
-	graph.Sink(graph.Source(j1, "src", source.Generate(20_000, func(i int64) int64 { return i })), "out", sink.Publishing[int64](mem1))
+	graph.Sink(graph.Source(j1, "src", source.Generate(20_000, func(i int64) int64 { return i })), "out", sink.Publishing[int64](mem1, sink.WithLogf(t.Logf)))
 	require.NoError(t, j1.Run(context.Background()))
-	require.Len(t, u1, 1)
+	require.Len(t, s1.users, 1)
+	require.Len(t, s1.execs, 1)
+	var u1, e1 string
+	for u := range s1.users {
+		u1 = u
+	}
+	for e := range s1.execs {
+		e1 = e
+	}
+	require.NotEmpty(t, e1)
 
 	// Restore the last checkpoint of j1 into a fresh job under another name
 	// (so another job id and checkpoint directory).
@@ -235,15 +271,94 @@ func TestCommitUserSurvivesRestore(t *testing.T) {
 	refs, err := st.Checkpoints()
 	require.NoError(t, err)
 	require.NotEmpty(t, refs)
-	mem2 := sink.NewMemory[int64]()
-	u2 := users(mem2)
-	cfg2 := cfg
-	cfg2.Checkpoint.Dir = t.TempDir()
-	cfg2.Restore.Path = refs[len(refs)-1].Path
-	j2 := graph.NewJob("commit-user-2", cfg2)
-	graph.Sink(graph.Source(j2, "src", source.Generate(20_000, func(i int64) int64 { return i })), "out", sink.Publishing[int64](mem2))
-	require.NoError(t, j2.Run(context.Background()))
-	require.Equal(t, u1, u2, "the restored job commits under the same commit user")
+	restoreInto := func(name string, opts ...sink.Option) (*seen, []string) {
+		mem := sink.NewMemory[int64]()
+		s := track(mem)
+		var mu sync.Mutex
+		var logs []string
+		logf := func(f string, a ...any) {
+			mu.Lock()
+			logs = append(logs, fmt.Sprintf(f, a...))
+			mu.Unlock()
+		}
+		cfg2 := cfg
+		cfg2.Checkpoint.Dir = t.TempDir()
+		cfg2.Restore.Path = refs[len(refs)-1].Path
+		j := graph.NewJob(name, cfg2)
+		graph.Sink(graph.Source(j, "src", source.Generate(20_000, func(i int64) int64 { return i })), "out",
+			sink.Publishing[int64](mem, append([]sink.Option{sink.WithLogf(logf)}, opts...)...))
+		require.NoError(t, j.Run(context.Background()))
+		mu.Lock()
+		defer mu.Unlock()
+		return s, logs
+	}
+
+	s2, logs := restoreInto("commit-user-2")
+	require.Equal(t, map[string]bool{u1: true}, s2.users, "the restored job commits under the same commit user")
+	require.Len(t, s2.execs, 2, "the restored transactions keep their execution, new ones carry the new one")
+	require.True(t, s2.execs[e1])
+	require.Len(t, logs, 1, "logged once, by subtask 0: %q", logs)
+	require.Contains(t, logs[0], "restored commit user "+u1)
+	require.Contains(t, logs[0], "sink.WithCommitUser")
+
+	s3, logs := restoreInto("commit-user-fork", sink.WithCommitUser("fork"))
+	require.Equal(t, map[string]bool{u1: true, "fork": true}, s3.users, "restored transactions keep their Txn, new ones use the fork's user")
+	require.Len(t, logs, 1, "%q", logs)
+	require.Contains(t, logs[0], "commit user fork (WithCommitUser) replaces the restored commit user "+u1)
+}
+
+// TestRepeatedCheckpointIDsAcrossExecutions is bug 6 at the sink: two
+// executions that share the commit user (restored from the same state)
+// pre-commit different records under the same checkpoint id. Their
+// transactions differ in the execution, so an idempotent committer
+// publishes both instead of dropping the second as a duplicate.
+func TestRepeatedCheckpointIDsAcrossExecutions(t *testing.T) {
+	mem := sink.NewMemory[int]()
+	var txns []sink.Txn
+	mem.OnCommit = func(txn sink.Txn, _ []int) { txns = append(txns, txn) }
+	for i, ctx := range []*graph.Context{contextFor(t, true), contextFor(t, true)} {
+		p := sink.Publishing[int](mem, sink.WithCommitUser("shared"))().(twoPC[int])
+		require.NoError(t, p.InitializeState(ctx))
+		require.NoError(t, p.Write(ctx, 10*i))
+		require.NoError(t, p.SnapshotState(&graph.SnapshotContext{Context: ctx, CheckpointID: 7}))
+		require.NoError(t, p.NotifyCheckpointComplete(7))
+	}
+	require.Equal(t, []int{0, 10}, mem.Published(), "no transaction taken for another execution's")
+	require.Len(t, txns, 2)
+	require.NotEqual(t, txns[0].Execution, txns[1].Execution)
+	require.Equal(t, txns[0].CheckpointID, txns[1].CheckpointID)
+}
+
+// TestPublishingEndInputKeepsOpenTransaction: with checkpointing, EndInput
+// neither commits nor drops the open transaction; the final checkpoint,
+// taken after the end of input, pre-commits it and its completion
+// publishes it. Nothing is lost either way: without checkpointing EndInput
+// commits it (TestPublishingEndInputWithoutCheckpointing).
+func TestPublishingEndInputKeepsOpenTransaction(t *testing.T) {
+	ctx := contextFor(t, true)
+	mem := sink.NewMemory[int]()
+	p := sink.Publishing[int](mem)().(twoPC[int])
+	require.NoError(t, p.InitializeState(ctx))
+	for _, r := range []int{1, 2} {
+		require.NoError(t, p.Write(ctx, r))
+	}
+	require.NoError(t, p.SnapshotState(&graph.SnapshotContext{Context: ctx, CheckpointID: 1}))
+	// Records written after the last periodic checkpoint, and by EndInput
+	// of upstream operators or their timers at the end of input.
+	for _, r := range []int{3, 4} {
+		require.NoError(t, p.Write(ctx, r))
+	}
+	require.NoError(t, p.EndInput(ctx))
+	require.Empty(t, mem.Published(), "P1: nothing published before a completion")
+	require.NoError(t, p.NotifyCheckpointComplete(1))
+	require.Equal(t, []int{1, 2}, mem.Published())
+	// The final checkpoint.
+	require.NoError(t, p.SnapshotState(&graph.SnapshotContext{Context: ctx, CheckpointID: 2}))
+	require.Equal(t, []int{1, 2}, mem.Published())
+	require.NoError(t, p.NotifyCheckpointComplete(2))
+	require.Equal(t, []int{1, 2, 3, 4}, mem.Published(), "the open transaction survived EndInput")
+	commits, _ := mem.Commits()
+	require.Equal(t, 2, commits)
 }
 
 func seq(from, to int64) []int64 {

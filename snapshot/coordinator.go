@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -34,6 +35,10 @@ type OperatorInfo struct {
 // HistorySize select the defaults above.
 type Config struct {
 	JobID, JobName string
+	// ExecutionID names the execution (one Job.Start) the coordinator
+	// belongs to; it is written into the Metadata of every Finalize. It may
+	// be empty.
+	ExecutionID string
 	// Interval between periodic checkpoints (C7); 0 disables them. It is
 	// raised to MinPause when smaller, as in Flink.
 	Interval time.Duration
@@ -152,6 +157,10 @@ type TriggerRequest struct {
 	Now    time.Time
 	Kind   marker.Kind
 	Forced bool
+	// Stop asks for a stop-with-savepoint (C12): the barrier carries
+	// marker.Options.Stop. Only a savepoint can stop the job: a checkpoint
+	// request with Stop is Rejected.
+	Stop bool
 	// Reply is opaque to the coordinator (for example a channel of the
 	// driver). It is echoed in the TriggerSources or Rejected action that
 	// answers this request.
@@ -159,21 +168,22 @@ type TriggerRequest struct {
 }
 
 // SubtaskMetrics are reported by a subtask with its acknowledgement.
+// (Flink's async duration and processed bytes are not there: snapshots are
+// synchronous, and nothing counts the bytes of an alignment yet.)
 type SubtaskMetrics struct {
-	SyncDuration, AsyncDuration time.Duration
+	// SyncDuration is the time the subtask took to snapshot its chain.
+	SyncDuration time.Duration
 	// AlignmentDuration is the time between the first and the last barrier
 	// at the subtask; StartDelay is the time from trigger to first barrier.
 	AlignmentDuration, StartDelay time.Duration
-	// ProcessedBytes are the bytes processed during alignment.
-	ProcessedBytes int64
 }
 
 // Ack is a subtask's acknowledgement of checkpoint ID with its state.
 type Ack struct {
 	Now     time.Time
 	ID      int64
-	Task    TaskID
-	State   SubtaskState
+	Task    checkpoint.TaskID
+	State   checkpoint.SubtaskState
 	Metrics SubtaskMetrics
 }
 
@@ -190,8 +200,6 @@ const (
 	DeclinedEndOfInput
 	// DeclinedTaskError: taking the snapshot failed.
 	DeclinedTaskError
-	// DeclinedNotReady: the subtask is not running (yet, or any more).
-	DeclinedNotReady
 )
 
 func (r DeclineReason) String() string {
@@ -204,8 +212,6 @@ func (r DeclineReason) String() string {
 		return "end-of-input"
 	case DeclinedTaskError:
 		return "task-error"
-	case DeclinedNotReady:
-		return "not-ready"
 	}
 	return fmt.Sprintf("decline(%d)", uint8(r))
 }
@@ -214,7 +220,7 @@ func (r DeclineReason) String() string {
 type Decline struct {
 	Now    time.Time
 	ID     int64
-	Task   TaskID
+	Task   checkpoint.TaskID
 	Reason DeclineReason
 	Err    error
 }
@@ -256,24 +262,28 @@ type TriggerSources struct {
 }
 
 // Finalize says every subtask acknowledged: the driver must write Metadata
-// durably and then step Persisted. Metadata is owned by the driver.
-type Finalize struct{ Metadata *Metadata }
+// durably and then step Persisted. From now on only that Persisted decides
+// the checkpoint (C3, C5): it no longer expires, and declines are ignored.
+// Metadata is owned by the driver.
+type Finalize struct{ Metadata *checkpoint.Metadata }
 
 // Completed says checkpoint ID is complete and restorable from Path. It
 // precedes any NotifyComplete for the same id, and is emitted even when the
-// notification is not (C4).
+// notification is not (C4). Stop is set for a stop-with-savepoint (C12).
 type Completed struct {
 	ID   int64
 	Kind marker.Kind
+	Stop bool
 	Path string
 }
 
 // NotifyComplete is delivered to every subtask. Completing ID covers every
 // lower id (the subsuming contract): ids of NotifyComplete strictly
-// increase (C4).
+// increase (C4). Stop is set for a stop-with-savepoint (C12).
 type NotifyComplete struct {
 	ID   int64
 	Kind marker.Kind
+	Stop bool
 }
 
 // NotifyAborted is delivered to every subtask, best effort. Err is a
@@ -332,7 +342,7 @@ type CheckpointError struct {
 	// Timeout is set for FailureExpired.
 	Timeout time.Duration
 	// Task and Decline are set for FailureDeclined.
-	Task    TaskID
+	Task    checkpoint.TaskID
 	Decline DeclineReason
 	// SubsumedBy is set for FailureSubsumed.
 	SubsumedBy int64
@@ -384,7 +394,7 @@ func (e *CheckpointError) Error() string {
 
 func (e *CheckpointError) Unwrap() error { return e.Err }
 
-func fmtTask(t TaskID) string { return fmt.Sprintf("%s/%d", t.Operator, t.Subtask) }
+func fmtTask(t checkpoint.TaskID) string { return fmt.Sprintf("%s/%d", t.Operator, t.Subtask) }
 
 // pending is a triggered checkpoint that is neither complete nor aborted.
 type pending struct {
@@ -394,7 +404,7 @@ type pending struct {
 	deadline time.Time
 	// acked and states are indexed like Coordinator.tasks.
 	acked  []bool
-	states []SubtaskState
+	states []checkpoint.SubtaskState
 	nAcked int
 	// finalizing: all acks are in, Finalize was emitted, Persisted is due.
 	finalizing bool
@@ -409,8 +419,8 @@ type Coordinator struct {
 	cfg Config
 	// tasks are all subtasks, operator by operator in Config order, each by
 	// subtask index; taskIndex inverts it.
-	tasks     []TaskID
-	taskIndex map[TaskID]int
+	tasks     []checkpoint.TaskID
+	taskIndex map[checkpoint.TaskID]int
 
 	nextID int64
 	// now is the latest time seen (C5: it never goes backwards).
@@ -426,6 +436,9 @@ type Coordinator struct {
 	lastSucceeded int64
 	lastNotified  int64
 	stopped       bool
+	// stopPending is the id of the pending stop-with-savepoint, and
+	// stopCompleted that of the completed one, or 0 (C12).
+	stopPending, stopCompleted int64
 
 	stats   *Stats
 	actions []Action
@@ -451,14 +464,14 @@ func NewCoordinator(cfg Config, nextID int64, now time.Time, stats *Stats) (*Coo
 	stats.failInProgress(now, "aborted: coordinator restarted")
 	c := &Coordinator{
 		cfg:       cfg,
-		taskIndex: make(map[TaskID]int),
+		taskIndex: make(map[checkpoint.TaskID]int),
 		nextID:    max(nextID, stats.lastID+1),
 		now:       now,
 		stats:     stats,
 	}
 	for _, op := range cfg.Operators {
 		for i := range op.Parallelism {
-			t := TaskID{Operator: op.UID, Subtask: i}
+			t := checkpoint.TaskID{Operator: op.UID, Subtask: i}
 			c.taskIndex[t] = len(c.tasks)
 			c.tasks = append(c.tasks, t)
 		}
@@ -488,14 +501,15 @@ func (c *Coordinator) NumPending() int { return len(c.pending) }
 
 // NextDeadline returns the earliest time at which a Tick can change
 // something: the next periodic trigger (if one may start then) or the
-// earliest expiry. It returns false when only other events can.
+// earliest expiry of a checkpoint that is not finalizing (C5). It returns
+// false when only other events can.
 func (c *Coordinator) NextDeadline() (time.Time, bool) {
 	if c.stopped {
 		return time.Time{}, false
 	}
 	t, ok := c.periodicAt()
 	for _, p := range c.pending {
-		if !ok || p.deadline.Before(t) {
+		if !p.finalizing && (!ok || p.deadline.Before(t)) {
 			t, ok = p.deadline, true
 		}
 	}
@@ -590,9 +604,10 @@ func (c *Coordinator) minPauseEnd() time.Time {
 }
 
 // periodicAt is when the next periodic checkpoint may start, if a Tick
-// alone can start it (C7).
+// alone can start it (C7, C12).
 func (c *Coordinator) periodicAt() (time.Time, bool) {
-	if c.cfg.Interval <= 0 || len(c.pending) >= c.cfg.MaxConcurrent {
+	if c.cfg.Interval <= 0 || len(c.pending) >= c.cfg.MaxConcurrent ||
+		c.stopPending != 0 || c.stopCompleted != 0 {
 		return time.Time{}, false
 	}
 	t := c.nextPeriodic
@@ -604,16 +619,17 @@ func (c *Coordinator) periodicAt() (time.Time, bool) {
 
 func (c *Coordinator) maybeTriggerPeriodic(now time.Time) {
 	if t, ok := c.periodicAt(); ok && !now.Before(t) {
-		c.trigger(marker.Checkpoint, now, nil)
+		c.trigger(marker.Checkpoint, false, now, nil)
 		c.nextPeriodic = now.Add(c.cfg.Interval)
 	}
 }
 
-// expire aborts the pending checkpoints whose deadline has passed (C5).
+// expire aborts the pending checkpoints whose deadline has passed, except
+// those being finalized: their Persisted decides (C5).
 func (c *Coordinator) expire(now time.Time) {
 	for i := 0; i < len(c.pending) && !c.stopped; {
 		p := c.pending[i]
-		if now.Before(p.deadline) {
+		if p.finalizing || now.Before(p.deadline) {
 			i++
 			continue
 		}
@@ -630,6 +646,17 @@ func (c *Coordinator) handleTrigger(r TriggerRequest, now time.Time) {
 		c.reject(r, fmt.Sprintf("unknown snapshot kind %v", r.Kind))
 		return
 	}
+	switch {
+	case r.Stop && r.Kind != marker.Savepoint:
+		c.reject(r, "only a savepoint can stop the job")
+		return
+	case c.stopCompleted != 0:
+		c.reject(r, fmt.Sprintf("the job is stopping: stop-with-savepoint %d completed", c.stopCompleted))
+		return
+	case r.Stop && c.stopPending != 0:
+		c.reject(r, fmt.Sprintf("stop-with-savepoint %d is in progress", c.stopPending))
+		return
+	}
 	forced := r.Forced || (r.Kind == marker.Savepoint && c.cfg.Mode != marker.Unaligned)
 	if !forced {
 		if n := len(c.pending); n >= c.cfg.MaxConcurrent {
@@ -641,16 +668,19 @@ func (c *Coordinator) handleTrigger(r TriggerRequest, now time.Time) {
 			return
 		}
 	}
-	c.trigger(r.Kind, now, r.Reply)
+	c.trigger(r.Kind, r.Stop, now, r.Reply)
 }
 
 // trigger starts checkpoint c.nextID (C1, C2).
-func (c *Coordinator) trigger(kind marker.Kind, now time.Time, reply any) {
+func (c *Coordinator) trigger(kind marker.Kind, stop bool, now time.Time, reply any) {
 	id := c.nextID
 	c.nextID++
-	opts := marker.Options{Kind: kind, Mode: c.cfg.Mode}
+	opts := marker.Options{Kind: kind, Mode: c.cfg.Mode, Stop: stop}
 	if kind == marker.Savepoint && opts.Mode == marker.Unaligned {
 		opts.Mode = marker.Aligned // C9
+	}
+	if stop {
+		c.stopPending = id // C12
 	}
 	p := &pending{
 		id:       id,
@@ -658,7 +688,7 @@ func (c *Coordinator) trigger(kind marker.Kind, now time.Time, reply any) {
 		trigger:  now,
 		deadline: now.Add(c.cfg.Timeout),
 		acked:    make([]bool, len(c.tasks)),
-		states:   make([]SubtaskState, len(c.tasks)),
+		states:   make([]checkpoint.SubtaskState, len(c.tasks)),
 		st: CheckpointStats{
 			ID:          id,
 			Kind:        kind,
@@ -706,7 +736,6 @@ func (c *Coordinator) handleAck(a Ack, now time.Time) {
 	p.st.LatestAck = now
 	p.st.EndToEnd = now.Sub(p.trigger)
 	p.st.StateSize += size
-	p.st.ProcessedBytes += a.Metrics.ProcessedBytes
 	c.stats.update(&p.st)
 
 	if p.nAcked == len(c.tasks) {
@@ -717,19 +746,20 @@ func (c *Coordinator) handleAck(a Ack, now time.Time) {
 // finalize hands the metadata of a fully acknowledged checkpoint to the
 // driver.
 func (c *Coordinator) finalize(p *pending, now time.Time) {
-	md := &Metadata{
+	md := &checkpoint.Metadata{
 		JobID:          c.cfg.JobID,
 		JobName:        c.cfg.JobName,
+		ExecutionID:    c.cfg.ExecutionID,
 		CheckpointID:   p.id,
 		Options:        p.opts,
 		TriggerTime:    p.trigger.UnixNano(),
 		CompletionTime: now.UnixNano(),
-		Operators:      make([]OperatorState, len(c.cfg.Operators)),
+		Operators:      make([]checkpoint.OperatorState, len(c.cfg.Operators)),
 	}
 	start := 0
 	for i, op := range c.cfg.Operators {
 		end := start + op.Parallelism
-		md.Operators[i] = OperatorState{
+		md.Operators[i] = checkpoint.OperatorState{
 			UID:            op.UID,
 			Name:           op.Name,
 			Parallelism:    op.Parallelism,
@@ -785,7 +815,10 @@ func (c *Coordinator) complete(i int, path string, now time.Time) {
 	p.st.Path = path
 	p.st.EndTime = now
 	c.stats.completed(&p.st)
-	c.emit(Completed{ID: p.id, Kind: p.opts.Kind, Path: path})
+	if p.opts.Stop {
+		c.stopPending, c.stopCompleted = 0, p.id // C12
+	}
+	c.emit(Completed{ID: p.id, Kind: p.opts.Kind, Stop: p.opts.Stop, Path: path})
 
 	for j := 0; j < len(c.pending); {
 		q := c.pending[j]
@@ -797,7 +830,7 @@ func (c *Coordinator) complete(i int, path string, now time.Time) {
 	}
 	if p.id > c.lastNotified {
 		c.lastNotified = p.id
-		c.emit(NotifyComplete{ID: p.id, Kind: p.opts.Kind})
+		c.emit(NotifyComplete{ID: p.id, Kind: p.opts.Kind, Stop: p.opts.Stop})
 	}
 }
 
@@ -806,6 +839,9 @@ func (c *Coordinator) complete(i int, path string, now time.Time) {
 func (c *Coordinator) abort(i int, cerr *CheckpointError, now time.Time) {
 	p := c.pending[i]
 	c.pending = slices.Delete(c.pending, i, i+1)
+	if p.id == c.stopPending {
+		c.stopPending = 0 // C12: periodic checkpoints resume
+	}
 	cause := cerr.Cause()
 	p.st.Status = StatusFailed
 	p.st.FailureReason = cause

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,7 +23,7 @@ import (
 // times the same way. Commands:
 //
 //	init [t=D] [next-id=N] [interval=D] [timeout=D] [min-pause=D]
-//	     [max-concurrent=N] [tolerable=N] [mode=M] [history=N]
+//	     [max-concurrent=N] [tolerable=N] [mode=M] [history=N] [execution=S]
 //	     ops=(uid:parallelism[:source][:maxp=N], ...)
 //	    Creates a coordinator (fresh Stats) at t (default 0).
 //	restart [t=D] [next-id=N]
@@ -33,10 +34,10 @@ import (
 //
 //	Events (each prints the actions of one Step, one per line):
 //	tick t=D
-//	trigger t=D [kind=savepoint] [forced] [reply=S]
-//	ack t=D id=N task=uid/i [size=B] [sync=D] [async=D] [align=D] [delay=D] [processed=B]
+//	trigger t=D [kind=savepoint] [forced] [stop] [reply=S]
+//	ack t=D id=N task=uid/i [size=B] [sync=D] [align=D] [delay=D]
 //	    size=B gives the subtask one list state of B bytes (default 0).
-//	decline t=D id=N task=uid/i reason=subsumed|cancel-marker|end-of-input|task-error|not-ready [err=S]
+//	decline t=D id=N task=uid/i reason=subsumed|cancel-marker|end-of-input|task-error [err=S]
 //	persisted t=D id=N [path=P] [err=S]
 //	shutdown t=D [reason=S]
 //
@@ -53,10 +54,10 @@ import (
 // Actions print as:
 //
 //	trigger-sources <barrier> ts=D [reply=S]
-//	finalize <id> <kind> <mode> trigger=D completion=D size=B
+//	finalize <id> <kind> <mode> [stop] trigger=D completion=D size=B [execution=S]
 //	  <uid> p=N maxp=N: <subtask>=<size> ...   (one line per operator)
-//	completed <kind> <id> path=P
-//	notify-complete <kind> <id>
+//	completed <kind> <id> [stop] path=P
+//	notify-complete <kind> <id> [stop]
 //	notify-aborted <id>: <reason> [(counted)]
 //	rejected <kind> [reply=S]: <reason>
 //	fail-job: <error>
@@ -120,8 +121,8 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		return b.String()
 	case "summary":
 		s := h.c.Stats().Summary()
-		return fmt.Sprintf("count=%d\ne2e=%+v\nsize=%+v\nprocessed=%+v\nalign=%+v\ndelay=%+v\n",
-			s.Count, s.EndToEnd, s.StateSize, s.ProcessedBytes, s.Alignment, s.StartDelay)
+		return fmt.Sprintf("count=%d\ne2e=%+v\nsize=%+v\nalign=%+v\ndelay=%+v\n",
+			s.Count, s.EndToEnd, s.StateSize, s.Alignment, s.StartDelay)
 	}
 	var b strings.Builder
 	for _, a := range h.c.Step(parseEvent(t, d.Cmd, d.CmdArgs)) {
@@ -134,6 +135,7 @@ func (h *harness) init(t *testing.T, d *datadriven.TestData) string {
 	cfg := Config{
 		JobID:             "job",
 		JobName:           "test",
+		ExecutionID:       argString(d.CmdArgs, "execution", ""),
 		Interval:          argDur(t, d.CmdArgs, "interval", 0),
 		Timeout:           argDur(t, d.CmdArgs, "timeout", 0),
 		MinPause:          argDur(t, d.CmdArgs, "min-pause", 0),
@@ -194,7 +196,7 @@ func parseEvent(t *testing.T, cmd string, args []datadriven.CmdArg) Event {
 	case "tick":
 		return Tick{Now: now}
 	case "trigger":
-		r := TriggerRequest{Now: now, Forced: hasArg(args, "forced")}
+		r := TriggerRequest{Now: now, Forced: hasArg(args, "forced"), Stop: hasArg(args, "stop")}
 		switch k := argString(args, "kind", "checkpoint"); k {
 		case "checkpoint":
 		case "savepoint":
@@ -211,28 +213,26 @@ func parseEvent(t *testing.T, cmd string, args []datadriven.CmdArg) Event {
 			Now:  now,
 			ID:   argInt(t, args, "id", 0),
 			Task: parseTask(t, argString(args, "task", "")),
-			State: SubtaskState{
+			State: checkpoint.SubtaskState{
 				Subtask:       -1, // overwritten from Task by the coordinator
 				KeyGroupStart: -1,
 				KeyGroupEnd:   -1,
 			},
 			Metrics: SubtaskMetrics{
 				SyncDuration:      argDur(t, args, "sync", 0),
-				AsyncDuration:     argDur(t, args, "async", 0),
 				AlignmentDuration: argDur(t, args, "align", 0),
 				StartDelay:        argDur(t, args, "delay", 0),
-				ProcessedBytes:    argInt(t, args, "processed", 0),
 			},
 		}
 		if n := argInt(t, args, "size", 0); n > 0 {
-			a.State.Lists = []NamedList{{Name: "s", Items: [][]byte{make([]byte, n)}}}
+			a.State.Lists = []checkpoint.NamedList{{Name: "s", Items: [][]byte{make([]byte, n)}}}
 		}
 		return a
 	case "decline":
 		d := Decline{Now: now, ID: argInt(t, args, "id", 0), Task: parseTask(t, argString(args, "task", ""))}
 		reason := argString(args, "reason", "")
 		found := false
-		for r := DeclinedSubsumed; r <= DeclinedNotReady; r++ {
+		for r := DeclinedSubsumed; r <= DeclinedTaskError; r++ {
 			if r.String() == reason {
 				d.Reason, found = r, true
 			}
@@ -257,14 +257,14 @@ func parseEvent(t *testing.T, cmd string, args []datadriven.CmdArg) Event {
 	return nil
 }
 
-func parseTask(t *testing.T, s string) TaskID {
+func parseTask(t *testing.T, s string) checkpoint.TaskID {
 	uid, idx, ok := strings.Cut(s, "/")
 	if !ok {
 		t.Fatalf("bad task %q (want uid/index)", s)
 	}
 	i, err := strconv.Atoi(idx)
 	require.NoError(t, err)
-	return TaskID{Operator: uid, Subtask: i}
+	return checkpoint.TaskID{Operator: uid, Subtask: i}
 }
 
 func fmtRel(t time.Time) string { return t.Sub(epoch).String() }
@@ -280,9 +280,12 @@ func fmtAction(a Action) string {
 	case Finalize:
 		md := a.Metadata
 		var b strings.Builder
-		fmt.Fprintf(&b, "finalize %d %s %s trigger=%v completion=%v size=%s",
-			md.CheckpointID, md.Options.Kind, md.Options.Mode,
+		fmt.Fprintf(&b, "finalize %d %s %s%s trigger=%v completion=%v size=%s",
+			md.CheckpointID, md.Options.Kind, md.Options.Mode, fmtStop(md.Options.Stop),
 			time.Duration(md.TriggerTime), time.Duration(md.CompletionTime), fmtBytes(md.StateSize()))
+		if md.ExecutionID != "" {
+			fmt.Fprintf(&b, " execution=%s", md.ExecutionID)
+		}
 		for _, op := range md.Operators {
 			fmt.Fprintf(&b, "\n  %s p=%d maxp=%d:", op.UID, op.Parallelism, op.MaxParallelism)
 			for i := range op.Subtasks {
@@ -291,9 +294,9 @@ func fmtAction(a Action) string {
 		}
 		return b.String()
 	case Completed:
-		return fmt.Sprintf("completed %s %d path=%s", a.Kind, a.ID, a.Path)
+		return fmt.Sprintf("completed %s %d%s path=%s", a.Kind, a.ID, fmtStop(a.Stop), a.Path)
 	case NotifyComplete:
-		return fmt.Sprintf("notify-complete %s %d", a.Kind, a.ID)
+		return fmt.Sprintf("notify-complete %s %d%s", a.Kind, a.ID, fmtStop(a.Stop))
 	case NotifyAborted:
 		s := fmt.Sprintf("notify-aborted %d: %s", a.ID, a.Reason)
 		var cerr *CheckpointError
@@ -314,6 +317,13 @@ func fmtAction(a Action) string {
 		return "fail-job: " + a.Err.Error()
 	}
 	panic(fmt.Sprintf("unknown action %T", a))
+}
+
+func fmtStop(stop bool) string {
+	if stop {
+		return " stop"
+	}
+	return ""
 }
 
 func findArg(args []datadriven.CmdArg, key string) (datadriven.CmdArg, bool) {
@@ -427,9 +437,11 @@ func TestConfigDefaults(t *testing.T) {
 
 // TestCoordinatorRandom steps random event sequences and checks the
 // invariants on the action stream: ids strictly increase (C1); every
-// triggered checkpoint ends exactly once (C3); NotifyComplete ids strictly
-// increase and nothing completes below a notified id (C4); a stopped
-// coordinator emits nothing but Rejected (C10); Stats.Counts stay
+// triggered checkpoint ends exactly once (C3); a finalizing checkpoint never
+// expires (C5); NotifyComplete ids strictly increase and nothing completes
+// below a notified id (C4); a stopped coordinator emits nothing but Rejected
+// (C10); no periodic checkpoint starts while a stop-with-savepoint is
+// pending, and nothing starts after one completed (C12); Stats.Counts stay
 // consistent; and the same sequence yields the same actions (C11).
 func TestCoordinatorRandom(t *testing.T) {
 	for seed := range uint64(200) {
@@ -458,10 +470,10 @@ func runRandom(t *testing.T, seed uint64) []string {
 	stats := &Stats{}
 	c, err := NewCoordinator(cfg, 1, epoch, stats)
 	require.NoError(t, err)
-	var tasks []TaskID
+	var tasks []checkpoint.TaskID
 	for _, op := range cfg.Operators {
 		for i := range op.Parallelism {
-			tasks = append(tasks, TaskID{op.UID, i})
+			tasks = append(tasks, checkpoint.TaskID{Operator: op.UID, Subtask: i})
 		}
 	}
 
@@ -473,6 +485,9 @@ func runRandom(t *testing.T, seed uint64) []string {
 		open         = map[int64]bool{} // triggered, not ended
 		ended        = map[int64]bool{}
 		finalizing   []int64
+		finalized    = map[int64]bool{}
+		stopPending  int64
+		stopDone     int64
 	)
 	for step := 0; step < 300; step++ {
 		now = now.Add(time.Duration(rng.IntN(30)) * time.Millisecond)
@@ -482,12 +497,13 @@ func runRandom(t *testing.T, seed uint64) []string {
 		case r < 4:
 			ev = Tick{Now: now}
 		case r < 5:
-			ev = TriggerRequest{Now: now, Kind: marker.Kind(rng.IntN(2)), Forced: rng.IntN(2) == 0}
+			ev = TriggerRequest{Now: now, Kind: marker.Kind(rng.IntN(2)), Forced: rng.IntN(2) == 0, Stop: rng.IntN(4) == 0,
+				Reply: "manual"}
 		case r < 15:
 			ev = Ack{Now: now, ID: id, Task: tasks[rng.IntN(len(tasks))],
-				State: SubtaskState{KeyGroupStart: -1, KeyGroupEnd: -1}}
+				State: checkpoint.SubtaskState{KeyGroupStart: -1, KeyGroupEnd: -1}}
 		case r < 17:
-			ev = Decline{Now: now, ID: id, Task: tasks[rng.IntN(len(tasks))], Reason: DeclineReason(rng.IntN(5))}
+			ev = Decline{Now: now, ID: id, Task: tasks[rng.IntN(len(tasks))], Reason: DeclineReason(rng.IntN(4))}
 		case r < 19 && len(finalizing) > 0:
 			i := rng.IntN(len(finalizing))
 			p := Persisted{Now: now, ID: finalizing[i], Path: "chk"}
@@ -514,17 +530,40 @@ func runRandom(t *testing.T, seed uint64) []string {
 				require.Greater(t, a.Barrier.ID, lastTrigger, "seed %d: C1", seed)
 				lastTrigger = a.Barrier.ID
 				open[a.Barrier.ID] = true
+				require.Zero(t, stopDone, "seed %d: C12: checkpoint %d after stop %d completed", seed, a.Barrier.ID, stopDone)
+				if a.Reply == nil {
+					require.Zero(t, stopPending, "seed %d: C12: periodic checkpoint %d during stop", seed, a.Barrier.ID)
+				}
+				if a.Barrier.Options.Stop {
+					require.Zero(t, stopPending, "seed %d: C12: two stops pending", seed)
+					require.Equal(t, marker.Savepoint, a.Barrier.Options.Kind, "seed %d", seed)
+					stopPending = a.Barrier.ID
+				}
 			case Finalize:
 				require.True(t, open[a.Metadata.CheckpointID], "seed %d", seed)
 				finalizing = append(finalizing, a.Metadata.CheckpointID)
+				finalized[a.Metadata.CheckpointID] = true
 			case Completed:
 				require.True(t, open[a.ID], "seed %d: completed %d is not open", seed, a.ID)
+				require.True(t, finalized[a.ID], "seed %d: C3: completed %d without Finalize", seed, a.ID)
 				delete(open, a.ID)
 				ended[a.ID] = true
+				if a.Stop {
+					require.Equal(t, stopPending, a.ID, "seed %d", seed)
+					stopPending, stopDone = 0, a.ID
+				}
 			case NotifyAborted:
 				require.True(t, open[a.ID], "seed %d: aborted %d is not open", seed, a.ID)
 				delete(open, a.ID)
 				ended[a.ID] = true
+				var cerr *CheckpointError
+				require.ErrorAs(t, a.Err, &cerr)
+				if finalized[a.ID] {
+					require.NotEqual(t, FailureExpired, cerr.Reason, "seed %d: C5: finalizing %d expired", seed, a.ID)
+				}
+				if a.ID == stopPending {
+					stopPending = 0
+				}
 			case NotifyComplete:
 				require.True(t, ended[a.ID], "seed %d", seed)
 				require.Greater(t, a.ID, lastNotified, "seed %d: C4", seed)

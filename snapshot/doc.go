@@ -5,10 +5,13 @@
 // Coordinator injects barrier N at the source subtasks; every subtask
 // snapshots its state when barrier N has passed it (see package marker) and
 // acknowledges N with its SubtaskState. When every subtask of every operator
-// has acknowledged N, the Metadata of N (metadata.go) is written to storage,
-// and once it is durable, checkpoint N is complete and every subtask is told
-// so, which is when exactly-once sinks commit. A savepoint is the same
-// protocol with marker.Savepoint, owned by the user.
+// has acknowledged N, the checkpoint.Metadata of N is written to storage,
+// and once Storage.Write returned (the metadata is durable and recorded in
+// the completed-checkpoint log), checkpoint N is complete and every subtask
+// is told so, which is when exactly-once sinks commit. A savepoint is the
+// same protocol with marker.Savepoint, owned by the user; a
+// stop-with-savepoint (marker.Options.Stop) also suspends the sources and is
+// notified, so that the job can end after its sinks committed (C12).
 //
 // # Coordinator
 //
@@ -36,8 +39,11 @@
 //			case snapshot.TriggerSources:
 //				// inject a.Barrier at every source subtask
 //			case snapshot.Finalize:
-//				// write a.Metadata durably (possibly asynchronously), then
-//				// send Persisted{ID, Path, Err} to events
+//				// path, err := storage.Write(a.Metadata) (possibly
+//				// asynchronously), then send Persisted{ID, Path, Err} to
+//				// events; but if errors.Is(err, snapshot.ErrIndeterminate),
+//				// fail the attempt instead: the checkpoint may be
+//				// complete, and the restore decides from the disk
 //			case snapshot.Completed:
 //				// register the checkpoint; answer a waiting savepoint request
 //			case snapshot.NotifyComplete, snapshot.NotifyAborted:
@@ -61,7 +67,9 @@
 //   - C1: checkpoint ids strictly increase, also across restarts of the job
 //     (marker M1): each trigger takes the next id; NewCoordinator starts at
 //     its nextID argument, raised above every id the Stats it is given has
-//     seen triggered or restored. A rejected request takes no id.
+//     seen triggered or restored. The driver passes at least
+//     Storage.NextID(), so that ids never repeat within a job directory,
+//     across executions too. A rejected request takes no id.
 //   - C2: the subtasks that must acknowledge a checkpoint are fixed by
 //     Config.Operators: every subtask of every operator. Barriers go to the
 //     subtasks of Source operators only. The Metadata of Finalize lists the
@@ -70,28 +78,39 @@
 //   - C3: every TriggerSources{N} is answered by exactly one Completed{N} or
 //     NotifyAborted{N}. Finalize{N} comes at most once, after the last
 //     acknowledgement; Completed{N} only after Persisted{N} without error.
+//     Once Finalize{N} was emitted, the metadata write decides: Persisted{N}
+//     completes N or, with an error, fails it (counted, C6); N no longer
+//     expires (C5) and declines of it are ignored. Only completing a higher
+//     checkpoint (C4) and stopping (C10) still abort it, and neither counts.
+//     So the coordinator never counts as failed a checkpoint that the disk
+//     holds as complete, and never completes one the disk does not hold.
 //     Duplicate acks, acks and declines for ids that are not pending, and
-//     messages from unknown subtasks are ignored; a decline after the last
-//     ack is ignored too (Persisted decides). A Persisted for an id that is
-//     pending but not finalized is a driver bug and panics.
+//     messages from unknown subtasks are ignored. A Persisted for an id that
+//     is pending but not finalized is a driver bug and panics.
 //   - C4: completing N, checkpoint or savepoint, emits Completed{N}, then
 //     aborts as subsumed every pending checkpoint (not savepoint) below N,
 //     including one whose metadata is being written (its later Persisted is
-//     ignored and its metadata is orphaned), then emits NotifyComplete{N}. NotifyComplete ids strictly increase, so that
+//     ignored; if that write succeeds, the disk holds a complete checkpoint
+//     below N that was never reported complete, which N covers), then emits
+//     NotifyComplete{N}. NotifyComplete ids strictly increase, so that
 //     "completing N covers every id below N" holds for subtasks: a
 //     completion below the highest notified id (only a savepoint can
 //     complete that late) gets Completed but no NotifyComplete.
 //   - C5: time never goes backwards: an event stamped earlier than one seen
 //     before counts as happening at the latest time seen. For every event,
 //     the transitions that time makes due come first: pending checkpoints
-//     with trigger time + Timeout <= now expire (also those being written),
-//     then a due periodic checkpoint is triggered; then the event applies;
-//     then a periodic checkpoint that the event made possible is triggered.
-//     Outcomes therefore do not depend on how punctually the driver ticks:
-//     an overdue checkpoint never completes.
+//     with trigger time + Timeout <= now expire, except those being written
+//     (Finalize emitted: C3), then a due periodic checkpoint is triggered;
+//     then the event applies; then a periodic checkpoint that the event made
+//     possible is triggered. Outcomes therefore do not depend on how
+//     punctually the driver ticks: a checkpoint whose last ack is overdue
+//     never completes. Timeout bounds the time to the last ack; the metadata
+//     write is bounded by the storage (a write that outlasts Timeout still
+//     completes the checkpoint, as the disk holds it). NextDeadline ignores
+//     the deadlines of checkpoints being written.
 //   - C6: expiry, a failed metadata write and a DeclinedTaskError decline are
-//     counted failures; subsumption, cancel-marker, end-of-input and
-//     not-ready declines, job failure and shutdown are not (Flink's
+//     counted failures; subsumption, cancel-marker and end-of-input
+//     declines, job failure and shutdown are not (Flink's
 //     CheckpointFailureReason.isCountedAgainstFailureThreshold). Only
 //     checkpoints count, and only those above the last completed id. A
 //     checkpoint is counted at most once: an abort removes it. A completion
@@ -117,6 +136,19 @@
 //   - C11: Step is a function of the Config, the NewCoordinator arguments
 //     and the sequence of events; two coordinators fed the same events emit
 //     the same actions.
+//   - C12: stop-with-savepoint. A TriggerRequest with Stop must be a
+//     savepoint (a checkpoint with Stop is Rejected); its barrier and
+//     Metadata carry marker.Options.Stop, and its Completed and
+//     NotifyComplete have Stop set. At most one is pending: another Stop
+//     request meanwhile is Rejected. While it is pending, no periodic
+//     checkpoint is triggered (a due one waits, as in C7, and fires in the
+//     Step that aborts the stop); other requests follow C8, so a forced
+//     final checkpoint still starts. Once it completed, the job is stopping:
+//     nothing is triggered any more (every request is Rejected), while
+//     checkpoints already pending go on until Shutdown. Its completion is
+//     notified unless a higher id was notified already (C4), in which case
+//     that notification covers it. Flink: stopCheckpointScheduler before a
+//     synchronous savepoint, startCheckpointScheduler if it fails.
 //
 // Differences from Flink, on purpose:
 //
@@ -127,20 +159,29 @@
 //     triggers that cannot start wait and coalesce (C7), manual ones are
 //     rejected (C8). Rejections are not failed checkpoints in Stats.
 //   - Every savepoint completion subsumes lower pending checkpoints and is
-//     notified (C4), so that sinks commit what a savepoint covers. Flink 1.20
-//     does this only for synchronous savepoints (stop-with-savepoint);
+//     notified (C4), so that sinks can commit what a savepoint covers. Flink
+//     1.20 does this only for synchronous savepoints (stop-with-savepoint);
 //     other savepoints neither drop pending checkpoints nor call
-//     notifyCheckpointComplete.
+//     notifyCheckpointComplete. A driver may pass on the NotifyComplete of
+//     stop-with-savepoints only (NotifyComplete.Stop), as Flink does and as
+//     the restore horizon assumes (snapshot.CompletedRef.Notified).
 //   - Flink counts task-side failures of non-synchronous savepoints; here no
 //     savepoint failure counts (C9).
-//   - Timeout also covers the metadata write, which Flink does synchronously
-//     inside the coordinator.
+//   - Timeout does not cover the metadata write (C3, C5). Flink writes the
+//     metadata synchronously while finalizing, where the canceller cannot
+//     interleave either; here the driver may write asynchronously, and a
+//     write that outlasts the timeout completes the checkpoint.
 //   - Flink discards the state handles of late or unknown acknowledgements;
 //     the coordinator only drops them, cleaning up files is for storage.
-//   - Flink does not trigger until all tasks run; here a subtask that is not
-//     running declines with DeclinedNotReady (not counted). There are no
-//     checkpoints after tasks finish (FLIP-147), master hooks or operator
+//   - Flink does not trigger until all tasks run, and declines with
+//     CHECKPOINT_DECLINED_TASK_NOT_READY otherwise; here a driver delivers
+//     the trigger to every subtask's mailbox, so no subtask declines for not
+//     running. Triggering subtasks whose input ended (FLIP-147, checkpoints
+//     after tasks finish) is the driver's business: the coordinator only
+//     needs every subtask's ack. There are no master hooks or operator
 //     coordinators.
+//   - The statistics have no async duration or processed bytes (Flink's
+//     checkpointed size and alignment bytes): nothing measures them yet.
 //
 // # Statistics
 //
@@ -153,6 +194,11 @@
 //
 // # Storage
 //
-// The storage layout and the _metadata format are documented in storage.go
-// and format.go.
+// Storage (storage.go) keeps the checkpoints of a job directory: the layout,
+// what "complete" means (durable _metadata and a record in the
+// completed-checkpoint log), the lifecycle of a job directory (Close keeps
+// everything; Discard is the explicit deletion) and the invariants ST1-ST7
+// are documented there, the log format in completedlog.go, and the _metadata
+// format in package checkpoint (format.go, F1-F4). Storage.NextID gives the
+// first id of an execution so that ids never repeat within a job directory.
 package snapshot

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // CheckpointStatus is the state of a checkpoint in the statistics.
@@ -41,7 +42,7 @@ type Counts struct {
 
 // SubtaskStats are the statistics of one subtask in one checkpoint.
 type SubtaskStats struct {
-	Task TaskID
+	Task checkpoint.TaskID
 	// AckTime is zero until the subtask acknowledged.
 	AckTime time.Time
 	SubtaskMetrics
@@ -61,12 +62,11 @@ type CheckpointStats struct {
 	// EndToEnd is LatestAck - TriggerTime, or EndTime - TriggerTime for a
 	// failed checkpoint.
 	EndToEnd time.Duration
-	// StateSize sums SubtaskState.Size over the acknowledged subtasks;
-	// ProcessedBytes sums SubtaskMetrics.ProcessedBytes.
-	StateSize, ProcessedBytes int64
-	Acked, Total              int
-	FailureReason             string
-	Path                      string
+	// StateSize sums SubtaskState.Size over the acknowledged subtasks.
+	StateSize     int64
+	Acked, Total  int
+	FailureReason string
+	Path          string
 	// Subtasks has one entry per subtask (Total), in operator order.
 	Subtasks []SubtaskStats
 }
@@ -224,10 +224,9 @@ type SizeSummary struct{ Min, Avg, Max int64 }
 // Summary summarizes all completed checkpoints and savepoints recorded in a
 // Stats (not only those in History), like the Summary tab of Flink's UI.
 type Summary struct {
-	Count          int
-	EndToEnd       DurationSummary
-	StateSize      SizeSummary
-	ProcessedBytes SizeSummary
+	Count     int
+	EndToEnd  DurationSummary
+	StateSize SizeSummary
 	// Alignment and StartDelay summarize each checkpoint's largest subtask
 	// value (MaxAlignment, MaxStartDelay).
 	Alignment  DurationSummary
@@ -260,15 +259,14 @@ func (m minAvgMax) duration() DurationSummary {
 }
 
 type summaryAcc struct {
-	n                                  int
-	e2e, size, processed, align, delay minAvgMax
+	n                       int
+	e2e, size, align, delay minAvgMax
 }
 
 func (a *summaryAcc) add(cs *CheckpointStats) {
 	a.n++
 	a.e2e.add(int64(cs.EndToEnd))
 	a.size.add(cs.StateSize)
-	a.processed.add(cs.ProcessedBytes)
 	a.align.add(int64(cs.MaxAlignment()))
 	a.delay.add(int64(cs.MaxStartDelay()))
 }
@@ -276,12 +274,11 @@ func (a *summaryAcc) add(cs *CheckpointStats) {
 // Summary returns min/avg/max over the completed checkpoints.
 func (s *Stats) Summary() Summary {
 	return Summary{
-		Count:          s.sum.n,
-		EndToEnd:       s.sum.e2e.duration(),
-		StateSize:      s.sum.size.size(),
-		ProcessedBytes: s.sum.processed.size(),
-		Alignment:      s.sum.align.duration(),
-		StartDelay:     s.sum.delay.duration(),
+		Count:      s.sum.n,
+		EndToEnd:   s.sum.e2e.duration(),
+		StateSize:  s.sum.size.size(),
+		Alignment:  s.sum.align.duration(),
+		StartDelay: s.sum.delay.duration(),
 	}
 }
 
@@ -339,12 +336,12 @@ func (s *Stats) Format(w io.Writer) error {
 	}
 	if lc := s.LatestCompleted; lc != nil {
 		fmt.Fprintf(tw, "latest completed %s %d at %s: %s\n", lc.Kind, lc.ID, fmtTime(lc.EndTime), lc.Path)
-		fmt.Fprintln(tw, "  task\tack\tsize\tsync\tasync\talign\tdelay\tprocessed")
+		fmt.Fprintln(tw, "  task\tack\tsize\tsync\talign\tdelay")
 		for i := range lc.Subtasks {
 			st := &lc.Subtasks[i]
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%v\t%v\t%v\t%s\n",
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%v\t%v\n",
 				fmtTask(st.Task), fmtTime(st.AckTime), fmtBytes(st.StateSize), st.SyncDuration,
-				st.AsyncDuration, st.AlignmentDuration, st.StartDelay, fmtBytes(st.ProcessedBytes))
+				st.AlignmentDuration, st.StartDelay)
 		}
 	}
 	if r := s.LatestRestored; r != nil {

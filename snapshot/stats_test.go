@@ -7,15 +7,16 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/stretchr/testify/require"
 )
 
 func ms(n int) time.Time { return epoch.Add(time.Duration(n) * time.Millisecond) }
 
 func ack(id int64, op string, i int, at int, size int) Ack {
-	a := Ack{Now: ms(at), ID: id, Task: TaskID{op, i}, State: SubtaskState{KeyGroupStart: -1, KeyGroupEnd: -1}}
+	a := Ack{Now: ms(at), ID: id, Task: checkpoint.TaskID{Operator: op, Subtask: i}, State: checkpoint.SubtaskState{KeyGroupStart: -1, KeyGroupEnd: -1}}
 	if size > 0 {
-		a.State.Lists = []NamedList{{Name: "s", Items: [][]byte{make([]byte, size)}}}
+		a.State.Lists = []checkpoint.NamedList{{Name: "s", Items: [][]byte{make([]byte, size)}}}
 	}
 	a.Metrics.AlignmentDuration = time.Duration(size) * time.Millisecond
 	return a
@@ -92,31 +93,30 @@ func TestStatsSummaryAndZeroValue(t *testing.T) {
 	for _, cs := range []CheckpointStats{
 		{ID: 1, EndToEnd: 10 * time.Millisecond, StateSize: 100,
 			Subtasks: []SubtaskStats{{SubtaskMetrics: SubtaskMetrics{AlignmentDuration: 1, StartDelay: 5}}}},
-		{ID: 2, EndToEnd: 30 * time.Millisecond, StateSize: 301, ProcessedBytes: 7,
+		{ID: 2, EndToEnd: 30 * time.Millisecond, StateSize: 301,
 			Subtasks: []SubtaskStats{{SubtaskMetrics: SubtaskMetrics{AlignmentDuration: 3, StartDelay: 2}}, {}}},
 	} {
 		s.triggered(&cs)
 		s.completed(&cs)
 	}
 	require.Equal(t, Summary{
-		Count:          2,
-		EndToEnd:       DurationSummary{10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond},
-		StateSize:      SizeSummary{100, 200, 301},
-		ProcessedBytes: SizeSummary{0, 3, 7},
-		Alignment:      DurationSummary{1, 2, 3},
-		StartDelay:     DurationSummary{2, 3, 5},
+		Count:      2,
+		EndToEnd:   DurationSummary{10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond},
+		StateSize:  SizeSummary{100, 200, 301},
+		Alignment:  DurationSummary{1, 2, 3},
+		StartDelay: DurationSummary{2, 3, 5},
 	}, s.Summary())
 }
 
 func TestFormatUnackedAndZeroTimes(t *testing.T) {
 	s := &Stats{LatestCompleted: &CheckpointStats{ID: 3, Kind: marker.Savepoint, Path: "sp",
-		Subtasks: []SubtaskStats{{Task: TaskID{"a", 0}}}}}
+		Subtasks: []SubtaskStats{{Task: checkpoint.TaskID{Operator: "a", Subtask: 0}}}}}
 	var b strings.Builder
 	require.NoError(t, s.Format(&b))
 	require.Equal(t, `counts: triggered=0 in-progress=0 completed=0 failed=0 restored=0
 latest completed savepoint 3 at -: sp
-  task  ack  size  sync  async  align  delay  processed
-  a/0   -    0B    0s    0s     0s     0s     0B
+  task  ack  size  sync  align  delay
+  a/0   -    0B    0s    0s     0s
 `, b.String())
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // Storage layout.
@@ -23,13 +24,16 @@ import (
 // crash it and inject IO errors), in Flink's layout (reference §6.2):
 //
 //	<dir>/<job-id>/               the job directory (Storage.JobDir)
+//	    _completed                the completed-checkpoint log (ST6,
+//	                              completedlog.go)
+//	    _completed.tmp            only while the log is rewritten
 //	    shared/                   state files that may belong to several
 //	                              checkpoints (incremental state)
 //	    taskowned/                state files owned by the tasks; never
 //	                              deleted by Storage
 //	    chk-<N>/                  checkpoint N: its exclusive state files and
-//	        _metadata             the Metadata (see format.go); its presence
-//	                              marks checkpoint N complete
+//	        _metadata             the Metadata (see checkpoint/format.go);
+//	                              its presence makes the directory complete
 //	        _metadata.tmp         only while Write is writing _metadata
 //	    savepoint-<N>/_metadata   savepoint N, if StorageOptions.SavepointDir
 //	                              is empty
@@ -42,35 +46,86 @@ import (
 // names do not parse that way (chk-5.bak, chk-007) are ignored. State file
 // paths in SubtaskState.Files are relative to the job directory.
 //
+// What "complete" means. Write(md) makes checkpoint N complete in two
+// durable steps: it writes chk-N/_metadata (ST1, ST2), then appends N's
+// record to the completed-checkpoint log, and returns the path only after
+// both are synced. A nil error from Write therefore means complete: durable
+// metadata and logged; only then may the driver report the checkpoint
+// complete (Persisted), so only logged checkpoints are ever notified and
+// only their transactions are ever committed. A directory with _metadata but
+// no record (a crash between the two steps, or metadata written by a build
+// without the log) is restorable but was never reported complete. A record
+// whose directory is gone or damaged names a checkpoint that completed and
+// may have been committed; package restore refuses to fall back past it
+// unless told to (restore.ErrFallback).
+//
+// Lifecycle. OpenStorage opens the job directory at the start of every
+// execution of the job: it creates what is missing, removes leftovers of
+// interrupted writes (ST5) and repairs a torn last log record. Write is
+// called once per completed checkpoint or savepoint and applies retention
+// (ST4) and log compaction. Close ends an execution, however it ended
+// (finished, failed, cancelled by its context, stopped with a savepoint): it
+// deletes nothing, so the next execution can restore. Discard is the only
+// way, besides retention, that checkpoints are deleted: an explicit "throw
+// this job's checkpoints away" that removes every chk-N directory and the
+// log, and keeps savepoints, shared/ and taskowned/. Checkpoint ids never
+// repeat within a job directory (design G3) as long as every execution
+// starts at NextID or above.
+//
 // Invariants:
 //
-//   - S1: a chk-N or savepoint-N directory is complete iff it holds
+//   - ST1: a chk-N or savepoint-N directory is complete iff it holds
 //     _metadata, and _metadata only ever holds a complete encoding: Write
 //     writes _metadata.tmp, syncs it, renames it to _metadata and then syncs
 //     the directory. A crash at any point leaves either no _metadata or one
 //     that decodes to exactly what was written.
-//   - S2: once Write returns the path, the checkpoint survives a crash: the
-//     file, the rename and every directory entry leading to it are synced.
-//   - S3: a checkpoint is deleted by first removing its _metadata and syncing
-//     that removal, then removing the directory. A partially deleted
-//     directory is therefore never complete.
-//   - S4: retention deletes only complete checkpoints older than the newest
-//     Retain ones, never the checkpoint just written, never savepoints.
-//   - S5: a Storage owns its job directory. OpenStorage removes leftover
-//     _metadata.tmp files and incomplete chk-N directories (checkpoints that
-//     were aborted or interrupted by a crash; a job restored from an older
-//     checkpoint reuses their ids). It never touches SavepointDir, which jobs
-//     may share.
+//   - ST2: once Write returns the path, the checkpoint survives a crash: the
+//     file, the rename, every directory entry leading to it and its log
+//     record are synced.
+//   - ST3: a checkpoint is deleted by first removing its _metadata and
+//     syncing that removal, then removing the directory. A partially deleted
+//     directory is therefore never complete. Its log record stays.
+//   - ST4: retention deletes only complete checkpoints older than the newest
+//     Retain ones, never the checkpoint just written, never savepoints. A
+//     retention failure does not fail Write (the checkpoint is complete): it
+//     is reported through StorageOptions.Logf and retried by the next Write
+//     of a checkpoint.
+//   - ST5: a Storage owns its job directory. OpenStorage removes leftover
+//     _metadata.tmp and _completed.tmp files and incomplete chk-N
+//     directories (checkpoints that were aborted, interrupted by a crash or
+//     partly deleted: none of them can be restored; the NextID of this
+//     Storage still counts their ids). It never touches SavepointDir, which
+//     jobs may share.
+//   - ST6: the completed-checkpoint log holds a record for every checkpoint
+//     and savepoint whose Write returned nil (until compaction drops old
+//     ones: above 1024 records it is rewritten with the 64 of highest id),
+//     and for no checkpoint whose metadata was not durable first. Each
+//     record is appended and synced on its own; a torn last record (a crash
+//     during the append) is ignored and truncated away by OpenStorage;
+//     damage before the last record fails OpenStorage, naming the file and
+//     byte offset. Every rewrite is atomic (tmp, fsync, rename, fsync of the
+//     job directory). Write refuses an id that the log records already.
+//   - ST7: if anything fails after _metadata became visible (the directory
+//     sync, the log append), Write removes _metadata again, syncs the
+//     removal, and returns the error: the checkpoint is not complete. If
+//     that removal fails too, the error wraps ErrIndeterminate.
 //
 // Differences from Flink: savepoint directories are savepoint-<N>, not
 // savepoint-<job-id prefix>-<random>, so two jobs writing savepoint N into one
 // shared SavepointDir collide (the second Write fails). Storage does not
 // garbage-collect shared/ (there is no shared-state registry yet);
-// retention and DELETE_ON_CANCELLATION remove chk-N directories only.
+// retention and Discard remove chk-N directories only. Flink's
+// completed-checkpoint store lives in the HA services (ZooKeeper or
+// Kubernetes) and its CheckpointIDCounter there too; here the log in the job
+// directory plays both parts (NextID). There is no DELETE_ON_CANCELLATION:
+// cancelling is not discarding (Discard is explicit).
 const (
 	// MetadataFileName is the name of the metadata file in a checkpoint or
 	// savepoint directory.
 	MetadataFileName = "_metadata"
+	// CompletedLogName is the name of the completed-checkpoint log in the
+	// job directory.
+	CompletedLogName = "_completed"
 	// CheckpointDirPrefix prefixes the directory of checkpoint N: chk-N.
 	CheckpointDirPrefix = "chk-"
 	// SavepointDirPrefix prefixes the directory of savepoint N: savepoint-N.
@@ -81,12 +136,16 @@ const (
 	TaskOwnedStateDir = "taskowned"
 
 	metadataTempName = "_metadata.tmp"
+	logTempName      = "_completed.tmp"
 )
 
-// ErrRetention is wrapped by Write errors when the checkpoint was written and
-// is complete, but deleting older checkpoints failed. The next successful
-// Write retries the deletion.
-var ErrRetention = errors.New("snapshot: retention")
+// ErrIndeterminate is wrapped by a Write error when the write failed after
+// _metadata became visible and removing it failed too (ST7): the checkpoint
+// may or may not be complete, on disk now or after a crash. The caller must
+// not count it as failed and go on as if it never existed (a later restore
+// may find it); fail the job attempt instead, so that the restore decides
+// from what the disk holds.
+var ErrIndeterminate = errors.New("snapshot: the checkpoint may or may not be complete")
 
 // JobIDFromName returns the job id used for a job's directory: the 32-digit
 // hex MD5 of the job name (a fixed job id, as Flink's PIPELINE_FIXED_JOB_ID
@@ -106,13 +165,14 @@ type StorageOptions struct {
 	// SavepointDir is the directory savepoint-N directories are written to;
 	// the job directory if empty.
 	SavepointDir string
-	// RetainOnCancel keeps the checkpoints when the job is cancelled
-	// (RETAIN_ON_CANCELLATION); by default Close(true) deletes them
-	// (DELETE_ON_CANCELLATION).
-	RetainOnCancel bool
+	// Logf receives warnings that do not fail an operation: a retention or
+	// log compaction failure after a complete Write (retried by the next
+	// Write), a torn last log record dropped by OpenStorage. nil discards
+	// them.
+	Logf func(format string, args ...any)
 }
 
-// CheckpointRef names a completed checkpoint in a Storage.
+// CheckpointRef names a complete checkpoint directory in a Storage.
 type CheckpointRef struct {
 	ID int64
 	// Path is the checkpoint's directory, chk-N.
@@ -122,20 +182,32 @@ type CheckpointRef struct {
 // Storage stores the checkpoints and savepoints of one job. Its methods are
 // safe for concurrent use.
 type Storage struct {
-	fs             vfs.FS
-	jobID          string
-	jobDir         string
-	savepointDir   string
-	retain         int
-	retainOnCancel bool
+	fs           vfs.FS
+	jobID        string
+	jobDir       string
+	savepointDir string
+	retain       int
+	logf         func(format string, args ...any)
 
 	mu     sync.Mutex
 	closed bool
+	// log holds the records of the log file in file order; logSize is the
+	// size of the file they make up. logDirty says that the file may differ
+	// from them (a failed append or rewrite): it is rewritten before the
+	// next append.
+	log      []CompletedRef
+	logSize  int64
+	logDirty bool
+	// maxID is the highest id seen besides the log and the directories:
+	// incomplete chk-N directories removed by OpenStorage, ids passed to
+	// Write (NextID).
+	maxID int64
 }
 
 // OpenStorage opens (creating if needed) the job directory dir/jobID with its
-// shared/ and taskowned/ subdirectories, and cleans up after interrupted
-// writes (S5).
+// shared/ and taskowned/ subdirectories and its completed-checkpoint log,
+// cleans up after interrupted writes (ST5) and truncates a torn last log
+// record (ST6). It fails if the log is damaged before its last record.
 func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 	if jobID == "" || jobID == "." || jobID == ".." || strings.ContainsAny(jobID, `/\`) {
 		return nil, fmt.Errorf("snapshot: open storage in %s: job id %q is not a single path element", dir, jobID)
@@ -148,15 +220,18 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 		fs = vfs.Default
 	}
 	s := &Storage{
-		fs:             fs,
-		jobID:          jobID,
-		jobDir:         fs.PathJoin(dir, jobID),
-		savepointDir:   opts.SavepointDir,
-		retain:         max(opts.Retain, 1),
-		retainOnCancel: opts.RetainOnCancel,
+		fs:           fs,
+		jobID:        jobID,
+		jobDir:       fs.PathJoin(dir, jobID),
+		savepointDir: opts.SavepointDir,
+		retain:       max(opts.Retain, 1),
+		logf:         opts.Logf,
 	}
 	if s.savepointDir == "" {
 		s.savepointDir = s.jobDir
+	}
+	if s.logf == nil {
+		s.logf = func(string, ...any) {}
 	}
 	for _, d := range []string{s.jobDir, fs.PathJoin(s.jobDir, SharedStateDir), fs.PathJoin(s.jobDir, TaskOwnedStateDir)} {
 		if err := mkdirAllSynced(fs, d); err != nil {
@@ -164,6 +239,9 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 		}
 	}
 	if err := s.cleanUp(); err != nil {
+		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
+	}
+	if err := s.openLog(); err != nil {
 		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
 	}
 	return s, nil
@@ -175,52 +253,90 @@ func (s *Storage) JobDir() string { return s.jobDir }
 // FS returns the filesystem the storage uses.
 func (s *Storage) FS() vfs.FS { return s.fs }
 
+// LogPath returns the path of the completed-checkpoint log.
+func (s *Storage) LogPath() string { return s.fs.PathJoin(s.jobDir, CompletedLogName) }
+
 // Write writes md as checkpoint md.CheckpointID (directory chk-N), or as
-// savepoint N (savepoint-N) if md.Options.Kind is marker.Savepoint, and
-// returns the directory. It fails if that checkpoint already exists. The
-// write is atomic and durable (S1, S2). After writing a checkpoint it applies
-// retention (S4); if only that fails, the error wraps ErrRetention and the
-// path is returned as well.
+// savepoint N (savepoint-N) if md.Options.Kind is marker.Savepoint, records
+// it in the completed-checkpoint log, and returns the directory. A nil error
+// means the checkpoint is complete: its metadata is durable and it is
+// logged (ST1, ST2, ST6); only then may it be reported complete. An error
+// means it is not, unless the error wraps ErrIndeterminate (ST7). Write
+// fails if the directory is complete already or the log records the id.
+// After writing a checkpoint it applies retention (ST4) and compacts the log
+// if needed; their failures are reported through StorageOptions.Logf, not
+// returned.
 //
 // md.JobID must be empty or the storage's job id.
-func (s *Storage) Write(md *Metadata) (path string, err error) {
+func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 	if md == nil {
 		return "", fmt.Errorf("snapshot: write to %s: nil metadata", s.jobDir)
 	}
-	kind := md.Options.Kind
+	kind, id := md.Options.Kind, md.CheckpointID
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return "", fmt.Errorf("snapshot: write %s %d: storage %s is closed", kind, md.CheckpointID, s.jobDir)
+		return "", fmt.Errorf("snapshot: write %s %d: storage %s is closed", kind, id, s.jobDir)
 	}
 	if md.JobID != "" && md.JobID != s.jobID {
 		return "", fmt.Errorf("snapshot: write %s %d: metadata is for job %s, storage %s is for job %s",
-			kind, md.CheckpointID, md.JobID, s.jobDir, s.jobID)
+			kind, id, md.JobID, s.jobDir, s.jobID)
 	}
-	b, err := EncodeMetadata(md)
+	b, err := checkpoint.EncodeMetadata(md)
 	if err != nil {
-		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, md.CheckpointID, err)
+		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
+	}
+	s.maxID = max(s.maxID, id)
+	for _, r := range s.log {
+		if r.ID == id {
+			return "", fmt.Errorf("snapshot: write %s %d: %s %d completed before, at %s (per %s); ids must not repeat in a job directory: %w",
+				kind, id, r.Kind, id, r.Path, s.LogPath(), os.ErrExist)
+		}
+	}
+	if s.logDirty {
+		if err := s.rewriteLog(s.log); err != nil {
+			return "", fmt.Errorf("snapshot: write %s %d: repair the completed-checkpoint log: %w", kind, id, err)
+		}
 	}
 	parent, prefix := s.jobDir, CheckpointDirPrefix
 	if kind == marker.Savepoint {
 		parent, prefix = s.savepointDir, SavepointDirPrefix
 	}
-	dir := s.fs.PathJoin(parent, prefix+strconv.FormatInt(md.CheckpointID, 10))
+	dir := s.fs.PathJoin(parent, prefix+strconv.FormatInt(id, 10))
 	if err := writeMetadataDir(s.fs, parent, dir, b); err != nil {
-		return "", fmt.Errorf("snapshot: write %s %d to %s: %w", kind, md.CheckpointID, dir, err)
+		return "", fmt.Errorf("snapshot: write %s %d to %s: %w", kind, id, dir, err)
 	}
-	if kind == marker.Savepoint {
-		return dir, nil
+	ref := CompletedRef{ID: id, Kind: kind, Stop: md.Options.Stop, Path: dir,
+		ExecutionID: md.ExecutionID, TriggerTime: md.TriggerTime}
+	if err := s.appendLog(ref); err != nil {
+		// The record may be in the file, whole or in part: take it out
+		// before the metadata, so that a crash in between leaves a
+		// directory that is restorable but was never reported complete.
+		s.logDirty = true
+		if rerr := s.rewriteLog(s.log); rerr != nil {
+			s.logf("snapshot: %s %d: removing its record from %s failed (retried by the next Write): %v",
+				kind, id, s.LogPath(), rerr)
+		}
+		if uerr := removeMetadata(s.fs, dir); uerr != nil {
+			return "", fmt.Errorf("snapshot: write %s %d to %s: append to %s: %v; removing its _metadata failed too: %v: %w",
+				kind, id, dir, s.LogPath(), err, uerr, ErrIndeterminate)
+		}
+		return "", fmt.Errorf("snapshot: write %s %d to %s: append to %s: %w", kind, id, dir, s.LogPath(), err)
 	}
-	if err := s.applyRetention(md.CheckpointID); err != nil {
-		return dir, fmt.Errorf("%w: checkpoint %d is complete at %s, but deleting older checkpoints failed: %w",
-			ErrRetention, md.CheckpointID, dir, err)
+	if kind == marker.Checkpoint {
+		if err := s.applyRetention(id); err != nil {
+			s.logf("snapshot: checkpoint %d is complete at %s, but deleting older checkpoints failed (retried after the next checkpoint): %v",
+				id, dir, err)
+		}
+	}
+	if len(s.log) > logCompactAbove {
+		s.compactLog()
 	}
 	return dir, nil
 }
 
-// Checkpoints returns the completed checkpoints (chk-N directories holding
-// _metadata), by ascending id. It does not decode them.
+// Checkpoints returns the complete checkpoint directories (chk-N holding
+// _metadata), by ascending id, logged or not. It does not decode them.
 func (s *Storage) Checkpoints() ([]CheckpointRef, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -231,23 +347,94 @@ func (s *Storage) Checkpoints() ([]CheckpointRef, error) {
 	return refs, nil
 }
 
-// Close closes the storage; later Writes fail. If cancelled is true and
-// RetainOnCancel is false, it deletes every chk-N directory of the job,
-// oldest first (Flink's DELETE_ON_CANCELLATION); savepoints, shared/ and
-// taskowned/ are kept. Closing twice is a no-op.
-func (s *Storage) Close(cancelled bool) error {
+// Completed returns the records of the completed-checkpoint log, by
+// ascending id, as the log file holds them now: what a restart after a
+// crash would see. Their directories may have been deleted since (retention,
+// ST3) or damaged. Records compacted away are not returned (ST6).
+func (s *Storage) Completed() ([]CompletedRef, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil
+	recs, err := s.readLog()
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: read %s: %w", s.LogPath(), err)
 	}
+	slices.SortStableFunc(recs, func(a, b CompletedRef) int { return cmp.Compare(a.ID, b.ID) })
+	return recs, nil
+}
+
+// NextID returns the lowest checkpoint id that no checkpoint or savepoint of
+// this job directory has used: 1 + the highest id in the log, in any chk-N
+// directory (complete or not), in any savepoint-N directory of the job and
+// savepoint directories, and passed to Write or removed by OpenStorage
+// through this Storage. An execution that starts its ids there never repeats
+// an id of the job directory (G3), even after the newest chk-N directory
+// was deleted. The one exception is harmless: the id of a checkpoint that
+// never completed, whose directory a previous process removed, can come
+// back; nothing was ever reported complete, and so committed, under it.
+func (s *Storage) NextID() (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	highest := s.maxID
+	for _, r := range s.log {
+		highest = max(highest, r.ID)
+	}
+	recs, err := s.readLog()
+	if err != nil {
+		return 0, fmt.Errorf("snapshot: next checkpoint id in %s: %w", s.jobDir, err)
+	}
+	for _, r := range recs {
+		highest = max(highest, r.ID)
+	}
+	dirs := []string{s.jobDir}
+	if s.savepointDir != s.jobDir {
+		dirs = append(dirs, s.savepointDir)
+	}
+	for _, dir := range dirs {
+		names, err := s.fs.List(dir)
+		if errors.Is(err, os.ErrNotExist) && dir != s.jobDir {
+			continue // no savepoint written yet
+		}
+		if err != nil {
+			return 0, fmt.Errorf("snapshot: next checkpoint id in %s: %w", s.jobDir, err)
+		}
+		for _, name := range names {
+			id, ok := parseSnapshotDirName(name, SavepointDirPrefix)
+			if !ok && dir == s.jobDir {
+				id, ok = parseSnapshotDirName(name, CheckpointDirPrefix)
+			}
+			if ok {
+				highest = max(highest, id)
+			}
+		}
+	}
+	return highest + 1, nil
+}
+
+// Close ends the use of the storage by an execution; later Writes fail. It
+// deletes nothing: checkpoints, savepoints and the log stay for the next
+// execution, whether this one finished, failed or was cancelled. Closing
+// twice is a no-op.
+func (s *Storage) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closed = true
-	if !cancelled || s.retainOnCancel {
-		return nil
-	}
+	return nil
+}
+
+// Discard deletes the job's checkpoints: every chk-N directory, complete or
+// not, oldest first and each as ST3 says, and then the completed-checkpoint
+// log. Savepoints, shared/ and taskowned/ are kept. The storage is closed
+// (later Writes fail), also if Discard fails; a failed or interrupted Discard
+// can be repeated on a newly opened Storage. A job started afresh in the
+// directory afterwards begins again at id 1 unless savepoints remain (its
+// execution id and commit user are new, so no transaction id repeats).
+func (s *Storage) Discard() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
 	complete, incomplete, err := s.listCheckpoints()
 	if err != nil {
-		return fmt.Errorf("snapshot: close %s: delete checkpoints: %w", s.jobDir, err)
+		return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)
 	}
 	all := append(complete, incomplete...)
 	slices.SortFunc(all, func(a, b CheckpointRef) int { return cmp.Compare(a.ID, b.ID) })
@@ -258,8 +445,19 @@ func (s *Storage) Close(cancelled bool) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("snapshot: close %s: delete checkpoints: %w", s.jobDir, err)
+		return fmt.Errorf("snapshot: discard %s: delete checkpoints (the log is kept): %w", s.jobDir, err)
 	}
+	// The log goes last: while a checkpoint is left, the log still says
+	// what completed.
+	for _, name := range []string{logTempName, CompletedLogName} {
+		if err := removeIfExists(s.fs, s.fs.PathJoin(s.jobDir, name)); err != nil {
+			return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)
+		}
+	}
+	if err := syncDirectory(s.fs, s.jobDir); err != nil {
+		return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)
+	}
+	s.log, s.logSize, s.logDirty = nil, 0, false
 	return nil
 }
 
@@ -278,7 +476,7 @@ func (e *ReadError) Unwrap() error { return e.Err }
 // ReadMetadata reads and decodes the metadata of a checkpoint or savepoint.
 // path is either its directory or its _metadata file. Errors are *ReadError
 // naming the path and wrap the DecodeMetadata sentinels or the IO error.
-func ReadMetadata(fs vfs.FS, path string) (*Metadata, error) {
+func ReadMetadata(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
@@ -293,7 +491,7 @@ func ReadMetadata(fs vfs.FS, path string) (*Metadata, error) {
 	if err != nil {
 		return nil, &ReadError{Path: path, Err: err}
 	}
-	md, err := DecodeMetadata(b)
+	md, err := checkpoint.DecodeMetadata(b)
 	if err != nil {
 		return nil, &ReadError{Path: path, Err: err}
 	}
@@ -312,6 +510,123 @@ func readWholeFile(fs vfs.FS, path string) ([]byte, error) {
 	return b, err
 }
 
+// openLog reads the completed-checkpoint log, creating it if missing and
+// truncating a torn last record (ST6). s.mu must be held (or s not shared).
+func (s *Storage) openLog() error {
+	name := s.LogPath()
+	b, err := readWholeFile(s.fs, name)
+	if errors.Is(err, os.ErrNotExist) {
+		// A new job directory, or one written before the log existed.
+		return s.rewriteLog(nil)
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	recs, valid, err := parseLog(b)
+	if err != nil {
+		return fmt.Errorf("completed-checkpoint log %s: %w; it records which checkpoints completed (and so may "+
+			"have been committed): restore it from a backup, or remove it to give up the check that restore "+
+			"never falls back past a completed checkpoint", name, err)
+	}
+	s.log, s.logSize = recs, int64(valid)
+	for _, r := range recs {
+		s.maxID = max(s.maxID, r.ID)
+	}
+	if valid < len(b) {
+		s.logf("snapshot: %s: dropping %d bytes of a torn record at byte offset %d (an append interrupted by a crash)",
+			name, len(b)-valid, valid)
+		if err := s.rewriteLog(recs); err != nil {
+			return fmt.Errorf("truncate the torn record of %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// readLog reads the records of the log file, ignoring a torn last record.
+// A missing log (removed by Discard, or behind the storage's back) has no
+// records. s.mu must be held.
+func (s *Storage) readLog() ([]CompletedRef, error) {
+	b, err := readWholeFile(s.fs, s.LogPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	recs, _, err := parseLog(b)
+	return recs, err
+}
+
+// appendLog appends the record of r to the log file and syncs it. s.mu must
+// be held and the log not dirty.
+func (s *Storage) appendLog(r CompletedRef) error {
+	rec := appendLogRecord(nil, r)
+	name := s.LogPath()
+	f, err := s.fs.OpenReadWrite(name, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() < s.logSize {
+		err = fmt.Errorf("%s has %d bytes, want at least %d: changed behind the storage's back", name, fi.Size(), s.logSize)
+	}
+	if err == nil {
+		// At the end of the valid records: this overwrites what a failed
+		// append may have left.
+		_, err = f.WriteAt(rec, s.logSize)
+	}
+	if err == nil {
+		if err = f.Sync(); err != nil {
+			err = fmt.Errorf("sync %s: %w", name, err)
+		}
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	s.log = append(s.log, r)
+	s.logSize += int64(len(rec))
+	return nil
+}
+
+// rewriteLog replaces the log file atomically by one holding recs (tmp,
+// fsync, rename, fsync of the job directory). If it fails before the rename,
+// the file and s are unchanged; after the rename, s holds recs and the log
+// stays dirty until a rewrite succeeds. s.mu must be held.
+func (s *Storage) rewriteLog(recs []CompletedRef) error {
+	b := encodeLog(recs)
+	tmp, name := s.fs.PathJoin(s.jobDir, logTempName), s.LogPath()
+	if err := writeFileSynced(s.fs, tmp, b); err != nil {
+		_ = s.fs.Remove(tmp) // best effort; OpenStorage removes leftovers
+		return err
+	}
+	if err := s.fs.Rename(tmp, name); err != nil {
+		_ = s.fs.Remove(tmp)
+		return err
+	}
+	s.log, s.logSize, s.logDirty = recs, int64(len(b)), true
+	if err := syncDirectory(s.fs, s.jobDir); err != nil {
+		return err
+	}
+	s.logDirty = false
+	return nil
+}
+
+// compactLog rewrites the log with the logCompactKeep records of highest id
+// (ST6). A failure is logged; the next Write retries. s.mu must be held.
+func (s *Storage) compactLog() {
+	keep := slices.Clone(s.log)
+	slices.SortStableFunc(keep, func(a, b CompletedRef) int { return cmp.Compare(a.ID, b.ID) })
+	keep = keep[max(0, len(keep)-logCompactKeep):]
+	n := len(s.log)
+	if err := s.rewriteLog(keep); err != nil {
+		s.logf("snapshot: compacting %s from %d to %d records failed (retried by the next Write): %v",
+			s.LogPath(), n, len(keep), err)
+	}
+}
+
 // listCheckpoints returns the complete and the incomplete chk-N directories
 // of the job, each by ascending id. s.mu must be held (or s not shared).
 func (s *Storage) listCheckpoints() (complete, incomplete []CheckpointRef, err error) {
@@ -325,8 +640,13 @@ func (s *Storage) listCheckpoints() (complete, incomplete []CheckpointRef, err e
 			continue
 		}
 		dir := s.fs.PathJoin(s.jobDir, name)
-		if fi, err := s.fs.Stat(dir); err != nil || !fi.IsDir() {
-			continue // vanished, or not a directory
+		switch fi, err := s.fs.Stat(dir); {
+		case errors.Is(err, os.ErrNotExist):
+			continue // vanished
+		case err != nil:
+			return nil, nil, err // never hide a checkpoint
+		case !fi.IsDir():
+			continue
 		}
 		ok, err := pathExists(s.fs, s.fs.PathJoin(dir, MetadataFileName))
 		if err != nil {
@@ -345,7 +665,7 @@ func (s *Storage) listCheckpoints() (complete, incomplete []CheckpointRef, err e
 }
 
 // applyRetention deletes the complete checkpoints older than the newest
-// s.retain ones, except justWritten (S4). s.mu must be held.
+// s.retain ones, except justWritten (ST4). s.mu must be held.
 func (s *Storage) applyRetention(justWritten int64) error {
 	refs, _, err := s.listCheckpoints()
 	if err != nil {
@@ -366,17 +686,24 @@ func (s *Storage) applyRetention(justWritten int64) error {
 	return errors.Join(errs...)
 }
 
-// cleanUp removes leftover temp files from chk-N and savepoint-N directories
-// of the job directory, and incomplete chk-N directories (S5).
+// cleanUp removes leftover temp files from the job directory and from its
+// chk-N and savepoint-N directories, and incomplete chk-N directories (ST5).
 func (s *Storage) cleanUp() error {
 	names, err := s.fs.List(s.jobDir)
 	if err != nil {
 		return err
 	}
 	slices.Sort(names)
-	removedDir := false
+	syncJobDir := false
 	for _, name := range names {
-		_, chk := parseSnapshotDirName(name, CheckpointDirPrefix)
+		if name == logTempName {
+			if err := s.fs.Remove(s.fs.PathJoin(s.jobDir, name)); err != nil {
+				return fmt.Errorf("remove leftover %s: %w", s.fs.PathJoin(s.jobDir, name), err)
+			}
+			syncJobDir = true
+			continue
+		}
+		id, chk := parseSnapshotDirName(name, CheckpointDirPrefix)
 		_, sp := parseSnapshotDirName(name, SavepointDirPrefix)
 		if !chk && !sp {
 			continue
@@ -403,21 +730,22 @@ func (s *Storage) cleanUp() error {
 			if err := s.fs.RemoveAll(dir); err != nil {
 				return fmt.Errorf("remove incomplete %s: %w", dir, err)
 			}
-			removedDir = true
+			s.maxID = max(s.maxID, id)
+			syncJobDir = true
 		} else if hasTmp {
 			if err := syncDirectory(s.fs, dir); err != nil {
 				return err
 			}
 		}
 	}
-	if removedDir {
+	if syncJobDir {
 		return syncDirectory(s.fs, s.jobDir)
 	}
 	return nil
 }
 
 // writeMetadataDir writes b as dir/_metadata, creating dir in parent, with
-// the protocol of S1 and S2.
+// the protocol of ST1, ST2 and ST7.
 func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte) error {
 	if err := mkdirAllSynced(fs, parent); err != nil {
 		return err
@@ -447,10 +775,26 @@ func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte) error {
 	}
 	if err := syncDirectory(fs, dir); err != nil {
 		// The rename may not be durable: do not report a checkpoint that
-		// might vanish. If the removal does not stick, what remains is
-		// still complete (S1).
-		_ = fs.Remove(final)
+		// might vanish (ST7).
+		if uerr := removeMetadata(fs, dir); uerr != nil {
+			return fmt.Errorf("%w; removing %s failed too: %v: %w", err, final, uerr, ErrIndeterminate)
+		}
 		return err
+	}
+	return nil
+}
+
+// removeMetadata removes dir/_metadata, if it exists, and syncs dir.
+func removeMetadata(fs vfs.FS, dir string) error {
+	if err := removeIfExists(fs, fs.PathJoin(dir, MetadataFileName)); err != nil {
+		return err
+	}
+	return syncDirectory(fs, dir)
+}
+
+func removeIfExists(fs vfs.FS, name string) error {
+	if err := fs.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", name, err)
 	}
 	return nil
 }
@@ -471,7 +815,7 @@ func writeFileSynced(fs vfs.FS, name string, b []byte) error {
 	return f.Close()
 }
 
-// deleteSnapshotDir deletes a checkpoint directory in parent (S3).
+// deleteSnapshotDir deletes a checkpoint directory in parent (ST3).
 func deleteSnapshotDir(fs vfs.FS, parent, dir string) error {
 	meta := fs.PathJoin(dir, MetadataFileName)
 	ok, err := pathExists(fs, meta)

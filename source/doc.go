@@ -5,7 +5,7 @@
 // entered checkpoint N; together with a two-phase-commit sink this gives
 // end-to-end exactly-once output.
 //
-// Invariant R1: the position saved by SnapshotState is the index of the next
+// Invariant SRC1: the position saved by SnapshotState is the index of the next
 // record Next will return; every record before it was emitted before the
 // checkpoint barrier.
 //

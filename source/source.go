@@ -99,7 +99,7 @@ func (s *Indexed[T]) Next(*graph.Context) (T, error) {
 	return r, nil
 }
 
-// SnapshotState saves the read position (R1).
+// SnapshotState saves the read position (SRC1).
 func (s *Indexed[T]) SnapshotState(*graph.SnapshotContext) error {
 	s.state.Update([]position{{Subtask: s.info.Subtask, Parallelism: s.info.Parallelism, Next: s.next}})
 	return nil

@@ -9,7 +9,7 @@
 // split-distributed on restore (Flink's SPLIT_DISTRIBUTE), and
 // UnionListState registers one whose elements go to every new subtask
 // (Flink's UNION). Every element is encoded on its own (msgpack) into a
-// snapshot.NamedList, so the restore assignment can redistribute elements
+// checkpoint.NamedList, so the restore assignment can redistribute elements
 // without knowing their type. Registration decodes the restored elements of
 // that name. Registering the same name again returns the same *List.
 //
@@ -24,7 +24,7 @@
 // a read or an update of an existing key is a map operation with no
 // encoding and no allocation.
 //
-// Snapshot encodes every state as snapshot.KeyGroupState records: key and
+// Snapshot encodes every state as checkpoint.KeyGroupState records: key and
 // value are each one msgpack encoding, and the records are grouped by key
 // group. Restore hands whole key groups to new owners, so keyed state can be
 // rescaled without touching the keys (see package keygroup).

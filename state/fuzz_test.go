@@ -3,7 +3,7 @@ package state
 import (
 	"testing"
 
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -33,7 +33,7 @@ func FuzzRestoreList(f *testing.F) {
 }
 
 func restoreList[T any](t *testing.T, b []byte) {
-	s, err := NewOperatorStore([]snapshot.NamedList{{Name: "l", Items: [][]byte{b, b}}}, true)
+	s, err := NewOperatorStore([]checkpoint.NamedList{{Name: "l", Items: [][]byte{b, b}}}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func FuzzRestoreKeyed(f *testing.F) {
 }
 
 func restoreKeyed[K comparable, V any](t *testing.T, kg int, key, val []byte) {
-	restored := []snapshot.KeyGroupState{{State: "s", KeyGroup: kg, Entries: []snapshot.KeyedEntry{{Key: key, Value: val}}}}
+	restored := []checkpoint.KeyGroupState{{State: "s", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: key, Value: val}}}}
 	b, err := NewKeyedBackend[K](all, maxP, restored)
 	if err != nil {
 		return
@@ -103,7 +103,7 @@ func restoreKeyed[K comparable, V any](t *testing.T, kg int, key, val []byte) {
 	if !all.Contains(kg) {
 		t.Fatalf("accepted key group %d outside %v", kg, all)
 	}
-	check := func(b *KeyedBackend[K]) []snapshot.KeyGroupState {
+	check := func(b *KeyedBackend[K]) []checkpoint.KeyGroupState {
 		snap, err := b.Snapshot()
 		if err != nil {
 			t.Fatalf("snapshot: %v", err)

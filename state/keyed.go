@@ -7,7 +7,7 @@ import (
 	"reflect"
 	"slices"
 
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -32,7 +32,7 @@ type KeyedBackend[K comparable] struct {
 // keyedState is a registered state handle as the backend sees it.
 type keyedState[K comparable] interface {
 	describe() string
-	snapshot(e *encoder, out []snapshot.KeyGroupState) ([]snapshot.KeyGroupState, error)
+	snapshot(e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error)
 }
 
 // restoredEntry is one restored key/value pair. The key is decoded and
@@ -48,7 +48,7 @@ type restoredEntry[K comparable] struct {
 // out of maxParallelism. restored holds the key groups that the restore
 // assignment gave the subtask. It decodes every restored key and checks S2:
 // each entry must lie in r and in the key group of its key.
-func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restored []snapshot.KeyGroupState) (*KeyedBackend[K], error) {
+func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState) (*KeyedBackend[K], error) {
 	if maxParallelism <= 0 || maxParallelism > keygroup.UpperMaxParallelism {
 		return nil, fmt.Errorf("state: max parallelism %d out of range (1..%d)", maxParallelism, keygroup.UpperMaxParallelism)
 	}
@@ -174,7 +174,7 @@ func register[K comparable, V any, H keyedState[K]](b *KeyedBackend[K], name, wa
 // Snapshot returns every keyed state, registered or carried over (S3),
 // grouped by key group and ordered by (state name, key group, encoded key)
 // (S1). The result shares no memory that later calls on b change.
-func (b *KeyedBackend[K]) Snapshot() ([]snapshot.KeyGroupState, error) {
+func (b *KeyedBackend[K]) Snapshot() ([]checkpoint.KeyGroupState, error) {
 	names := make([]string, 0, len(b.states)+len(b.restored))
 	for name := range b.states {
 		names = append(names, name)
@@ -183,7 +183,7 @@ func (b *KeyedBackend[K]) Snapshot() ([]snapshot.KeyGroupState, error) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	var out []snapshot.KeyGroupState
+	var out []checkpoint.KeyGroupState
 	e := newEncoder()
 	for _, name := range names {
 		if s, ok := b.states[name]; ok {
@@ -231,17 +231,17 @@ func sortEncoded(name string, es []encodedEntry) error {
 
 // appendGroups appends es, sorted by (key group, key), to out as one
 // KeyGroupState per key group.
-func appendGroups(out []snapshot.KeyGroupState, name string, es []encodedEntry) []snapshot.KeyGroupState {
-	all := make([]snapshot.KeyedEntry, len(es))
+func appendGroups(out []checkpoint.KeyGroupState, name string, es []encodedEntry) []checkpoint.KeyGroupState {
+	all := make([]checkpoint.KeyedEntry, len(es))
 	for i, e := range es {
-		all[i] = snapshot.KeyedEntry{Key: e.key, Value: e.val}
+		all[i] = checkpoint.KeyedEntry{Key: e.key, Value: e.val}
 	}
 	for i := 0; i < len(es); {
 		j := i + 1
 		for j < len(es) && es[j].kg == es[i].kg {
 			j++
 		}
-		out = append(out, snapshot.KeyGroupState{State: name, KeyGroup: es[i].kg, Entries: all[i:j:j]})
+		out = append(out, checkpoint.KeyGroupState{State: name, KeyGroup: es[i].kg, Entries: all[i:j:j]})
 		i = j
 	}
 	return out

@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/stretchr/testify/require"
 )
@@ -16,7 +16,7 @@ const maxP = 128
 
 var all = keygroup.Range{Start: 0, End: maxP - 1}
 
-func newBackend[K comparable](t testing.TB, r keygroup.Range, restored []snapshot.KeyGroupState) *KeyedBackend[K] {
+func newBackend[K comparable](t testing.TB, r keygroup.Range, restored []checkpoint.KeyGroupState) *KeyedBackend[K] {
 	t.Helper()
 	b, err := NewKeyedBackend[K](r, maxP, restored)
 	require.NoError(t, err)
@@ -220,7 +220,7 @@ func TestNewKeyedBackendValidates(t *testing.T) {
 func TestKeyGroupOutOfRange(t *testing.T) {
 	k := "D1" // key group 47 (pinned in package keygroup)
 	require.Equal(t, 47, keygroup.Of(k, maxP))
-	restored := []snapshot.KeyGroupState{{State: "v", KeyGroup: 47, Entries: []snapshot.KeyedEntry{{Key: mustEncode(t, k), Value: mustEncode(t, 1)}}}}
+	restored := []checkpoint.KeyGroupState{{State: "v", KeyGroup: 47, Entries: []checkpoint.KeyedEntry{{Key: mustEncode(t, k), Value: mustEncode(t, 1)}}}}
 	_, err := NewKeyedBackend[string](keygroup.Range{Start: 64, End: 127}, maxP, restored)
 	require.EqualError(t, err, `state: key group 47 is not in key-group range [64, 127] of this subtask (keyed state "v"). `+
 		`Unless restored state was assigned to the wrong subtask, this is most likely caused by a `+
@@ -228,7 +228,7 @@ func TestKeyGroupOutOfRange(t *testing.T) {
 }
 
 func TestKeyGroupMismatch(t *testing.T) {
-	restored := []snapshot.KeyGroupState{{State: "v", KeyGroup: 48, Entries: []snapshot.KeyedEntry{{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}}}}
+	restored := []checkpoint.KeyGroupState{{State: "v", KeyGroup: 48, Entries: []checkpoint.KeyedEntry{{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}}}}
 	_, err := NewKeyedBackend[string](all, maxP, restored)
 	require.EqualError(t, err, `state: restored key D1 of keyed state "v" was recorded in key group 48 but maps to key group 47 `+
 		`(max parallelism 128): the key's hash or encoding is not deterministic, or the state was written with another max parallelism`)
@@ -259,23 +259,23 @@ func TestAccessBeforeSetCurrentKeyPanics(t *testing.T) {
 
 func TestKeyedCorruptBytes(t *testing.T) {
 	kg := keygroup.Of("D1", maxP)
-	good := snapshot.KeyedEntry{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}
+	good := checkpoint.KeyedEntry{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}
 
 	// A corrupt key fails the construction.
-	_, err := NewKeyedBackend[string](all, maxP, []snapshot.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []snapshot.KeyedEntry{good, {Key: []byte{0xa5, 'x'}, Value: good.Value}}}})
+	_, err := NewKeyedBackend[string](all, maxP, []checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{good, {Key: []byte{0xa5, 'x'}, Value: good.Value}}}})
 	require.EqualError(t, err, `state: decoding key 1 of keyed state "v" in key group 47 as string: truncated msgpack value`)
-	_, err = NewKeyedBackend[int](all, maxP, []snapshot.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []snapshot.KeyedEntry{good}}})
+	_, err = NewKeyedBackend[int](all, maxP, []checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{good}}})
 	require.EqualError(t, err, `state: decoding key 0 of keyed state "v" in key group 47 as int: msgpack: invalid code=a2 decoding int64`)
 
 	// A key that decodes into an incomparable dynamic type fails too (found
 	// by FuzzRestoreKeyed: it would panic as a map key). The check comes
 	// before the key-group check, so any key group in range shows it.
 	mk := mustEncode(t, map[string]any{"a": 1})
-	_, err = NewKeyedBackend[any](all, maxP, []snapshot.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []snapshot.KeyedEntry{{Key: mk, Value: good.Value}}}})
+	_, err = NewKeyedBackend[any](all, maxP, []checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: mk, Value: good.Value}}}})
 	require.EqualError(t, err, `state: decoding key 0 of keyed state "v" in key group 47 as interface {}: decoded key of type map[string]interface {} is not comparable`)
 
 	// A corrupt value fails the registration and keeps the state (S3).
-	restored := []snapshot.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []snapshot.KeyedEntry{{Key: good.Key, Value: []byte{0xcb, 0x00}}}}}
+	restored := []checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: good.Key, Value: []byte{0xcb, 0x00}}}}}
 	b := newBackend[string](t, all, restored)
 	_, err = Value[string, float64](b, "v")
 	require.EqualError(t, err, `state: decoding value of key D1 of keyed state "v" in key group 47 as float64: truncated msgpack value`)
@@ -286,24 +286,24 @@ func TestKeyedCorruptBytes(t *testing.T) {
 	require.Equal(t, restored, snap)
 
 	// A value state restored as a list state fails on decode.
-	b = newBackend[string](t, all, []snapshot.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []snapshot.KeyedEntry{good}}})
+	b = newBackend[string](t, all, []checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{good}}})
 	_, err = KeyedList[string, int](b, "v")
 	require.EqualError(t, err, `state: decoding value of key D1 of keyed state "v" in key group 47 as []int: msgpack: invalid code=1 decoding array length`)
 }
 
 func TestDuplicateRestoredKey(t *testing.T) {
 	kg := keygroup.Of("D1", maxP)
-	e := snapshot.KeyedEntry{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}
-	_, err := NewKeyedBackend[string](all, maxP, []snapshot.KeyGroupState{
-		{State: "v", KeyGroup: kg, Entries: []snapshot.KeyedEntry{e}},
-		{State: "v", KeyGroup: kg, Entries: []snapshot.KeyedEntry{e}},
+	e := checkpoint.KeyedEntry{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}
+	_, err := NewKeyedBackend[string](all, maxP, []checkpoint.KeyGroupState{
+		{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{e}},
+		{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{e}},
 	})
 	require.EqualError(t, err, `state: restored keyed state "v" holds key D1 twice in key group 47`)
 
 	// The same key in two encodings (msgpack str8 instead of fixstr) is
 	// caught on registration.
-	b := newBackend[string](t, all, []snapshot.KeyGroupState{
-		{State: "v", KeyGroup: kg, Entries: []snapshot.KeyedEntry{e, {Key: []byte{0xd9, 2, 'D', '1'}, Value: e.Value}}},
+	b := newBackend[string](t, all, []checkpoint.KeyGroupState{
+		{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{e, {Key: []byte{0xd9, 2, 'D', '1'}, Value: e.Value}}},
 	})
 	_, err = Value[string, int](b, "v")
 	require.EqualError(t, err, `state: restored keyed state "v" holds key D1 twice in key group 47`)
@@ -351,7 +351,7 @@ func TestKeyedCarryOver(t *testing.T) {
 	z2.Add("more")
 	snap2, err := r.Snapshot()
 	require.NoError(t, err)
-	var aGroups, aGroups2 []snapshot.KeyGroupState
+	var aGroups, aGroups2 []checkpoint.KeyGroupState
 	for _, g := range snap {
 		if g.State == "a" {
 			aGroups = append(aGroups, g)
@@ -378,7 +378,7 @@ func TestKeyedCarryOver(t *testing.T) {
 
 // checkSorted checks the S1 order: (state, key group, key bytes), with one
 // record per (state, key group).
-func checkSorted(t *testing.T, snap []snapshot.KeyGroupState) {
+func checkSorted(t *testing.T, snap []checkpoint.KeyGroupState) {
 	t.Helper()
 	for i := 1; i < len(snap); i++ {
 		p, c := snap[i-1], snap[i]
@@ -397,7 +397,7 @@ func TestKeyedSnapshotDeterministic(t *testing.T) {
 	for i := range keys {
 		keys[i] = fmt.Sprint("device-", i)
 	}
-	build := func(seed uint64) []snapshot.KeyGroupState {
+	build := func(seed uint64) []checkpoint.KeyGroupState {
 		rng := rand.New(rand.NewPCG(seed, seed))
 		b := newBackend[string](t, all, nil)
 		// Register in a different order each time, too.
@@ -431,7 +431,7 @@ func TestKeyedSnapshotDoesNotAlias(t *testing.T) {
 	s.Update("before")
 	snap, err := b.Snapshot()
 	require.NoError(t, err)
-	want := []snapshot.KeyGroupState{{State: "v", KeyGroup: keygroup.Of("k", maxP), Entries: []snapshot.KeyedEntry{{Key: mustEncode(t, "k"), Value: mustEncode(t, "before")}}}}
+	want := []checkpoint.KeyGroupState{{State: "v", KeyGroup: keygroup.Of("k", maxP), Entries: []checkpoint.KeyedEntry{{Key: mustEncode(t, "k"), Value: mustEncode(t, "before")}}}}
 	require.Equal(t, want, snap)
 	s.Update("after")
 	_, err = b.Snapshot()
@@ -455,10 +455,10 @@ func TestRescale(t *testing.T) {
 	require.NoError(t, err)
 
 	got := map[int]int{}
-	var merged []snapshot.KeyGroupState
+	var merged []checkpoint.KeyGroupState
 	for i := range 2 {
 		r := keygroup.RangeFor(maxP, 2, i)
-		var part []snapshot.KeyGroupState
+		var part []checkpoint.KeyGroupState
 		for _, g := range snap {
 			if r.Contains(g.KeyGroup) {
 				part = append(part, g)

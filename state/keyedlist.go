@@ -5,7 +5,7 @@ import (
 	"iter"
 	"slices"
 
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // KeyedListState is a keyed state that holds a list of V per key. Its
@@ -86,6 +86,6 @@ func (s *KeyedListState[K, V]) All() iter.Seq2[K, []V] {
 
 func (s *KeyedListState[K, V]) describe() string { return describeKeyedList[V]() }
 
-func (s *KeyedListState[K, V]) snapshot(e *encoder, out []snapshot.KeyGroupState) ([]snapshot.KeyGroupState, error) {
+func (s *KeyedListState[K, V]) snapshot(e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	return s.t.snapshot(e, s.name, out)
 }

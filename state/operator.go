@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // OperatorStore holds the operator (non-keyed) state of one subtask: named
@@ -13,14 +13,14 @@ type OperatorStore struct {
 	restoring bool
 	// restored holds the restored lists whose names are not registered yet
 	// (S3). An entry moves to lists when its name is registered.
-	restored map[string]snapshot.NamedList
+	restored map[string]checkpoint.NamedList
 	lists    map[string]operatorList
 }
 
 // operatorList is a registered *List[T] as the store sees it.
 type operatorList interface {
 	describe() string
-	snapshot(e *encoder) (snapshot.NamedList, error)
+	snapshot(e *encoder) (checkpoint.NamedList, error)
 }
 
 // NewOperatorStore returns the operator state of one subtask. restoring says
@@ -30,13 +30,13 @@ type operatorList interface {
 // assignment gave this subtask. Lists that share a name are merged in order.
 // restored must be empty on a fresh start, and lists that share a name must
 // have the same distribution.
-func NewOperatorStore(restored []snapshot.NamedList, restoring bool) (*OperatorStore, error) {
+func NewOperatorStore(restored []checkpoint.NamedList, restoring bool) (*OperatorStore, error) {
 	if !restoring && len(restored) > 0 {
 		return nil, fmt.Errorf("state: %d restored operator lists given for a fresh start", len(restored))
 	}
 	s := &OperatorStore{
 		restoring: restoring,
-		restored:  make(map[string]snapshot.NamedList, len(restored)),
+		restored:  make(map[string]checkpoint.NamedList, len(restored)),
 		lists:     make(map[string]operatorList),
 	}
 	for _, l := range restored {
@@ -64,17 +64,17 @@ func (s *OperatorStore) Restored() bool { return s.restoring }
 // parallelism those are exactly the elements this subtask snapshotted.
 // Otherwise they are this subtask's share of the elements of all old subtasks.
 func ListState[T any](s *OperatorStore, name string) (*List[T], error) {
-	return registerList[T](s, name, snapshot.Split)
+	return registerList[T](s, name, checkpoint.Split)
 }
 
 // UnionListState registers the union-distributed list state name with
 // elements of type T, or returns it if it is already registered. On restore
 // every subtask gets the elements of all old subtasks.
 func UnionListState[T any](s *OperatorStore, name string) (*List[T], error) {
-	return registerList[T](s, name, snapshot.Union)
+	return registerList[T](s, name, checkpoint.Union)
 }
 
-func registerList[T any](s *OperatorStore, name string, d snapshot.Distribution) (*List[T], error) {
+func registerList[T any](s *OperatorStore, name string, d checkpoint.Distribution) (*List[T], error) {
 	want := describeList[T](d)
 	if l, ok := s.lists[name]; ok {
 		if tl, ok := l.(*List[T]); ok && tl.dist == d {
@@ -103,18 +103,18 @@ func registerList[T any](s *OperatorStore, name string, d snapshot.Distribution)
 	return l, nil
 }
 
-func describeList[T any](d snapshot.Distribution) string {
+func describeList[T any](d checkpoint.Distribution) string {
 	return fmt.Sprintf("%s list state of %s", d, typeName[T]())
 }
 
 // Snapshot encodes every registered list, and every restored list that was
 // never registered (carried over unchanged, S3), sorted by name (S1). The
 // result shares no memory that later calls on s change.
-func (s *OperatorStore) Snapshot() ([]snapshot.NamedList, error) {
+func (s *OperatorStore) Snapshot() ([]checkpoint.NamedList, error) {
 	if len(s.lists)+len(s.restored) == 0 {
 		return nil, nil
 	}
-	out := make([]snapshot.NamedList, 0, len(s.lists)+len(s.restored))
+	out := make([]checkpoint.NamedList, 0, len(s.lists)+len(s.restored))
 	e := newEncoder()
 	for name, l := range s.lists {
 		nl, err := l.snapshot(e)
@@ -128,7 +128,7 @@ func (s *OperatorStore) Snapshot() ([]snapshot.NamedList, error) {
 		r.Items = slices.Clip(r.Items)
 		out = append(out, r)
 	}
-	slices.SortFunc(out, func(a, b snapshot.NamedList) int {
+	slices.SortFunc(out, func(a, b checkpoint.NamedList) int {
 		switch {
 		case a.Name < b.Name:
 			return -1
@@ -143,7 +143,7 @@ func (s *OperatorStore) Snapshot() ([]snapshot.NamedList, error) {
 // List is an operator list state with elements of type T.
 type List[T any] struct {
 	name  string
-	dist  snapshot.Distribution
+	dist  checkpoint.Distribution
 	items []T
 }
 
@@ -151,7 +151,7 @@ type List[T any] struct {
 func (l *List[T]) Name() string { return l.name }
 
 // Distribution returns how the list is redistributed on restore.
-func (l *List[T]) Distribution() snapshot.Distribution { return l.dist }
+func (l *List[T]) Distribution() checkpoint.Distribution { return l.dist }
 
 // Get returns the elements in order. Later calls on l do not change the
 // returned slice. Callers must not modify its elements in place, because
@@ -181,8 +181,8 @@ func (l *List[T]) Len() int { return len(l.items) }
 
 func (l *List[T]) describe() string { return describeList[T](l.dist) }
 
-func (l *List[T]) snapshot(e *encoder) (snapshot.NamedList, error) {
-	nl := snapshot.NamedList{Name: l.name, Distribution: l.dist}
+func (l *List[T]) snapshot(e *encoder) (checkpoint.NamedList, error) {
+	nl := checkpoint.NamedList{Name: l.name, Distribution: l.dist}
 	if len(l.items) == 0 {
 		return nl, nil
 	}

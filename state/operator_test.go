@@ -3,7 +3,7 @@ package state
 import (
 	"testing"
 
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,7 +22,7 @@ var readings = []reading{
 
 // restoreOps builds a store from a snapshot, as a restart with unchanged
 // parallelism does.
-func restoreOps(t *testing.T, lists []snapshot.NamedList) *OperatorStore {
+func restoreOps(t *testing.T, lists []checkpoint.NamedList) *OperatorStore {
 	t.Helper()
 	s, err := NewOperatorStore(lists, true)
 	require.NoError(t, err)
@@ -30,7 +30,7 @@ func restoreOps(t *testing.T, lists []snapshot.NamedList) *OperatorStore {
 }
 
 // roundTripList checks S5 for one element type and distribution.
-func roundTripList[T any](t *testing.T, reg func(*OperatorStore, string) (*List[T], error), d snapshot.Distribution, vs []T) {
+func roundTripList[T any](t *testing.T, reg func(*OperatorStore, string) (*List[T], error), d checkpoint.Distribution, vs []T) {
 	t.Helper()
 	s, err := NewOperatorStore(nil, false)
 	require.NoError(t, err)
@@ -58,19 +58,19 @@ func roundTripList[T any](t *testing.T, reg func(*OperatorStore, string) (*List[
 func TestListRoundTrip(t *testing.T) {
 	ints := []int{0, 1, -1, 1 << 40, 7}
 	strs := []string{"", "a", "device-42", "ünïcode"}
-	t.Run("split/int", func(t *testing.T) { roundTripList(t, ListState[int], snapshot.Split, ints) })
-	t.Run("union/int", func(t *testing.T) { roundTripList(t, UnionListState[int], snapshot.Union, ints) })
-	t.Run("split/string", func(t *testing.T) { roundTripList(t, ListState[string], snapshot.Split, strs) })
-	t.Run("union/string", func(t *testing.T) { roundTripList(t, UnionListState[string], snapshot.Union, strs) })
-	t.Run("split/struct", func(t *testing.T) { roundTripList(t, ListState[reading], snapshot.Split, readings) })
-	t.Run("union/struct", func(t *testing.T) { roundTripList(t, UnionListState[reading], snapshot.Union, readings) })
+	t.Run("split/int", func(t *testing.T) { roundTripList(t, ListState[int], checkpoint.Split, ints) })
+	t.Run("union/int", func(t *testing.T) { roundTripList(t, UnionListState[int], checkpoint.Union, ints) })
+	t.Run("split/string", func(t *testing.T) { roundTripList(t, ListState[string], checkpoint.Split, strs) })
+	t.Run("union/string", func(t *testing.T) { roundTripList(t, UnionListState[string], checkpoint.Union, strs) })
+	t.Run("split/struct", func(t *testing.T) { roundTripList(t, ListState[reading], checkpoint.Split, readings) })
+	t.Run("union/struct", func(t *testing.T) { roundTripList(t, UnionListState[reading], checkpoint.Union, readings) })
 	t.Run("split/pointer", func(t *testing.T) {
-		roundTripList(t, ListState[*reading], snapshot.Split, []*reading{&readings[0], &readings[1]})
+		roundTripList(t, ListState[*reading], checkpoint.Split, []*reading{&readings[0], &readings[1]})
 	})
 	t.Run("split/map", func(t *testing.T) {
 		// map[string]string is one of the map types msgpack sorts (S1); a
 		// map[string]int would round-trip too, but not byte for byte.
-		roundTripList(t, ListState[map[string]string], snapshot.Split, []map[string]string{{"b": "2", "a": "1", "c": "3"}})
+		roundTripList(t, ListState[map[string]string], checkpoint.Split, []map[string]string{{"b": "2", "a": "1", "c": "3"}})
 	})
 }
 
@@ -135,13 +135,13 @@ func TestListRegistrationConflicts(t *testing.T) {
 }
 
 func TestListRestoredDistributionMismatch(t *testing.T) {
-	s := restoreOps(t, []snapshot.NamedList{{Name: "u", Distribution: snapshot.Union, Items: [][]byte{{0x01}}}})
+	s := restoreOps(t, []checkpoint.NamedList{{Name: "u", Distribution: checkpoint.Union, Items: [][]byte{{0x01}}}})
 	_, err := ListState[int](s, "u")
 	require.EqualError(t, err, `state: list state "u" was restored as union list state; cannot register it as split list state of int`)
 	// The failed registration keeps the restored list (S3).
 	snap, err := s.Snapshot()
 	require.NoError(t, err)
-	require.Equal(t, []snapshot.NamedList{{Name: "u", Distribution: snapshot.Union, Items: [][]byte{{0x01}}}}, snap)
+	require.Equal(t, []checkpoint.NamedList{{Name: "u", Distribution: checkpoint.Union, Items: [][]byte{{0x01}}}}, snap)
 	l, err := UnionListState[int](s, "u")
 	require.NoError(t, err)
 	require.Equal(t, []int{1}, l.Get())
@@ -161,7 +161,7 @@ func TestListCorruptBytes(t *testing.T) {
 		{"reserved code", [][]byte{{0xc1}}, `state: decoding element 0 of restored list state "l" as int: reserved msgpack code 0xc1 at offset 0`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			restored := []snapshot.NamedList{{Name: "l", Items: tc.items}}
+			restored := []checkpoint.NamedList{{Name: "l", Items: tc.items}}
 			s := restoreOps(t, restored)
 			_, err := ListState[int](s, "l")
 			require.EqualError(t, err, tc.want)
@@ -184,7 +184,7 @@ func TestListHugeLengthHeader(t *testing.T) {
 		{0xc6, 0xff, 0xff, 0xff, 0xff, 0x00}, // bin32
 		{0x91, 0xdd, 0x7f, 0xff, 0xff, 0xff}, // nested
 	} {
-		s := restoreOps(t, []snapshot.NamedList{{Name: "l", Items: [][]byte{b}}})
+		s := restoreOps(t, []checkpoint.NamedList{{Name: "l", Items: [][]byte{b}}})
 		_, err := ListState[[]reading](s, "l")
 		require.Error(t, err, "% x", b)
 	}
@@ -227,7 +227,7 @@ func TestCarriedOverLists(t *testing.T) {
 
 func TestOperatorSnapshotSortedAndDeterministic(t *testing.T) {
 	names := []string{"m", "a", "z", "c", "b"}
-	build := func(order []int) []snapshot.NamedList {
+	build := func(order []int) []checkpoint.NamedList {
 		s, err := NewOperatorStore(nil, false)
 		require.NoError(t, err)
 		for _, i := range order {
@@ -257,7 +257,7 @@ func TestOperatorSnapshotDoesNotAlias(t *testing.T) {
 	l.AddAll("a", "b")
 	snap, err := s.Snapshot()
 	require.NoError(t, err)
-	want := []snapshot.NamedList{{Name: "l", Items: [][]byte{mustEncode(t, "a"), mustEncode(t, "b")}}}
+	want := []checkpoint.NamedList{{Name: "l", Items: [][]byte{mustEncode(t, "a"), mustEncode(t, "b")}}}
 	require.Equal(t, want, snap)
 	l.Update([]string{"c"})
 	l.Add("d")
@@ -274,13 +274,13 @@ func TestNewOperatorStore(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, snap)
 
-	_, err = NewOperatorStore([]snapshot.NamedList{{Name: "a"}}, false)
+	_, err = NewOperatorStore([]checkpoint.NamedList{{Name: "a"}}, false)
 	require.EqualError(t, err, "state: 1 restored operator lists given for a fresh start")
 
 	// Lists of one name (say from several old subtasks) are merged in order.
-	in := []snapshot.NamedList{
-		{Name: "u", Distribution: snapshot.Union, Items: [][]byte{mustEncode(t, 1), mustEncode(t, 2)}},
-		{Name: "u", Distribution: snapshot.Union, Items: [][]byte{mustEncode(t, 3)}},
+	in := []checkpoint.NamedList{
+		{Name: "u", Distribution: checkpoint.Union, Items: [][]byte{mustEncode(t, 1), mustEncode(t, 2)}},
+		{Name: "u", Distribution: checkpoint.Union, Items: [][]byte{mustEncode(t, 3)}},
 	}
 	s = restoreOps(t, in)
 	u, err := UnionListState[int](s, "u")
@@ -288,9 +288,9 @@ func TestNewOperatorStore(t *testing.T) {
 	require.Equal(t, []int{1, 2, 3}, u.Get())
 	require.Len(t, in[0].Items, 2, "merging must not change the caller's lists")
 
-	_, err = NewOperatorStore([]snapshot.NamedList{
-		{Name: "x", Distribution: snapshot.Union},
-		{Name: "x", Distribution: snapshot.Split},
+	_, err = NewOperatorStore([]checkpoint.NamedList{
+		{Name: "x", Distribution: checkpoint.Union},
+		{Name: "x", Distribution: checkpoint.Split},
 	}, true)
 	require.EqualError(t, err, `state: restored list state "x" is both union and split list state`)
 }

@@ -3,7 +3,7 @@ package state
 import (
 	"fmt"
 
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // table stores the values of one keyed state. It is the seam between the
@@ -18,7 +18,7 @@ type table[K comparable, V any] interface {
 	// false.
 	all(yield func(K, V) bool)
 	// snapshot appends the state's entries to out (S1).
-	snapshot(e *encoder, name string, out []snapshot.KeyGroupState) ([]snapshot.KeyGroupState, error)
+	snapshot(e *encoder, name string, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error)
 }
 
 // newTable returns the table of state name, restoring the backend's restored
@@ -75,7 +75,7 @@ func (t *heapTable[K, V]) all(yield func(K, V) bool) {
 	}
 }
 
-func (t *heapTable[K, V]) snapshot(e *encoder, name string, out []snapshot.KeyGroupState) ([]snapshot.KeyGroupState, error) {
+func (t *heapTable[K, V]) snapshot(e *encoder, name string, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	if len(t.m) == 0 {
 		return out, nil
 	}

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"iter"
 
-	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // ValueState is a keyed state that holds one value of type V per key. Its
@@ -55,6 +55,6 @@ func (s *ValueState[K, V]) All() iter.Seq2[K, V] { return s.t.all }
 
 func (s *ValueState[K, V]) describe() string { return describeValue[V]() }
 
-func (s *ValueState[K, V]) snapshot(e *encoder, out []snapshot.KeyGroupState) ([]snapshot.KeyGroupState, error) {
+func (s *ValueState[K, V]) snapshot(e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	return s.t.snapshot(e, s.name, out)
 }

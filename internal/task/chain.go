@@ -32,7 +32,21 @@ type Member struct {
 // records that members before it emitted before the barrier.
 type Chain struct {
 	Members []Member
+	// active is the index of the member whose code runs (or ran last): the
+	// chain's methods set it per member, and a local output sets it to the
+	// next member for the duration of each batch it hands on. So after a
+	// panic it names the member that panicked, at the cost of two stores
+	// per batch (nothing per record). Outside chain calls it is 0 (the
+	// head).
+	active int
 }
+
+// Active is the member whose code runs, or ran when a panic unwound the
+// stack.
+func (c *Chain) Active() *Member { return &c.Members[c.active] }
+
+// tracker is implemented by local outputs (see Output.track).
+type tracker interface{ track(active *int, idx int) }
 
 // tail is the member whose output goes to channels.
 func (c *Chain) tail() *Member { return &c.Members[len(c.Members)-1] }
@@ -40,12 +54,19 @@ func (c *Chain) tail() *Member { return &c.Members[len(c.Members)-1] }
 // open opens the members tail first, so a member is open before anything
 // can reach it.
 func (c *Chain) open() error {
+	for i := range c.Members {
+		if t, ok := c.Members[i].Out.(tracker); ok && i < len(c.Members)-1 {
+			t.track(&c.active, i)
+		}
+	}
 	for i := len(c.Members) - 1; i >= 0; i-- {
 		m := &c.Members[i]
+		c.active = i
 		if err := m.Op.Open(m.Info); err != nil {
 			return fmt.Errorf("task: %v: open: %w", m.Info, err)
 		}
 	}
+	c.active = 0
 	return nil
 }
 
@@ -54,7 +75,7 @@ func (c *Chain) open() error {
 func (c *Chain) flush() error {
 	for i := range c.Members {
 		if err := c.Members[i].Out.Flush(); err != nil {
-			return err
+			return c.outErr(i, err)
 		}
 	}
 	return nil
@@ -73,17 +94,26 @@ func (c *Chain) pending() bool {
 func (c *Chain) err() error {
 	for i := range c.Members {
 		if err := c.Members[i].Out.Err(); err != nil {
-			return err
+			return c.outErr(i, err)
 		}
 	}
 	return nil
+}
+
+// outErr names the member that failed: the error of a local output is the
+// error of the next member's ProcessBatch.
+func (c *Chain) outErr(i int, err error) error {
+	if i < len(c.Members)-1 {
+		return fmt.Errorf("task: %v: %w", c.Members[i+1].Info, err)
+	}
+	return err
 }
 
 // flushLocal flushes every member's output but the tail's (T5).
 func (c *Chain) flushLocal() error {
 	for i := 0; i < len(c.Members)-1; i++ {
 		if err := c.Members[i].Out.Flush(); err != nil {
-			return err
+			return c.outErr(i, err)
 		}
 	}
 	return nil
@@ -91,12 +121,19 @@ func (c *Chain) flushLocal() error {
 
 // snapshot flushes the local outputs and snapshots every member.
 func (c *Chain) snapshot(b marker.Barrier) ([]Report, error) {
+	acks, err := c.snapshotMembers(b)
+	c.reset()
+	return acks, err
+}
+
+func (c *Chain) snapshotMembers(b marker.Barrier) ([]Report, error) {
 	if err := c.flushLocal(); err != nil {
 		return nil, err
 	}
 	acks := make([]Report, len(c.Members))
 	for i := range c.Members {
 		m := &c.Members[i]
+		c.active = i
 		st, err := m.Op.Snapshot(b)
 		if err != nil {
 			return nil, fmt.Errorf("task: %v: snapshot for checkpoint %d: %w", m.Info, b.ID, err)
@@ -114,8 +151,15 @@ func (c *Chain) snapshot(b marker.Barrier) ([]Report, error) {
 // endInput ends the input of every member in order, flushing each output
 // into the next member (T5). Sources (EndInput nil) are skipped.
 func (c *Chain) endInput() error {
+	err := c.endMembers()
+	c.reset()
+	return err
+}
+
+func (c *Chain) endMembers() error {
 	for i := range c.Members {
 		m := &c.Members[i]
+		c.active = i
 		if m.EndInput != nil {
 			if err := m.EndInput(); err != nil {
 				return fmt.Errorf("task: %v: end of input: %w", m.Info, err)
@@ -123,16 +167,28 @@ func (c *Chain) endInput() error {
 		}
 		if i < len(c.Members)-1 {
 			if err := m.Out.Flush(); err != nil {
-				return err
+				return c.outErr(i, err)
 			}
 		}
 	}
 	return nil
 }
 
+// reset makes the head the active member again once a loop over the
+// members returned. It must not be deferred: a panic skips it, so active
+// keeps naming the culprit.
+func (c *Chain) reset() { c.active = 0 }
+
 func (c *Chain) notify(m Mail) error {
+	err := c.notifyMembers(m)
+	c.reset()
+	return err
+}
+
+func (c *Chain) notifyMembers(m Mail) error {
 	for i := range c.Members {
 		mb := &c.Members[i]
+		c.active = i
 		var err error
 		switch m.Kind {
 		case MailComplete:
@@ -151,14 +207,19 @@ func (c *Chain) notify(m Mail) error {
 	return nil
 }
 
+// close closes every member. It runs deferred, also while a panic unwinds,
+// so it restores the active member afterwards.
 func (c *Chain) close() error {
 	var errs []error
+	prev := c.active
 	for i := range c.Members {
 		m := &c.Members[i]
+		c.active = i
 		if err := m.Op.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("task: %v: close: %w", m.Info, err))
 		}
 	}
+	c.active = prev
 	return errors.Join(errs...)
 }
 
@@ -195,11 +256,18 @@ func (c *Chain) nextTimer() (time.Time, bool) {
 
 // fireTimers fires the due timers of every member, head first.
 func (c *Chain) fireTimers(now time.Time) error {
+	err := c.fireMembers(now)
+	c.reset()
+	return err
+}
+
+func (c *Chain) fireMembers(now time.Time) error {
 	for i := range c.Members {
 		m := &c.Members[i]
 		if m.Timers == nil {
 			continue
 		}
+		c.active = i
 		if err := m.Timers.FireTimers(now); err != nil {
 			return fmt.Errorf("task: %v: timer: %w", m.Info, err)
 		}

@@ -1,6 +1,7 @@
 package task
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -11,24 +12,55 @@ import (
 type MailKind uint8
 
 const (
-	// MailTrigger asks a source subtask to take checkpoint Barrier.ID and
-	// inject the barrier into its outputs.
+	// MailTrigger asks for checkpoint Barrier.ID: a running source snapshots
+	// its chain and injects the barrier into its outputs; a subtask whose
+	// input ended snapshots and acks directly (its channels are closed).
+	// Ids already handled are ignored.
 	MailTrigger MailKind = iota + 1
 	// MailComplete notifies that checkpoint ID completed (covering every
 	// lower id).
 	MailComplete
 	// MailAborted notifies that checkpoint ID was aborted.
 	MailAborted
-	// MailFinish tells a source that has reached the end of its input that
-	// the final checkpoint completed, so it may send end-of-input and stop.
+	// MailFinish tells a subtask whose input ended that the final
+	// checkpoint completed: it reports Finished and stops.
 	MailFinish
+	// MailStop ends a stop-with-savepoint: the subtask handles the mail
+	// queued before it, reports Finished and stops, without ending its
+	// input.
+	MailStop
+	// MailResume tells a source suspended by a stop-with-savepoint that the
+	// savepoint failed: it emits again.
+	MailResume
 )
+
+func (k MailKind) String() string {
+	switch k {
+	case MailTrigger:
+		return "trigger"
+	case MailComplete:
+		return "complete"
+	case MailAborted:
+		return "aborted"
+	case MailFinish:
+		return "finish"
+	case MailStop:
+		return "stop"
+	case MailResume:
+		return "resume"
+	}
+	return fmt.Sprintf("mail(%d)", uint8(k))
+}
 
 // Mail is one control message for a subtask's mailbox.
 type Mail struct {
 	Kind    MailKind
 	Barrier marker.Barrier // MailTrigger
-	ID      int64          // MailComplete, MailAborted
+	// Suspend (MailTrigger) marks the savepoint of a stop-with-savepoint: a
+	// running source emits nothing after its barrier (as does a barrier
+	// with Options.Stop).
+	Suspend bool
+	ID      int64 // MailComplete, MailAborted
 }
 
 // Mailbox is an unbounded multi-producer, single-consumer queue of control

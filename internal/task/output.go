@@ -38,6 +38,11 @@ type Output[T any] struct {
 	// local, when set, receives every full buffer directly (chaining; see
 	// LocalOut); buf is then reused after local returns.
 	local func([]T) error
+	// active and idx, set by Chain.open for a local output of member idx:
+	// *active names the member running, idx+1 while local runs (see
+	// Chain.active).
+	active *int
+	idx    int
 
 	ctx   context.Context
 	edges []edgeOut[T]
@@ -103,7 +108,13 @@ func (o *Output[T]) sendCur() {
 		recs := o.buf[:o.n]
 		o.n = 0
 		if o.err == nil {
+			if o.active == nil {
+				o.err = o.local(recs)
+				return
+			}
+			*o.active = o.idx + 1
 			o.err = o.local(recs)
+			*o.active = o.idx
 		}
 		return
 	}
@@ -215,6 +226,14 @@ func (o *Output[T]) Pending() bool {
 
 // Err is the first send error, if any.
 func (o *Output[T]) Err() error { return o.err }
+
+// track implements tracker: a local output of member idx marks the next
+// member active while it hands it a batch.
+func (o *Output[T]) track(active *int, idx int) {
+	if o.local != nil {
+		o.active, o.idx = active, idx
+	}
+}
 
 // Emitter is the type-erased view of an Output that the subtask loops use.
 type Emitter interface {

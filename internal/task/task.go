@@ -11,6 +11,7 @@ import (
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -33,13 +34,15 @@ type Info struct {
 	KeyGroups keygroup.Range
 	// Restored is the state handed to this subtask by the restore plan; nil
 	// when the subtask starts empty.
-	Restored             *snapshot.SubtaskState
+	Restored             *checkpoint.SubtaskState
 	IsRestore            bool // the job was restored from a checkpoint
 	CheckpointingEnabled bool
+	// Execution is the id of the job execution (one per Job.Start).
+	Execution string
 }
 
 // ID returns the subtask's task id.
-func (i Info) ID() snapshot.TaskID { return snapshot.TaskID{Operator: i.UID, Subtask: i.Subtask} }
+func (i Info) ID() checkpoint.TaskID { return checkpoint.TaskID{Operator: i.UID, Subtask: i.Subtask} }
 
 func (i Info) String() string {
 	return fmt.Sprintf("operator %q (%s) subtask %d/%d", i.UID, i.Name, i.Subtask, i.Parallelism)
@@ -51,7 +54,7 @@ type Lifecycle interface {
 	Open(info Info) error
 	// Snapshot captures the operator's state for a checkpoint. It runs on
 	// the subtask goroutine between two records.
-	Snapshot(b marker.Barrier) (snapshot.SubtaskState, error)
+	Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error)
 	NotifyComplete(id int64) error
 	NotifyAborted(id int64) error
 	// Close releases resources; called once, also after failures.
@@ -72,18 +75,39 @@ type ReportKind uint8
 const (
 	ReportAck ReportKind = iota + 1
 	ReportDecline
-	// ReportReachedEnd: a source has emitted its last record.
-	ReportReachedEnd
-	// ReportFinished: the subtask has stopped after end of input.
+	// ReportInputEnded: the chain subtask ended its input (every member's
+	// EndInput ran and end-of-input went out on every output channel) and,
+	// checkpointing being on, keeps serving its mailbox until MailFinish or
+	// MailStop. ID is h, the highest checkpoint id it handled (snapshotted,
+	// declined or skipped) before: it can no longer receive barriers, so
+	// the master sends it trigger mail for every pending checkpoint above
+	// h, and for every later one (FLIP-147).
+	ReportInputEnded
+	// ReportFinished: the subtask has stopped (after MailFinish or
+	// MailStop, or at the end of its input without checkpointing).
 	ReportFinished
 )
+
+func (k ReportKind) String() string {
+	switch k {
+	case ReportAck:
+		return "ack"
+	case ReportDecline:
+		return "decline"
+	case ReportInputEnded:
+		return "input-ended"
+	case ReportFinished:
+		return "finished"
+	}
+	return fmt.Sprintf("report(%d)", uint8(k))
+}
 
 // Report is a message from a subtask to the job master.
 type Report struct {
 	Kind    ReportKind
-	Task    snapshot.TaskID
+	Task    checkpoint.TaskID
 	ID      int64
-	State   snapshot.SubtaskState
+	State   checkpoint.SubtaskState
 	Metrics snapshot.SubtaskMetrics
 	Reason  snapshot.DeclineReason
 	Err     error
@@ -112,29 +136,28 @@ func (c *Config) now() time.Time {
 	return time.Now()
 }
 
-// runner holds what the source and input loops share.
+// runner holds what the source and input loops share: the chain, the pure
+// protocol bookkeeping (Checkpoints) and the acks of a snapshot whose
+// barrier is not forwarded yet. It carries out the bookkeeping's actions;
+// the loops own the goroutine, the timers and the IO.
 type runner struct {
-	cfg      *Config
-	chain    *Chain
-	mails    []Mail
-	lastDone int64    // highest checkpoint notified complete
-	pending  []Report // acks of the snapshot whose barrier is not forwarded yet
-	// aborted holds checkpoints above lastDone that the master notified as
-	// aborted; their barriers are answered with a cancel marker instead of
-	// a snapshot (Flink's SubtaskCheckpointCoordinator does the same).
-	aborted map[int64]struct{}
-	// cancelled is the id whose Trigger was skipped, so its ForwardBarrier
-	// sends a cancel marker.
-	cancelled int64
+	cfg     *Config
+	chain   *Chain
+	cp      *Checkpoints
+	mails   []Mail
+	acts    []Action
+	pending []Report // acks of the snapshot whose barrier is not forwarded yet
 }
 
-// maxAborted bounds the aborted set; older entries are forgotten (they only
-// save work).
-const maxAborted = 64
+func newRunner(cfg *Config, chain *Chain, source bool) *runner {
+	return &runner{cfg: cfg, chain: chain, cp: NewCheckpoints(CheckpointsConfig{
+		Source: source, Checkpointing: cfg.Info.CheckpointingEnabled,
+	})}
+}
 
 // report sends rep to the master; Task defaults to the head's id.
 func (r *runner) report(ctx context.Context, rep Report) error {
-	if rep.Task == (snapshot.TaskID{}) {
+	if rep.Task == (checkpoint.TaskID{}) {
 		rep.Task = r.cfg.Info.ID()
 	}
 	rep.At = r.cfg.now()
@@ -146,15 +169,100 @@ func (r *runner) report(ctx context.Context, rep Report) error {
 	}
 }
 
-// snapshot captures the chain's state for barrier b (the synchronous part
-// of a checkpoint) and keeps the acks until the barrier is forwarded.
-func (r *runner) snapshot(ctx context.Context, b marker.Barrier, m snapshot.SubtaskMetrics) error {
+// step feeds ev to the bookkeeping and carries out the actions. done
+// reports that the loop must return err (DoExit, or an action failed).
+func (r *runner) step(ctx context.Context, ev Event) (done bool, err error) {
+	r.acts = r.cp.Step(r.acts[:0], ev)
+	return r.do(ctx, r.acts)
+}
+
+// serveMail handles every queued mail, in order.
+func (r *runner) serveMail(ctx context.Context) (done bool, err error) {
+	r.mails = r.cfg.Mail.Drain(r.mails[:0])
+	for _, m := range r.mails {
+		ev := Event{Kind: OnMail, Mail: m}
+		if m.Kind == MailTrigger {
+			ev.Metrics.StartDelay = time.Duration(max(0, r.cfg.now().UnixNano()-m.Barrier.Timestamp))
+		}
+		if done, err := r.step(ctx, ev); done || err != nil {
+			return true, err
+		}
+	}
+	return false, nil
+}
+
+// do carries out the actions of one step, in order.
+func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
+	for _, a := range acts {
+		switch a.Kind {
+		case DoSnapshot:
+			if err := r.snapshot(a); err != nil {
+				// Decline (a task error) and fail with the snapshot's error.
+				_, _ = r.do(ctx, r.cp.Step(nil, Event{Kind: OnSnapshotFailed, ID: a.ID, Err: err}))
+				return true, err
+			}
+		case DoForwardBarrier:
+			// BroadcastEvent flushes first: the barrier follows every
+			// record emitted before the snapshot (T1).
+			if err := r.chain.tail().Out.BroadcastEvent(marker.NewBarrier(a.Barrier)); err != nil {
+				return true, err
+			}
+		case DoForwardCancel:
+			if err := r.broadcast(marker.NewCancel(a.ID)); err != nil {
+				return true, err
+			}
+		case DoAck:
+			if err := r.ack(ctx, a.ID); err != nil {
+				return true, err
+			}
+		case DoDecline:
+			if err := r.report(ctx, Report{Kind: ReportDecline, ID: a.ID, Reason: a.Reason, Err: a.Err}); err != nil {
+				return true, err
+			}
+		case DoNotifyComplete:
+			if err := r.chain.notify(Mail{Kind: MailComplete, ID: a.ID}); err != nil {
+				return true, err
+			}
+		case DoNotifyAborted:
+			if err := r.chain.notify(Mail{Kind: MailAborted, ID: a.ID}); err != nil {
+				return true, err
+			}
+		case DoEndInput:
+			if err := r.chain.endInput(); err != nil {
+				return true, err
+			}
+			if err := r.broadcast(marker.EndOfInput); err != nil {
+				return true, err
+			}
+		case DoReportInputEnded:
+			if err := r.report(ctx, Report{Kind: ReportInputEnded, ID: a.ID}); err != nil {
+				return true, err
+			}
+		case DoReportFinished:
+			if err := r.report(ctx, Report{Kind: ReportFinished}); err != nil {
+				return true, err
+			}
+		case DoSuspend, DoResume:
+			// The loops ask r.cp.Suspended().
+		case DoExit:
+			if a.Err != nil {
+				return true, fmt.Errorf("task: %v: %w", r.cfg.Info, a.Err)
+			}
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// snapshot captures the chain's state for a DoSnapshot (the synchronous
+// part of a checkpoint) and holds the acks until DoAck.
+func (r *runner) snapshot(a Action) error {
 	start := r.cfg.now()
-	acks, err := r.chain.snapshot(b)
+	acks, err := r.chain.snapshot(a.Barrier)
 	if err != nil {
-		_ = r.report(ctx, Report{Kind: ReportDecline, ID: b.ID, Reason: snapshot.DeclinedTaskError, Err: err})
 		return err
 	}
+	m := a.Metrics
 	m.SyncDuration = r.cfg.now().Sub(start)
 	for i := range acks {
 		acks[i].Metrics = m
@@ -163,16 +271,12 @@ func (r *runner) snapshot(ctx context.Context, b marker.Barrier, m snapshot.Subt
 	return nil
 }
 
-// forward sends barrier b downstream (after every record emitted before it,
-// T1) and then acks the snapshots taken for it.
-func (r *runner) forward(ctx context.Context, b marker.Barrier) error {
-	if err := r.chain.tail().Out.BroadcastEvent(marker.NewBarrier(b)); err != nil {
-		return err
-	}
+// ack sends the held acks of checkpoint id, one per chain member.
+func (r *runner) ack(ctx context.Context, id int64) error {
 	acks := r.pending
 	r.pending = nil
-	if len(acks) == 0 || acks[0].ID != b.ID {
-		return fmt.Errorf("task: %v: barrier %d forwarded without a snapshot", r.cfg.Info, b.ID)
+	if len(acks) == 0 || acks[0].ID != id {
+		return fmt.Errorf("task: %v: checkpoint %d acked without a snapshot", r.cfg.Info, id)
 	}
 	for _, a := range acks {
 		if err := r.report(ctx, a); err != nil {
@@ -190,45 +294,14 @@ func (r *runner) broadcast(ev marker.Event) error {
 	return r.chain.tail().Out.BroadcastEvent(ev)
 }
 
-// handleNotify carries out completion and abort notifications.
-func (r *runner) handleNotify(m Mail) error {
-	switch m.Kind {
-	case MailComplete:
-		if m.ID <= r.lastDone {
-			return nil
-		}
-		r.lastDone = m.ID
-		for id := range r.aborted {
-			if id <= m.ID {
-				delete(r.aborted, id)
-			}
-		}
-	case MailAborted:
-		if m.ID > r.lastDone {
-			if r.aborted == nil {
-				r.aborted = map[int64]struct{}{}
-			}
-			if len(r.aborted) >= maxAborted {
-				clear(r.aborted)
-			}
-			r.aborted[m.ID] = struct{}{}
-		}
-	}
-	return r.chain.notify(m)
-}
+// emitting reports whether a source may emit: its input has not ended and
+// no stop-with-savepoint suspended it.
+func (r *runner) emitting() bool { return r.cp.Phase() == Running && !r.cp.Suspended() }
 
-// skipAborted reports whether checkpoint id was already notified as aborted;
-// then the subtask declines it and forwards a cancel marker in place of the
-// barrier instead of taking a snapshot nobody will use.
-func (r *runner) skipAborted(ctx context.Context, id int64) (bool, error) {
-	if _, ok := r.aborted[id]; !ok {
-		return false, nil
-	}
-	r.cancelled = id
-	return true, r.report(ctx, Report{Kind: ReportDecline, ID: id, Reason: snapshot.DeclinedCancelMarker})
-}
+// timersLive reports whether processing-time timers fire: not after the
+// end of input (EndInput drained them) and not while suspended.
+func (r *runner) timersLive() bool { return r.cp.Phase() == Running && !r.cp.Suspended() }
 
-// lifecycle opens the chain and arranges for it to be closed.
 func (r *runner) open() error { return r.chain.open() }
 
 func (r *runner) close(err *error) {
@@ -240,64 +313,49 @@ func (r *runner) close(err *error) {
 // flushAll flushes the chain, head first.
 func (r *runner) flushAll() error { return r.chain.flush() }
 
-// guard turns a panic in operator code into an error naming the subtask.
-func guard(info Info, err *error) {
+// guard turns a panic in operator code into an error naming the chain
+// member that panicked (Chain.Active), or the subtask.
+func guard(info Info, chain *Chain, err *error) {
 	if p := recover(); p != nil {
+		if chain != nil && len(chain.Members) > 0 {
+			info = chain.Active().Info
+		}
 		*err = fmt.Errorf("task: %v panicked: %v\n%s", info, p, debug.Stack())
 	}
 }
 
 // RunSource runs a source subtask (src heads chain) until it finishes,
-// fails or ctx ends.
+// stops, fails or ctx ends. At the end of its input it ends the chain's
+// input at once; with checkpointing it then reports InputEnded and serves
+// its mailbox (checkpoints by trigger mail) until MailFinish or MailStop.
 func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chain) (err error) {
-	defer guard(cfg.Info, &err)
-	r := &runner{cfg: cfg, chain: chain}
+	defer guard(cfg.Info, chain, &err)
+	r := newRunner(cfg, chain, true)
 	if err := r.open(); err != nil {
 		return err
 	}
 	defer r.close(&err)
 	batch := max(cfg.BatchSize, 1)
-	eof := false
 	lastFlush := cfg.now()
 	for {
-		if cfg.Mail.Pending() || eof {
-			if eof {
-				select {
-				case <-cfg.Mail.Ready():
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			r.mails = cfg.Mail.Drain(r.mails[:0])
-			for _, m := range r.mails {
-				switch m.Kind {
-				case MailTrigger:
-					delay := max(0, cfg.now().UnixNano()-m.Barrier.Timestamp)
-					if err := r.snapshot(ctx, m.Barrier, snapshot.SubtaskMetrics{StartDelay: time.Duration(delay)}); err != nil {
-						return err
-					}
-					if err := r.forward(ctx, m.Barrier); err != nil {
-						return err
-					}
-				case MailFinish:
-					if err := r.chain.endInput(); err != nil {
-						return err
-					}
-					if err := r.broadcast(marker.EndOfInput); err != nil {
-						return err
-					}
-					return r.report(ctx, Report{Kind: ReportFinished})
-				default:
-					if err := r.handleNotify(m); err != nil {
-						return err
-					}
-				}
+		if !r.emitting() {
+			// Ended or suspended: serve the mailbox only.
+			select {
+			case <-cfg.Mail.Ready():
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		}
-		if eof {
+		if cfg.Mail.Pending() {
+			if done, err := r.serveMail(ctx); done || err != nil {
+				return err
+			}
 			continue
 		}
-		done, err := src.Emit(batch)
+		if !r.emitting() {
+			continue // a spurious wake-up
+		}
+		eof, err := src.Emit(batch)
 		if errors.Is(err, ErrIdle) {
 			if err := r.flushAll(); err != nil {
 				return err
@@ -321,36 +379,30 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 		if err := r.chain.err(); err != nil {
 			return err
 		}
-		if now := cfg.now(); done || now.Sub(lastFlush) >= cfg.FlushInterval {
+		if eof {
+			// DoEndInput flushes the chain before end-of-input.
+			if done, err := r.step(ctx, Event{Kind: OnInputEnded}); done || err != nil {
+				return err
+			}
+			continue
+		}
+		if now := cfg.now(); now.Sub(lastFlush) >= cfg.FlushInterval {
 			if err := r.flushAll(); err != nil {
 				return err
 			}
 			lastFlush = now
 		}
-		if done {
-			eof = true
-			if !cfg.Info.CheckpointingEnabled {
-				if err := r.chain.endInput(); err != nil {
-					return err
-				}
-				if err := r.broadcast(marker.EndOfInput); err != nil {
-					return err
-				}
-				return r.report(ctx, Report{Kind: ReportFinished})
-			}
-			if err := r.report(ctx, Report{Kind: ReportReachedEnd}); err != nil {
-				return err
-			}
-		}
 	}
 }
 
-// RunInput runs a subtask with inputs until all of its inputs ended, it
-// fails, or ctx ends. process is the head's ProcessBatch; chain holds the
-// head and the operators chained to it.
+// RunInput runs a subtask with inputs until it finishes, stops, fails or
+// ctx ends. process is the head's ProcessBatch; chain holds the head and
+// the operators chained to it. When every input ended it ends the chain's
+// input (EndInput drains the timers); with checkpointing it then reports
+// InputEnded and serves its mailbox until MailFinish or MailStop.
 func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], mode marker.Mode, process func([]IN) error, chain *Chain) (err error) {
-	defer guard(cfg.Info, &err)
-	r := &runner{cfg: cfg, chain: chain}
+	defer guard(cfg.Info, chain, &err)
+	r := newRunner(cfg, chain, false)
 	al, err := align.New[*channel.Buffer[IN]](align.Config{Channels: gate.Len(), Mode: mode})
 	if err != nil {
 		return fmt.Errorf("task: %v: %w", cfg.Info, err)
@@ -371,11 +423,8 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	defer userTimer.Stop()
 	for {
 		if cfg.Mail.Pending() {
-			r.mails = cfg.Mail.Drain(r.mails[:0])
-			for _, m := range r.mails {
-				if err := r.handleNotify(m); err != nil {
-					return err
-				}
+			if done, err := r.serveMail(ctx); done || err != nil {
+				return err
 			}
 		}
 		ch, it, ok := gate.Poll()
@@ -393,7 +442,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				}
 			}
 			var timerC <-chan time.Time
-			if at, ok := r.chain.nextTimer(); ok {
+			if at, ok := r.chain.nextTimer(); ok && r.timersLive() {
 				if wait := at.Sub(cfg.now()); wait > 0 {
 					userTimer.Reset(wait)
 					timerC = userTimer.C
@@ -413,8 +462,10 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				}
 				lastFlush = cfg.now()
 			case <-timerC:
-				if err := r.chain.fireTimers(cfg.now()); err != nil {
-					return err
+				if r.timersLive() {
+					if err := r.chain.fireTimers(cfg.now()); err != nil {
+						return err
+					}
 				}
 			case <-ctx.Done():
 				return ctx.Err()
@@ -439,7 +490,6 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				return fmt.Errorf("task: %v: unknown event %v on input %d", cfg.Info, it.Event, ch)
 			}
 		}
-		finished := false
 		for _, a := range al.Step(in) {
 			switch a.Kind {
 			case align.Deliver:
@@ -453,50 +503,17 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				gate.Block(a.Channel)
 			case align.Unblock:
 				gate.Unblock(a.Channel)
-			case align.Trigger:
-				if skip, err := r.skipAborted(ctx, a.Barrier.ID); skip || err != nil {
-					if err != nil {
-						return err
-					}
-					continue
-				}
-				m := snapshot.SubtaskMetrics{
-					AlignmentDuration: time.Duration(a.AlignmentNanos),
-					StartDelay:        time.Duration(a.StartDelayNanos),
-				}
-				if err := r.snapshot(ctx, a.Barrier, m); err != nil {
+			default:
+				if done, err := stepAligned(ctx, r, &a); done || err != nil {
 					return err
 				}
-			case align.ForwardBarrier:
-				if a.Barrier.ID == r.cancelled {
-					if err := r.broadcast(marker.NewCancel(a.Barrier.ID)); err != nil {
-						return err
-					}
-					continue
-				}
-				if err := r.forward(ctx, a.Barrier); err != nil {
-					return err
-				}
-			case align.Abort:
-				if err := r.report(ctx, Report{Kind: ReportDecline, ID: a.ID, Reason: declineReason(a.Reason)}); err != nil {
-					return err
-				}
-			case align.ForwardCancel:
-				if err := r.broadcast(marker.NewCancel(a.ID)); err != nil {
-					return err
-				}
-			case align.Finished:
-				finished = true
 			}
 		}
 		if err := r.chain.err(); err != nil {
 			return err
 		}
-		if finished {
-			return r.finish(ctx)
-		}
 		now := cfg.now()
-		if at, ok := r.chain.nextTimer(); ok && !now.Before(at) {
+		if at, ok := r.chain.nextTimer(); ok && !now.Before(at) && r.timersLive() {
 			if err := r.chain.fireTimers(now); err != nil {
 				return err
 			}
@@ -510,6 +527,30 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	}
 }
 
+// stepAligned feeds an aligner outcome (everything but Deliver, Block and
+// Unblock) to the bookkeeping. It is kept out of the record path.
+func stepAligned[T any](ctx context.Context, r *runner, a *align.Action[T]) (done bool, err error) {
+	var ev Event
+	switch a.Kind {
+	case align.Trigger:
+		ev = Event{Kind: OnTrigger, Barrier: a.Barrier, Metrics: snapshot.SubtaskMetrics{
+			AlignmentDuration: time.Duration(a.AlignmentNanos),
+			StartDelay:        time.Duration(a.StartDelayNanos),
+		}}
+	case align.ForwardBarrier:
+		ev = Event{Kind: OnForwardBarrier, Barrier: a.Barrier}
+	case align.Abort:
+		ev = Event{Kind: OnAbort, ID: a.ID, Reason: declineReason(a.Reason)}
+	case align.ForwardCancel:
+		ev = Event{Kind: OnForwardCancel, ID: a.ID}
+	case align.Finished:
+		ev = Event{Kind: OnInputEnded}
+	default:
+		return true, fmt.Errorf("task: %v: unknown aligner action %v", r.cfg.Info, a.Kind)
+	}
+	return r.step(ctx, ev)
+}
+
 func declineReason(r align.AbortReason) snapshot.DeclineReason {
 	switch r {
 	case align.Subsumed:
@@ -520,22 +561,4 @@ func declineReason(r align.AbortReason) snapshot.DeclineReason {
 		return snapshot.DeclinedEndOfInput
 	}
 	return snapshot.DeclinedTaskError
-}
-
-// finish ends a subtask whose inputs all ended: end the chain's input, pass
-// end-of-input on, and handle the notifications already queued (T4).
-func (r *runner) finish(ctx context.Context) error {
-	if err := r.chain.endInput(); err != nil {
-		return err
-	}
-	if err := r.broadcast(marker.EndOfInput); err != nil {
-		return err
-	}
-	r.mails = r.cfg.Mail.Drain(r.mails[:0])
-	for _, m := range r.mails {
-		if err := r.handleNotify(m); err != nil {
-			return err
-		}
-	}
-	return r.report(ctx, Report{Kind: ReportFinished})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -59,7 +60,7 @@ func (o *op) Open(info Info) error {
 	return nil
 }
 
-func (o *op) Snapshot(b marker.Barrier) (snapshot.SubtaskState, error) {
+func (o *op) Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error) {
 	if o.panicMsg != "" {
 		panic(o.panicMsg)
 	}
@@ -68,9 +69,9 @@ func (o *op) Snapshot(b marker.Barrier) (snapshot.SubtaskState, error) {
 		o.onSnap(b.ID)
 	}
 	if o.snapErr != nil {
-		return snapshot.SubtaskState{}, o.snapErr
+		return checkpoint.SubtaskState{}, o.snapErr
 	}
-	return snapshot.SubtaskState{Subtask: 99, Files: []string{o.uid}}, nil
+	return checkpoint.SubtaskState{Subtask: 99, Files: []string{o.uid}}, nil
 }
 
 func (o *op) NotifyComplete(id int64) error {
@@ -216,6 +217,19 @@ func (h *harness) wait() error { return <-h.done }
 // report returns the next report (a missing one is a synctest deadlock).
 func (h *harness) report() Report { return <-h.reports }
 
+// endAndFinish expects the InputEnded report of a subtask that handled
+// checkpoints up to h, sends MailFinish, and expects Finished.
+func (h *harness) endAndFinish(handled int64) {
+	h.t.Helper()
+	ended := h.report()
+	require.Equal(h.t, ReportInputEnded, ended.Kind, "%+v", ended)
+	require.Equal(h.t, handled, ended.ID, "the highest handled checkpoint id")
+	require.Equal(h.t, checkpoint.TaskID{Operator: "head"}, ended.Task)
+	h.mail.Put(Mail{Kind: MailFinish})
+	fin := h.report()
+	require.Equal(h.t, Report{Kind: ReportFinished, Task: checkpoint.TaskID{Operator: "head"}, At: fin.At}, fin)
+}
+
 // noReports checks that no report is queued.
 func (h *harness) noReports() {
 	select {
@@ -294,7 +308,7 @@ const (
 // (input 0 is blocked once its barrier arrived, so record 3 waits), the
 // barrier is forwarded after the pre-barrier records (T1), the subtask acks
 // once (T2), and end of input on both inputs ends the operator's input,
-// forwards end-of-input and reports Finished.
+// forwards end-of-input and reports InputEnded{1}; MailFinish then stops it.
 func TestRunInputAlignedBarrier(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 2)
@@ -313,13 +327,12 @@ func TestRunInputAlignedBarrier(t *testing.T) {
 		ack := h.report()
 		require.Equal(t, ReportAck, ack.Kind)
 		require.Equal(t, int64(1), ack.ID)
-		require.Equal(t, snapshot.TaskID{Operator: "head", Subtask: 0}, ack.Task)
+		require.Equal(t, checkpoint.TaskID{Operator: "head", Subtask: 0}, ack.Task)
 		require.Equal(t, []string{"head"}, ack.State.Files)
 		require.Equal(t, 0, ack.State.Subtask, "the chain sets the subtask of the state")
 		require.Equal(t, -1, ack.State.KeyGroupStart)
 		require.Equal(t, -1, ack.State.KeyGroupEnd)
-		fin := h.report()
-		require.Equal(t, Report{Kind: ReportFinished, Task: snapshot.TaskID{Operator: "head"}, At: fin.At}, fin)
+		h.endAndFinish(1)
 		require.NoError(t, h.wait())
 		h.noReports()
 
@@ -390,8 +403,8 @@ func TestRunInputCancelMarker(t *testing.T) {
 		require.Equal(t, ReportDecline, dec.Kind)
 		require.Equal(t, int64(1), dec.ID)
 		require.Equal(t, snapshot.DeclinedCancelMarker, dec.Reason)
-		require.Equal(t, snapshot.TaskID{Operator: "head"}, dec.Task)
-		require.Equal(t, ReportFinished, h.report().Kind)
+		require.Equal(t, checkpoint.TaskID{Operator: "head"}, dec.Task)
+		h.endAndFinish(1)
 		require.NoError(t, h.wait())
 		h.noReports()
 
@@ -425,14 +438,12 @@ func TestRunInputChain(t *testing.T) {
 		a1, a2 := h.report(), h.report()
 		require.Equal(t, ReportAck, a1.Kind)
 		require.Equal(t, ReportAck, a2.Kind)
-		require.Equal(t, snapshot.TaskID{Operator: "head"}, a1.Task)
+		require.Equal(t, checkpoint.TaskID{Operator: "head"}, a1.Task)
 		require.Equal(t, []string{"head"}, a1.State.Files)
-		require.Equal(t, snapshot.TaskID{Operator: "tail"}, a2.Task)
+		require.Equal(t, checkpoint.TaskID{Operator: "tail"}, a2.Task)
 		require.Equal(t, []string{"tail"}, a2.State.Files)
 		require.Equal(t, int64(1), a2.ID)
-		fin := h.report()
-		require.Equal(t, ReportFinished, fin.Kind)
-		require.Equal(t, snapshot.TaskID{Operator: "head"}, fin.Task)
+		h.endAndFinish(1)
 		require.NoError(t, h.wait())
 		h.noReports()
 
@@ -451,9 +462,10 @@ func TestRunInputChain(t *testing.T) {
 
 // TestRunInputNotifications: MailComplete reaches NotifyComplete of every
 // member once, and not for an id below the highest one already notified;
-// aborts reach every member. Mail queued while the subtask ends (here from
-// an EndInput, standing in for the master) is still handled before
-// Finished (T4).
+// aborts reach every member. After its input ended the subtask keeps
+// serving its mailbox: mail queued after InputEnded (here from an EndInput,
+// standing in for the master) is handled, in order, before MailFinish
+// stops it (T4).
 func TestRunInputNotifications(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 1)
@@ -467,7 +479,7 @@ func TestRunInputNotifications(t *testing.T) {
 			h.mail.Put(Mail{Kind: MailComplete, ID: 5})
 		})
 		h.runInput(marker.Aligned, chain, process)
-		require.Equal(t, ReportFinished, h.report().Kind)
+		h.endAndFinish(0)
 		require.NoError(t, h.wait())
 		h.noReports()
 		require.Equal(t, []string{
@@ -664,7 +676,7 @@ func (h *harness) sourceChain(n int) (*fakeSource, *Chain) {
 // busy is handled between two batches: snapshot of every member after the
 // records emitted so far, the barrier after them, an ack per member. With
 // checkpointing disabled, the end of the input ends the chain's input,
-// forwards end-of-input and reports Finished, without ReachedEnd.
+// forwards end-of-input and reports Finished, without InputEnded.
 func TestRunSourceTrigger(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 0)
@@ -682,8 +694,8 @@ func TestRunSourceTrigger(t *testing.T) {
 
 		a1, a2 := h.report(), h.report()
 		require.Equal(t, ReportAck, a1.Kind)
-		require.Equal(t, snapshot.TaskID{Operator: "src"}, a1.Task)
-		require.Equal(t, snapshot.TaskID{Operator: "tail"}, a2.Task)
+		require.Equal(t, checkpoint.TaskID{Operator: "src"}, a1.Task)
+		require.Equal(t, checkpoint.TaskID{Operator: "tail"}, a2.Task)
 		require.Equal(t, []string{"src"}, a1.State.Files)
 		require.Equal(t, []string{"tail"}, a2.State.Files)
 		require.Equal(t, 7*time.Millisecond, a1.Metrics.StartDelay)
@@ -706,38 +718,50 @@ func TestRunSourceTrigger(t *testing.T) {
 	})
 }
 
-// TestRunSourceFinalCheckpoint: with checkpointing enabled, a source at the
-// end of its input reports ReachedEnd and keeps taking checkpoints; only
-// MailFinish ends its output (T3), after the notifications queued before it.
-func TestRunSourceFinalCheckpoint(t *testing.T) {
+// TestRunSourceEndOfInput: with checkpointing enabled, a source at the
+// end of its input ends its chain's input at once (the tail's EndInput,
+// end-of-input on its channels) and reports InputEnded with the highest
+// checkpoint it handled (FLIP-147). It then takes checkpoints by trigger
+// mail, acking directly without a barrier (its channels are closed), ignores
+// triggers it already handled, and stops on MailFinish after the mail
+// queued before it (T3, T4).
+func TestRunSourceEndOfInput(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 0)
 		src, chain := h.sourceChain(3)
 		cfg := h.config("src", true)
 		cfg.BatchSize = 10
+		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 1}})
 		h.runSource(cfg, src, chain)
 
-		require.Equal(t, ReportReachedEnd, h.report().Kind)
+		require.Equal(t, ReportAck, h.report().Kind)
+		require.Equal(t, ReportAck, h.report().Kind)
+		ended := h.report()
+		require.Equal(t, ReportInputEnded, ended.Kind)
+		require.Equal(t, int64(1), ended.ID)
+		require.Equal(t, checkpoint.TaskID{Operator: "src"}, ended.Task)
 		synctest.Wait()
-		require.Equal(t, []string{"0", "1", "2"}, h.readNow(), "records flushed at the end of the input, no end-of-input yet")
+		require.Equal(t, []string{b1, "0", "1", "2", eoi}, h.readNow(), "the input ended at once")
 
+		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 1}}) // handled: ignored
 		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 2}})
 		a1, a2 := h.report(), h.report()
 		require.Equal(t, ReportAck, a1.Kind)
 		require.Equal(t, int64(2), a1.ID)
+		require.Equal(t, []string{"src"}, a1.State.Files)
 		require.Equal(t, int64(2), a2.ID)
+		require.Equal(t, []string{"tail"}, a2.State.Files)
 		synctest.Wait()
-		require.Equal(t, []string{"barrier(2 checkpoint aligned)"}, h.readNow())
+		require.Empty(t, h.readNow(), "no barrier after end-of-input (marker M3)")
+		h.noReports()
 
 		h.mail.Put(Mail{Kind: MailComplete, ID: 2})
 		h.mail.Put(Mail{Kind: MailFinish})
 		require.Equal(t, ReportFinished, h.report().Kind)
 		require.NoError(t, h.wait())
 		h.noReports()
-		require.Equal(t, []string{eoi}, h.readNow())
-		log := h.rec.log()
-		_, after := cut(t, log, "tail snapshot 2")
-		require.Equal(t, []string{"src complete 2", "tail complete 2", "tail end-input", "src close", "tail close"}, after)
+		_, after := cut(t, h.rec.log(), "tail end-input")
+		require.Equal(t, []string{"src snapshot 2", "tail snapshot 2", "src complete 2", "tail complete 2", "src close", "tail close"}, after)
 	})
 }
 
@@ -849,11 +873,11 @@ func TestRunSourceCancelAtEnd(t *testing.T) {
 		h := newHarness(t, 0)
 		src, chain := h.sourceChain(2)
 		h.runSource(h.config("src", true), src, chain)
-		require.Equal(t, ReportReachedEnd, h.report().Kind)
+		require.Equal(t, ReportInputEnded, h.report().Kind)
 		h.cancel()
 		require.ErrorIs(t, h.wait(), context.Canceled)
 		synctest.Wait()
-		require.Equal(t, []string{"0", "1"}, h.readNow(), "no end-of-input without MailFinish")
+		require.Equal(t, []string{"0", "1", eoi}, h.readNow())
 	})
 }
 
@@ -875,7 +899,7 @@ func TestRunInputAtLeastOnce(t *testing.T) {
 		chain, process := h.singleChain()
 		h.runInput(marker.AtLeastOnce, chain, process)
 		require.Equal(t, ReportAck, h.report().Kind)
-		require.Equal(t, ReportFinished, h.report().Kind)
+		h.endAndFinish(1)
 		require.NoError(t, h.wait())
 		pre, _ := cut(t, h.rec.log(), "head snapshot 1")
 		require.Contains(t, pre, "head rec 2", "input 0 was not blocked")
@@ -968,7 +992,7 @@ func TestRunInputSkipsAbortedCheckpoint(t *testing.T) {
 		ack := h.report()
 		require.Equal(t, ReportAck, ack.Kind)
 		require.Equal(t, int64(2), ack.ID)
-		require.Equal(t, ReportFinished, h.report().Kind)
+		h.endAndFinish(2)
 		require.NoError(t, h.wait())
 
 		require.NotContains(t, h.rec.log(), "head snapshot 1")
@@ -976,3 +1000,251 @@ func TestRunInputSkipsAbortedCheckpoint(t *testing.T) {
 		require.Equal(t, []string{"1", "cancel(1)", "2", "barrier(2 checkpoint aligned)", eoi}, toks)
 	})
 }
+
+// TestRunInputEndedTakesCheckpointsByMail: after its input ended a subtask
+// with inputs keeps serving its mailbox (FLIP-147): trigger mail for an id
+// above the InputEnded id is snapshotted and acked directly, without a
+// barrier (its channels are closed); ids already handled are ignored (T2);
+// an id notified aborted is declined; MailFinish stops it.
+func TestRunInputEndedTakesCheckpointsByMail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 1)
+		h.send(0, 1)
+		h.event(0, barrier(1))
+		h.send(0, 2)
+		h.event(0, marker.EndOfInput)
+		chain, process := h.pairChain(func(out *Output[int]) { out.Collect(7) })
+		h.runInput(marker.Aligned, chain, process)
+		require.Equal(t, ReportAck, h.report().Kind)
+		require.Equal(t, ReportAck, h.report().Kind)
+		ended := h.report()
+		require.Equal(t, ReportInputEnded, ended.Kind)
+		require.Equal(t, int64(1), ended.ID)
+		require.Equal(t, []string{"10", b1, "20", "7", eoi}, h.readUntil(marker.EventEndOfInput),
+			"EndInput's output precedes end-of-input")
+
+		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 1}})
+		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 3}})
+		a1, a2 := h.report(), h.report()
+		require.Equal(t, ReportAck, a1.Kind)
+		require.Equal(t, int64(3), a1.ID)
+		require.Equal(t, checkpoint.TaskID{Operator: "head"}, a1.Task)
+		require.Equal(t, checkpoint.TaskID{Operator: "tail"}, a2.Task)
+		h.mail.Put(Mail{Kind: MailAborted, ID: 4})
+		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 4}})
+		dec := h.report()
+		require.Equal(t, ReportDecline, dec.Kind)
+		require.Equal(t, int64(4), dec.ID)
+		require.Equal(t, snapshot.DeclinedCancelMarker, dec.Reason)
+		h.mail.Put(Mail{Kind: MailComplete, ID: 3})
+		h.mail.Put(Mail{Kind: MailFinish})
+		require.Equal(t, ReportFinished, h.report().Kind)
+		require.NoError(t, h.wait())
+		h.noReports()
+		require.Empty(t, h.readNow(), "nothing after end-of-input")
+		_, after := cut(t, h.rec.log(), "tail end-input")
+		require.Equal(t, []string{
+			"head snapshot 3", "tail snapshot 3",
+			"head aborted 4", "tail aborted 4",
+			"head complete 3", "tail complete 3",
+			"head close", "tail close",
+		}, after)
+	})
+}
+
+func stopBarrier(id int64) marker.Barrier {
+	return marker.Barrier{ID: id, Options: marker.Options{Kind: marker.Savepoint, Stop: true}}
+}
+
+// TestRunSourceStopWithSavepoint: the stop savepoint's trigger mail
+// suspends the source after its barrier: it emits nothing more but serves
+// its mailbox; MailComplete reaches every member (sinks commit) and
+// MailStop stops the subtask without ending its input (no EndInput, no
+// end-of-input).
+func TestRunSourceStopWithSavepoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 0)
+		src, chain := h.sourceChain(1000)
+		src.before = func(s *fakeSource) error {
+			if s.next == 4 {
+				h.mail.Put(Mail{Kind: MailTrigger, Barrier: stopBarrier(1), Suspend: true})
+			}
+			return nil
+		}
+		cfg := h.config("src", true)
+		cfg.BatchSize = 2
+		h.runSource(cfg, src, chain)
+		require.Equal(t, ReportAck, h.report().Kind)
+		require.Equal(t, ReportAck, h.report().Kind)
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.Equal(t, []string{"0", "1", "2", "3", "4", "5", "barrier(1 savepoint aligned stop)"}, h.readNow(),
+			"nothing after the stop savepoint's barrier")
+		require.Equal(t, 6, src.next, "suspended")
+
+		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 2}}) // checkpoints still go through
+		require.Equal(t, ReportAck, h.report().Kind)
+		require.Equal(t, ReportAck, h.report().Kind)
+		h.mail.Put(Mail{Kind: MailComplete, ID: 1})
+		h.mail.Put(Mail{Kind: MailStop})
+		require.Equal(t, ReportFinished, h.report().Kind)
+		require.NoError(t, h.wait())
+		h.noReports()
+		synctest.Wait()
+		require.Equal(t, []string{"barrier(2 checkpoint aligned)"}, h.readNow(), "no end-of-input")
+		log := h.rec.log()
+		require.NotContains(t, log, "tail end-input")
+		require.Equal(t, []string{"src complete 1", "tail complete 1", "src close", "tail close"}, log[len(log)-4:])
+	})
+}
+
+// TestRunSourceResumesAfterFailedStop: when the stop savepoint is aborted
+// the source emits again (on the abort itself; MailResume is then a no-op).
+func TestRunSourceResumesAfterFailedStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 0)
+		src, chain := h.sourceChain(10)
+		h.mail.Put(Mail{Kind: MailTrigger, Barrier: stopBarrier(1)})
+		cfg := h.config("src", true)
+		cfg.BatchSize = 2
+		h.runSource(cfg, src, chain)
+		require.Equal(t, ReportAck, h.report().Kind)
+		require.Equal(t, ReportAck, h.report().Kind)
+		synctest.Wait()
+		require.Zero(t, src.next, "suspended before emitting")
+		h.mail.Put(Mail{Kind: MailAborted, ID: 1})
+		h.mail.Put(Mail{Kind: MailResume})
+		ended := h.report()
+		require.Equal(t, ReportInputEnded, ended.Kind)
+		require.Equal(t, int64(1), ended.ID)
+		require.Equal(t, 10, src.next)
+		h.mail.Put(Mail{Kind: MailFinish})
+		require.Equal(t, ReportFinished, h.report().Kind)
+		require.NoError(t, h.wait())
+	})
+}
+
+// TestRunInputStopSuspendsTimers: a subtask with inputs that snapshots the
+// stop savepoint fires no more timers (nothing may be emitted after the
+// savepoint), and MailStop stops it without ending its input.
+func TestRunInputStopSuspendsTimers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 1)
+		start := time.Now()
+		chain, process := h.singleChain()
+		chain.Members[0].Timers = &fakeTimers{rec: h.rec, start: start, at: []time.Time{start.Add(5 * time.Millisecond)}}
+		h.send(0, 1)
+		h.event(0, marker.NewBarrier(stopBarrier(1)))
+		h.runInput(marker.Aligned, chain, process)
+		require.Equal(t, ReportAck, h.report().Kind)
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+		h.mail.Put(Mail{Kind: MailComplete, ID: 1})
+		h.mail.Put(Mail{Kind: MailStop})
+		require.Equal(t, ReportFinished, h.report().Kind)
+		require.NoError(t, h.wait())
+		require.Equal(t, []string{"head open 0/1", "head rec 1", "head snapshot 1", "head complete 1", "head close"}, h.rec.log(),
+			"no timer fired, no end of input")
+		require.Equal(t, []string{"1", "barrier(1 savepoint aligned stop)"}, h.readNow())
+	})
+}
+
+// tripleChain is head -> mid -> tail, each forwarding its records; mid
+// runs midProcess on each record first.
+func (h *harness) tripleChain(midProcess func(int) error) (*Chain, func([]int) error) {
+	out := h.output()
+	tail := LocalOut(16, func(recs []int) error {
+		for _, r := range recs {
+			out.Collect(r)
+		}
+		return nil
+	})
+	mid := LocalOut(16, func(recs []int) error {
+		for _, r := range recs {
+			if err := midProcess(r); err != nil {
+				return err
+			}
+			tail.Collect(r)
+		}
+		return nil
+	})
+	process := func(recs []int) error {
+		for _, r := range recs {
+			mid.Collect(r)
+		}
+		return nil
+	}
+	member := func(uid string, o Emitter) Member {
+		return Member{Info: info(uid), Op: &op{uid: uid, rec: h.rec}, Out: o, EndInput: func() error { return nil }}
+	}
+	return &Chain{Members: []Member{member("head", mid), member("mid", tail), member("tail", out)}}, process
+}
+
+// TestRunInputChainMemberFailures (issue 5, bug 10): a panic or an error in
+// the middle member of a chain of three is blamed on that member, not on
+// the chain's head.
+func TestRunInputChainMemberFailures(t *testing.T) {
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		mid  func(int) error
+		want string
+	}{
+		{"panic", func(r int) error {
+			if r == 3 {
+				panic("mid kaboom")
+			}
+			return nil
+		}, `task: operator "mid" (MID) subtask 0/1 panicked: mid kaboom`},
+		{"error", func(r int) error {
+			if r == 3 {
+				return boom
+			}
+			return nil
+		}, `task: operator "mid" (MID) subtask 0/1: boom`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t, 1)
+				h.send(0, 1, 2)
+				h.event(0, barrier(1))
+				h.send(0, 3)
+				h.event(0, marker.EndOfInput)
+				chain, process := h.tripleChain(tc.mid)
+				h.runInput(marker.Aligned, chain, process)
+				require.Equal(t, ReportAck, h.report().Kind)
+				require.Equal(t, ReportAck, h.report().Kind)
+				require.Equal(t, ReportAck, h.report().Kind)
+				err := h.wait()
+				require.Error(t, err)
+				require.True(t, strings.HasPrefix(err.Error(), tc.want), "%v", err)
+				require.NotContains(t, err.Error(), `"head"`)
+			})
+		})
+	}
+}
+
+// TestChainActiveCostsNothingPerRecord: the member bookkeeping of a local
+// output is per batch: Collect into a chained output allocates nothing and
+// the active member is the head again after every batch.
+func TestChainActiveCostsNothingPerRecord(t *testing.T) {
+	var c Chain
+	sink := LocalOut(4, func([]int) error { return nil })
+	c.Members = []Member{{Out: sink}, {Out: nopOut{}}}
+	sink.track(&c.active, 0)
+	allocs := testing.AllocsPerRun(1000, func() {
+		for i := range 10 {
+			sink.Collect(i)
+		}
+	})
+	require.Zero(t, allocs)
+	require.Zero(t, c.active)
+}
+
+type nopOut struct{}
+
+func (nopOut) Flush() error                      { return nil }
+func (nopOut) Pending() bool                     { return false }
+func (nopOut) BroadcastEvent(marker.Event) error { return nil }
+func (nopOut) Err() error                        { return nil }

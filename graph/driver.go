@@ -1,0 +1,162 @@
+package graph
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/snapflow/snapflow/internal/master"
+	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
+)
+
+// driver is the thin driver around the pure master.Master for one attempt:
+// it owns the clock and the timer, writes checkpoints to storage, puts mail
+// into the subtasks' mailboxes and reads their reports. It runs on the
+// execution's goroutine (so OnEvent is only ever called from that one
+// goroutine) and never blocks on a subtask: mailboxes are unbounded (G1).
+type driver struct {
+	e       *Execution
+	a       *attempt
+	core    *master.Master
+	storage *snapshot.Storage
+	acts    []master.Action
+}
+
+func newDriver(e *Execution, a *attempt, storage *snapshot.Storage) (*driver, error) {
+	j := e.job
+	ops := make([]snapshot.OperatorInfo, len(j.vertices))
+	for i, v := range j.vertices {
+		ops[i] = snapshot.OperatorInfo{UID: v.uid, Name: v.name, Parallelism: v.parallelism, MaxParallelism: v.maxParallelism, Source: v.kind == kindSource}
+	}
+	boxes := make([]master.Box, len(a.chainTasks))
+	for i, tasks := range a.chainTasks {
+		boxes[i] = master.Box{Tasks: tasks, Source: a.chainSource[i]}
+	}
+	cc := j.cfg.Checkpoint
+	core, err := master.New(master.Config{
+		Coordinator: snapshot.Config{
+			JobID: j.ID(), JobName: j.name, ExecutionID: e.id,
+			Interval: cc.Interval, Timeout: cc.Timeout, MinPause: cc.MinPause,
+			MaxConcurrent: cc.MaxConcurrent, TolerableFailures: cc.TolerableFailures,
+			Mode: cc.Mode, Operators: ops,
+		},
+		NextID: e.nextID, Stats: e.liveStats, Boxes: boxes,
+		Checkpointing: cc.Interval > 0, Storage: storage != nil,
+	}, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return &driver{e: e, a: a, core: core, storage: storage}, nil
+}
+
+// run steps the master until the attempt is done (nil), fails, or ctx ends.
+func (d *driver) run(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		timer.Stop()
+		if at, ok := d.core.NextDeadline(); ok {
+			timer.Reset(max(time.Until(at), 0))
+		}
+		var ev master.Event
+		select {
+		case r := <-d.a.reports:
+			ev = reportEvent(r)
+		case <-timer.C:
+			ev = master.Tick{Now: time.Now()}
+		case req := <-d.e.requests:
+			ev = master.SavepointRequest{Now: time.Now(), Stop: req.stop, Token: req}
+		case <-ctx.Done():
+			// Pending checkpoints of this attempt can never complete;
+			// waiting requests are answered now (bug 4).
+			_, _ = d.step(master.Shutdown{Now: time.Now(), Reason: "the job attempt stopped"})
+			return ctx.Err()
+		}
+		done, err := d.step(ev)
+		if done || err != nil {
+			return err
+		}
+	}
+}
+
+func reportEvent(r task.Report) master.Event {
+	switch r.Kind {
+	case task.ReportAck:
+		return master.Acked{Ack: snapshot.Ack{Now: r.At, ID: r.ID, Task: r.Task, State: r.State, Metrics: r.Metrics}}
+	case task.ReportDecline:
+		return master.Declined{Decline: snapshot.Decline{Now: r.At, ID: r.ID, Task: r.Task, Reason: r.Reason, Err: r.Err}}
+	case task.ReportInputEnded:
+		return master.InputEnded{Now: r.At, Task: r.Task, Handled: r.ID}
+	case task.ReportFinished:
+		return master.Finished{Now: r.At, Task: r.Task}
+	}
+	panic(fmt.Sprintf("graph: unknown report kind %d", r.Kind))
+}
+
+// step steps ev and carries out the actions, stepping the outcome of each
+// metadata write in turn. It reports whether the attempt is done.
+func (d *driver) step(ev master.Event) (done bool, err error) {
+	defer d.e.publish()
+	d.acts = d.core.Step(d.acts[:0], ev)
+	for i := 0; i < len(d.acts); i++ {
+		switch a := d.acts[i].(type) {
+		case master.Mail:
+			d.a.boxes[a.Box].Put(taskMail(a))
+		case master.Write:
+			path, err := d.storage.Write(a.Metadata)
+			if err != nil {
+				d.e.job.logf("graph: checkpoint %d: %v", a.Metadata.CheckpointID, err)
+			}
+			d.acts = d.core.Step(d.acts, master.Persisted{Now: time.Now(), ID: a.Metadata.CheckpointID, Path: path, Err: err})
+		case master.Reply:
+			a.Token.(request).reply <- requestResult{path: a.Path, err: a.Err}
+		case master.Completed:
+			if a.Kind == marker.Checkpoint || a.Stop {
+				d.e.completed = true
+			}
+			d.e.emit(Event{Kind: CheckpointCompleted, Attempt: d.a.number, CheckpointID: a.ID, Savepoint: a.Kind == marker.Savepoint, Path: a.Path})
+		case master.Aborted:
+			d.e.emit(Event{Kind: CheckpointAborted, Attempt: d.a.number, CheckpointID: a.ID, Reason: a.Reason, Err: a.Err})
+		case master.Fail:
+			if a.Unrecoverable {
+				return false, unrecoverable(a.Err)
+			}
+			return false, a.Err
+		case master.Done:
+			d.e.stoppedAt = a.Path
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func taskMail(m master.Mail) task.Mail {
+	switch m.Kind {
+	case master.MailTrigger:
+		return task.Mail{Kind: task.MailTrigger, Barrier: m.Barrier, Suspend: m.Suspend}
+	case master.MailComplete:
+		return task.Mail{Kind: task.MailComplete, ID: m.ID}
+	case master.MailAborted:
+		return task.Mail{Kind: task.MailAborted, ID: m.ID}
+	case master.MailFinish:
+		return task.Mail{Kind: task.MailFinish}
+	case master.MailStop:
+		return task.Mail{Kind: task.MailStop}
+	case master.MailResume:
+		return task.Mail{Kind: task.MailResume}
+	}
+	panic(fmt.Sprintf("graph: unknown mail kind %v", m.Kind))
+}
+
+// chainTasks lists the task ids of chain's members for subtask i, head
+// first.
+func chainTasks(chain []*vertex, i int) []checkpoint.TaskID {
+	ids := make([]checkpoint.TaskID, len(chain))
+	for k, v := range chain {
+		ids[k] = checkpoint.TaskID{Operator: v.uid, Subtask: i}
+	}
+	return ids
+}

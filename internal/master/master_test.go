@@ -1,0 +1,289 @@
+package master
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+	"github.com/stretchr/testify/require"
+
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
+)
+
+// TestMaster runs the scripts in testdata. Each drives one Master (and the
+// real coordinator inside it) with a fake clock. Times (t=...) are Go
+// durations since the epoch. Commands:
+//
+//	init [interval=D] [timeout=D] [tolerable=N] [next-id=N] [no-checkpointing] [no-storage]
+//	     boxes=(src/0:source, sum/0+sink/0, ...)
+//	    One box per chain subtask: its operator subtasks joined by "+",
+//	    head first; ":source" marks a source chain. Operators and their
+//	    parallelism follow from the tasks.
+//	tick t=D
+//	ack t=D id=N task=uid/i
+//	decline t=D id=N task=uid/i [reason=task-error|subsumed|cancel-marker|end-of-input]
+//	ended t=D task=uid/i handled=N     (InputEnded of the box headed by task)
+//	finished t=D task=uid/i
+//	savepoint t=D token=S [stop]
+//	persisted t=D id=N [path=P] [err=S] [indeterminate]
+//	shutdown t=D
+//	deadline
+//
+// Every event prints the actions of its Step, one per line:
+//
+//	mail <box head> <kind> [<barrier>] [suspend] [id]
+//	write <id> <kind>
+//	reply <token> path=P | err=E
+//	completed <id> <kind> [stop] path=P
+//	aborted <id>: <reason>
+//	fail [unrecoverable]: <error>
+//	done [stopped path=P]
+func TestMaster(t *testing.T) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		h := &harness{}
+		datadriven.RunTest(t, path, h.run)
+	})
+}
+
+var epoch = time.Unix(0, 0).UTC()
+
+type harness struct {
+	m     *Master
+	boxes []Box
+}
+
+func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
+	if d.Cmd == "init" {
+		h.init(t, d)
+		return ""
+	}
+	require.NotNil(t, h.m, "%s: init first", d.Pos)
+	if d.Cmd == "deadline" {
+		if at, ok := h.m.NextDeadline(); ok {
+			return at.Sub(epoch).String() + "\n"
+		}
+		return "none\n"
+	}
+	ev := h.event(t, d)
+	return h.format(h.m.Step(nil, ev))
+}
+
+func (h *harness) init(t *testing.T, d *datadriven.TestData) {
+	h.boxes = nil
+	cfg := Config{NextID: 1, Checkpointing: true, Storage: true}
+	cc := snapshot.Config{JobID: "job", JobName: "job", Timeout: time.Minute, TolerableFailures: snapshot.UnlimitedFailures}
+	var ops []snapshot.OperatorInfo
+	index := map[string]int{}
+	for _, arg := range d.CmdArgs {
+		switch arg.Key {
+		case "interval":
+			cc.Interval = dur(t, arg.Vals[0])
+		case "timeout":
+			cc.Timeout = dur(t, arg.Vals[0])
+		case "tolerable":
+			cc.TolerableFailures = atoi(t, arg.Vals[0])
+		case "next-id":
+			cfg.NextID = int64(atoi(t, arg.Vals[0]))
+		case "no-checkpointing":
+			cfg.Checkpointing = false
+		case "no-storage":
+			cfg.Storage = false
+		case "boxes":
+			for _, spec := range arg.Vals {
+				spec = strings.TrimSpace(spec)
+				var b Box
+				spec, b.Source = strings.CutSuffix(spec, ":source")
+				for _, ts := range strings.Split(spec, "+") {
+					task := parseTask(t, ts)
+					b.Tasks = append(b.Tasks, task)
+					i, ok := index[task.Operator]
+					if !ok {
+						i = len(ops)
+						index[task.Operator] = i
+						ops = append(ops, snapshot.OperatorInfo{UID: task.Operator, Name: task.Operator})
+					}
+					ops[i].Parallelism++
+					ops[i].Source = ops[i].Source || (b.Source && len(b.Tasks) == 1)
+				}
+				h.boxes = append(h.boxes, b)
+			}
+		default:
+			t.Fatalf("%s: unknown init argument %q", d.Pos, arg.Key)
+		}
+	}
+	cc.Operators = ops
+	cfg.Coordinator, cfg.Boxes = cc, h.boxes
+	m, err := New(cfg, epoch)
+	require.NoError(t, err)
+	h.m = m
+}
+
+func (h *harness) event(t *testing.T, d *datadriven.TestData) Event {
+	var (
+		now     time.Time
+		id      int64
+		task    checkpoint.TaskID
+		token   string
+		path    string
+		errS    string
+		reason  = snapshot.DeclinedTaskError
+		handled int64
+		stop    bool
+		indet   bool
+	)
+	for _, arg := range d.CmdArgs {
+		v := ""
+		if len(arg.Vals) > 0 {
+			v = arg.Vals[0]
+		}
+		switch arg.Key {
+		case "t":
+			now = epoch.Add(dur(t, v))
+		case "id":
+			id = int64(atoi(t, v))
+		case "task":
+			task = parseTask(t, v)
+		case "token":
+			token = v
+		case "path":
+			path = v
+		case "err":
+			errS = v
+		case "handled":
+			handled = int64(atoi(t, v))
+		case "stop":
+			stop = true
+		case "indeterminate":
+			indet = true
+		case "reason":
+			switch v {
+			case "task-error":
+				reason = snapshot.DeclinedTaskError
+			case "subsumed":
+				reason = snapshot.DeclinedSubsumed
+			case "cancel-marker":
+				reason = snapshot.DeclinedCancelMarker
+			case "end-of-input":
+				reason = snapshot.DeclinedEndOfInput
+			default:
+				t.Fatalf("%s: unknown reason %q", d.Pos, v)
+			}
+		default:
+			t.Fatalf("%s: unknown argument %q", d.Pos, arg.Key)
+		}
+	}
+	switch d.Cmd {
+	case "tick":
+		return Tick{Now: now}
+	case "ack":
+		return Acked{Ack: snapshot.Ack{Now: now, ID: id, Task: task, State: checkpoint.SubtaskState{KeyGroupStart: -1, KeyGroupEnd: -1}}}
+	case "decline":
+		var err error
+		if errS != "" {
+			err = errors.New(errS)
+		}
+		return Declined{Decline: snapshot.Decline{Now: now, ID: id, Task: task, Reason: reason, Err: err}}
+	case "ended":
+		return InputEnded{Now: now, Task: task, Handled: handled}
+	case "finished":
+		return Finished{Now: now, Task: task}
+	case "savepoint":
+		return SavepointRequest{Now: now, Stop: stop, Token: token}
+	case "persisted":
+		var err error
+		if errS != "" {
+			err = errors.New(errS)
+		}
+		if indet {
+			err = fmt.Errorf("%w: %s", snapshot.ErrIndeterminate, errS)
+		}
+		return Persisted{Now: now, ID: id, Path: path, Err: err}
+	case "shutdown":
+		return Shutdown{Now: now, Reason: "test"}
+	}
+	t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
+	return nil
+}
+
+func (h *harness) format(acts []Action) string {
+	var b strings.Builder
+	for _, a := range acts {
+		switch a := a.(type) {
+		case Mail:
+			head := h.boxes[a.Box].Tasks[0]
+			fmt.Fprintf(&b, "mail %s/%d %s", head.Operator, head.Subtask, a.Kind)
+			switch a.Kind {
+			case MailTrigger:
+				fmt.Fprintf(&b, " %s", fmtBarrier(a.Barrier))
+				if a.Suspend {
+					b.WriteString(" suspend")
+				}
+			case MailComplete, MailAborted:
+				fmt.Fprintf(&b, " %d", a.ID)
+			}
+		case Write:
+			fmt.Fprintf(&b, "write %d %s", a.Metadata.CheckpointID, a.Metadata.Options.Kind)
+		case Reply:
+			if a.Err != nil {
+				fmt.Fprintf(&b, "reply %v err=%v", a.Token, a.Err)
+			} else {
+				fmt.Fprintf(&b, "reply %v path=%s", a.Token, a.Path)
+			}
+		case Completed:
+			fmt.Fprintf(&b, "completed %d %s", a.ID, a.Kind)
+			if a.Stop {
+				b.WriteString(" stop")
+			}
+			fmt.Fprintf(&b, " path=%s", a.Path)
+		case Aborted:
+			fmt.Fprintf(&b, "aborted %d: %s", a.ID, a.Reason)
+		case Fail:
+			b.WriteString("fail")
+			if a.Unrecoverable {
+				b.WriteString(" unrecoverable")
+			}
+			fmt.Fprintf(&b, ": %v", a.Err)
+		case Done:
+			b.WriteString("done")
+			if a.Stopped {
+				fmt.Fprintf(&b, " stopped path=%s", a.Path)
+			}
+		default:
+			fmt.Fprintf(&b, "%T", a)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func fmtBarrier(b marker.Barrier) string {
+	s := fmt.Sprintf("barrier(%d %s", b.ID, b.Options.Kind)
+	if b.Options.Stop {
+		s += " stop"
+	}
+	return s + ")"
+}
+
+func parseTask(t *testing.T, s string) checkpoint.TaskID {
+	uid, idx, ok := strings.Cut(strings.TrimSpace(s), "/")
+	require.True(t, ok, "task %q is not uid/index", s)
+	return checkpoint.TaskID{Operator: uid, Subtask: atoi(t, idx)}
+}
+
+func dur(t *testing.T, s string) time.Duration {
+	d, err := time.ParseDuration(s)
+	require.NoError(t, err)
+	return d
+}
+
+func atoi(t *testing.T, s string) int {
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
+}

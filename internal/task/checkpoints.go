@@ -1,0 +1,477 @@
+package task
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+)
+
+// Checkpoints is the subtask's side of the protocol with the job master, as
+// a pure, deterministic state machine in the style of align.Aligner and
+// snapshot.Coordinator (and etcd raft): the subtask loop feeds it the
+// aligner's checkpoint outcomes, its mail and its end of input, and carries
+// out the returned actions in order. It has no goroutines, clock or IO, and
+// it is consulted for barriers, mail and the end of input only, never per
+// record.
+//
+// It owns the bookkeeping that decides what happens to a checkpoint: the
+// highest handled id h, the ids the master notified as aborted (bounded),
+// the id whose trigger was skipped (so its barrier becomes a cancel
+// marker), the highest id notified complete, the end-of-input sequencing
+// (FLIP-147: end the input at once, report InputEnded{h}, take later
+// checkpoints by trigger mail, stop on MailFinish) and stop-with-savepoint
+// (suspend after the stop savepoint's snapshot, stop on MailStop, resume if
+// it is aborted). See the package documentation for the invariants.
+type Checkpoints struct {
+	cfg   CheckpointsConfig
+	phase Phase
+	// h is the highest checkpoint id handled: snapshotted, declined or
+	// skipped. Trigger mail for an id <= h is ignored (T2).
+	h int64
+	// done is the highest id notified complete.
+	done int64
+	// aborted holds ids above done that the master notified as aborted
+	// (at most maxAborted, oldest dropped); their barriers and triggers
+	// are declined with a cancel marker instead of a snapshot.
+	aborted []int64
+	// held is the id snapshotted on the aligner's Trigger whose barrier is
+	// not forwarded yet (0: none); cancelled the id whose Trigger was
+	// skipped, so its ForwardBarrier sends a cancel marker.
+	held, cancelled int64
+	// suspended: the subtask snapshotted the stop savepoint suspendID and
+	// must not emit (sources) or fire timers (others) until it stops, or
+	// resumes because that savepoint was aborted.
+	suspended bool
+	suspendID int64
+	// endPending: the input ended while suspended; it is ended on resume.
+	endPending bool
+}
+
+// CheckpointsConfig configures Checkpoints.
+type CheckpointsConfig struct {
+	// Source is set for a subtask whose chain is headed by a source: it
+	// gets trigger mail while it runs and injects the barrier itself.
+	Source bool
+	// Checkpointing is set when the job takes checkpoints: a subtask whose
+	// input ended then waits for MailFinish instead of stopping at once.
+	Checkpointing bool
+}
+
+// Phase is where a subtask is in its life.
+type Phase uint8
+
+const (
+	// Running: the input has not ended.
+	Running Phase = iota
+	// Ended: the input ended (EndInput ran, end-of-input was sent) and the
+	// subtask serves its mailbox until MailFinish or MailStop.
+	Ended
+	// Exited: the subtask returned (after DoExit).
+	Exited
+)
+
+func (p Phase) String() string {
+	switch p {
+	case Running:
+		return "running"
+	case Ended:
+		return "ended"
+	case Exited:
+		return "exited"
+	}
+	return fmt.Sprintf("phase(%d)", uint8(p))
+}
+
+// EventKind says what an Event tells Checkpoints.
+type EventKind uint8
+
+const (
+	// OnTrigger is the aligner's Trigger for Barrier, with the alignment
+	// metrics in Metrics.
+	OnTrigger EventKind = iota + 1
+	// OnForwardBarrier is the aligner's ForwardBarrier for Barrier.
+	OnForwardBarrier
+	// OnAbort is the aligner's Abort of ID for Reason.
+	OnAbort
+	// OnForwardCancel is the aligner's ForwardCancel of ID.
+	OnForwardCancel
+	// OnMail is one mail from the master; for MailTrigger, Metrics holds
+	// the start delay.
+	OnMail
+	// OnInputEnded: a source reached the end of its input, or every input
+	// of the subtask ended (the aligner's Finished).
+	OnInputEnded
+	// OnSnapshotFailed: the DoSnapshot for ID failed with Err.
+	OnSnapshotFailed
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case OnTrigger:
+		return "trigger"
+	case OnForwardBarrier:
+		return "forward-barrier"
+	case OnAbort:
+		return "abort"
+	case OnForwardCancel:
+		return "forward-cancel"
+	case OnMail:
+		return "mail"
+	case OnInputEnded:
+		return "input-ended"
+	case OnSnapshotFailed:
+		return "snapshot-failed"
+	}
+	return fmt.Sprintf("event(%d)", uint8(k))
+}
+
+// Event is an input to Checkpoints.Step. Which fields are set depends on
+// Kind.
+type Event struct {
+	Kind    EventKind
+	Barrier marker.Barrier          // OnTrigger, OnForwardBarrier
+	ID      int64                   // OnAbort, OnForwardCancel, OnSnapshotFailed
+	Reason  snapshot.DeclineReason  // OnAbort
+	Mail    Mail                    // OnMail
+	Metrics snapshot.SubtaskMetrics // OnTrigger, OnMail (MailTrigger)
+	Err     error                   // OnSnapshotFailed
+}
+
+// ActionKind says what the subtask loop must do.
+type ActionKind uint8
+
+const (
+	// DoSnapshot: snapshot the chain for Barrier (flush the local outputs,
+	// snapshot every member) and hold the acks, with Metrics. On failure,
+	// step OnSnapshotFailed.
+	DoSnapshot ActionKind = iota + 1
+	// DoForwardBarrier: send Barrier on every output channel, after every
+	// record emitted before it (T1).
+	DoForwardBarrier
+	// DoForwardCancel: send a cancel marker for ID on every output channel.
+	DoForwardCancel
+	// DoAck: report the held acks of checkpoint ID (one per member).
+	DoAck
+	// DoDecline: report a decline of ID for Reason (Err for a task error).
+	DoDecline
+	// DoNotifyComplete: notify every member that ID completed.
+	DoNotifyComplete
+	// DoNotifyAborted: notify every member that ID was aborted.
+	DoNotifyAborted
+	// DoEndInput: end the chain's input (each member's EndInput in order,
+	// which drains its timers and may emit), flush, and send end-of-input
+	// on every output channel.
+	DoEndInput
+	// DoReportInputEnded: report InputEnded with ID = h, the highest
+	// checkpoint id handled.
+	DoReportInputEnded
+	// DoReportFinished: report Finished.
+	DoReportFinished
+	// DoSuspend: stop emitting (a source) or firing timers (a subtask with
+	// inputs) until DoResume.
+	DoSuspend
+	// DoResume: emit, or fire timers, again.
+	DoResume
+	// DoExit: return from the subtask loop with Err (nil: a normal stop).
+	// It is the last action Checkpoints ever returns.
+	DoExit
+)
+
+func (k ActionKind) String() string {
+	switch k {
+	case DoSnapshot:
+		return "snapshot"
+	case DoForwardBarrier:
+		return "forward-barrier"
+	case DoForwardCancel:
+		return "forward-cancel"
+	case DoAck:
+		return "ack"
+	case DoDecline:
+		return "decline"
+	case DoNotifyComplete:
+		return "notify-complete"
+	case DoNotifyAborted:
+		return "notify-aborted"
+	case DoEndInput:
+		return "end-input"
+	case DoReportInputEnded:
+		return "report-input-ended"
+	case DoReportFinished:
+		return "report-finished"
+	case DoSuspend:
+		return "suspend"
+	case DoResume:
+		return "resume"
+	case DoExit:
+		return "exit"
+	}
+	return fmt.Sprintf("action(%d)", uint8(k))
+}
+
+// Action is one thing the subtask loop must do. Which fields are set depends
+// on Kind.
+type Action struct {
+	Kind    ActionKind
+	Barrier marker.Barrier          // DoSnapshot, DoForwardBarrier
+	ID      int64                   // every kind naming a checkpoint, DoReportInputEnded
+	Reason  snapshot.DeclineReason  // DoDecline
+	Metrics snapshot.SubtaskMetrics // DoSnapshot
+	Err     error                   // DoDecline, DoExit
+}
+
+func (a Action) String() string {
+	switch a.Kind {
+	case DoSnapshot, DoForwardBarrier:
+		if a.Err != nil {
+			return fmt.Sprintf("%s(%d) failed", a.Kind, a.Barrier.ID)
+		}
+		return fmt.Sprintf("%s(%d)", a.Kind, a.Barrier.ID)
+	case DoDecline:
+		if a.Err != nil {
+			return fmt.Sprintf("decline(%d %s: %v)", a.ID, a.Reason, a.Err)
+		}
+		return fmt.Sprintf("decline(%d %s)", a.ID, a.Reason)
+	case DoForwardCancel, DoAck, DoNotifyComplete, DoNotifyAborted, DoReportInputEnded:
+		return fmt.Sprintf("%s(%d)", a.Kind, a.ID)
+	case DoExit:
+		if a.Err != nil {
+			return fmt.Sprintf("exit(%v)", a.Err)
+		}
+	}
+	return a.Kind.String()
+}
+
+// maxAborted bounds the aborted set; the oldest entries are forgotten (they
+// only save work: a forgotten id's barrier is snapshotted as usual, and the
+// coordinator ignores the ack of an aborted checkpoint).
+const maxAborted = 64
+
+// NewCheckpoints returns the bookkeeping of a subtask that starts running.
+func NewCheckpoints(cfg CheckpointsConfig) *Checkpoints { return &Checkpoints{cfg: cfg} }
+
+// Phase is the subtask's phase.
+func (c *Checkpoints) Phase() Phase { return c.phase }
+
+// Suspended reports whether the subtask must not emit records (a source)
+// or fire timers.
+func (c *Checkpoints) Suspended() bool { return c.suspended }
+
+// Handled is h, the highest checkpoint id the subtask snapshotted, declined
+// or skipped.
+func (c *Checkpoints) Handled() int64 { return c.h }
+
+// Step feeds one event and appends the actions to carry out, in order, to
+// dst, which it returns. It never keeps or reuses dst, so the result stays
+// valid across later calls.
+//
+// A protocol violation (an aligner outcome after the input ended, trigger
+// mail for a running subtask with inputs, MailFinish before the input
+// ended, a barrier forwarded without its snapshot) yields DoExit with an
+// error: it is a bug of the master or the driver, and failing the attempt
+// is safer than guessing.
+func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
+	if c.phase == Exited {
+		return dst
+	}
+	switch ev.Kind {
+	case OnTrigger:
+		if c.phase != Running || c.cfg.Source {
+			return c.violation(dst, ev)
+		}
+		return c.onTrigger(dst, ev)
+	case OnForwardBarrier:
+		if c.phase != Running || c.cfg.Source {
+			return c.violation(dst, ev)
+		}
+		id := ev.Barrier.ID
+		switch {
+		case id == c.cancelled:
+			c.cancelled = 0
+			return append(dst, Action{Kind: DoForwardCancel, ID: id})
+		case id == c.held:
+			c.held = 0
+			return append(dst, Action{Kind: DoForwardBarrier, Barrier: ev.Barrier, ID: id}, Action{Kind: DoAck, ID: id})
+		}
+		return c.exit(dst, fmt.Errorf("task: barrier %d forwarded without a snapshot", id))
+	case OnAbort:
+		if c.phase != Running || c.cfg.Source {
+			return c.violation(dst, ev)
+		}
+		c.h = max(c.h, ev.ID)
+		return append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: ev.Reason})
+	case OnForwardCancel:
+		if c.phase != Running || c.cfg.Source {
+			return c.violation(dst, ev)
+		}
+		return append(dst, Action{Kind: DoForwardCancel, ID: ev.ID})
+	case OnMail:
+		return c.onMail(dst, ev)
+	case OnInputEnded:
+		if c.phase != Running || c.endPending {
+			return c.violation(dst, ev)
+		}
+		if c.suspended {
+			// Stop-with-savepoint in flight: the subtask must not emit,
+			// and EndInput would. End the input if the savepoint fails.
+			c.endPending = true
+			return dst
+		}
+		return c.endInput(dst)
+	case OnSnapshotFailed:
+		dst = append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: snapshot.DeclinedTaskError, Err: ev.Err})
+		return c.exit(dst, ev.Err)
+	}
+	return c.exit(dst, fmt.Errorf("task: unknown checkpoint event %v", ev.Kind))
+}
+
+// onTrigger handles the aligner's Trigger (a subtask with inputs).
+func (c *Checkpoints) onTrigger(dst []Action, ev Event) []Action {
+	id := ev.Barrier.ID
+	if id <= c.h {
+		return c.exit(dst, fmt.Errorf("task: trigger of checkpoint %d after %d was handled (align A3)", id, c.h))
+	}
+	c.h = id
+	if c.isAborted(id) {
+		c.cancelled = id
+		return append(dst, Action{Kind: DoDecline, ID: id, Reason: snapshot.DeclinedCancelMarker})
+	}
+	c.held = id
+	dst = append(dst, Action{Kind: DoSnapshot, Barrier: ev.Barrier, ID: id, Metrics: ev.Metrics})
+	if ev.Barrier.Options.Stop {
+		dst = c.suspend(dst, id)
+	}
+	return dst
+}
+
+func (c *Checkpoints) onMail(dst []Action, ev Event) []Action {
+	m := ev.Mail
+	switch m.Kind {
+	case MailTrigger:
+		return c.onTriggerMail(dst, ev)
+	case MailComplete:
+		if m.ID <= c.done {
+			return dst // covered by a completion already notified
+		}
+		c.done = m.ID
+		c.aborted = slices.DeleteFunc(c.aborted, func(id int64) bool { return id <= m.ID })
+		return append(dst, Action{Kind: DoNotifyComplete, ID: m.ID})
+	case MailAborted:
+		if m.ID > c.done && !c.isAborted(m.ID) {
+			if len(c.aborted) >= maxAborted {
+				c.aborted = slices.Delete(c.aborted, 0, 1) // the oldest
+			}
+			c.aborted = append(c.aborted, m.ID)
+			slices.Sort(c.aborted)
+		}
+		dst = append(dst, Action{Kind: DoNotifyAborted, ID: m.ID})
+		if c.suspended && m.ID == c.suspendID {
+			dst = c.resume(dst) // the stop savepoint failed
+		}
+		return dst
+	case MailFinish:
+		if c.phase != Ended {
+			return c.violation(dst, ev)
+		}
+		return c.stop(dst)
+	case MailStop:
+		return c.stop(dst)
+	case MailResume:
+		if c.suspended {
+			dst = c.resume(dst)
+		}
+		return dst
+	}
+	return c.exit(dst, fmt.Errorf("task: unknown mail kind %d", m.Kind))
+}
+
+// onTriggerMail handles MailTrigger: a running source snapshots and injects
+// the barrier; a subtask whose input ended snapshots and acks directly (its
+// channels are closed, FLIP-147).
+func (c *Checkpoints) onTriggerMail(dst []Action, ev Event) []Action {
+	b := ev.Mail.Barrier
+	if c.phase == Running && !c.cfg.Source {
+		return c.violation(dst, ev)
+	}
+	if b.ID <= c.h {
+		return dst // already handled (T2)
+	}
+	c.h = b.ID
+	running := c.phase == Running
+	if c.isAborted(b.ID) {
+		dst = append(dst, Action{Kind: DoDecline, ID: b.ID, Reason: snapshot.DeclinedCancelMarker})
+		if running {
+			dst = append(dst, Action{Kind: DoForwardCancel, ID: b.ID})
+		}
+		return dst
+	}
+	dst = append(dst, Action{Kind: DoSnapshot, Barrier: b, ID: b.ID, Metrics: ev.Metrics})
+	if running {
+		dst = append(dst, Action{Kind: DoForwardBarrier, Barrier: b, ID: b.ID})
+	}
+	dst = append(dst, Action{Kind: DoAck, ID: b.ID})
+	if running && (ev.Mail.Suspend || b.Options.Stop) {
+		dst = c.suspend(dst, b.ID)
+	}
+	return dst
+}
+
+// endInput ends the input: with checkpointing the subtask reports
+// InputEnded{h} and keeps serving mail, without it stops.
+func (c *Checkpoints) endInput(dst []Action) []Action {
+	dst = append(dst, Action{Kind: DoEndInput})
+	if !c.cfg.Checkpointing {
+		return c.stop(dst)
+	}
+	c.phase = Ended
+	return append(dst, Action{Kind: DoReportInputEnded, ID: c.h})
+}
+
+func (c *Checkpoints) suspend(dst []Action, id int64) []Action {
+	c.suspendID = id
+	if c.suspended {
+		return dst
+	}
+	c.suspended = true
+	return append(dst, Action{Kind: DoSuspend})
+}
+
+func (c *Checkpoints) resume(dst []Action) []Action {
+	c.suspended, c.suspendID = false, 0
+	dst = append(dst, Action{Kind: DoResume})
+	if c.endPending {
+		c.endPending = false
+		dst = c.endInput(dst)
+	}
+	return dst
+}
+
+// stop reports Finished and exits (MailFinish, MailStop, or the end of the
+// input without checkpointing). MailStop does not end the input.
+func (c *Checkpoints) stop(dst []Action) []Action {
+	return c.exit(append(dst, Action{Kind: DoReportFinished}), nil)
+}
+
+func (c *Checkpoints) exit(dst []Action, err error) []Action {
+	c.phase = Exited
+	return append(dst, Action{Kind: DoExit, Err: err})
+}
+
+func (c *Checkpoints) violation(dst []Action, ev Event) []Action {
+	what := ev.Kind.String()
+	if ev.Kind == OnMail {
+		what = "mail " + ev.Mail.Kind.String()
+	}
+	kind := "subtask with inputs"
+	if c.cfg.Source {
+		kind = "source subtask"
+	}
+	return c.exit(dst, fmt.Errorf("task: protocol violation: %s for a %s that is %s", what, kind, c.phase))
+}
+
+func (c *Checkpoints) isAborted(id int64) bool {
+	_, ok := slices.BinarySearch(c.aborted, id)
+	return ok
+}

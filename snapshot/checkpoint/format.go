@@ -1,0 +1,418 @@
+package checkpoint
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"path"
+	"strings"
+
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/state/keygroup"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The _metadata file format.
+//
+// A _metadata file is one frame:
+//
+//	offset  size  field
+//	0       4     magic "SFCK"
+//	4       4     format version, uint32 big-endian (FormatVersion)
+//	8       8     payload length n, uint64 big-endian
+//	16      4     CRC-32C (Castagnoli) of bytes [0, 16), big-endian
+//	20      n     payload: the Metadata, msgpack-encoded
+//	20+n    4     CRC-32C of bytes [0, 20+n), big-endian
+//
+// Invariants:
+//
+//   - F1: the 20-byte header (magic, version, length, header CRC) is the same
+//     in every format version; only the payload schema may change. A reader
+//     therefore always tells a damaged or truncated file (ErrCorrupt) from one
+//     written by a newer format (ErrUnsupportedVersion): the header CRC is
+//     checked before the version.
+//   - F2: EncodeMetadata only encodes metadata that ValidateMetadata accepts,
+//     and DecodeMetadata only returns metadata that ValidateMetadata accepts,
+//     so whatever is written can be read back.
+//   - F3: decoding is canonical: for every b that DecodeMetadata accepts,
+//     DecodeMetadata(EncodeMetadata(DecodeMetadata(b))) equals
+//     DecodeMetadata(b) (checked by FuzzDecodeMetadata). Empty optional lists
+//     decode as nil. Optional fields added later (Metadata.ExecutionID,
+//     marker.Options.Stop) are omitted when zero, so an absent field and a
+//     zero one decode alike and re-encode to the same bytes, and files
+//     written before they existed decode unchanged
+//     (testdata/compat, TestDecodeOldEncoding).
+//   - F4: decoding never panics and allocates O(len(b)) memory whatever b
+//     holds: container lengths are checked against the remaining input before
+//     the payload is decoded.
+const (
+	// FormatVersion is the version of the _metadata format written by
+	// EncodeMetadata and the only one DecodeMetadata reads.
+	FormatVersion = 1
+
+	metadataMagic     = "SFCK"
+	metadataHeaderLen = 20
+	metadataCRCLen    = 4
+	// metadataMinLen is the size of a frame with an empty payload.
+	metadataMinLen = metadataHeaderLen + metadataCRCLen
+)
+
+var (
+	// ErrCorrupt is wrapped by decode errors for damaged or truncated
+	// metadata: bad magic, checksum mismatch, truncation, trailing bytes, or a
+	// payload that is not a valid encoding.
+	ErrCorrupt = errors.New("checkpoint: corrupt metadata")
+	// ErrTruncated is wrapped by decode errors for metadata shorter than its
+	// header says. errors.Is(ErrTruncated, ErrCorrupt) holds.
+	ErrTruncated error = &subSentinel{msg: "checkpoint: truncated metadata", parent: ErrCorrupt}
+	// ErrUnsupportedVersion is wrapped by decode errors for intact metadata
+	// written in a format version this build does not read.
+	ErrUnsupportedVersion = errors.New("checkpoint: unsupported metadata format version")
+	// ErrInvalid is wrapped by errors for metadata that is intact but
+	// inconsistent (see ValidateMetadata).
+	ErrInvalid = errors.New("checkpoint: invalid metadata")
+)
+
+// subSentinel is a sentinel error that is also a case of a broader one.
+type subSentinel struct {
+	msg    string
+	parent error
+}
+
+func (e *subSentinel) Error() string { return e.msg }
+func (e *subSentinel) Unwrap() error { return e.parent }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// EncodeMetadata returns the _metadata encoding of md. It fails, wrapping
+// ErrInvalid, if md does not pass ValidateMetadata (F2).
+func EncodeMetadata(md *Metadata) ([]byte, error) {
+	if err := ValidateMetadata(md); err != nil {
+		return nil, err
+	}
+	payload, err := msgpack.Marshal(md)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: encode checkpoint %d: %w", md.CheckpointID, err)
+	}
+	b := make([]byte, metadataHeaderLen, metadataMinLen+len(payload))
+	copy(b, metadataMagic)
+	binary.BigEndian.PutUint32(b[4:8], FormatVersion)
+	binary.BigEndian.PutUint64(b[8:16], uint64(len(payload)))
+	binary.BigEndian.PutUint32(b[16:20], crc32.Checksum(b[:16], castagnoli))
+	b = append(b, payload...)
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
+}
+
+// DecodeMetadata decodes and validates a _metadata encoding. Errors wrap
+// ErrCorrupt, ErrUnsupportedVersion or ErrInvalid and say what is wrong.
+func DecodeMetadata(b []byte) (*Metadata, error) {
+	payload, err := unframeMetadata(b)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkMsgpackBounds(payload); err != nil {
+		return nil, fmt.Errorf("%w: payload: %v", ErrCorrupt, err)
+	}
+	md := new(Metadata)
+	if err := msgpack.Unmarshal(payload, md); err != nil {
+		return nil, fmt.Errorf("%w: payload: %v", ErrCorrupt, err)
+	}
+	canonicalizeMetadata(md)
+	if err := ValidateMetadata(md); err != nil {
+		return nil, err
+	}
+	return md, nil
+}
+
+// unframeMetadata checks the frame around the payload (magic, header CRC,
+// version, length, CRC) and returns the payload.
+func unframeMetadata(b []byte) ([]byte, error) {
+	n := min(len(b), len(metadataMagic))
+	if string(b[:n]) != metadataMagic[:n] {
+		return nil, fmt.Errorf("%w: bad magic %q (want %q)", ErrCorrupt, b[:n], metadataMagic)
+	}
+	if len(b) < metadataHeaderLen {
+		return nil, fmt.Errorf("%w: want at least %d bytes, have %d", ErrTruncated, metadataMinLen, len(b))
+	}
+	if stored, computed := binary.BigEndian.Uint32(b[16:20]), crc32.Checksum(b[:16], castagnoli); stored != computed {
+		return nil, fmt.Errorf("%w: header checksum mismatch (stored 0x%08x, computed 0x%08x)", ErrCorrupt, stored, computed)
+	}
+	if v := binary.BigEndian.Uint32(b[4:8]); v != FormatVersion {
+		return nil, fmt.Errorf("%w %d (this build reads version %d)", ErrUnsupportedVersion, v, FormatVersion)
+	}
+	plen := binary.BigEndian.Uint64(b[8:16])
+	if plen > math.MaxInt64-metadataMinLen {
+		return nil, fmt.Errorf("%w: payload length %d out of range", ErrCorrupt, plen)
+	}
+	have, want := uint64(len(b)), plen+metadataMinLen
+	if have < want {
+		return nil, fmt.Errorf("%w: want %d bytes, have %d", ErrTruncated, want, have)
+	}
+	if have > want {
+		return nil, fmt.Errorf("%w: %d trailing bytes after the checksum (want %d bytes, have %d)",
+			ErrCorrupt, have-want, want, have)
+	}
+	end := metadataHeaderLen + int(plen)
+	if stored, computed := binary.BigEndian.Uint32(b[end:]), crc32.Checksum(b[:end], castagnoli); stored != computed {
+		return nil, fmt.Errorf("%w: checksum mismatch (stored 0x%08x, computed 0x%08x)", ErrCorrupt, stored, computed)
+	}
+	return b[metadataHeaderLen:end], nil
+}
+
+// canonicalizeMetadata turns empty optional (omitempty) slices into nil so
+// that decoding is canonical (F3).
+func canonicalizeMetadata(md *Metadata) {
+	for i := range md.Operators {
+		for j := range md.Operators[i].Subtasks {
+			s := &md.Operators[i].Subtasks[j]
+			if len(s.Lists) == 0 {
+				s.Lists = nil
+			}
+			if len(s.KeyGroups) == 0 {
+				s.KeyGroups = nil
+			}
+			if len(s.Files) == 0 {
+				s.Files = nil
+			}
+		}
+	}
+}
+
+// ValidateMetadata checks the consistency of md and reports the first
+// problem found, wrapping ErrInvalid:
+//
+//   - the checkpoint id is not negative, the kind and mode are known, and
+//     only a savepoint has the Stop option;
+//   - operator uids are non-empty and unique;
+//   - 1 <= Parallelism <= MaxParallelism <= 32768, or MaxParallelism is 0
+//     for operators without keyed state;
+//   - subtask indexes are unique and in [0, Parallelism);
+//   - a subtask's key-group range is either -1,-1 (no keyed state) or inside
+//     [0, MaxParallelism), and all subtasks of an operator agree on which;
+//   - key-group state lies inside its subtask's range and names its state;
+//   - list-state names are non-empty, unique within a subtask, and have one
+//     Distribution per operator;
+//   - state files are clean paths relative to the job directory.
+func ValidateMetadata(md *Metadata) error {
+	if md == nil {
+		return fmt.Errorf("%w: nil", ErrInvalid)
+	}
+	if md.CheckpointID < 0 {
+		return fmt.Errorf("%w: checkpoint id %d is negative", ErrInvalid, md.CheckpointID)
+	}
+	if k := md.Options.Kind; k != marker.Checkpoint && k != marker.Savepoint {
+		return fmt.Errorf("%w: checkpoint %d: unknown kind %s", ErrInvalid, md.CheckpointID, k)
+	}
+	if m := md.Options.Mode; m != marker.Aligned && m != marker.Unaligned && m != marker.AtLeastOnce {
+		return fmt.Errorf("%w: checkpoint %d: unknown mode %s", ErrInvalid, md.CheckpointID, m)
+	}
+	if md.Options.Stop && md.Options.Kind != marker.Savepoint {
+		return fmt.Errorf("%w: checkpoint %d: the stop option is set on a %s (only a savepoint stops the job)",
+			ErrInvalid, md.CheckpointID, md.Options.Kind)
+	}
+	seen := make(map[string]struct{}, len(md.Operators))
+	for i := range md.Operators {
+		op := &md.Operators[i]
+		if op.UID == "" {
+			return fmt.Errorf("%w: operator %d (%q) has an empty uid", ErrInvalid, i, op.Name)
+		}
+		if _, dup := seen[op.UID]; dup {
+			return fmt.Errorf("%w: operator %q appears twice", ErrInvalid, op.UID)
+		}
+		seen[op.UID] = struct{}{}
+		if err := validateOperatorState(op); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
+	return nil
+}
+
+func validateOperatorState(op *OperatorState) error {
+	if op.Parallelism < 1 || op.Parallelism > keygroup.UpperMaxParallelism {
+		return fmt.Errorf("operator %q: parallelism %d out of range (1..%d)",
+			op.UID, op.Parallelism, keygroup.UpperMaxParallelism)
+	}
+	if op.MaxParallelism != 0 {
+		if err := keygroup.CheckParallelism(op.Parallelism, op.MaxParallelism); err != nil {
+			return fmt.Errorf("operator %q: %v", op.UID, err)
+		}
+	}
+	if len(op.Subtasks) > op.Parallelism {
+		return fmt.Errorf("operator %q: %d subtask states for parallelism %d", op.UID, len(op.Subtasks), op.Parallelism)
+	}
+	subtasks := make(map[int]struct{}, len(op.Subtasks))
+	dists := make(map[string]Distribution)
+	keyed := -1 // unknown; then 0 or 1
+	for j := range op.Subtasks {
+		s := &op.Subtasks[j]
+		if s.Subtask < 0 || s.Subtask >= op.Parallelism {
+			return fmt.Errorf("operator %q subtask %d: index out of range (parallelism %d)", op.UID, s.Subtask, op.Parallelism)
+		}
+		if _, dup := subtasks[s.Subtask]; dup {
+			return fmt.Errorf("operator %q subtask %d: appears twice", op.UID, s.Subtask)
+		}
+		subtasks[s.Subtask] = struct{}{}
+		k := 0
+		if s.KeyGroupStart != -1 || s.KeyGroupEnd != -1 {
+			k = 1
+			if op.MaxParallelism == 0 {
+				return fmt.Errorf("operator %q subtask %d: key-group range [%d, %d] but no max parallelism",
+					op.UID, s.Subtask, s.KeyGroupStart, s.KeyGroupEnd)
+			}
+			if s.KeyGroupStart < 0 || s.KeyGroupStart > s.KeyGroupEnd || s.KeyGroupEnd >= op.MaxParallelism {
+				return fmt.Errorf("operator %q subtask %d: key-group range [%d, %d] is not inside [0, %d]",
+					op.UID, s.Subtask, s.KeyGroupStart, s.KeyGroupEnd, op.MaxParallelism-1)
+			}
+		}
+		if keyed == -1 {
+			keyed = k
+		} else if keyed != k {
+			return fmt.Errorf("operator %q subtask %d: keyed and non-keyed subtasks mixed", op.UID, s.Subtask)
+		}
+		for _, kg := range s.KeyGroups {
+			if k == 0 {
+				return fmt.Errorf("operator %q subtask %d: keyed state %q in key group %d but no key-group range",
+					op.UID, s.Subtask, kg.State, kg.KeyGroup)
+			}
+			if kg.KeyGroup < s.KeyGroupStart || kg.KeyGroup > s.KeyGroupEnd {
+				return fmt.Errorf("operator %q subtask %d: keyed state %q: key group %d is not in the subtask's range [%d, %d]",
+					op.UID, s.Subtask, kg.State, kg.KeyGroup, s.KeyGroupStart, s.KeyGroupEnd)
+			}
+			if kg.State == "" {
+				return fmt.Errorf("operator %q subtask %d: keyed state in key group %d has an empty name",
+					op.UID, s.Subtask, kg.KeyGroup)
+			}
+		}
+		for li, l := range s.Lists {
+			if l.Name == "" {
+				return fmt.Errorf("operator %q subtask %d: list state %d has an empty name", op.UID, s.Subtask, li)
+			}
+			if l.Distribution != Split && l.Distribution != Union {
+				return fmt.Errorf("operator %q subtask %d: list state %q: unknown distribution %d",
+					op.UID, s.Subtask, l.Name, l.Distribution)
+			}
+			for _, prev := range s.Lists[:li] {
+				if prev.Name == l.Name {
+					return fmt.Errorf("operator %q subtask %d: list state %q appears twice", op.UID, s.Subtask, l.Name)
+				}
+			}
+			if d, ok := dists[l.Name]; !ok {
+				dists[l.Name] = l.Distribution
+			} else if d != l.Distribution {
+				return fmt.Errorf("operator %q subtask %d: list state %q is %s here but %s in another subtask",
+					op.UID, s.Subtask, l.Name, l.Distribution, d)
+			}
+		}
+		for _, f := range s.Files {
+			if !validStateFile(f) {
+				return fmt.Errorf("operator %q subtask %d: state file %q is not a clean path relative to the job directory",
+					op.UID, s.Subtask, f)
+			}
+		}
+	}
+	return nil
+}
+
+// validStateFile reports whether f is a clean, slash-separated path inside
+// the job directory.
+func validStateFile(f string) bool {
+	return f != "" && f != "." && path.Clean(f) == f && !path.IsAbs(f) &&
+		f != ".." && !strings.HasPrefix(f, "../") && !strings.Contains(f, "\\")
+}
+
+// checkMsgpackBounds walks one msgpack value in b without decoding it and
+// fails if b does not hold exactly one well-formed value, or if any
+// container or string claims more elements or bytes than remain. It protects
+// the reflection decoder, which preallocates slices from the claimed length
+// (F4).
+func checkMsgpackBounds(b []byte) error {
+	pending := uint64(1) // values still to read
+	i := 0
+	need := func(n uint64) error {
+		if n > uint64(len(b)-i) {
+			return fmt.Errorf("offset %d: value needs %d bytes, %d left", i, n, len(b)-i)
+		}
+		return nil
+	}
+	// uintN reads an n-byte big-endian length at b[i:].
+	uintN := func(n int) (uint64, error) {
+		if err := need(uint64(n)); err != nil {
+			return 0, err
+		}
+		var v uint64
+		for _, c := range b[i : i+n] {
+			v = v<<8 | uint64(c)
+		}
+		i += n
+		return v, nil
+	}
+	for pending > 0 {
+		if i >= len(b) {
+			return fmt.Errorf("unexpected end of payload at offset %d (%d values missing)", i, pending)
+		}
+		pending--
+		c := b[i]
+		i++
+		var skip, items uint64 // bytes to skip; child values to read
+		var err error
+		switch {
+		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3:
+			// fixint, nil, bool
+		case c <= 0x8f:
+			items = 2 * uint64(c&0x0f)
+		case c <= 0x9f:
+			items = uint64(c & 0x0f)
+		case c <= 0xbf:
+			skip = uint64(c & 0x1f)
+		case c == 0xc4 || c == 0xd9: // bin8, str8
+			skip, err = uintN(1)
+		case c == 0xc5 || c == 0xda: // bin16, str16
+			skip, err = uintN(2)
+		case c == 0xc6 || c == 0xdb: // bin32, str32
+			skip, err = uintN(4)
+		case c == 0xc7, c == 0xc8, c == 0xc9: // ext8/16/32: length, type, data
+			skip, err = uintN(1 << (c - 0xc7))
+			skip++
+		case c == 0xca:
+			skip = 4
+		case c == 0xcb:
+			skip = 8
+		case c >= 0xcc && c <= 0xcf: // uint8..64
+			skip = 1 << (c - 0xcc)
+		case c >= 0xd0 && c <= 0xd3: // int8..64
+			skip = 1 << (c - 0xd0)
+		case c >= 0xd4 && c <= 0xd8: // fixext1..16: type, data
+			skip = 1 + 1<<(c-0xd4)
+		case c == 0xdc:
+			items, err = uintN(2)
+		case c == 0xdd:
+			items, err = uintN(4)
+		case c == 0xde:
+			items, err = uintN(2)
+			items *= 2
+		case c == 0xdf:
+			items, err = uintN(4)
+			items *= 2
+		default: // 0xc1 is never used
+			return fmt.Errorf("offset %d: invalid code %#02x", i-1, c)
+		}
+		if err != nil {
+			return err
+		}
+		if err := need(skip); err != nil {
+			return err
+		}
+		i += int(skip)
+		pending += items
+		// Every pending value needs at least one byte.
+		if pending > uint64(len(b)-i) {
+			return fmt.Errorf("offset %d: %d values claimed, %d bytes left", i, pending, len(b)-i)
+		}
+	}
+	if i != len(b) {
+		return fmt.Errorf("%d trailing bytes after the value", len(b)-i)
+	}
+	return nil
+}
