@@ -1,0 +1,97 @@
+package graph
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/internal/task"
+)
+
+// wireChannels creates fresh channels for every unchained edge (G5).
+func (a *attempt) wireChannels(e *Execution) {
+	j := a.job
+	chCfg := channel.Config{Capacity: j.cfg.ChannelCapacity, BufferSize: j.cfg.BufferSize}
+	var all []gauged
+	for _, v := range j.vertices {
+		for _, ed := range v.outputs {
+			if ed.chained {
+				continue
+			}
+			chans := make([][]any, v.parallelism)
+			a.chans[ed] = chans
+			for i := range chans {
+				chans[i] = make([]any, ed.to.parallelism)
+				for k := range chans[i] {
+					if ed.part == Forward && k != i {
+						continue
+					}
+					cfg := chCfg
+					cfg.Name = fmt.Sprintf("%s[%d]->%s[%d]", v.uid, i, ed.to.uid, k)
+					chans[i][k] = ed.newChan(cfg)
+					all = append(all, chans[i][k].(gauged))
+				}
+			}
+		}
+	}
+	e.mu.Lock()
+	e.channels = all
+	e.mu.Unlock()
+}
+
+// runChain builds subtask i of every operator of chain, tail first so
+// that each member can hand its output to the next, and runs the chain.
+func runChain(ctx context.Context, a *attempt, chain []*vertex, i int) error {
+	c := &task.Chain{Members: make([]task.Member, len(chain))}
+	var next, head any
+	for k := len(chain) - 1; k >= 0; k-- {
+		c.Members[k], head = chain[k].member(ctx, a, i, next)
+		next = head
+	}
+	return chain[0].run(ctx, a, i, c, head)
+}
+
+// gateFor returns the input gate of subtask i of v.
+func gateFor[T any](a *attempt, v *vertex, i int) *channel.Gate[T] {
+	var chans []*channel.Chan[T]
+	for _, e := range v.inputs {
+		for _, row := range a.chans[e] {
+			if c := row[i]; c != nil {
+				chans = append(chans, c.(*channel.Chan[T]))
+			}
+		}
+	}
+	return channel.NewGate(chans)
+}
+
+// outputFor returns the output of subtask i of v.
+func outputFor[T any](ctx context.Context, a *attempt, v *vertex, i int) *task.Output[T] {
+	edges := make([]task.Edge[T], 0, len(v.outputs))
+	for _, e := range v.outputs {
+		var te task.Edge[T]
+		for _, c := range a.chans[e][i] {
+			if c != nil {
+				te.Chans = append(te.Chans, c.(*channel.Chan[T]))
+			}
+		}
+		switch e.part {
+		case Forward:
+			te.Route = func(T) int { return 0 }
+		case Rebalance:
+			next, n := i%len(te.Chans), len(te.Chans)
+			te.Route = func(T) int {
+				c := next
+				if next++; next == n {
+					next = 0
+				}
+				return c
+			}
+		case Hash:
+			te.Route = e.newRoute(i, e.to.parallelism, e.to.maxParallelism).(func(T) int)
+		case Broadcast:
+			te.Route = nil
+		}
+		edges = append(edges, te)
+	}
+	return task.NewOutput(ctx, edges)
+}
