@@ -279,12 +279,11 @@ func (j *Job) buildChains() {
 	}
 }
 
-// openStorage opens the job's checkpoint storage (Validate has run).
-func (j *Job) openStorage() (*snapshot.Storage, error) {
+// storageOptions configure the job's checkpoint storage (Validate has
+// run).
+func (j *Job) storageOptions() snapshot.StorageOptions {
 	cc := j.cfg.Checkpoint
-	return snapshot.OpenStorage(cc.Dir, j.ID(), snapshot.StorageOptions{
-		FS: cc.FS, Retain: cc.Retain, SavepointDir: cc.SavepointDir, Logf: j.logf,
-	})
+	return snapshot.StorageOptions{FS: cc.FS, Retain: cc.Retain, SavepointDir: cc.SavepointDir, Logf: j.logf}
 }
 
 // DiscardCheckpoints deletes the job's checkpoints and its completed log
@@ -298,7 +297,7 @@ func (j *Job) DiscardCheckpoints() error {
 	if j.cfg.Checkpoint.Dir == "" {
 		return errors.New("graph: DiscardCheckpoints needs Checkpoint.Dir")
 	}
-	st, err := j.openStorage()
+	st, err := snapshot.OpenStorage(j.cfg.Checkpoint.Dir, j.ID(), j.storageOptions())
 	if err != nil {
 		return err
 	}

@@ -8,11 +8,12 @@ import (
 	"github.com/snapflow/snapflow/internal/task"
 )
 
-// wireChannels creates fresh channels for every unchained edge (G5).
-func (a *attempt) wireChannels(e *Execution) {
+// wireChannels creates fresh channels for every unchained edge (G5) and
+// returns them, for their gauges.
+func (a *attempt) wireChannels() []interface{ Gauges() channel.Gauges } {
 	j := a.job
 	chCfg := channel.Config{Capacity: j.cfg.ChannelCapacity, BufferSize: j.cfg.BufferSize}
-	var all []gauged
+	var all []interface{ Gauges() channel.Gauges }
 	for _, v := range j.vertices {
 		for _, ed := range v.outputs {
 			if ed.chained {
@@ -29,14 +30,12 @@ func (a *attempt) wireChannels(e *Execution) {
 					cfg := chCfg
 					cfg.Name = fmt.Sprintf("%s[%d]->%s[%d]", v.uid, i, ed.to.uid, k)
 					chans[i][k] = ed.newChan(cfg)
-					all = append(all, chans[i][k].(gauged))
+					all = append(all, chans[i][k].(interface{ Gauges() channel.Gauges }))
 				}
 			}
 		}
 	}
-	e.mu.Lock()
-	e.channels = all
-	e.mu.Unlock()
+	return all
 }
 
 // runChain builds subtask i of every operator of chain, tail first so

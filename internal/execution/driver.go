@@ -1,4 +1,4 @@
-package graph
+package execution
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
-	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // driver is the thin driver around the pure master.Master for one attempt:
@@ -19,31 +18,22 @@ import (
 // goroutine) and never blocks on a subtask: mailboxes are unbounded (G1).
 type driver struct {
 	e       *Execution
-	a       *attempt
+	a       *Attempt
 	core    *master.Master
 	storage *snapshot.Storage
 	acts    []master.Action
 }
 
-func newDriver(e *Execution, a *attempt, storage *snapshot.Storage) (*driver, error) {
-	j := e.job
-	ops := make([]snapshot.OperatorInfo, len(j.vertices))
-	for i, v := range j.vertices {
-		ops[i] = snapshot.OperatorInfo{UID: v.uid, Name: v.name, Parallelism: v.parallelism, MaxParallelism: v.maxParallelism, Source: v.kind == kindSource}
+func newDriver(e *Execution, a *Attempt, storage *snapshot.Storage) (*driver, error) {
+	s := e.spec
+	cc := s.Checkpoint
+	cc.JobID, cc.JobName, cc.ExecutionID = s.JobID, s.Name, e.id
+	cc.Operators = make([]snapshot.OperatorInfo, len(s.Operators))
+	for i, op := range s.Operators {
+		cc.Operators[i] = snapshot.OperatorInfo{UID: op.UID, Name: op.Name, Parallelism: op.Parallelism, MaxParallelism: op.MaxParallelism, Source: op.Source}
 	}
-	boxes := make([]master.Box, len(a.chainTasks))
-	for i, tasks := range a.chainTasks {
-		boxes[i] = master.Box{Tasks: tasks, Source: a.chainSource[i]}
-	}
-	cc := j.cfg.Checkpoint
 	core, err := master.New(master.Config{
-		Coordinator: snapshot.Config{
-			JobID: j.ID(), JobName: j.name, ExecutionID: e.id,
-			Interval: cc.Interval, Timeout: cc.Timeout, MinPause: cc.MinPause,
-			MaxConcurrent: cc.MaxConcurrent, TolerableFailures: cc.TolerableFailures,
-			Mode: cc.Mode, Operators: ops,
-		},
-		NextID: e.nextID, Stats: e.liveStats, Boxes: boxes,
+		Coordinator: cc, NextID: e.nextID, Stats: e.liveStats, Boxes: a.Boxes,
 		Checkpointing: cc.Interval > 0, Storage: storage != nil,
 	}, time.Now())
 	if err != nil {
@@ -63,7 +53,7 @@ func (d *driver) run(ctx context.Context) error {
 		}
 		var ev master.Event
 		select {
-		case r := <-d.a.reports:
+		case r := <-d.a.Reports:
 			ev = reportEvent(r)
 		case <-timer.C:
 			ev = master.Tick{Now: time.Now()}
@@ -104,11 +94,11 @@ func (d *driver) step(ev master.Event) (done bool, err error) {
 	for i := 0; i < len(d.acts); i++ {
 		switch a := d.acts[i].(type) {
 		case master.Mail:
-			d.a.boxes[a.Box].Put(taskMail(a))
+			d.a.Mailboxes[a.Box].Put(taskMail(a))
 		case master.Write:
 			path, err := d.storage.Write(a.Metadata)
 			if err != nil {
-				d.e.job.logf("graph: checkpoint %d: %v", a.Metadata.CheckpointID, err)
+				d.e.logf("graph: checkpoint %d: %v", a.Metadata.CheckpointID, err)
 			}
 			d.acts = d.core.Step(d.acts, master.Persisted{Now: time.Now(), ID: a.Metadata.CheckpointID, Path: path, Err: err})
 		case master.Reply:
@@ -117,12 +107,12 @@ func (d *driver) step(ev master.Event) (done bool, err error) {
 			if a.Kind == marker.Checkpoint || a.Stop {
 				d.e.completed = true
 			}
-			d.e.emit(Event{Kind: CheckpointCompleted, Attempt: d.a.number, CheckpointID: a.ID, Savepoint: a.Kind == marker.Savepoint, Path: a.Path})
+			d.e.emit(Event{Kind: CheckpointCompleted, Attempt: d.a.Number, CheckpointID: a.ID, Savepoint: a.Kind == marker.Savepoint, Path: a.Path})
 		case master.Aborted:
-			d.e.emit(Event{Kind: CheckpointAborted, Attempt: d.a.number, CheckpointID: a.ID, Reason: a.Reason, Err: a.Err})
+			d.e.emit(Event{Kind: CheckpointAborted, Attempt: d.a.Number, CheckpointID: a.ID, Reason: a.Reason, Err: a.Err})
 		case master.Fail:
 			if a.Unrecoverable {
-				return false, unrecoverable(a.Err)
+				return false, Unrecoverable(a.Err)
 			}
 			return false, a.Err
 		case master.Done:
@@ -151,12 +141,3 @@ func taskMail(m master.Mail) task.Mail {
 	panic(fmt.Sprintf("graph: unknown mail kind %v", m.Kind))
 }
 
-// chainTasks lists the task ids of chain's members for subtask i, head
-// first.
-func chainTasks(chain []*vertex, i int) []checkpoint.TaskID {
-	ids := make([]checkpoint.TaskID, len(chain))
-	for k, v := range chain {
-		ids[k] = checkpoint.TaskID{Operator: v.uid, Subtask: i}
-	}
-	return ids
-}

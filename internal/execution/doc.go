@@ -1,0 +1,34 @@
+// Package execution runs a validated job: the restart loop, the choice of
+// what each attempt restores, the job master's driver and the watchdog
+// that bounds how long an attempt waits for its subtasks. Package graph
+// builds the job and wires each attempt's typed channels and chains
+// (Spec.Build); everything else about running it lives here, so graph is
+// the builder and the public execution API.
+//
+// One goroutine per execution runs the restart loop and, during each
+// attempt, the driver of the pure internal/master state machine, so job
+// events (Spec.OnEvent) are delivered from that one goroutine, in order
+// (G7). Each chain subtask runs on a goroutine of its own (package
+// internal/task); the driver only puts mail into their unbounded mailboxes
+// and reads their reports (G1).
+//
+// Decisions (the user-facing lifecycle is documented in package graph):
+//
+//   - Executions are told apart by a random id per Start, recorded in
+//     every checkpoint's metadata and in sink transaction ids. A restart
+//     restores this execution's newest completed checkpoint, or else what
+//     its first attempt restored (G6); restore.Latest refuses to fall back
+//     past a completed checkpoint (restore.ErrFallback).
+//   - Checkpoint ids continue above storage.NextID (the completed log and
+//     the directories), the restored id and every id this execution used
+//     (G3).
+//   - Errors no restart can cure (Unrecoverable, restore.ErrUnrecoverable)
+//     fail the job at once, as Flink's SuppressRestartsException.
+//   - When an attempt ends, its subtasks get CancelTimeout to stop. Go
+//     cannot stop a goroutine, so subtasks still running then are named
+//     in an unrecoverable error and their goroutines leak; the process
+//     should exit (Flink's task cancellation watchdog kills the process).
+//   - During the restart back-off, savepoint and stop requests are
+//     answered with an error at once; a savepoint in flight when an attempt
+//     fails is answered by the master's Shutdown.
+package execution

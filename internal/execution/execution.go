@@ -1,0 +1,515 @@
+package execution
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/internal/master"
+	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/restore"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
+)
+
+// EventKind says what happened to a running job.
+type EventKind uint8
+
+const (
+	// CheckpointCompleted: checkpoint CheckpointID is durable at Path.
+	CheckpointCompleted EventKind = iota + 1
+	// CheckpointAborted: checkpoint CheckpointID was aborted (Reason).
+	CheckpointAborted
+	// JobFailed: attempt Attempt failed with Err.
+	JobFailed
+	// JobRestarting: the job restarts after Delay.
+	JobRestarting
+	// JobRestored: attempt Attempt starts from checkpoint CheckpointID at
+	// Path.
+	JobRestored
+	// JobFinished: every subtask finished.
+	JobFinished
+	// JobStopped: the job stopped with the savepoint at Path (Stop).
+	JobStopped
+)
+
+func (k EventKind) String() string {
+	return [...]string{"?", "checkpoint-completed", "checkpoint-aborted", "job-failed", "job-restarting", "job-restored", "job-finished", "job-stopped"}[k]
+}
+
+// Event is a job event delivered to Spec.OnEvent.
+type Event struct {
+	Kind         EventKind
+	Time         time.Time
+	Attempt      int
+	CheckpointID int64
+	Savepoint    bool
+	Path         string
+	Reason       string
+	Delay        time.Duration
+	Err          error
+}
+
+// Spec is what an execution needs to know of a validated job.
+type Spec struct {
+	Name, JobID string
+	// Operators in job order; Keyed marks keyed operators for restore.
+	Operators []Operator
+	// Checkpointing.
+	Checkpoint snapshot.Config // JobID, JobName, ExecutionID and Operators are filled in
+	Dir        string          // checkpoint root; "" without checkpoints
+	Storage    snapshot.StorageOptions
+	// Restore is what the first attempt starts from.
+	Restore RestoreConfig
+	// Restart returns the delay before restart n (1 for the first) and
+	// false when the job must not restart again.
+	Restart func(n int) (time.Duration, bool)
+	// CancelTimeout bounds the wait for subtasks to stop.
+	CancelTimeout time.Duration
+	Logf          func(format string, args ...any)
+	OnEvent       func(Event)
+	// Build wires one attempt: its mailboxes, channels and chain subtasks.
+	Build func(a *Attempt) (*Attempt, error)
+}
+
+// Operator describes one operator of the job.
+type Operator struct {
+	UID, Name                   string
+	Parallelism, MaxParallelism int
+	Source, Keyed               bool
+}
+
+// RestoreConfig says where the first attempt starts from (see
+// graph.RestoreConfig).
+type RestoreConfig struct {
+	Latest                bool
+	Path                  string
+	FS                    vfs.FS
+	AllowNonRestoredState bool
+	AllowFallback         bool
+}
+
+// Attempt is one run of the job graph. The execution fills in Number,
+// Execution, Plan and Reports; Spec.Build adds the rest.
+type Attempt struct {
+	Number    int
+	Execution string
+	Plan      *restore.Plan
+	Reports   chan task.Report
+	// Boxes are the chain subtasks (for the master), Mailboxes their
+	// mailboxes and Chains their loops, all in one order.
+	Boxes     []master.Box
+	Mailboxes []*task.Mailbox
+	Chains    []Chain
+	// Channels are the attempt's channels, for Execution.Channels.
+	Channels []interface{ Gauges() channel.Gauges }
+}
+
+// Chain is one chain subtask's goroutine.
+type Chain struct {
+	Name string // names the subtask in errors
+	Run  func(ctx context.Context) error
+}
+
+// Execution is one run of a job: every attempt from Start until the job
+// finishes, stops, fails or is cancelled.
+type Execution struct {
+	spec   *Spec
+	id     string
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+
+	mu       sync.Mutex
+	stats    *snapshot.Stats // published clone
+	channels []interface{ Gauges() channel.Gauges }
+
+	requests chan request
+
+	// Owned by the run goroutine.
+	liveStats *snapshot.Stats
+	nextID    int64
+	// startPath is what the first attempt restored from ("" for empty
+	// state); completed is set once this execution completed a checkpoint
+	// (or a stop-with-savepoint). A restart restores this execution's
+	// newest checkpoint, or else startPath (G6).
+	startPath string
+	completed bool
+	stoppedAt string // the stop-with-savepoint the job ended with
+}
+
+// request asks the master for a savepoint or a stop-with-savepoint.
+type request struct {
+	stop  bool
+	reply chan requestResult
+}
+
+type requestResult struct {
+	path string
+	err  error
+}
+
+// Start starts a new execution of spec in the background.
+func Start(ctx context.Context, spec *Spec) *Execution {
+	ctx, cancel := context.WithCancel(ctx)
+	if spec.Logf == nil {
+		spec.Logf = log.Printf
+	}
+	e := &Execution{
+		spec: spec, id: newID(), cancel: cancel, done: make(chan struct{}),
+		requests:  make(chan request),
+		liveStats: &snapshot.Stats{},
+		nextID:    1,
+	}
+	e.stats = e.liveStats.Clone()
+	go func() {
+		defer close(e.done)
+		defer cancel()
+		e.err = e.run(ctx)
+	}()
+	return e
+}
+
+func newID() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("execution: no randomness for an execution id: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// ID is the execution id.
+func (e *Execution) ID() string { return e.id }
+
+// Wait waits for the job to end and returns its error.
+func (e *Execution) Wait() error {
+	<-e.done
+	return e.err
+}
+
+// Cancel stops the job.
+func (e *Execution) Cancel() { e.cancel() }
+
+// Stats returns a copy of the checkpoint statistics.
+func (e *Execution) Stats() *snapshot.Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stats.Clone()
+}
+
+func (e *Execution) publish() {
+	c := e.liveStats.Clone()
+	e.mu.Lock()
+	e.stats = c
+	e.mu.Unlock()
+}
+
+// Channels returns the gauges of every channel of the running attempt.
+func (e *Execution) Channels() []channel.Gauges {
+	e.mu.Lock()
+	chans := e.channels
+	e.mu.Unlock()
+	out := make([]channel.Gauges, len(chans))
+	for i, c := range chans {
+		out[i] = c.Gauges()
+	}
+	return out
+}
+
+// TriggerSavepoint takes a savepoint and returns its path once it is
+// durable, or an error as soon as it is aborted or the attempt fails.
+func (e *Execution) TriggerSavepoint(ctx context.Context) (string, error) {
+	return e.request(ctx, false)
+}
+
+// Stop stops the job with a savepoint and returns the savepoint's path once
+// the job has ended.
+func (e *Execution) Stop(ctx context.Context) (string, error) {
+	path, err := e.request(ctx, true)
+	if err != nil {
+		return "", err
+	}
+	select {
+	case <-e.done:
+		return path, e.err
+	case <-ctx.Done():
+		return path, ctx.Err()
+	}
+}
+
+func (e *Execution) request(ctx context.Context, stop bool) (string, error) {
+	req := request{stop: stop, reply: make(chan requestResult, 1)}
+	select {
+	case e.requests <- req:
+	case <-e.done:
+		return "", errors.New("execution: the job is not running")
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	select {
+	case r := <-req.reply:
+		return r.path, r.err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+func (e *Execution) emit(ev Event) {
+	if e.spec.OnEvent != nil {
+		if ev.Time.IsZero() {
+			ev.Time = time.Now()
+		}
+		e.spec.OnEvent(ev)
+	}
+}
+
+func (e *Execution) logf(format string, args ...any) { e.spec.Logf(format, args...) }
+
+// unrecoverableError marks errors a restart cannot cure (Flink's
+// SuppressRestartsException).
+type unrecoverableError struct{ err error }
+
+func (u unrecoverableError) Error() string { return u.err.Error() }
+func (u unrecoverableError) Unwrap() error { return u.err }
+
+// Unrecoverable marks err as one that no restart can cure: the job fails
+// at once.
+func Unrecoverable(err error) error { return unrecoverableError{err} }
+
+// IsUnrecoverable reports whether err must not be retried: marked by
+// Unrecoverable, or a restore error that wraps restore.ErrUnrecoverable.
+func IsUnrecoverable(err error) bool {
+	var u unrecoverableError
+	return errors.As(err, &u) || errors.Is(err, restore.ErrUnrecoverable)
+}
+
+// run is the restart loop: run an attempt; on failure ask the restart
+// strategy, then restore and go again. It runs on the execution's
+// goroutine, as does every attempt's master, so OnEvent is always called
+// from this one goroutine (G7).
+func (e *Execution) run(ctx context.Context) error {
+	s := e.spec
+	var storage *snapshot.Storage
+	if s.Dir != "" {
+		var err error
+		if storage, err = snapshot.OpenStorage(s.Dir, s.JobID, s.Storage); err != nil {
+			return err
+		}
+		// Finishing, failing, stopping and cancelling all keep the
+		// checkpoints: a later run may resume from them.
+		defer storage.Close()
+	}
+	for n := 0; ; n++ {
+		err := e.attempt(ctx, n, storage)
+		if err == nil {
+			if e.stoppedAt != "" {
+				e.emit(Event{Kind: JobStopped, Attempt: n, Path: e.stoppedAt})
+			} else {
+				e.emit(Event{Kind: JobFinished, Attempt: n})
+			}
+			return nil
+		}
+		var u unrecoverableError
+		if ctx.Err() != nil && !errors.As(err, &u) {
+			return ctx.Err()
+		}
+		e.emit(Event{Kind: JobFailed, Attempt: n, Err: err})
+		if IsUnrecoverable(err) {
+			return fmt.Errorf("graph: job %q failed (attempt %d, not restarted: restarting cannot help): %w", s.Name, n, err)
+		}
+		delay, ok := s.Restart(n + 1)
+		if !ok {
+			return fmt.Errorf("graph: job %q failed (attempt %d, no more restarts): %w", s.Name, n, err)
+		}
+		if s.OnEvent == nil {
+			e.logf("graph: job %q attempt %d failed: %v; restarting in %v", s.Name, n, err, delay)
+		}
+		e.emit(Event{Kind: JobRestarting, Attempt: n + 1, Delay: delay, Err: err})
+		if err := e.backOff(ctx, delay); err != nil {
+			return err
+		}
+	}
+}
+
+// backOff waits before a restart, answering savepoint and stop requests
+// with an error meanwhile.
+func (e *Execution) backOff(ctx context.Context, delay time.Duration) error {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return nil
+		case req := <-e.requests:
+			req.reply <- requestResult{err: errors.New("graph: job is restarting after a failure")}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// restoreSource picks what attempt n restores (bug 2 of issue 5). The
+// first attempt restores the newest checkpoint of the job directory with
+// Restore.Latest, or Restore.Path, or nothing. A restart restores this
+// execution's newest completed checkpoint if it has one, or else exactly
+// what the first attempt restored from: never a checkpoint another
+// execution left behind.
+func (e *Execution) restoreSource(n int, storage *snapshot.Storage) (*restoreChoice, error) {
+	s := e.spec
+	rc := s.Restore
+	if n > 0 {
+		if e.completed {
+			md, path, err := restore.Latest(storage, rc.AllowFallback, e.logf)
+			if err == nil && md == nil {
+				err = fmt.Errorf("graph: this execution completed checkpoints in %s, but none is there any more", storage.JobDir())
+			}
+			return &restoreChoice{md, path}, err
+		}
+		if e.startPath == "" {
+			return nil, nil
+		}
+		md, err := restore.Load(rc.FS, e.startPath)
+		return &restoreChoice{md, e.startPath}, err
+	}
+	if storage != nil && rc.Latest {
+		md, path, err := restore.Latest(storage, rc.AllowFallback, e.logf)
+		if err != nil {
+			return nil, err
+		}
+		if md != nil {
+			e.startPath = path
+			return &restoreChoice{md, path}, nil
+		}
+	}
+	if rc.Path != "" {
+		md, err := restore.Load(rc.FS, rc.Path)
+		e.startPath = rc.Path
+		return &restoreChoice{md, rc.Path}, err
+	}
+	if storage != nil {
+		refs, err := storage.Checkpoints()
+		if err != nil {
+			return nil, err
+		}
+		if len(refs) > 0 {
+			e.logf("graph: job %q starts without state, although %s holds %d completed checkpoint(s) (newest %s): "+
+				"set Restore.Latest to resume from them, or call DiscardCheckpoints to remove them",
+				s.Name, storage.JobDir(), len(refs), refs[len(refs)-1].Path)
+		}
+	}
+	return nil, nil
+}
+
+type restoreChoice struct {
+	md   *checkpoint.Metadata
+	path string
+}
+
+func (e *Execution) restorePlan(n int, storage *snapshot.Storage) (*restore.Plan, error) {
+	s := e.spec
+	c, err := e.restoreSource(n, storage)
+	if err != nil || c == nil || c.md == nil {
+		return nil, err
+	}
+	ops := make([]restore.Operator, len(s.Operators))
+	for i, op := range s.Operators {
+		ops[i] = restore.Operator{UID: op.UID, Name: op.Name, Parallelism: op.Parallelism, MaxParallelism: op.MaxParallelism, Keyed: op.Keyed}
+	}
+	plan, err := restore.Assign(c.md, c.path, ops, s.Restore.AllowNonRestoredState, e.logf)
+	if err != nil {
+		return nil, err
+	}
+	e.nextID = max(e.nextID, c.md.CheckpointID+1)
+	return plan, nil
+}
+
+func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storage) error {
+	s := e.spec
+	plan, err := e.restorePlan(n, storage)
+	if err != nil {
+		return err
+	}
+	if storage != nil {
+		// G3: ids never repeat within a job directory.
+		next, err := storage.NextID()
+		if err != nil {
+			return err
+		}
+		e.nextID = max(e.nextID, next)
+	}
+	if plan != nil {
+		e.liveStats.RecordRestore(plan.CheckpointID, plan.Path, time.Now())
+		e.publish()
+		e.emit(Event{Kind: JobRestored, Attempt: n, CheckpointID: plan.CheckpointID, Path: plan.Path})
+	}
+	a, err := s.Build(&Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024)})
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.channels = a.Channels
+	e.mu.Unlock()
+	d, err := newDriver(e, a, storage)
+	if err != nil {
+		return err
+	}
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	g, gctx := errgroup.WithContext(actx)
+	var running sync.Map // chain subtask name -> struct{}, while its goroutine runs
+	for _, c := range a.Chains {
+		running.Store(c.Name, struct{}{})
+		g.Go(func() error {
+			defer running.Delete(c.Name)
+			return c.Run(gctx)
+		})
+	}
+	merr := d.run(gctx)
+	e.nextID = max(e.nextID, d.core.NextID())
+	acancel()
+	gerr, stuck := waitStopped(g, s.CancelTimeout, &running)
+	e.publish()
+	if stuck != nil {
+		return stuck
+	}
+	switch {
+	case merr == nil:
+		return gerr
+	case errors.Is(merr, context.Canceled) && gerr != nil:
+		return gerr // a subtask failed and cancelled the attempt
+	}
+	return merr
+}
+
+// waitStopped waits for the attempt's goroutines, at most timeout after
+// they were told to stop (Flink's task cancellation watchdog). Go cannot
+// stop a goroutine: subtasks still running then are named in an
+// unrecoverable error, and their goroutines leak.
+func waitStopped(g *errgroup.Group, timeout time.Duration, running *sync.Map) (err, stuck error) {
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err, nil
+	case <-t.C:
+	}
+	var names []string
+	running.Range(func(k, _ any) bool { names = append(names, k.(string)); return true })
+	slices.Sort(names)
+	return nil, Unrecoverable(fmt.Errorf("graph: %d subtask(s) did not stop within %v (CancelTimeout) after the attempt ended: %s; "+
+		"a user function is blocked and Go cannot stop a goroutine: make it return (honour a deadline or a context), "+
+		"or exit the process to release it", len(names), timeout, strings.Join(names, ", ")))
+}
