@@ -1,9 +1,9 @@
 package graph
 
-// Stop-with-savepoint (Execution.requestStop) end to end. This is an
-// internal test (requestStop is unexported until Execution.Stop wraps it),
-// so it cannot import sink or source, which import graph: it has its own
-// replayable source and two-phase-commit sink.
+// Stop-with-savepoint (Execution.Stop) end to end, with a replayable
+// source and a two-phase-commit sink of its own that record what the
+// protocol must guarantee (no EndInput, commits exactly up to the
+// savepoint).
 
 import (
 	"context"

@@ -2,11 +2,9 @@ package execution
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/snapflow/snapflow/internal/master"
-	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 )
@@ -54,7 +52,7 @@ func (d *driver) run(ctx context.Context) error {
 		var ev master.Event
 		select {
 		case r := <-d.a.Reports:
-			ev = reportEvent(r)
+			ev = master.Reported{Report: r}
 		case <-timer.C:
 			ev = master.Tick{Now: time.Now()}
 		case req := <-d.e.requests:
@@ -72,20 +70,6 @@ func (d *driver) run(ctx context.Context) error {
 	}
 }
 
-func reportEvent(r task.Report) master.Event {
-	switch r.Kind {
-	case task.ReportAck:
-		return master.Acked{Ack: snapshot.Ack{Now: r.At, ID: r.ID, Task: r.Task, State: r.State, Metrics: r.Metrics}}
-	case task.ReportDecline:
-		return master.Declined{Decline: snapshot.Decline{Now: r.At, ID: r.ID, Task: r.Task, Reason: r.Reason, Err: r.Err}}
-	case task.ReportInputEnded:
-		return master.InputEnded{Now: r.At, Task: r.Task, Handled: r.ID}
-	case task.ReportFinished:
-		return master.Finished{Now: r.At, Task: r.Task}
-	}
-	panic(fmt.Sprintf("graph: unknown report kind %d", r.Kind))
-}
-
 // step steps ev and carries out the actions, stepping the outcome of each
 // metadata write in turn. It reports whether the attempt is done.
 func (d *driver) step(ev master.Event) (done bool, err error) {
@@ -94,7 +78,7 @@ func (d *driver) step(ev master.Event) (done bool, err error) {
 	for i := 0; i < len(d.acts); i++ {
 		switch a := d.acts[i].(type) {
 		case master.Mail:
-			d.a.Mailboxes[a.Box].Put(taskMail(a))
+			d.a.Mailboxes[a.Box].Put(a.Mail)
 		case master.Write:
 			path, err := d.storage.Write(a.Metadata)
 			if err != nil {
@@ -122,22 +106,3 @@ func (d *driver) step(ev master.Event) (done bool, err error) {
 	}
 	return false, nil
 }
-
-func taskMail(m master.Mail) task.Mail {
-	switch m.Kind {
-	case master.MailTrigger:
-		return task.Mail{Kind: task.MailTrigger, Barrier: m.Barrier, Suspend: m.Suspend}
-	case master.MailComplete:
-		return task.Mail{Kind: task.MailComplete, ID: m.ID}
-	case master.MailAborted:
-		return task.Mail{Kind: task.MailAborted, ID: m.ID}
-	case master.MailFinish:
-		return task.Mail{Kind: task.MailFinish}
-	case master.MailStop:
-		return task.Mail{Kind: task.MailStop}
-	case master.MailResume:
-		return task.Mail{Kind: task.MailResume}
-	}
-	panic(fmt.Sprintf("graph: unknown mail kind %v", m.Kind))
-}
-

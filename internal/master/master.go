@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
@@ -47,26 +48,12 @@ type Event interface{ isEvent() }
 // Tick lets time pass; step it at NextDeadline.
 type Tick struct{ Now time.Time }
 
-// Acked is a subtask's acknowledgement (a task.ReportAck).
-type Acked struct{ Ack snapshot.Ack }
-
-// Declined is a subtask's refusal (a task.ReportDecline).
-type Declined struct{ Decline snapshot.Decline }
-
-// InputEnded says the chain subtask headed by Task has ended its input
-// (after end of input, EndInput and the timers) and keeps serving its
-// mailbox; Handled is the highest checkpoint id it had handled then.
-type InputEnded struct {
-	Now     time.Time
-	Task    checkpoint.TaskID
-	Handled int64
-}
-
-// Finished says the chain subtask headed by Task has stopped.
-type Finished struct {
-	Now  time.Time
-	Task checkpoint.TaskID
-}
+// Reported is a report of a subtask: an ack or decline of a checkpoint;
+// InputEnded, when a chain subtask (named by its head) has ended its input
+// (end of input, EndInput and the timers) and keeps serving its mailbox,
+// with ID the highest checkpoint id it had handled then; or Finished, when
+// it has stopped.
+type Reported struct{ Report task.Report }
 
 // SavepointRequest asks for a savepoint; Stop asks for a stop-with-savepoint
 // (the job ends once it is complete and committed). Token is echoed in the
@@ -93,10 +80,7 @@ type Shutdown struct {
 }
 
 func (Tick) isEvent()             {}
-func (Acked) isEvent()            {}
-func (Declined) isEvent()         {}
-func (InputEnded) isEvent()       {}
-func (Finished) isEvent()         {}
+func (Reported) isEvent()         {}
 func (SavepointRequest) isEvent() {}
 func (Persisted) isEvent()        {}
 func (Shutdown) isEvent()         {}
@@ -104,40 +88,10 @@ func (Shutdown) isEvent()         {}
 // Action is an output of Master.Step for the driver to carry out, in order.
 type Action interface{ isAction() }
 
-// MailKind says what a Mail action asks of a chain subtask; the driver maps
-// it to the runtime's mail.
-type MailKind uint8
-
-const (
-	// MailTrigger: take checkpoint Barrier (a source injects the barrier,
-	// a subtask whose input ended acks directly). Suspend: a source stops
-	// emitting after it (stop-with-savepoint).
-	MailTrigger MailKind = iota + 1
-	// MailComplete: checkpoint ID completed (covering every lower id).
-	MailComplete
-	// MailAborted: checkpoint ID was aborted.
-	MailAborted
-	// MailFinish: the final checkpoint completed; a subtask whose input
-	// ended may stop.
-	MailFinish
-	// MailStop: the stop-with-savepoint completed; stop without ending
-	// the input.
-	MailStop
-	// MailResume: the stop-with-savepoint failed; sources emit again.
-	MailResume
-)
-
-func (k MailKind) String() string {
-	return [...]string{"?", "trigger", "complete", "aborted", "finish", "stop", "resume"}[k]
-}
-
-// Mail is a message for chain subtask Box.
+// Mail asks the driver to put Mail into the mailbox of chain subtask Box.
 type Mail struct {
-	Box     int
-	Kind    MailKind
-	Barrier marker.Barrier // MailTrigger
-	Suspend bool           // MailTrigger
-	ID      int64          // MailComplete, MailAborted
+	Box  int
+	Mail task.Mail
 }
 
 // Write asks the driver to write Metadata to storage and step Persisted.
@@ -279,14 +233,20 @@ func (m *Master) Step(dst []Action, ev Event) []Action {
 	switch e := ev.(type) {
 	case Tick:
 		dst = m.feed(dst, snapshot.Tick{Now: e.Now})
-	case Acked:
-		dst = m.feed(dst, e.Ack)
-	case Declined:
-		dst = m.feed(dst, e.Decline)
-	case InputEnded:
-		dst = m.inputEnded(dst, e)
-	case Finished:
-		dst = m.finished(dst, e)
+	case Reported:
+		r := e.Report
+		switch r.Kind {
+		case task.ReportAck:
+			dst = m.feed(dst, snapshot.Ack{Now: r.At, ID: r.ID, Task: r.Task, State: r.State, Metrics: r.Metrics})
+		case task.ReportDecline:
+			dst = m.feed(dst, snapshot.Decline{Now: r.At, ID: r.ID, Task: r.Task, Reason: r.Reason, Err: r.Err})
+		case task.ReportInputEnded:
+			dst = m.inputEnded(dst, r)
+		case task.ReportFinished:
+			m.finished(r)
+		default:
+			panic(fmt.Sprintf("master: unknown report kind %v", r.Kind))
+		}
 	case SavepointRequest:
 		dst = m.savepoint(dst, e)
 	case Persisted:
@@ -332,11 +292,11 @@ func (m *Master) feed(dst []Action, ev snapshot.Event) []Action {
 func (m *Master) after(dst []Action) []Action {
 	if m.finalDone && !m.finishing && !m.stopped {
 		m.finishing = true
-		dst = m.mailAll(dst, Mail{Kind: MailFinish})
+		dst = m.mailAll(dst, task.Mail{Kind: task.MailFinish})
 	}
 	if m.stopPath != "" && !m.stopped && !m.finishing {
 		m.stopped = true
-		dst = m.mailAll(dst, Mail{Kind: MailStop})
+		dst = m.mailAll(dst, task.Mail{Kind: task.MailStop})
 	}
 	if m.running == 0 && !m.done {
 		m.done = true
@@ -345,16 +305,15 @@ func (m *Master) after(dst []Action) []Action {
 	return dst
 }
 
-func (m *Master) mailAll(dst []Action, mail Mail) []Action {
+func (m *Master) mailAll(dst []Action, mail task.Mail) []Action {
 	for i := range m.cfg.Boxes {
-		mail.Box = i
-		dst = append(dst, mail)
+		dst = append(dst, Mail{Box: i, Mail: mail})
 	}
 	return dst
 }
 
-func (m *Master) inputEnded(dst []Action, e InputEnded) []Action {
-	i, ok := m.box[e.Task]
+func (m *Master) inputEnded(dst []Action, r task.Report) []Action {
+	i, ok := m.box[r.Task]
 	if !ok || m.ended[i] {
 		return dst
 	}
@@ -362,8 +321,8 @@ func (m *Master) inputEnded(dst []Action, e InputEnded) []Action {
 	m.nEnded++
 	// The subtask can no longer get these barriers through its channels.
 	for _, id := range sortedIDs(m.triggered) {
-		if id > e.Handled {
-			dst = append(dst, Mail{Box: i, Kind: MailTrigger, Barrier: m.triggered[id]})
+		if id > r.ID {
+			dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailTrigger, Barrier: m.triggered[id]}})
 		}
 	}
 	if m.nEnded == len(m.cfg.Boxes) && m.cfg.Checkpointing && m.finalID == 0 && m.stopping == nil && !m.stopped {
@@ -379,11 +338,10 @@ func (m *Master) requestFinal(dst []Action) []Action {
 	return m.feed(dst, snapshot.TriggerRequest{Now: m.now, Kind: marker.Checkpoint, Forced: true, Reply: finalRequest{}})
 }
 
-func (m *Master) finished(dst []Action, e Finished) []Action {
-	if _, ok := m.box[e.Task]; ok && m.running > 0 {
+func (m *Master) finished(r task.Report) {
+	if _, ok := m.box[r.Task]; ok && m.running > 0 {
 		m.running--
 	}
-	return dst
 }
 
 func (m *Master) savepoint(dst []Action, e SavepointRequest) []Action {
@@ -439,9 +397,9 @@ func (m *Master) do(dst []Action, act snapshot.Action) ([]Action, bool) {
 		for i, bx := range m.cfg.Boxes {
 			switch {
 			case m.ended[i]:
-				dst = append(dst, Mail{Box: i, Kind: MailTrigger, Barrier: b})
+				dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailTrigger, Barrier: b}})
 			case bx.Source:
-				dst = append(dst, Mail{Box: i, Kind: MailTrigger, Barrier: b, Suspend: suspend})
+				dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailTrigger, Barrier: b, Suspend: suspend}})
 			}
 		}
 	case snapshot.Finalize:
@@ -470,10 +428,10 @@ func (m *Master) do(dst []Action, act snapshot.Action) ([]Action, bool) {
 		if a.Kind == marker.Savepoint && a.ID != m.stopID {
 			break
 		}
-		dst = m.mailAll(dst, Mail{Kind: MailComplete, ID: a.ID})
+		dst = m.mailAll(dst, task.Mail{Kind: task.MailComplete, ID: a.ID})
 	case snapshot.NotifyAborted:
 		delete(m.triggered, a.ID)
-		dst = m.mailAll(dst, Mail{Kind: MailAborted, ID: a.ID})
+		dst = m.mailAll(dst, task.Mail{Kind: task.MailAborted, ID: a.ID})
 		dst = append(dst, Aborted{ID: a.ID, Reason: a.Reason, Err: a.Err})
 		if w, ok := m.waiting[a.ID]; ok {
 			delete(m.waiting, a.ID)
@@ -482,7 +440,7 @@ func (m *Master) do(dst []Action, act snapshot.Action) ([]Action, bool) {
 				m.stopping, m.stopID = nil, 0
 				for i, bx := range m.cfg.Boxes {
 					if bx.Source {
-						dst = append(dst, Mail{Box: i, Kind: MailResume})
+						dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailResume}})
 					}
 				}
 				if m.nEnded == len(m.cfg.Boxes) && m.cfg.Checkpointing && m.finalID == 0 {
@@ -523,14 +481,8 @@ func eventTime(ev Event) time.Time {
 	switch e := ev.(type) {
 	case Tick:
 		return e.Now
-	case Acked:
-		return e.Ack.Now
-	case Declined:
-		return e.Decline.Now
-	case InputEnded:
-		return e.Now
-	case Finished:
-		return e.Now
+	case Reported:
+		return e.Report.At
 	case SavepointRequest:
 		return e.Now
 	case Persisted:

@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/datadriven"
 	"github.com/stretchr/testify/require"
 
+	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
@@ -128,7 +129,7 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData) Event {
 	var (
 		now     time.Time
 		id      int64
-		task    checkpoint.TaskID
+		tid     checkpoint.TaskID
 		token   string
 		path    string
 		errS    string
@@ -148,7 +149,7 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData) Event {
 		case "id":
 			id = int64(atoi(t, v))
 		case "task":
-			task = parseTask(t, v)
+			tid = parseTask(t, v)
 		case "token":
 			token = v
 		case "path":
@@ -182,17 +183,17 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData) Event {
 	case "tick":
 		return Tick{Now: now}
 	case "ack":
-		return Acked{Ack: snapshot.Ack{Now: now, ID: id, Task: task, State: checkpoint.SubtaskState{KeyGroupStart: -1, KeyGroupEnd: -1}}}
+		return Reported{task.Report{Kind: task.ReportAck, At: now, ID: id, Task: tid, State: checkpoint.SubtaskState{KeyGroupStart: -1, KeyGroupEnd: -1}}}
 	case "decline":
 		var err error
 		if errS != "" {
 			err = errors.New(errS)
 		}
-		return Declined{Decline: snapshot.Decline{Now: now, ID: id, Task: task, Reason: reason, Err: err}}
+		return Reported{task.Report{Kind: task.ReportDecline, At: now, ID: id, Task: tid, Reason: reason, Err: err}}
 	case "ended":
-		return InputEnded{Now: now, Task: task, Handled: handled}
+		return Reported{task.Report{Kind: task.ReportInputEnded, At: now, Task: tid, ID: handled}}
 	case "finished":
-		return Finished{Now: now, Task: task}
+		return Reported{task.Report{Kind: task.ReportFinished, At: now, Task: tid}}
 	case "savepoint":
 		return SavepointRequest{Now: now, Stop: stop, Token: token}
 	case "persisted":
@@ -217,15 +218,16 @@ func (h *harness) format(acts []Action) string {
 		switch a := a.(type) {
 		case Mail:
 			head := h.boxes[a.Box].Tasks[0]
-			fmt.Fprintf(&b, "mail %s/%d %s", head.Operator, head.Subtask, a.Kind)
-			switch a.Kind {
-			case MailTrigger:
-				fmt.Fprintf(&b, " %s", fmtBarrier(a.Barrier))
-				if a.Suspend {
+			m := a.Mail
+			fmt.Fprintf(&b, "mail %s/%d %s", head.Operator, head.Subtask, m.Kind)
+			switch m.Kind {
+			case task.MailTrigger:
+				fmt.Fprintf(&b, " %s", fmtBarrier(m.Barrier))
+				if m.Suspend {
 					b.WriteString(" suspend")
 				}
-			case MailComplete, MailAborted:
-				fmt.Fprintf(&b, " %d", a.ID)
+			case task.MailComplete, task.MailAborted:
+				fmt.Fprintf(&b, " %d", m.ID)
 			}
 		case Write:
 			fmt.Fprintf(&b, "write %d %s", a.Metadata.CheckpointID, a.Metadata.Options.Kind)
