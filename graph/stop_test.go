@@ -304,9 +304,11 @@ func TestStopWithSavepoint(t *testing.T) {
 // sources resume and the job runs on; a second stop then succeeds.
 func TestStopWithSavepointAborted(t *testing.T) {
 	store := newTxnStore()
-	cfg := Config{Checkpoint: CheckpointConfig{Interval: 5 * time.Millisecond, Dir: t.TempDir(), Timeout: 100 * time.Millisecond, TolerableFailures: -1}}
+	// The first stop's snapshot outlasts the timeout by far; the second
+	// stop must not expire even on a loaded machine.
+	cfg := Config{Checkpoint: CheckpointConfig{Interval: 5 * time.Millisecond, Dir: t.TempDir(), Timeout: time.Second, TolerableFailures: -1}}
 	sj := newStopJob(t, cfg, store, endless)
-	sj.slowStop.Store(int64(300 * time.Millisecond))
+	sj.slowStop.Store(int64(3 * time.Second))
 	e, err := sj.j.Start(context.Background())
 	require.NoError(t, err)
 	waitUntil(t, "records flow", func() bool { return sj.emitted.Load() > 1000 })

@@ -112,14 +112,13 @@ func contextFor(t *testing.T, checkpointing bool) *graph.Context {
 	return ctx
 }
 
-// twoPC is the full set of hooks a publishing sink has. EndInput is the
-// sink form of the end-of-input hook (graph.SinkEnder).
+// twoPC is the full set of hooks a publishing sink has.
 type twoPC[T any] interface {
 	graph.SinkFunc[T]
 	graph.Initializer
 	graph.Snapshotter
 	graph.CheckpointListener
-	EndInput(ctx *graph.Context) error
+	graph.SinkEnder
 }
 
 // TestPublishingTransactions drives one publishing sink step by step:

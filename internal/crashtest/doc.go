@@ -1,0 +1,24 @@
+// Package crashtest checks exactly-once output across real process crashes.
+//
+// Its tests run a job in a child process (the test binary re-executed with
+// -test.run=^TestChild$), kill or stop it in the ways a deployment does
+// (SIGKILL at random moments, SIGTERM through a cancelled context, stop
+// with a savepoint) and damage its checkpoint directory as disks and
+// operators do (the newest chk-N directory deleted, its _metadata
+// corrupted), restart it, and check the published output: every input id
+// exactly once, or a child that refuses to start with an error naming the
+// risk. Never a silent loss or duplicate.
+//
+// The output goes through Dir, a durable Committer that is idempotent by
+// transaction id, as the sink.Committer contract asks of an external
+// system: one file per transaction, named after the whole sink.Txn,
+// written to a temporary file, fsynced, renamed and made durable by
+// syncing the directory. A file that exists is a committed transaction. Dir
+// also checks P4 of package sink: a transaction committed again must have
+// the same records, so a transaction id that names two contents (the
+// silent loss of issue 5, bug 6) fails the commit instead of being dropped
+// as a duplicate.
+//
+// Run with -crashtest.seed=N to replay the random moments of a failed run
+// (the seed is logged).
+package crashtest
