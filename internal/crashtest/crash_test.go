@@ -82,19 +82,19 @@ type counted struct {
 
 // ---- the child ----
 
-// TestChild is the job run by the crash tests in a child process. It
+// TestMain runs the job of the crash tests when the test binary is started
+// as their child process (envChild set), and the tests otherwise. The child
 // prints one line per job event on stdout ("execution E", "restored N
 // path", "checkpoint N", "savepoint path", "finished", ...), logs on
 // stderr, stops on SIGTERM through signal.NotifyContext, stops with a
 // savepoint on SIGUSR1, takes a savepoint and goes on on SIGUSR2, and
 // exits with one of the exit codes above.
-func TestChild(t *testing.T) {
-	if os.Getenv(envChild) == "" {
-		t.Skip("the job of the crash tests; they run it in a child process")
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		flag.Parse()
+		os.Exit(runChild())
 	}
-	if code := runChild(); code != 0 {
-		os.Exit(code) // os.Exit(0) is not allowed in a test; 0 returns
-	}
+	os.Exit(m.Run())
 }
 
 func say(format string, args ...any) {
@@ -296,7 +296,7 @@ func (p *pacedSource[T]) ReadBatch(ctx *graph.Context, dst []T) (int, error) {
 
 // ---- the parent ----
 
-// child is one run of TestChild in a child process.
+// child is one run of the job in a child process (see TestMain).
 type child struct {
 	t      *testing.T
 	name   string
@@ -356,7 +356,7 @@ func (r *run) jobDir() string { return filepath.Join(r.ckpt, snapshot.JobIDFromN
 func (r *run) start(extraEnv ...string) *child {
 	r.runs++
 	c := &child{t: r.t, name: fmt.Sprintf("%s#%d", r.t.Name(), r.runs), notify: make(chan struct{}, 1), exited: make(chan struct{})}
-	c.cmd = exec.Command(os.Args[0], "-test.run=^TestChild$", "-test.count=1")
+	c.cmd = exec.Command(os.Args[0])
 	c.cmd.Env = append(os.Environ(),
 		envChild+"=1",
 		envCheckpoints+"="+r.ckpt,
