@@ -1,7 +1,7 @@
 // Package crashtest checks exactly-once output across real process crashes.
 //
 // Its tests run a job in a child process (the test binary re-executed with
-// -test.run=^TestChild$), kill or stop it in the ways a deployment does
+// an environment variable that makes TestMain run the job), kill or stop it in the ways a deployment does
 // (SIGKILL at random moments, SIGTERM through a cancelled context, stop
 // with a savepoint) and damage its checkpoint directory as disks and
 // operators do (the newest chk-N directory deleted, its _metadata
