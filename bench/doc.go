@@ -9,7 +9,17 @@
 // ran (sampled from runtime/metrics), so memory stays visibly bounded by
 // configuration rather than by input size.
 //
-// Reproduce the figures in BENCHMARKS.md with:
+// Two workloads: the stateless pipeline (source -> map -> filter -> sink,
+// chained; pipeline.go) and the keyed pipeline (source -> keyBy(v % 10000)
+// -> running count per key in value state -> sink, across a
+// hash-partitioned edge; keyed.go), whose baseline hash-partitions the
+// records the same way into as many consumer goroutines, each with a Go
+// map. BenchmarkRatios measures both, engine and baseline alternating in
+// one run, at parallelism 1 and 2:
+//
+//	go test -run '^$' -bench Ratios -benchtime 300000000x ./bench/
+//
+// Reproduce the other figures in BENCHMARKS.md with:
 //
 //	go test -run '^$' -bench . -benchtime 2000000x -count 3 ./bench/
 package bench

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkPipeline compares the engine with the hand-written baseline on
@@ -84,5 +85,20 @@ func TestPipelinesAgree(t *testing.T) {
 				t.Fatalf("engine p=%d chaining=%v: %d, want %d", p, chaining, total.Load(), want)
 			}
 		}
+	}
+}
+
+// TestKeyedPipelinesAgree checks that the keyed engine job and its baseline
+// deliver the same records and running counts.
+func TestKeyedPipelinesAgree(t *testing.T) {
+	const n = 100_000
+	want := ExpectedKeyed(n)
+	require.Equal(t, int64(n), want.Records)
+	for _, p := range []int{1, 2, 3} {
+		require.Equal(t, want, BaselineKeyed(n, p, 256, 8), "baseline p=%d", p)
+		var total keyedTotal
+		cfg := graph.Config{Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir()}, Logf: t.Logf}
+		require.NoError(t, EngineKeyed(n, p, cfg, &total).Run(context.Background()))
+		require.Equal(t, want, total.result(), "engine p=%d", p)
 	}
 }

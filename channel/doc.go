@@ -29,6 +29,20 @@
 // copy the record values; memory that records point to is shared, so records
 // must be treated as immutable once sent.
 //
+// Hash-partitioned channels. A channel is generic in its element type and
+// knows nothing of keys. The channels of a hash-partitioned (KeyBy) edge
+// carry task.Keyed[K, T] elements: the record with its key and key group,
+// which the writing subtask's output computed once per record (one key
+// extraction, one hash) while choosing the channel, so that the keyed
+// operator at the reader takes them from the element instead of extracting
+// and hashing again. Ownership, pooling and the clearing of recycled
+// buffers whose elements hold pointers are those of any channel (CH5, CH8);
+// an element is larger than the record by the key and a uint16 (padded).
+// Writers with several output channels fill one staging batch and
+// partition it over the channels' buffers a batch at a time (package
+// internal/task, Output), so per record a hash edge costs the key call, the
+// hash and an append, and per buffer the four mutex acquisitions above.
+//
 // Events do not count against Capacity and SendEvent never blocks. Barriers,
 // cancel markers and end-of-input are broadcast by a subtask to all its
 // outputs; if such a send could wait for space, the subtask would wait on a

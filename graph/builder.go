@@ -73,18 +73,18 @@ type edge struct {
 	chained bool
 	// newChan creates a *channel.Chan[T] for the edge's element type T.
 	newChan func(channel.Config) any
-	// newRoute returns, for upstream subtask i, a func(T) int routing a
-	// record to a downstream subtask (nil for broadcast); the downstream
-	// parallelism and max parallelism are passed in.
-	newRoute func(i, p, maxP int) any
+	// partitioner is a hash edge's hashPartitioner[T, K] (operators.go):
+	// it makes the edge's channels (of task.Keyed[K, T]) and each
+	// upstream's output edge. Nil for other partitionings.
+	partitioner any
 }
 
 // stream is one upstream of a Stream: a vertex and how to partition its
 // output. A Stream made by Union has several.
 type stream struct {
-	v        *vertex
-	part     Partitioning
-	newRoute func(i, p, maxP int) any
+	v           *vertex
+	part        Partitioning
+	partitioner any // see edge.partitioner
 }
 
 // Stream is a typed stream of records produced by one or more operators.
@@ -132,7 +132,7 @@ func (j *Job) addVertex(kind vertexKind, uid string, opts []Option) *vertex {
 func (s *Stream[T]) with(p Partitioning) *Stream[T] {
 	parts := make([]stream, len(s.parts))
 	for i, st := range s.parts {
-		st.part, st.newRoute = p, nil
+		st.part, st.partitioner = p, nil
 		parts[i] = st
 	}
 	return &Stream[T]{job: s.job, parts: parts}
@@ -166,6 +166,13 @@ func Union[T any](s *Stream[T], others ...*Stream[T]) *Stream[T] {
 // KeyBy partitions s by the key that key extracts. The key must be
 // deterministic: the same record must always yield the same key, in every
 // process, or keyed state cannot be found after a restore.
+//
+// key is called once per record, by the upstream subtask, which also hashes
+// the key into its key group once; record, key and key group travel
+// together to the keyed operator, which does not call key again. Set the
+// environment variable SNAPFLOW_VERIFY_KEYS=1 to have keyed operators call
+// key and hash again and fail on a non-deterministic key function (a
+// debugging aid: it costs a second call and hash per record).
 func KeyBy[T any, K comparable](s *Stream[T], key func(T) K) *KeyedStream[K, T] {
 	if key == nil {
 		s.job.errorf("graph: KeyBy with a nil key function")
@@ -173,7 +180,7 @@ func KeyBy[T any, K comparable](s *Stream[T], key func(T) K) *KeyedStream[K, T] 
 	parts := make([]stream, len(s.parts))
 	for i, st := range s.parts {
 		st.part = Hash
-		st.newRoute = func(_, p, maxP int) any { return hashRoute(key, p, maxP) }
+		st.partitioner = hashPartitioner[T, K]{key: key}
 		parts[i] = st
 	}
 	return &KeyedStream[K, T]{s: &Stream[T]{job: s.job, parts: parts}, key: key}
@@ -183,7 +190,7 @@ func KeyBy[T any, K comparable](s *Stream[T], key func(T) K) *KeyedStream[K, T] 
 func connect[T any](in *Stream[T], v *vertex) {
 	for _, st := range in.parts {
 		e := &edge{
-			from: st.v, to: v, part: st.part, newRoute: st.newRoute,
+			from: st.v, to: v, part: st.part, partitioner: st.partitioner,
 			newChan: func(cfg channel.Config) any { return channel.New[T](cfg) },
 		}
 		st.v.outputs = append(st.v.outputs, e)

@@ -255,8 +255,8 @@ func TestSavepointRestoredIntoNewDirectoryLosesNothing(t *testing.T) {
 		return nil
 	}
 	l.slowSink = func(it item) {
-		if it.ID%1000 == 0 {
-			time.Sleep(time.Millisecond)
+		if it.ID%200 == 0 {
+			time.Sleep(time.Millisecond) // the savepoint completes long before the end
 		}
 	}
 	var err error
@@ -361,6 +361,10 @@ func TestStopWithSavepointThenResume(t *testing.T) {
 	l := &lifecycleJob{n: n, committer: committer, cfg: graph.Config{
 		Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir()},
 		OnEvent:    ev.on,
+	}, slowSink: func(it item) {
+		if it.ID%1000 == 0 {
+			time.Sleep(time.Millisecond) // the job is still running when Stop comes
+		}
 	}}
 	e, err := l.build(t, "stop").Start(context.Background())
 	require.NoError(t, err)

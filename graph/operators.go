@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"reflect"
+	"strconv"
 	"time"
 
+	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
@@ -44,13 +47,7 @@ func Map[IN, OUT any](s *Stream[IN], uid string, f func(IN) OUT, opts ...Option)
 	return addOperator(s, uid, opts, f == nil, func() (batchFunc[IN, OUT], any) {
 		return func(_ *Context, recs []IN, out *task.Output[OUT]) error {
 			for len(recs) > 0 {
-				dst := out.Free()
-				if dst == nil {
-					for _, r := range recs {
-						out.Collect(f(r))
-					}
-					return nil
-				}
+				dst := out.Free() // never empty
 				k := min(len(dst), len(recs))
 				for i, r := range recs[:k] {
 					dst[i] = f(r)
@@ -67,15 +64,7 @@ func Map[IN, OUT any](s *Stream[IN], uid string, f func(IN) OUT, opts ...Option)
 func Filter[T any](s *Stream[T], uid string, keep func(T) bool, opts ...Option) *Stream[T] {
 	return addOperator(s, uid, opts, keep == nil, func() (batchFunc[T, T], any) {
 		return func(_ *Context, recs []T, out *task.Output[T]) error {
-			dst := out.Free()
-			if dst == nil {
-				for _, r := range recs {
-					if keep(r) {
-						out.Collect(r)
-					}
-				}
-				return nil
-			}
+			dst := out.Free() // never empty
 			j := 0
 			for _, r := range recs {
 				if !keep(r) {
@@ -140,7 +129,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	key := s.key
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[OUT](ctx, a, v, i, next)
-		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: policy, logf: a.job.logf}
+		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: policy, logf: a.job.logf, verify: verifyKeys()}
 		op.onTimer, _ = op.fn.(TimerHandler[K, OUT])
 		op.ender, op.openErr = inputEnder[OUT](v, op.fn)
 		if op.fn == nil {
@@ -148,7 +137,9 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 		}
 		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op}, op.ProcessBatch
 	}
-	v.run = runInput[IN](v)
+	// The input channels are hash-partitioned: they carry each record with
+	// its key and key group (see hashPartitioner).
+	v.run = runInput[task.Keyed[K, IN]](v)
 	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
 }
 
@@ -273,10 +264,12 @@ func outFor[T any](ctx context.Context, a *attempt, v *vertex, i int, next any) 
 // hooks carries the lifecycle of a user function value: state
 // initialization, snapshots, notifications, end of input and close.
 type hooks struct {
-	fn    any
-	ctx   *Context
+	fn  any
+	ctx *Context
+	// keyed is the keyed-state backend of a keyed operator (timers
+	// included: they are keyed list state).
 	keyed interface {
-		Snapshot() ([]checkpoint.KeyGroupState, error)
+		Freeze() (*state.KeyedSnapshot, error)
 	}
 	// endInput is the function's InputEnder or SinkEnder, bound to its
 	// Collector; nil if it has none.
@@ -304,25 +297,74 @@ func (h *hooks) initialize() error {
 	return nil
 }
 
+// Snapshot takes the whole snapshot on the calling goroutine (the chain
+// calls SnapshotAsync instead).
 func (h *hooks) Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error) {
+	st, part, err := h.SnapshotAsync(b)
+	if err != nil || part == nil {
+		return st, err
+	}
+	defer part.Release()
+	if err := part.Run(context.Background(), &st); err != nil {
+		return checkpoint.SubtaskState{}, err
+	}
+	return st, nil
+}
+
+// SnapshotAsync implements task.AsyncSnapshotter. The synchronous part runs
+// the user's SnapshotState hook, encodes the operator list state and
+// freezes the keyed state (timers included), in time independent of the
+// number of keys for copy-on-write state; the asynchronous part encodes
+// the frozen keyed state, unless it holds at most inlineKeyedEntries
+// entries, which are encoded at once.
+func (h *hooks) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.AsyncPart, error) {
 	if s, ok := h.fn.(Snapshotter); ok {
 		sc := &SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}
 		if err := s.SnapshotState(sc); err != nil {
-			return checkpoint.SubtaskState{}, err
+			return checkpoint.SubtaskState{}, nil, err
 		}
 	}
 	lists, err := h.ctx.operators.Snapshot()
 	if err != nil {
-		return checkpoint.SubtaskState{}, err
+		return checkpoint.SubtaskState{}, nil, err
 	}
 	st := checkpoint.SubtaskState{Lists: lists}
-	if h.keyed != nil {
-		if st.KeyGroups, err = h.keyed.Snapshot(); err != nil {
-			return checkpoint.SubtaskState{}, err
-		}
+	if h.keyed == nil {
+		return st, nil, nil
 	}
-	return st, nil
+	ks, err := h.keyed.Freeze()
+	if err != nil {
+		return checkpoint.SubtaskState{}, nil, err
+	}
+	if ks.Entries() <= inlineKeyedEntries {
+		// Small enough to encode at once: cheaper than handing it to a
+		// goroutine, and the ack leaves without waiting for one.
+		st.KeyGroups, err = ks.Encode(context.Background())
+		ks.Release()
+		if err != nil {
+			return checkpoint.SubtaskState{}, nil, err
+		}
+		return st, nil, nil
+	}
+	return st, keyedPart{ks}, nil
 }
+
+// inlineKeyedEntries is the most keyed entries a keyed operator encodes in
+// the synchronous part of its snapshot (a fraction of a millisecond);
+// above it the frozen state is encoded asynchronously, so the pause does
+// not grow with the number of keys.
+const inlineKeyedEntries = 1024
+
+// keyedPart encodes a frozen keyed state off the subtask goroutine.
+type keyedPart struct{ s *state.KeyedSnapshot }
+
+func (p keyedPart) Run(ctx context.Context, st *checkpoint.SubtaskState) error {
+	kgs, err := p.s.Encode(ctx)
+	st.KeyGroups = kgs
+	return err
+}
+
+func (p keyedPart) Release() { p.s.Release() }
 
 func (h *hooks) NotifyComplete(id int64) error {
 	if l, ok := h.fn.(CheckpointListener); ok {
@@ -368,11 +410,16 @@ func (o *fnOp[IN]) Open(info task.Info) error {
 func (o *fnOp[IN]) ProcessBatch(recs []IN) error { return o.process(o.ctx, recs) }
 
 // keyedOp runs a keyed operator: before each record it sets the current
-// key (and key group) of the keyed-state backend.
+// key and key group of the keyed-state backend. Both come with the record
+// from the hash-partitioned edge (task.Keyed), which extracted the key and
+// hashed it; the operator only checks the key group against its range. With
+// verify (SNAPFLOW_VERIFY_KEYS) it also extracts and hashes the key again and
+// fails on a difference: a key function that is not deterministic.
 type keyedOp[K comparable, IN, OUT any] struct {
 	hooks
 	fn      KeyedProcessFunc[K, IN, OUT]
-	key     func(IN) K
+	key     func(IN) K // used only with verify
+	verify  bool
 	out     *task.Output[OUT]
 	backend *state.KeyedBackend[K]
 	kctx    *KeyedContext[K]
@@ -444,19 +491,64 @@ func (o *keyedOp[K, IN, OUT]) EndInput() error {
 	return nil
 }
 
-func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []IN) error {
-	for _, r := range recs {
-		k := o.key(r)
-		kg := keygroup.Of(k, o.maxP)
+func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []task.Keyed[K, IN]) error {
+	if o.verify {
+		return o.processVerified(recs)
+	}
+	for i := range recs {
+		r := &recs[i]
+		kg := int(r.KeyGroup)
 		if !o.kgs.Contains(kg) {
-			return fmt.Errorf("key group %d of key %v is not in this subtask's key-group range %v; the key function is most likely not deterministic", kg, k, o.kgs)
+			return o.foreignKeyGroup(r.Key, kg)
 		}
-		o.backend.SetCurrentKey(k, kg)
-		if err := o.fn.Process(o.kctx, r, o.out); err != nil {
+		o.backend.SetCurrentKey(r.Key, kg)
+		if err := o.fn.Process(o.kctx, r.Rec, o.out); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// processVerified is ProcessBatch that also extracts and hashes each
+// record's key again and fails if the key function disagrees with itself.
+func (o *keyedOp[K, IN, OUT]) processVerified(recs []task.Keyed[K, IN]) error {
+	for i := range recs {
+		r := &recs[i]
+		kg := int(r.KeyGroup)
+		if k := o.key(r.Rec); k != r.Key {
+			return fmt.Errorf("the key function is not deterministic: record %v had key %v when it was partitioned and has key %v now (%s is set)", r.Rec, r.Key, k, verifyKeysEnv)
+		}
+		if want := keygroup.Of(r.Key, o.maxP); kg != want {
+			return fmt.Errorf("key %v arrived with key group %d, but it hashes to key group %d (%s is set)", r.Key, kg, want, verifyKeysEnv)
+		}
+		if !o.kgs.Contains(kg) {
+			return o.foreignKeyGroup(r.Key, kg)
+		}
+		o.backend.SetCurrentKey(r.Key, kg)
+		if err := o.fn.Process(o.kctx, r.Rec, o.out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+//go:noinline
+func (o *keyedOp[K, IN, OUT]) foreignKeyGroup(k K, kg int) error {
+	return fmt.Errorf("key group %d of key %v is not in this subtask's key-group range %v: the partitioner and the operator disagree on the max parallelism (%d) or the parallelism", kg, k, o.kgs, o.maxP)
+}
+
+// verifyKeysEnv is the environment variable that turns on the check of
+// keyed operators that the key function is deterministic: when set to a
+// true value (strconv.ParseBool), every keyed operator extracts and hashes
+// each record's key a second time and fails the job if the key or its key
+// group differs from what the partitioner computed. It costs a second key
+// call and hash per record; for tests and debugging. It is read when a
+// subtask starts.
+const verifyKeysEnv = "SNAPFLOW_VERIFY_KEYS"
+
+func verifyKeys() bool {
+	v, _ := strconv.ParseBool(os.Getenv(verifyKeysEnv))
+	return v
 }
 
 // sourceOp runs a source function.
@@ -477,11 +569,10 @@ func (o *sourceOp[T]) Open(info task.Info) error {
 
 func (o *sourceOp[T]) Emit(max int) (bool, error) {
 	if o.batch != nil {
-		if dst := o.out.Free(); dst != nil {
-			n, err := o.batch.ReadBatch(o.ctx, dst[:min(len(dst), max)])
-			o.out.Advance(n)
-			return o.emitted(n, err)
-		}
+		dst := o.out.Free() // never empty
+		n, err := o.batch.ReadBatch(o.ctx, dst[:min(len(dst), max)])
+		o.out.Advance(n)
+		return o.emitted(n, err)
 	}
 	for i := range max {
 		r, err := o.fn.Next(o.ctx)
@@ -506,9 +597,27 @@ func (o *sourceOp[T]) emitted(n int, err error) (bool, error) {
 	return false, err
 }
 
-// hashRoute routes records to the subtask owning their key's key group.
-func hashRoute[T any, K comparable](key func(T) K, p, maxP int) func(T) int {
-	return func(r T) int { return keygroup.Owner(maxP, p, keygroup.Of(key(r), maxP)) }
+// hashPartitioner is the partitioning of a KeyBy edge with records T and
+// keys K. Its channels carry task.Keyed[K, T]: the upstream's output
+// extracts each record's key once and hashes it once (task.KeyedEdge), and
+// the keyed operator takes key and key group from the record.
+type hashPartitioner[T any, K comparable] struct {
+	key func(T) K
+}
+
+// newChan implements chanMaker.
+func (h hashPartitioner[T, K]) newChan(cfg channel.Config) any {
+	return channel.New[task.Keyed[K, T]](cfg)
+}
+
+// edge returns the output edge of one upstream subtask over chans, its
+// channels to every downstream subtask in subtask order.
+func (h hashPartitioner[T, K]) edge(chans []any, maxP int) task.Edge[T] {
+	senders := make([]channel.Sender[task.Keyed[K, T]], len(chans))
+	for i, c := range chans {
+		senders[i] = c.(*channel.Chan[task.Keyed[K, T]])
+	}
+	return task.KeyedEdge(senders, h.key, maxP)
 }
 
 type nopEmitter struct{}

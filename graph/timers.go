@@ -98,7 +98,10 @@ func (c *KeyedContext[K]) DeleteTimer(at time.Time) { c.timers.delete(at.UnixNan
 
 // timerService keeps the timers of one keyed subtask: a min-heap for firing
 // in time order, a set for deduplication and lazy deletion, and the
-// checkpointed keyed list state as the source of truth.
+// checkpointed keyed list state as the source of truth. Only that list
+// state is snapshotted: it is frozen with the rest of the keyed backend at
+// the barrier (copy-on-write, int64 elements) and encoded asynchronously;
+// heap and set are rebuilt from it on restore.
 //
 // Invariant: (k, at) is in set iff at is in k's TimerState list; the heap
 // holds every such pair (and possibly deleted ones, skipped when popped).

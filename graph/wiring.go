@@ -21,6 +21,12 @@ func (a *attempt) wireChannels() []interface{ Gauges() channel.Gauges } {
 			}
 			chans := make([][]any, v.parallelism)
 			a.chans[ed] = chans
+			newChan := ed.newChan
+			if ed.part == Hash {
+				// A hash edge's channels carry keyed records, not the
+				// stream's.
+				newChan = ed.partitioner.(chanMaker).newChan
+			}
 			for i := range chans {
 				chans[i] = make([]any, ed.to.parallelism)
 				for k := range chans[i] {
@@ -29,7 +35,7 @@ func (a *attempt) wireChannels() []interface{ Gauges() channel.Gauges } {
 					}
 					cfg := chCfg
 					cfg.Name = fmt.Sprintf("%s[%d]->%s[%d]", v.uid, i, ed.to.uid, k)
-					chans[i][k] = ed.newChan(cfg)
+					chans[i][k] = newChan(cfg)
 					all = append(all, chans[i][k].(interface{ Gauges() channel.Gauges }))
 				}
 			}
@@ -63,10 +69,31 @@ func gateFor[T any](a *attempt, v *vertex, i int) *channel.Gate[T] {
 	return channel.NewGate(chans)
 }
 
+// chanMaker makes the channels of an edge whose channel element type is
+// not the stream's record type: a hash edge's hashPartitioner, whose
+// channels carry task.Keyed records.
+type chanMaker interface {
+	newChan(channel.Config) any
+}
+
+// keyedEdger is a hash edge's hashPartitioner for records T: it builds an
+// upstream subtask's output edge over that subtask's channels (one per
+// downstream subtask, in order) for downstream max parallelism maxP.
+type keyedEdger[T any] interface {
+	edge(chans []any, maxP int) task.Edge[T]
+}
+
 // outputFor returns the output of subtask i of v.
 func outputFor[T any](ctx context.Context, a *attempt, v *vertex, i int) *task.Output[T] {
 	edges := make([]task.Edge[T], 0, len(v.outputs))
 	for _, e := range v.outputs {
+		if e.part == Hash {
+			// Key extraction and hashing happen once per record, here; the
+			// key and key group travel with the record (task.KeyedEdge).
+			hp := e.partitioner.(keyedEdger[T])
+			edges = append(edges, hp.edge(a.chans[e][i], e.to.maxParallelism))
+			continue
+		}
 		var te task.Edge[T]
 		for _, c := range a.chans[e][i] {
 			if c != nil {
@@ -85,8 +112,6 @@ func outputFor[T any](ctx context.Context, a *attempt, v *vertex, i int) *task.O
 				}
 				return c
 			}
-		case Hash:
-			te.Route = e.newRoute(i, e.to.parallelism, e.to.maxParallelism).(func(T) int)
 		case Broadcast:
 			te.Route = nil
 		}

@@ -168,11 +168,17 @@ type TriggerRequest struct {
 }
 
 // SubtaskMetrics are reported by a subtask with its acknowledgement.
-// (Flink's async duration and processed bytes are not there: snapshots are
-// synchronous, and nothing counts the bytes of an alignment yet.)
+// (Flink's processed bytes are not there: nothing counts the bytes of an
+// alignment yet.)
 type SubtaskMetrics struct {
-	// SyncDuration is the time the subtask took to snapshot its chain.
-	SyncDuration time.Duration
+	// SyncDuration is the synchronous part of the snapshot: how long the
+	// subtask stopped processing records for it (flushing its chain, the
+	// members' SnapshotState hooks and operator state, freezing keyed
+	// state). AsyncDuration is the asynchronous part: from the end of the
+	// synchronous part until the keyed state was encoded, on another
+	// goroutine while the subtask went on (0 without keyed state). Both
+	// are the chain subtask's: every member of a chain reports the same.
+	SyncDuration, AsyncDuration time.Duration
 	// AlignmentDuration is the time between the first and the last barrier
 	// at the subtask; StartDelay is the time from trigger to first barrier.
 	AlignmentDuration, StartDelay time.Duration

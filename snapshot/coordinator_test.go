@@ -35,7 +35,7 @@ import (
 //	Events (each prints the actions of one Step, one per line):
 //	tick t=D
 //	trigger t=D [kind=savepoint] [forced] [stop] [reply=S]
-//	ack t=D id=N task=uid/i [size=B] [sync=D] [align=D] [delay=D]
+//	ack t=D id=N task=uid/i [size=B] [sync=D] [async=D] [align=D] [delay=D]
 //	    size=B gives the subtask one list state of B bytes (default 0).
 //	decline t=D id=N task=uid/i reason=subsumed|cancel-marker|end-of-input|task-error [err=S]
 //	persisted t=D id=N [path=P] [err=S]
@@ -121,8 +121,8 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		return b.String()
 	case "summary":
 		s := h.c.Stats().Summary()
-		return fmt.Sprintf("count=%d\ne2e=%+v\nsize=%+v\nalign=%+v\ndelay=%+v\n",
-			s.Count, s.EndToEnd, s.StateSize, s.Alignment, s.StartDelay)
+		return fmt.Sprintf("count=%d\ne2e=%+v\nsize=%+v\nsync=%+v\nasync=%+v\nalign=%+v\ndelay=%+v\n",
+			s.Count, s.EndToEnd, s.StateSize, s.Sync, s.Async, s.Alignment, s.StartDelay)
 	}
 	var b strings.Builder
 	for _, a := range h.c.Step(parseEvent(t, d.Cmd, d.CmdArgs)) {
@@ -220,6 +220,7 @@ func parseEvent(t *testing.T, cmd string, args []datadriven.CmdArg) Event {
 			},
 			Metrics: SubtaskMetrics{
 				SyncDuration:      argDur(t, args, "sync", 0),
+				AsyncDuration:     argDur(t, args, "async", 0),
 				AlignmentDuration: argDur(t, args, "align", 0),
 				StartDelay:        argDur(t, args, "delay", 0),
 			},

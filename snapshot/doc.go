@@ -180,8 +180,9 @@
 //     after tasks finish) is the driver's business: the coordinator only
 //     needs every subtask's ack. There are no master hooks or operator
 //     coordinators.
-//   - The statistics have no async duration or processed bytes (Flink's
-//     checkpointed size and alignment bytes): nothing measures them yet.
+//   - The statistics have no processed bytes (Flink's checkpointed size
+//     and alignment bytes): nothing measures them yet. Sync and async
+//     durations are per chain subtask, reported with each member's ack.
 //
 // # Statistics
 //

@@ -80,6 +80,25 @@ func (cs *CheckpointStats) MaxAlignment() time.Duration {
 	return d
 }
 
+// MaxSync is the longest synchronous snapshot part of any subtask: the
+// longest pause of a subtask for the checkpoint.
+func (cs *CheckpointStats) MaxSync() time.Duration {
+	var d time.Duration
+	for i := range cs.Subtasks {
+		d = max(d, cs.Subtasks[i].SyncDuration)
+	}
+	return d
+}
+
+// MaxAsync is the longest asynchronous snapshot part of any subtask.
+func (cs *CheckpointStats) MaxAsync() time.Duration {
+	var d time.Duration
+	for i := range cs.Subtasks {
+		d = max(d, cs.Subtasks[i].AsyncDuration)
+	}
+	return d
+}
+
 // MaxStartDelay is the longest start delay of any subtask.
 func (cs *CheckpointStats) MaxStartDelay() time.Duration {
 	var d time.Duration
@@ -227,8 +246,11 @@ type Summary struct {
 	Count     int
 	EndToEnd  DurationSummary
 	StateSize SizeSummary
-	// Alignment and StartDelay summarize each checkpoint's largest subtask
-	// value (MaxAlignment, MaxStartDelay).
+	// Sync, Async, Alignment and StartDelay summarize each checkpoint's
+	// largest subtask value (MaxSync, MaxAsync, MaxAlignment,
+	// MaxStartDelay).
+	Sync       DurationSummary
+	Async      DurationSummary
 	Alignment  DurationSummary
 	StartDelay DurationSummary
 }
@@ -259,14 +281,16 @@ func (m minAvgMax) duration() DurationSummary {
 }
 
 type summaryAcc struct {
-	n                       int
-	e2e, size, align, delay minAvgMax
+	n                                    int
+	e2e, size, sync, async, align, delay minAvgMax
 }
 
 func (a *summaryAcc) add(cs *CheckpointStats) {
 	a.n++
 	a.e2e.add(int64(cs.EndToEnd))
 	a.size.add(cs.StateSize)
+	a.sync.add(int64(cs.MaxSync()))
+	a.async.add(int64(cs.MaxAsync()))
 	a.align.add(int64(cs.MaxAlignment()))
 	a.delay.add(int64(cs.MaxStartDelay()))
 }
@@ -277,6 +301,8 @@ func (s *Stats) Summary() Summary {
 		Count:      s.sum.n,
 		EndToEnd:   s.sum.e2e.duration(),
 		StateSize:  s.sum.size.size(),
+		Sync:       s.sum.sync.duration(),
+		Async:      s.sum.async.duration(),
 		Alignment:  s.sum.align.duration(),
 		StartDelay: s.sum.delay.duration(),
 	}
@@ -314,34 +340,36 @@ func (s *Stats) Format(w io.Writer) error {
 	fmt.Fprintf(tw, "counts: triggered=%d in-progress=%d completed=%d failed=%d restored=%d\n",
 		c.Triggered, c.InProgress, c.Completed, c.Failed, c.Restored)
 	if sum := s.Summary(); sum.Count > 0 {
-		fmt.Fprintf(tw, "summary of %d completed (min/avg/max): e2e %v/%v/%v size %s/%s/%s align %v/%v/%v delay %v/%v/%v\n",
+		fmt.Fprintf(tw, "summary of %d completed (min/avg/max): e2e %v/%v/%v size %s/%s/%s sync %v/%v/%v async %v/%v/%v align %v/%v/%v delay %v/%v/%v\n",
 			sum.Count,
 			sum.EndToEnd.Min, sum.EndToEnd.Avg, sum.EndToEnd.Max,
 			fmtBytes(sum.StateSize.Min), fmtBytes(sum.StateSize.Avg), fmtBytes(sum.StateSize.Max),
+			sum.Sync.Min, sum.Sync.Avg, sum.Sync.Max,
+			sum.Async.Min, sum.Async.Avg, sum.Async.Max,
 			sum.Alignment.Min, sum.Alignment.Avg, sum.Alignment.Max,
 			sum.StartDelay.Min, sum.StartDelay.Avg, sum.StartDelay.Max)
 	}
 	if len(s.History) > 0 {
-		fmt.Fprintln(tw, "id\tkind\tmode\tstatus\ttrigger\te2e\tsize\tacked\talign\tdelay\tinfo")
+		fmt.Fprintln(tw, "id\tkind\tmode\tstatus\ttrigger\te2e\tsize\tacked\tsync\tasync\talign\tdelay\tinfo")
 		for i := range s.History {
 			h := &s.History[i]
 			info := h.Path
 			if h.Status == StatusFailed {
 				info = h.FailureReason
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\t%s\t%d/%d\t%v\t%v\t%s\n",
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\t%s\t%d/%d\t%v\t%v\t%v\t%v\t%s\n",
 				h.ID, h.Kind, h.Mode, h.Status, fmtTime(h.TriggerTime), h.EndToEnd, fmtBytes(h.StateSize),
-				h.Acked, h.Total, h.MaxAlignment(), h.MaxStartDelay(), info)
+				h.Acked, h.Total, h.MaxSync(), h.MaxAsync(), h.MaxAlignment(), h.MaxStartDelay(), info)
 		}
 	}
 	if lc := s.LatestCompleted; lc != nil {
 		fmt.Fprintf(tw, "latest completed %s %d at %s: %s\n", lc.Kind, lc.ID, fmtTime(lc.EndTime), lc.Path)
-		fmt.Fprintln(tw, "  task\tack\tsize\tsync\talign\tdelay")
+		fmt.Fprintln(tw, "  task\tack\tsize\tsync\tasync\talign\tdelay")
 		for i := range lc.Subtasks {
 			st := &lc.Subtasks[i]
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%v\t%v\n",
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%v\t%v\t%v\n",
 				fmtTask(st.Task), fmtTime(st.AckTime), fmtBytes(st.StateSize), st.SyncDuration,
-				st.AlignmentDuration, st.StartDelay)
+				st.AsyncDuration, st.AlignmentDuration, st.StartDelay)
 		}
 	}
 	if r := s.LatestRestored; r != nil {

@@ -92,9 +92,10 @@ func TestStatsSummaryAndZeroValue(t *testing.T) {
 
 	for _, cs := range []CheckpointStats{
 		{ID: 1, EndToEnd: 10 * time.Millisecond, StateSize: 100,
-			Subtasks: []SubtaskStats{{SubtaskMetrics: SubtaskMetrics{AlignmentDuration: 1, StartDelay: 5}}}},
+			Subtasks: []SubtaskStats{{SubtaskMetrics: SubtaskMetrics{SyncDuration: 4, AsyncDuration: 10, AlignmentDuration: 1, StartDelay: 5}}}},
 		{ID: 2, EndToEnd: 30 * time.Millisecond, StateSize: 301,
-			Subtasks: []SubtaskStats{{SubtaskMetrics: SubtaskMetrics{AlignmentDuration: 3, StartDelay: 2}}, {}}},
+			Subtasks: []SubtaskStats{{SubtaskMetrics: SubtaskMetrics{SyncDuration: 1, AsyncDuration: 20, AlignmentDuration: 3, StartDelay: 2}},
+				{SubtaskMetrics: SubtaskMetrics{SyncDuration: 2, AsyncDuration: 40}}}},
 	} {
 		s.triggered(&cs)
 		s.completed(&cs)
@@ -103,6 +104,8 @@ func TestStatsSummaryAndZeroValue(t *testing.T) {
 		Count:      2,
 		EndToEnd:   DurationSummary{10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond},
 		StateSize:  SizeSummary{100, 200, 301},
+		Sync:       DurationSummary{2, 3, 4},
+		Async:      DurationSummary{10, 25, 40},
 		Alignment:  DurationSummary{1, 2, 3},
 		StartDelay: DurationSummary{2, 3, 5},
 	}, s.Summary())
@@ -115,8 +118,8 @@ func TestFormatUnackedAndZeroTimes(t *testing.T) {
 	require.NoError(t, s.Format(&b))
 	require.Equal(t, `counts: triggered=0 in-progress=0 completed=0 failed=0 restored=0
 latest completed savepoint 3 at -: sp
-  task  ack  size  sync  align  delay
-  a/0   -    0B    0s    0s     0s
+  task  ack  size  sync  async  align  delay
+  a/0   -    0B    0s    0s     0s     0s
 `, b.String())
 }
 

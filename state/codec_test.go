@@ -76,3 +76,48 @@ func TestDecodeIntoRoundTrip(t *testing.T) {
 	var n int
 	require.EqualError(t, decodeInto(d, mustEncode(t, "x"), &n), "msgpack: invalid code=a1 decoding int64")
 }
+
+// TestEncodeFast: the fast path encodes as the boxed and the pointer paths.
+func TestEncodeFast(t *testing.T) {
+	check := func(v any, fast func(e *encoder, boxed bool) ([]byte, error)) {
+		t.Helper()
+		for _, boxed := range []bool{true, false} {
+			got, err := fast(newEncoder(), boxed)
+			require.NoError(t, err)
+			require.Equal(t, mustEncode(t, v), got, "%T %v boxed=%v", v, v, boxed)
+		}
+	}
+	for _, s := range []string{"", "a", string(make([]byte, 31)), string(make([]byte, 32)), string(make([]byte, 255)), string(make([]byte, 256)),
+		string(make([]byte, 65535)), string(make([]byte, 65536)), "é✓"} {
+		check(s, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &s, b) })
+		check(&s, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &s, b) })
+	}
+	for _, n := range []int64{0, 1, -1, 127, 128, -32, -33, 255, 256, -128, -129, 65535, 65536, -32768, -32769,
+		1 << 16, -(1 << 16), math.MaxUint32, math.MaxUint32 + 1, math.MinInt32, math.MinInt32 - 1,
+		1 << 33, -(1 << 33), math.MaxInt64, math.MinInt64} {
+		i := int(n)
+		check(n, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &n, b) })
+		check(&n, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &n, b) })
+		check(i, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &i, b) })
+		check(&i, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &i, b) })
+	}
+	for _, f := range []float64{0, 1.5, -2.25, math.Inf(1), math.NaN(), math.SmallestNonzeroFloat64} {
+		got, err := encodeFast(newEncoder(), &f, true)
+		require.NoError(t, err)
+		require.Equal(t, mustEncode(t, f), got)
+		got, err = encodeFast(newEncoder(), &f, false)
+		require.NoError(t, err)
+		require.Equal(t, mustEncode(t, &f), got)
+	}
+	for _, x := range []bool{true, false} {
+		check(x, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &x, b) })
+	}
+	// Other types take the boxed or the pointer path, as asked.
+	f := float32(math.Float32frombits(0x7f800001)) // signalling NaN
+	got, err := encodeFast(newEncoder(), &f, true)
+	require.NoError(t, err)
+	require.Equal(t, mustEncode(t, f), got)
+	got, err = encodeFast(newEncoder(), &f, false)
+	require.NoError(t, err)
+	require.Equal(t, mustEncode(t, &f), got)
+}

@@ -1,8 +1,10 @@
 package state_test
 
 import (
+	"context"
 	"fmt"
 
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
@@ -44,6 +46,54 @@ func ExampleKeyedBackend() {
 	restored.SetCurrentKey("D1", keygroup.Of("D1", maxP))
 	fmt.Println(counts.Value())
 	// Output: 2 true
+}
+
+// A checkpoint of keyed state in two parts: Freeze at the barrier (cheap,
+// on the subtask goroutine), Encode on another goroutine while records
+// keep updating the state, Release back on the subtask goroutine.
+func ExampleKeyedBackend_Freeze() {
+	const maxP = 128
+	b, err := state.NewKeyedBackend[string](keygroup.RangeFor(maxP, 1, 0), maxP, nil)
+	if err != nil {
+		panic(err)
+	}
+	counts, err := state.Value[string, int](b, "count")
+	if err != nil {
+		panic(err)
+	}
+	b.SetCurrentKey("D1", keygroup.Of("D1", maxP))
+	counts.Update(1)
+
+	view, err := b.Freeze() // the barrier
+	if err != nil {
+		panic(err)
+	}
+	done := make(chan []checkpoint.KeyGroupState)
+	go func() {
+		snap, err := view.Encode(context.Background())
+		if err != nil {
+			panic(err)
+		}
+		done <- snap
+	}()
+	counts.Update(2) // after the barrier: not in the snapshot
+	snap := <-done
+	view.Release()
+
+	restored, err := state.NewKeyedBackend[string](keygroup.RangeFor(maxP, 1, 0), maxP, snap)
+	if err != nil {
+		panic(err)
+	}
+	rc, err := state.Value[string, int](restored, "count")
+	if err != nil {
+		panic(err)
+	}
+	restored.SetCurrentKey("D1", keygroup.Of("D1", maxP))
+	fmt.Println(rc.Value())
+	fmt.Println(counts.Value())
+	// Output:
+	// 1 true
+	// 2 true
 }
 
 // A source keeps its read offset in split list state.

@@ -3,6 +3,7 @@ package state
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"fmt"
 	"reflect"
 	"slices"
@@ -21,6 +22,9 @@ type KeyedBackend[K comparable] struct {
 	// first SetCurrentKey.
 	key K
 	kg  int
+	// gen counts SetCurrentKey calls, so a table can remember the slot of
+	// the current key between a read and a write of the same record.
+	gen uint64
 
 	states map[string]keyedState[K]
 	// restored holds the restored entries of states not registered yet (S3),
@@ -32,7 +36,7 @@ type KeyedBackend[K comparable] struct {
 // keyedState is a registered state handle as the backend sees it.
 type keyedState[K comparable] interface {
 	describe() string
-	snapshot(e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error)
+	freeze() (frozen, error)
 }
 
 // restoredEntry is one restored key/value pair. The key is decoded and
@@ -123,6 +127,7 @@ func (b *KeyedBackend[K]) SetCurrentKey(k K, kg int) {
 		b.badKeyGroup(kg)
 	}
 	b.key, b.kg = k, kg
+	b.gen++
 }
 
 //go:noinline
@@ -153,8 +158,9 @@ func (b *KeyedBackend[K]) mustKey() {
 // register returns the handle registered under name. If there is none, it
 // creates the state's table (restoring the entries of name), builds the
 // handle with mk and registers it. The restored entries stay carried over
-// if the restore fails (S3).
-func register[K comparable, V any, H keyedState[K]](b *KeyedBackend[K], name, want string, mk func(table[K, V]) H) (H, error) {
+// if the restore fails (S3). immutable says the table's values cannot be
+// changed in place (see cowTable).
+func register[K comparable, V any, H keyedState[K]](b *KeyedBackend[K], name, want string, immutable bool, mk func(table[K, V]) H) (H, error) {
 	var zero H
 	if s, ok := b.states[name]; ok {
 		if h, ok := s.(H); ok {
@@ -162,7 +168,7 @@ func register[K comparable, V any, H keyedState[K]](b *KeyedBackend[K], name, wa
 		}
 		return zero, fmt.Errorf("state: keyed state %q already registered as %s; requested %s", name, s.describe(), want)
 	}
-	t, err := newTable[K, V](b, name)
+	t, err := newTable[K, V](b, name, immutable)
 	if err != nil {
 		return zero, err
 	}
@@ -173,8 +179,24 @@ func register[K comparable, V any, H keyedState[K]](b *KeyedBackend[K], name, wa
 
 // Snapshot returns every keyed state, registered or carried over (S3),
 // grouped by key group and ordered by (state name, key group, encoded key)
-// (S1). The result shares no memory that later calls on b change.
+// (S1). The result shares no memory that later calls on b change. It is
+// Freeze, Encode and Release in one call.
 func (b *KeyedBackend[K]) Snapshot() ([]checkpoint.KeyGroupState, error) {
+	s, err := b.Freeze()
+	if err != nil {
+		return nil, err
+	}
+	defer s.Release()
+	return s.Encode(context.Background())
+}
+
+// Freeze takes the synchronous part of a snapshot: a frozen view of every
+// keyed state as it is now, registered or carried over (S3). It costs
+// O(states + keys/1024) for states stored copy-on-write, and encodes the
+// others at once (see "Snapshots" in doc.go). Later writes to b do not
+// change the view: they copy what the view holds first (S9). Encode the
+// view, on any goroutine, then Release it on b's goroutine.
+func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 	names := make([]string, 0, len(b.states)+len(b.restored))
 	for name := range b.states {
 		names = append(names, name)
@@ -183,26 +205,84 @@ func (b *KeyedBackend[K]) Snapshot() ([]checkpoint.KeyGroupState, error) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	var out []checkpoint.KeyGroupState
-	e := newEncoder()
+	s := &KeyedSnapshot{parts: make([]frozen, 0, len(names))}
 	for _, name := range names {
-		if s, ok := b.states[name]; ok {
-			var err error
-			if out, err = s.snapshot(e, out); err != nil {
+		if st, ok := b.states[name]; ok {
+			f, err := st.freeze()
+			if err != nil {
+				s.Release()
 				return nil, err
 			}
+			s.parts = append(s.parts, f)
+			s.n += f.entries()
 			continue
 		}
+		// Restored entries are never written, so the view shares them.
 		es := b.restored[name]
-		rs := make([]encodedEntry, len(es))
-		for i, re := range es {
-			// Restored bytes are never written, so sharing them is safe.
-			rs[i] = encodedEntry{kg: re.kg, key: re.rawKey, val: re.rawVal}
+		s.parts = append(s.parts, restoredView[K]{name: name, es: es})
+		s.n += len(es)
+	}
+	return s, nil
+}
+
+// KeyedSnapshot is a frozen view of a KeyedBackend, taken by Freeze: the
+// keyed part of a checkpoint between its synchronous part (Freeze, at the
+// barrier) and its asynchronous part (Encode).
+//
+// Encode may run on any goroutine, any number of times, concurrently with
+// any use of the backend: it reads only memory that the backend never
+// writes again (S9).
+// Release must run on the backend's goroutine, after Encode returned (the
+// caller orders the two, for example by receiving Encode's result over a
+// channel) or instead of it. Until then the backend copies each page the
+// view holds on its first write; after it, those writes are in place again.
+// A view that is never released costs at most one such copy per page.
+type KeyedSnapshot struct {
+	parts []frozen
+	n     int
+}
+
+// Entries is the number of keyed entries in the view.
+func (s *KeyedSnapshot) Entries() int { return s.n }
+
+// Encode encodes the view as Snapshot does (S1): the same bytes as a
+// Snapshot taken at Freeze. It stops early, with an error wrapping
+// ctx.Err(), once ctx is done.
+func (s *KeyedSnapshot) Encode(ctx context.Context) ([]checkpoint.KeyGroupState, error) {
+	var out []checkpoint.KeyGroupState
+	e := newEncoder()
+	for _, p := range s.parts {
+		var err error
+		if out, err = p.encode(ctx, e, out); err != nil {
+			return nil, err
 		}
-		out = appendGroups(out, name, rs)
 	}
 	return out, nil
 }
+
+// Release ends the view (see KeyedSnapshot). Releasing twice is a no-op.
+func (s *KeyedSnapshot) Release() {
+	for _, p := range s.parts {
+		p.release()
+	}
+}
+
+// restoredView is the view of a carried-over restored state (S3).
+type restoredView[K comparable] struct {
+	name string
+	es   []restoredEntry[K]
+}
+
+func (v restoredView[K]) encode(_ context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	rs := make([]encodedEntry, len(v.es))
+	for i, re := range v.es {
+		rs[i] = encodedEntry{kg: re.kg, key: re.rawKey, val: re.rawVal}
+	}
+	return appendGroups(out, v.name, rs), nil
+}
+
+func (v restoredView[K]) entries() int { return len(v.es) }
+func (v restoredView[K]) release()     {}
 
 // encodedEntry is one entry on its way into a snapshot.
 type encodedEntry struct {
@@ -210,20 +290,15 @@ type encodedEntry struct {
 	key, val []byte
 }
 
-// sortEncoded sorts es by (key group, key) and reports an error if two
-// entries of a key group share a key encoding. That happens when distinct
-// keys encode alike, for example keys that differ only in unexported fields.
-func sortEncoded(name string, es []encodedEntry) error {
-	slices.SortFunc(es, func(x, y encodedEntry) int {
-		if c := cmp.Compare(x.kg, y.kg); c != 0 {
-			return c
-		}
-		return bytes.Compare(x.key, y.key)
-	})
+// sortGroup sorts the entries of key group kg by key and reports an error
+// if two share a key encoding. That happens when distinct keys encode
+// alike, for example keys that differ only in unexported fields.
+func sortGroup(name string, kg int, es []checkpoint.KeyedEntry) error {
+	slices.SortFunc(es, func(x, y checkpoint.KeyedEntry) int { return bytes.Compare(x.Key, y.Key) })
 	for i := 1; i < len(es); i++ {
-		if es[i].kg == es[i-1].kg && bytes.Equal(es[i].key, es[i-1].key) {
+		if bytes.Equal(es[i].Key, es[i-1].Key) {
 			return fmt.Errorf("state: two keys of keyed state %q in key group %d have the same encoding %x; "+
-				"keys must encode injectively (msgpack skips unexported fields)", name, es[i].kg, es[i].key)
+				"keys must encode injectively (msgpack skips unexported fields)", name, kg, es[i].Key)
 		}
 	}
 	return nil

@@ -3,9 +3,8 @@ package state
 import (
 	"fmt"
 	"iter"
+	"reflect"
 	"slices"
-
-	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // KeyedListState is a keyed state that holds a list of V per key. Its
@@ -22,7 +21,9 @@ type KeyedListState[K comparable, V any] struct {
 // returns it if it is already registered. On first registration it decodes
 // the restored lists of that name.
 func KeyedList[K comparable, V any](b *KeyedBackend[K], name string) (*KeyedListState[K, V], error) {
-	return register(b, name, describeKeyedList[V](), func(t table[K, []V]) *KeyedListState[K, V] {
+	// The lists themselves are safe to share with a frozen view (see
+	// cowTable); their elements must be too.
+	return register(b, name, describeKeyedList[V](), immutableType(reflect.TypeFor[V]()), func(t table[K, []V]) *KeyedListState[K, V] {
 		return &KeyedListState[K, V]{b: b, name: name, t: t}
 	})
 }
@@ -86,6 +87,4 @@ func (s *KeyedListState[K, V]) All() iter.Seq2[K, []V] {
 
 func (s *KeyedListState[K, V]) describe() string { return describeKeyedList[V]() }
 
-func (s *KeyedListState[K, V]) snapshot(e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
-	return s.t.snapshot(e, s.name, out)
-}
+func (s *KeyedListState[K, V]) freeze() (frozen, error) { return s.t.freeze(s.name) }

@@ -3,8 +3,7 @@ package state
 import (
 	"fmt"
 	"iter"
-
-	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"reflect"
 )
 
 // ValueState is a keyed state that holds one value of type V per key. Its
@@ -19,8 +18,15 @@ type ValueState[K comparable, V any] struct {
 // returns it if it is already registered. On first registration it decodes
 // the restored values of that name. Call it while the state is initialized
 // (InitializeState), not per record.
+//
+// If V holds no pointers, maps, slices, channels, functions or interfaces
+// (strings and time.Time are fine), the state is snapshotted copy-on-write
+// and encoded after the barrier, off the subtask goroutine. Otherwise it is
+// encoded at the barrier, in time proportional to its size, because a value
+// may be changed in place after Update (see "Snapshots" in the package
+// documentation).
 func Value[K comparable, V any](b *KeyedBackend[K], name string) (*ValueState[K, V], error) {
-	return register(b, name, describeValue[V](), func(t table[K, V]) *ValueState[K, V] {
+	return register(b, name, describeValue[V](), immutableType(reflect.TypeFor[V]()), func(t table[K, V]) *ValueState[K, V] {
 		return &ValueState[K, V]{b: b, name: name, t: t}
 	})
 }
@@ -55,6 +61,4 @@ func (s *ValueState[K, V]) All() iter.Seq2[K, V] { return s.t.all }
 
 func (s *ValueState[K, V]) describe() string { return describeValue[V]() }
 
-func (s *ValueState[K, V]) snapshot(e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
-	return s.t.snapshot(e, s.name, out)
-}
+func (s *ValueState[K, V]) freeze() (frozen, error) { return s.t.freeze(s.name) }

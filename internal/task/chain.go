@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // Member is one operator of a chain, with its own identity and output.
@@ -119,24 +120,48 @@ func (c *Chain) flushLocal() error {
 	return nil
 }
 
-// snapshot flushes the local outputs and snapshots every member.
-func (c *Chain) snapshot(b marker.Barrier) ([]Report, error) {
-	acks, err := c.snapshotMembers(b)
+// snapshot flushes the local outputs and takes the synchronous part of
+// every member's snapshot. parts holds the members' asynchronous parts
+// (nil entries for members without one), or is nil if none has one.
+func (c *Chain) snapshot(b marker.Barrier) (acks []Report, parts []AsyncPart, err error) {
+	acks, parts, err = c.snapshotMembers(b)
+	if err != nil {
+		for _, p := range parts {
+			if p != nil {
+				p.Release()
+			}
+		}
+		parts = nil
+	}
 	c.reset()
-	return acks, err
+	return acks, parts, err
 }
 
-func (c *Chain) snapshotMembers(b marker.Barrier) ([]Report, error) {
+func (c *Chain) snapshotMembers(b marker.Barrier) ([]Report, []AsyncPart, error) {
 	if err := c.flushLocal(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	acks := make([]Report, len(c.Members))
+	var parts []AsyncPart
 	for i := range c.Members {
 		m := &c.Members[i]
 		c.active = i
-		st, err := m.Op.Snapshot(b)
+		var st checkpoint.SubtaskState
+		var part AsyncPart
+		var err error
+		if as, ok := m.Op.(AsyncSnapshotter); ok {
+			st, part, err = as.SnapshotAsync(b)
+		} else {
+			st, err = m.Op.Snapshot(b)
+		}
 		if err != nil {
-			return nil, fmt.Errorf("task: %v: snapshot for checkpoint %d: %w", m.Info, b.ID, err)
+			return nil, parts, fmt.Errorf("task: %v: snapshot for checkpoint %d: %w", m.Info, b.ID, err)
+		}
+		if part != nil {
+			if parts == nil {
+				parts = make([]AsyncPart, len(c.Members))
+			}
+			parts[i] = part
 		}
 		st.Subtask = m.Info.Subtask
 		st.KeyGroupStart, st.KeyGroupEnd = -1, -1
@@ -145,7 +170,7 @@ func (c *Chain) snapshotMembers(b marker.Barrier) ([]Report, error) {
 		}
 		acks[i] = Report{Kind: ReportAck, Task: m.Info.ID(), ID: b.ID, State: st}
 	}
-	return acks, nil
+	return acks, parts, nil
 }
 
 // endInput ends the input of every member in order, flushing each output

@@ -23,7 +23,11 @@ import (
 // (FLIP-147: end the input at once, report InputEnded{h}, take later
 // checkpoints by trigger mail, stop on MailFinish) and stop-with-savepoint
 // (suspend after the stop savepoint's snapshot, stop on MailStop, resume if
-// it is aborted). See the package documentation for the invariants.
+// it is aborted), and the snapshots whose acks are pending: an ack waits
+// for the barrier to be forwarded and for OnSnapshotDone (the end of the
+// asynchronous part), a failed asynchronous part is declined, and a
+// snapshot notified aborted first is cancelled (DoCancelSnapshot) and not
+// reported. See the package documentation for the invariants.
 type Checkpoints struct {
 	cfg   CheckpointsConfig
 	phase Phase
@@ -47,6 +51,24 @@ type Checkpoints struct {
 	suspendID int64
 	// endPending: the input ended while suspended; it is ended on resume.
 	endPending bool
+	// acks are the snapshots taken whose acknowledgement is not sent yet,
+	// in id order: each waits for its barrier to be forwarded (a subtask
+	// with inputs) and for its asynchronous part (OnSnapshotDone). The
+	// driver bounds how many run at once.
+	acks []pendingAck
+}
+
+// pendingAck is a snapshot whose acknowledgement is not sent yet.
+type pendingAck struct {
+	id int64
+	// forwarded: the barrier went out (or needs not: a source forwards it
+	// in the step that snapshots, a subtask whose input ended never does).
+	forwarded bool
+	// done: the snapshot is complete (OnSnapshotDone without error).
+	done bool
+	// cancelled: the master notified the checkpoint aborted first; its
+	// asynchronous part is cancelled and nothing is reported for it.
+	cancelled bool
 }
 
 // CheckpointsConfig configures Checkpoints.
@@ -103,8 +125,15 @@ const (
 	// OnInputEnded: a source reached the end of its input, or every input
 	// of the subtask ended (the aligner's Finished).
 	OnInputEnded
-	// OnSnapshotFailed: the DoSnapshot for ID failed with Err.
+	// OnSnapshotFailed: the synchronous part of the DoSnapshot for ID
+	// failed with Err.
 	OnSnapshotFailed
+	// OnSnapshotDone: the snapshot of ID is complete (Err nil) or its
+	// asynchronous part failed with Err. The driver steps it for every
+	// DoSnapshot whose synchronous part succeeded: once the asynchronous
+	// part finished, or, for a snapshot without one, right after the
+	// actions of the step that yielded the DoSnapshot.
+	OnSnapshotDone
 )
 
 func (k EventKind) String() string {
@@ -123,6 +152,8 @@ func (k EventKind) String() string {
 		return "input-ended"
 	case OnSnapshotFailed:
 		return "snapshot-failed"
+	case OnSnapshotDone:
+		return "snapshot-done"
 	}
 	return fmt.Sprintf("event(%d)", uint8(k))
 }
@@ -132,27 +163,30 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind    EventKind
 	Barrier marker.Barrier          // OnTrigger, OnForwardBarrier
-	ID      int64                   // OnAbort, OnForwardCancel, OnSnapshotFailed
+	ID      int64                   // OnAbort, OnForwardCancel, OnSnapshotFailed, OnSnapshotDone
 	Reason  snapshot.DeclineReason  // OnAbort
 	Mail    Mail                    // OnMail
 	Metrics snapshot.SubtaskMetrics // OnTrigger, OnMail (MailTrigger)
-	Err     error                   // OnSnapshotFailed
+	Err     error                   // OnSnapshotFailed, OnSnapshotDone
 }
 
 // ActionKind says what the subtask loop must do.
 type ActionKind uint8
 
 const (
-	// DoSnapshot: snapshot the chain for Barrier (flush the local outputs,
-	// snapshot every member) and hold the acks, with Metrics. On failure,
-	// step OnSnapshotFailed.
+	// DoSnapshot: take the synchronous part of the chain's snapshot for
+	// Barrier (flush the local outputs, snapshot every member) and start
+	// its asynchronous part, holding the acks, with Metrics. If the
+	// synchronous part fails, step OnSnapshotFailed; otherwise step
+	// OnSnapshotDone when the snapshot is complete.
 	DoSnapshot ActionKind = iota + 1
 	// DoForwardBarrier: send Barrier on every output channel, after every
 	// record emitted before it (T1).
 	DoForwardBarrier
 	// DoForwardCancel: send a cancel marker for ID on every output channel.
 	DoForwardCancel
-	// DoAck: report the held acks of checkpoint ID (one per member).
+	// DoAck: report the held acks of checkpoint ID (one per member). It
+	// comes once the barrier was forwarded and the snapshot is complete.
 	DoAck
 	// DoDecline: report a decline of ID for Reason (Err for a task error).
 	DoDecline
@@ -174,6 +208,10 @@ const (
 	DoSuspend
 	// DoResume: emit, or fire timers, again.
 	DoResume
+	// DoCancelSnapshot: stop the asynchronous part of snapshot ID (the
+	// master aborted the checkpoint); OnSnapshotDone follows as usual, and
+	// nothing is reported for ID.
+	DoCancelSnapshot
 	// DoExit: return from the subtask loop with Err (nil: a normal stop).
 	// It is the last action Checkpoints ever returns.
 	DoExit
@@ -205,6 +243,8 @@ func (k ActionKind) String() string {
 		return "suspend"
 	case DoResume:
 		return "resume"
+	case DoCancelSnapshot:
+		return "cancel-snapshot"
 	case DoExit:
 		return "exit"
 	}
@@ -234,7 +274,7 @@ func (a Action) String() string {
 			return fmt.Sprintf("decline(%d %s: %v)", a.ID, a.Reason, a.Err)
 		}
 		return fmt.Sprintf("decline(%d %s)", a.ID, a.Reason)
-	case DoForwardCancel, DoAck, DoNotifyComplete, DoNotifyAborted, DoReportInputEnded:
+	case DoForwardCancel, DoAck, DoNotifyComplete, DoNotifyAborted, DoReportInputEnded, DoCancelSnapshot:
 		return fmt.Sprintf("%s(%d)", a.Kind, a.ID)
 	case DoExit:
 		if a.Err != nil {
@@ -293,7 +333,12 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 			return append(dst, Action{Kind: DoForwardCancel, ID: id})
 		case id == c.held:
 			c.held = 0
-			return append(dst, Action{Kind: DoForwardBarrier, Barrier: ev.Barrier, ID: id}, Action{Kind: DoAck, ID: id})
+			dst = append(dst, Action{Kind: DoForwardBarrier, Barrier: ev.Barrier, ID: id})
+			if i := c.findAck(id); i >= 0 {
+				c.acks[i].forwarded = true
+				dst = c.settle(dst, i)
+			}
+			return dst
 		}
 		return c.exit(dst, fmt.Errorf("task: barrier %d forwarded without a snapshot", id))
 	case OnAbort:
@@ -321,8 +366,13 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		}
 		return c.endInput(dst)
 	case OnSnapshotFailed:
+		if i := c.findAck(ev.ID); i >= 0 {
+			c.acks = slices.Delete(c.acks, i, i+1)
+		}
 		dst = append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: snapshot.DeclinedTaskError, Err: ev.Err})
 		return c.exit(dst, ev.Err)
+	case OnSnapshotDone:
+		return c.onSnapshotDone(dst, ev)
 	}
 	return c.exit(dst, fmt.Errorf("task: unknown checkpoint event %v", ev.Kind))
 }
@@ -339,7 +389,7 @@ func (c *Checkpoints) onTrigger(dst []Action, ev Event) []Action {
 		return append(dst, Action{Kind: DoDecline, ID: id, Reason: snapshot.DeclinedCancelMarker})
 	}
 	c.held = id
-	dst = append(dst, Action{Kind: DoSnapshot, Barrier: ev.Barrier, ID: id, Metrics: ev.Metrics})
+	dst = c.snapshot(dst, ev.Barrier, ev.Metrics, false)
 	if ev.Barrier.Options.Stop {
 		dst = c.suspend(dst, id)
 	}
@@ -367,6 +417,16 @@ func (c *Checkpoints) onMail(dst []Action, ev Event) []Action {
 			slices.Sort(c.aborted)
 		}
 		dst = append(dst, Action{Kind: DoNotifyAborted, ID: m.ID})
+		if i := c.findAck(m.ID); i >= 0 && !c.acks[i].cancelled {
+			// Nobody waits for this snapshot any more: stop its
+			// asynchronous part and report nothing for it.
+			c.acks[i].cancelled = true
+			if !c.acks[i].done {
+				dst = append(dst, Action{Kind: DoCancelSnapshot, ID: m.ID})
+			} else {
+				dst = c.settle(dst, i)
+			}
+		}
 		if c.suspended && m.ID == c.suspendID {
 			dst = c.resume(dst) // the stop savepoint failed
 		}
@@ -407,16 +467,73 @@ func (c *Checkpoints) onTriggerMail(dst []Action, ev Event) []Action {
 		}
 		return dst
 	}
-	dst = append(dst, Action{Kind: DoSnapshot, Barrier: b, ID: b.ID, Metrics: ev.Metrics})
+	dst = c.snapshot(dst, b, ev.Metrics, true)
 	if running {
 		dst = append(dst, Action{Kind: DoForwardBarrier, Barrier: b, ID: b.ID})
 	}
-	dst = append(dst, Action{Kind: DoAck, ID: b.ID})
 	if running && (ev.Mail.Suspend || b.Options.Stop) {
 		dst = c.suspend(dst, b.ID)
 	}
 	return dst
 }
+
+// snapshot yields DoSnapshot for b and holds its acknowledgement until the
+// barrier was forwarded (forwarded: now, or never needed) and the snapshot
+// completed.
+func (c *Checkpoints) snapshot(dst []Action, b marker.Barrier, m snapshot.SubtaskMetrics, forwarded bool) []Action {
+	c.acks = append(c.acks, pendingAck{id: b.ID, forwarded: forwarded})
+	return append(dst, Action{Kind: DoSnapshot, Barrier: b, ID: b.ID, Metrics: m})
+}
+
+// onSnapshotDone handles the completion of a snapshot: a success acks it
+// once its barrier was forwarded; a failure of the asynchronous part
+// declines it as a task error and fails the subtask, as a failure of the
+// synchronous part does. A cancelled snapshot reports nothing either way.
+func (c *Checkpoints) onSnapshotDone(dst []Action, ev Event) []Action {
+	i := c.findAck(ev.ID)
+	if i < 0 || c.acks[i].done {
+		return c.exit(dst, fmt.Errorf("task: snapshot %d done, but it is not in flight", ev.ID))
+	}
+	a := &c.acks[i]
+	switch {
+	case a.cancelled:
+		a.done = true
+		return c.settle(dst, i)
+	case ev.Err != nil:
+		c.acks = slices.Delete(c.acks, i, i+1)
+		dst = append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: snapshot.DeclinedTaskError, Err: ev.Err})
+		return c.exit(dst, ev.Err)
+	}
+	a.done = true
+	return c.settle(dst, i)
+}
+
+// settle acks snapshot acks[i] and forgets it once its barrier was
+// forwarded and it is complete (a cancelled one is forgotten silently).
+func (c *Checkpoints) settle(dst []Action, i int) []Action {
+	a := c.acks[i]
+	if !a.forwarded || !a.done {
+		return dst
+	}
+	c.acks = slices.Delete(c.acks, i, i+1)
+	if a.cancelled {
+		return dst
+	}
+	return append(dst, Action{Kind: DoAck, ID: a.id})
+}
+
+func (c *Checkpoints) findAck(id int64) int {
+	for i := range c.acks {
+		if c.acks[i].id == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// awaiting reports whether the acknowledgement of snapshot id is still to
+// come (DoAck, or nothing if it was cancelled).
+func (c *Checkpoints) awaiting(id int64) bool { return c.findAck(id) >= 0 }
 
 // endInput ends the input: with checkpointing the subtask reports
 // InputEnded{h} and keeps serving mail, without it stops.

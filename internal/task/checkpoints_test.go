@@ -46,8 +46,14 @@ import (
 //	mail finish | mail stop | mail resume
 //	input-ended
 //	snapshot-failed <id>
+//	snapshot-done <id> [fail]     the asynchronous part of <id> finished (or failed)
 //
-// An event line ending in fail-snapshot makes the DoSnapshot it yields fail
+// As the driver does for a snapshot without an asynchronous part, every
+// DoSnapshot an event yields is completed at once: OnSnapshotDone is
+// stepped right after the event and its actions are printed after the
+// event's. An event line ending in async leaves its snapshot in flight
+// (the driver runs its asynchronous part) until a snapshot-done line. An
+// event line ending in fail-snapshot makes the DoSnapshot it yields fail
 // as the driver sees it: the actions after it are not carried out, and
 // OnSnapshotFailed is stepped at once.
 //
@@ -66,7 +72,7 @@ func TestCheckpointsDataDriven(t *testing.T) {
 			case "new":
 				cfg := CheckpointsConfig{Source: d.HasArg("source"), Checkpointing: !d.HasArg("no-checkpointing")}
 				c = NewCheckpoints(cfg)
-				chk = &protocolChecker{answered: map[int64]string{}}
+				chk = newProtocolChecker()
 				return "ok\n"
 			case "state":
 				return describeState(c) + "\n"
@@ -80,8 +86,12 @@ func TestCheckpointsDataDriven(t *testing.T) {
 					if line == "" || strings.HasPrefix(line, "#") {
 						continue
 					}
-					failSnapshot := strings.HasSuffix(line, " fail-snapshot")
-					evs, err := parseEvents(strings.TrimSuffix(line, " fail-snapshot"))
+					ev := line
+					failSnapshot := strings.HasSuffix(ev, " fail-snapshot")
+					ev = strings.TrimSuffix(ev, " fail-snapshot")
+					async := strings.HasSuffix(ev, " async")
+					ev = strings.TrimSuffix(ev, " async")
+					evs, err := parseEvents(ev)
 					if err != nil {
 						d.Fatalf(t, "%s: %v", line, err)
 					}
@@ -90,6 +100,8 @@ func TestCheckpointsDataDriven(t *testing.T) {
 						acts := c.Step(nil, ev)
 						if failSnapshot {
 							acts = failAtSnapshot(c, acts)
+						} else if !async {
+							acts = completeSnapshots(c, acts)
 						}
 						chk.check(c, acts)
 						all = append(all, acts...)
@@ -121,6 +133,18 @@ func failAtSnapshot(c *Checkpoints, acts []Action) []Action {
 		if a.Kind == DoSnapshot {
 			failed := Action{Kind: DoSnapshot, Barrier: a.Barrier, ID: a.ID, Err: errSnapshot}
 			return c.Step(append(acts[:i:i], failed), Event{Kind: OnSnapshotFailed, ID: a.ID, Err: errSnapshot})
+		}
+	}
+	return acts
+}
+
+// completeSnapshots does what the driver does for snapshots without an
+// asynchronous part: it steps OnSnapshotDone for every DoSnapshot in acts,
+// after them, and appends the actions.
+func completeSnapshots(c *Checkpoints, acts []Action) []Action {
+	for _, a := range acts {
+		if a.Kind == DoSnapshot && a.Err == nil {
+			acts = c.Step(acts, Event{Kind: OnSnapshotDone, ID: a.ID})
 		}
 	}
 	return acts
@@ -158,10 +182,26 @@ func describeState(c *Checkpoints) string {
 	if c.endPending {
 		s += " end-pending"
 	}
+	var async []string
+	for _, a := range c.acks {
+		if !a.done {
+			x := strconv.FormatInt(a.id, 10)
+			if a.cancelled {
+				x += "(cancelled)"
+			}
+			async = append(async, x)
+		}
+	}
+	if len(async) > 0 {
+		s += " async=[" + strings.Join(async, ",") + "]"
+	}
 	return s
 }
 
-var errSnapshot = errors.New("snapshot failed")
+var (
+	errSnapshot = errors.New("snapshot failed")
+	errEncode   = errors.New("encoding failed")
+)
 
 func parseEvents(line string) ([]Event, error) {
 	f := strings.Fields(line)
@@ -217,6 +257,13 @@ func parseEvents(line string) ([]Event, error) {
 	case "snapshot-failed":
 		n, err := id(1)
 		return one(Event{Kind: OnSnapshotFailed, ID: n, Err: errSnapshot}, err)
+	case "snapshot-done":
+		n, err := id(1)
+		ev := Event{Kind: OnSnapshotDone, ID: n}
+		if flag("fail") {
+			ev.Err = errEncode
+		}
+		return one(ev, err)
 	case "mail":
 		if len(f) < 2 {
 			return nil, fmt.Errorf("want mail <kind>")
@@ -263,13 +310,17 @@ func parseEvents(line string) ([]Event, error) {
 // over the actions of one run.
 type protocolChecker struct {
 	answered    map[int64]string // ack or decline, per id (T2)
-	snapshotted int64            // snapshot taken and not acked yet
+	snapshotted map[int64]bool   // snapshots taken and not answered yet
 	handled     int64            // highest id snapshotted or declined
 	ended       bool             // DoEndInput seen
 	reported    bool             // DoReportInputEnded seen
 	finished    bool             // DoReportFinished seen
 	exited      bool
 	violations  []string
+}
+
+func newProtocolChecker() *protocolChecker {
+	return &protocolChecker{answered: map[int64]string{}, snapshotted: map[int64]bool{}}
 }
 
 func (p *protocolChecker) check(c *Checkpoints, acts []Action) {
@@ -280,19 +331,26 @@ func (p *protocolChecker) check(c *Checkpoints, acts []Action) {
 		}
 		switch a.Kind {
 		case DoSnapshot:
-			p.snapshotted = a.ID
+			if a.Err == nil {
+				p.snapshotted[a.ID] = true
+			}
 			p.handled = max(p.handled, a.ID)
+		case DoCancelSnapshot:
+			if !p.snapshotted[a.ID] {
+				bad("%v without a snapshot in flight", a)
+			}
 		case DoAck, DoDecline:
 			if prev, ok := p.answered[a.ID]; ok {
 				bad("T2: checkpoint %d answered twice (%s, then %v)", a.ID, prev, a)
 			}
 			p.answered[a.ID] = a.String()
 			if a.Kind == DoAck {
-				if p.snapshotted != a.ID {
+				if !p.snapshotted[a.ID] {
 					bad("%v without a snapshot of %d", a, a.ID)
 				}
-				p.snapshotted = 0
+				delete(p.snapshotted, a.ID)
 			} else {
+				delete(p.snapshotted, a.ID)
 				p.handled = max(p.handled, a.ID)
 			}
 		case DoForwardBarrier, DoForwardCancel:
@@ -343,7 +401,7 @@ func TestCheckpointsStepAppends(t *testing.T) {
 	keep := append([]Action(nil), first...)
 	second := c.Step(first[:0:0], Event{Kind: OnMail, Mail: Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 2}}})
 	require.Equal(t, keep, first, "a later Step does not touch an earlier result")
-	require.Len(t, second, 3)
+	require.Len(t, second, 2)
 	buf := make([]Action, 1, 8)
 	out := c.Step(buf, Event{Kind: OnMail, Mail: Mail{Kind: MailComplete, ID: 2}})
 	require.Len(t, out, 2, "appended after what dst held")
@@ -360,6 +418,7 @@ func TestCheckpointsNoAllocs(t *testing.T) {
 		id++
 		b := marker.Barrier{ID: id}
 		buf = c.Step(buf[:0], Event{Kind: OnTrigger, Barrier: b})
+		buf = c.Step(buf[:0], Event{Kind: OnSnapshotDone, ID: id})
 		buf = c.Step(buf[:0], Event{Kind: OnForwardBarrier, Barrier: b})
 		buf = c.Step(buf[:0], Event{Kind: OnMail, Mail: Mail{Kind: MailComplete, ID: id}})
 	})
@@ -381,7 +440,7 @@ func TestCheckpointsRandom(t *testing.T) {
 	for run := range 2000 {
 		cfg := CheckpointsConfig{Source: r.IntN(2) == 0, Checkpointing: r.IntN(5) != 0}
 		c := NewCheckpoints(cfg)
-		chk := &protocolChecker{answered: map[int64]string{}}
+		chk := newProtocolChecker()
 		var trace []string
 		id := int64(0)
 		for step := 0; step < 40 && c.Phase() != Exited; step++ {
@@ -418,11 +477,25 @@ func TestCheckpointsRandom(t *testing.T) {
 			case 10:
 				ev = Event{Kind: OnMail, Mail: Mail{Kind: []MailKind{MailFinish, MailStop}[r.IntN(2)]}}
 			case 11:
-				continue
+				// The asynchronous part of a snapshot in flight finishes
+				// (sometimes failing), or of some other id (a violation).
+				n := pick()
+				for k := range chk.snapshotted {
+					if r.IntN(2) == 0 {
+						n = k
+					}
+				}
+				ev = Event{Kind: OnSnapshotDone, ID: n}
+				if r.IntN(8) == 0 {
+					ev.Err = errEncode
+				}
 			}
 			acts := c.Step(nil, ev)
-			if r.IntN(10) == 0 {
+			switch x := r.IntN(10); {
+			case x == 0:
 				acts = failAtSnapshot(c, acts)
+			case x < 5:
+				acts = completeSnapshots(c, acts) // no asynchronous part
 			}
 			chk.check(c, acts)
 			trace = append(trace, fmt.Sprintf("%v %+v -> %s", ev.Kind, ev.Mail.Kind, describeActions(acts)))

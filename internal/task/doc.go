@@ -40,6 +40,57 @@
 // reports Finished and returns. If the savepoint is aborted the subtask
 // resumes (on the abort itself, or on MailResume).
 //
+// # Asynchronous snapshots
+//
+// A snapshot has a synchronous part, at the barrier (or trigger mail) on
+// the subtask goroutine, and may have an asynchronous part. The
+// synchronous part flushes the chain's local outputs and calls each
+// member's SnapshotAsync (or Snapshot): for the graph's operators the
+// user's SnapshotState hook, the operator list state, and freezing the
+// keyed state with its timers (state.KeyedBackend.Freeze, copy-on-write, in
+// time independent of the number of keys). Then the barrier is forwarded,
+// and records flow again while a goroutine of the subtask runs the
+// asynchronous parts (encoding the frozen keyed state; a keyed operator
+// with at most 1024 entries encodes them at once and has none). When it finished,
+// the loop steps OnSnapshotDone{N, Err}: Checkpoints acks N, one Report per
+// chain member as before, once N's barrier was forwarded and N is complete,
+// or, if the asynchronous part failed, declines N as a task error and
+// fails the subtask, as a failed synchronous part does. A snapshot without
+// an asynchronous part is reported done right after the step that took it,
+// so its acks go out as before. SyncDuration is the synchronous pause,
+// AsyncDuration the time from its end to the end of the asynchronous part
+// (both the chain's, reported with every member's ack).
+//
+// The decisions:
+//
+//   - Bounded: at most MaxAsyncSnapshots (2) snapshots are held frozen;
+//     their asynchronous parts run one after the other, so acks leave in
+//     checkpoint order and one extra core at most encodes. A barrier that
+//     finds the bound reached waits for the oldest to finish before its
+//     synchronous part, and the wait counts in its SyncDuration. Memory is
+//     thus bounded by the live state plus at most two frozen versions of
+//     every page written meanwhile. (The coordinator's MaxConcurrent
+//     (default 1) usually keeps it to one: the next checkpoint is
+//     triggered after this one completed.)
+//   - Aborted while encoding: when the master notifies N aborted
+//     (MailAborted) before N's asynchronous part finished, Checkpoints
+//     yields DoCancelSnapshot: the encoding is cancelled (it checks its
+//     context once per page of 1024 entries) and nothing is reported for N,
+//     whatever its outcome (the coordinator has forgotten N and would drop
+//     a late ack anyway). The frozen view is released as soon as the
+//     encoder returned.
+//   - Subtask exit (MailFinish, MailStop, a failure, or the attempt's
+//     context ending): the loop cancels every asynchronous part and waits
+//     for the encoders to return before it closes the chain, so no
+//     goroutine outlives RunSource or RunInput and Close never races with
+//     an encoder. The encoders read only frozen memory and never block on
+//     the subtask: they report by closing a channel the loop polls (one
+//     field test per buffer when nothing is in flight), and every report
+//     to the master is sent by the loop, selecting on the attempt's
+//     context.
+//   - A panic in an asynchronous part is recovered on the encoder
+//     goroutine and fails the subtask with an error naming the member.
+//
 // Invariants:
 //
 //   - T1: a subtask snapshots its chain for checkpoint N only on the
@@ -49,7 +100,9 @@
 //     output channels (Output.BroadcastEvent flushes first). After its
 //     input ended it forwards nothing (marker M3) and acks directly.
 //   - T2: a subtask acks or declines every checkpoint at most once: trigger
-//     mail for an id at or below h, the highest id it handled, is ignored.
+//     mail for an id at or below h, the highest id it handled, is ignored,
+//     and Checkpoints alone decides the ack or decline of a snapshot, on
+//     OnSnapshotDone (none for a cancelled one).
 //   - T3: a subtask ends its input (EndInput of every member, timers
 //     included, then end-of-input on its channels) as soon as its input
 //     ends, before it reports InputEnded{h}, and never after a stop
@@ -69,5 +122,10 @@
 //     or forwards an event.
 //   - T6: a panic in operator code fails the subtask with an error naming
 //     the chain member whose code panicked (Chain.Active), at the cost of
-//     two stores per batch a local output hands on.
+//     two stores per batch a local output hands on; in an asynchronous
+//     snapshot part, the member whose part panicked.
+//   - T7: the ack of checkpoint N leaves only after N's barrier was
+//     forwarded (T1) and N's asynchronous part finished; an asynchronous
+//     part reads only memory frozen by the synchronous part, at most
+//     MaxAsyncSnapshots are held, and none outlives the subtask loop.
 package task

@@ -6,33 +6,72 @@ import (
 
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/state/keygroup"
 )
 
 // Edge is one output edge of a subtask: the channels to every consumer
-// subtask it may write to, and how records are routed among them.
+// subtask it may write to, and how records are routed among them. A
+// hash-partitioned edge is made by KeyedEdge instead.
 type Edge[T any] struct {
 	// Chans are the writer ends: local channels now, a network transport
 	// later (channel.Sender is the seam).
 	Chans []channel.Sender[T]
 	// Route picks the channel index of a record. Nil broadcasts every record
-	// to all channels.
+	// to all channels. It is not called when there is one channel.
 	Route func(T) int
+
+	// keyed, set by KeyedEdge, writes the edge in place of Chans and Route.
+	keyed edgeWriter[T]
 }
 
-// Output batches the records a subtask emits into buffers per target
-// channel and sends a buffer when it is full or on Flush. It implements the
-// user-facing Collector.
+// Keyed is the element type of a hash-partitioned channel: a record with
+// the key that its KeyBy function extracted and that key's key group. The
+// sending side (KeyedEdge) computes both once per record; the keyed operator
+// takes them from here for SetCurrentKey, so a record's key is extracted
+// once and hashed once on its way into keyed state.
+type Keyed[K comparable, T any] struct {
+	Rec T
+	Key K
+	// KeyGroup is keygroup.Of(Key, max parallelism of the keyed operator);
+	// key groups are below keygroup.UpperMaxParallelism (1<<15).
+	KeyGroup uint16
+}
+
+// KeyedEdge returns a hash-partitioned edge: for each record it calls key
+// once, computes the key group once (keygroup.Of with max parallelism
+// maxP), and appends the record, with its key and key group, to the buffer
+// of chans[keygroup.Owner(maxP, len(chans), kg)]: chans are the channels to
+// the keyed operator's subtasks, in subtask order. Per record that is the
+// key call, the hash (keygroup.Assign: no division) and an append; no lock,
+// allocation or interface call (those are per buffer). It panics unless
+// keygroup.CheckParallelism(len(chans), maxP) holds.
+func KeyedEdge[K comparable, T any](chans []channel.Sender[Keyed[K, T]], key func(T) K, maxP int) Edge[T] {
+	return Edge[T]{keyed: &keyedEdge[K, T]{lanes: newLanes(chans), key: key, assign: keygroup.NewAssigner(maxP, len(chans))}}
+}
+
+// Output batches the records a subtask emits and sends them to its channels
+// in buffers. It implements the user-facing Collector.
+//
+// Records are always written into a batch (buf), with Collect (small enough
+// to inline) or in place with Free and Advance, and the batch is handed on
+// when full or on Flush. What handing on means depends on the output:
+//
+//   - single: exactly one edge with one channel (a forward edge, or a single
+//     consumer). buf is the channel buffer being filled, sent as is.
+//   - local: a chained output (LocalOut). buf is handed to the next member.
+//   - staged: everything else (several channels or edges, or a keyed edge).
+//     buf is a staging batch that each edge partitions, a batch at a time,
+//     into per-channel buffers (edgeWriter.write): one dynamic call per
+//     batch and edge, a tight loop per record.
 //
 // Collect never returns an error, so user functions stay simple: a send
 // that fails (the job is being cancelled) is recorded, later records are
 // dropped, and the subtask loop checks Err after each batch.
 type Output[T any] struct {
-	// Fast path, used when the output has exactly one channel (a forward
-	// edge or a single consumer): records go to buf[n], buf being the full
-	// length of cur's backing array. Collect is then small enough to
-	// inline. Multi-channel outputs keep buf empty and take collectSlow.
-	buf    []T
-	n      int
+	buf []T
+	n   int
+	// cur and single are set for a single output: buf is the full length of
+	// cur's backing array.
 	cur    *channel.Buffer[T]
 	single channel.Sender[T]
 	// local, when set, receives every full buffer directly (chaining; see
@@ -44,28 +83,35 @@ type Output[T any] struct {
 	active *int
 	idx    int
 
-	ctx   context.Context
-	edges []edgeOut[T]
+	ctx context.Context
+	// edges are the staged output's edges.
+	edges []edgeWriter[T]
 	err   error
-}
-
-type edgeOut[T any] struct {
-	chans   []channel.Sender[T]
-	pending []*channel.Buffer[T]
-	route   func(T) int
 }
 
 // NewOutput returns an output writing to edges. ctx bounds every blocking
 // send.
 func NewOutput[T any](ctx context.Context, edges []Edge[T]) *Output[T] {
-	o := &Output[T]{ctx: ctx, edges: make([]edgeOut[T], len(edges))}
-	for i, e := range edges {
-		o.edges[i] = edgeOut[T]{chans: e.Chans, pending: make([]*channel.Buffer[T], len(e.Chans)), route: e.Route}
-	}
-	if len(edges) == 1 && len(edges[0].Chans) == 1 {
+	o := &Output[T]{ctx: ctx}
+	if len(edges) == 1 && edges[0].keyed == nil && len(edges[0].Chans) == 1 {
 		o.single = edges[0].Chans[0]
 		o.newCur()
+		return o
 	}
+	size := 0
+	o.edges = make([]edgeWriter[T], len(edges))
+	for i, e := range edges {
+		w := e.keyed
+		if w == nil {
+			w = &routeEdge[T]{lanes: newLanes(e.Chans), route: e.Route}
+		}
+		o.edges[i] = w
+		size = max(size, w.bufferSize())
+	}
+	if size == 0 {
+		size = channel.DefaultBufferSize
+	}
+	o.buf = make([]T, size)
 	return o
 }
 
@@ -79,14 +125,10 @@ func (o *Output[T]) Collect(rec T) {
 	o.collectSlow(rec)
 }
 
-// Free returns the unused tail of the buffer being filled, sending it first
-// if it is full, for batch loops that write records directly (then call
-// Advance). It returns nil when the output has several channels; use
-// Collect then.
+// Free returns the unused tail of the batch being filled, handing the batch
+// on first if it is full, for batch loops that write records directly (then
+// call Advance). It is never empty.
 func (o *Output[T]) Free() []T {
-	if o.buf == nil {
-		return nil
-	}
 	if o.n == len(o.buf) {
 		o.sendCur()
 	}
@@ -102,9 +144,10 @@ func (o *Output[T]) newCur() {
 	o.n = 0
 }
 
-// sendCur sends the fast-path buffer and starts a new one.
+// sendCur hands the batch on and starts a new one.
 func (o *Output[T]) sendCur() {
-	if o.local != nil {
+	switch {
+	case o.local != nil:
 		recs := o.buf[:o.n]
 		o.n = 0
 		if o.err == nil {
@@ -116,74 +159,49 @@ func (o *Output[T]) sendCur() {
 			o.err = o.local(recs)
 			*o.active = o.idx
 		}
-		return
-	}
-	b := o.cur
-	b.Records = o.buf[:o.n]
-	o.newCur()
-	if o.err != nil {
-		return // the job is stopping; drop the records
-	}
-	if err := o.single.Send(o.ctx, b); err != nil {
-		o.err = err
+	case o.single != nil:
+		b := o.cur
+		b.Records = o.buf[:o.n]
+		o.newCur()
+		if o.err != nil {
+			return // the job is stopping; drop the records
+		}
+		if err := o.single.Send(o.ctx, b); err != nil {
+			o.err = err
+		}
+	default:
+		recs := o.buf[:o.n]
+		o.n = 0
+		if o.err != nil {
+			return
+		}
+		for _, e := range o.edges {
+			if err := e.write(o.ctx, recs); err != nil {
+				o.err = err
+				return
+			}
+		}
 	}
 }
 
 func (o *Output[T]) collectSlow(rec T) {
-	if o.buf != nil {
-		o.sendCur()
-		o.buf[o.n] = rec
-		o.n++
-		return
-	}
-	if o.err != nil {
-		return
-	}
-	for i := range o.edges {
-		e := &o.edges[i]
-		if e.route == nil {
-			for c := range e.chans {
-				o.push(e, c, rec)
-			}
-			continue
-		}
-		o.push(e, e.route(rec), rec)
-	}
-}
-
-func (o *Output[T]) push(e *edgeOut[T], c int, rec T) {
-	b := e.pending[c]
-	if b == nil {
-		b = e.chans[c].NewBuffer()
-		e.pending[c] = b
-	}
-	b.Records = append(b.Records, rec)
-	if len(b.Records) == cap(b.Records) {
-		e.pending[c] = nil
-		if err := e.chans[c].Send(o.ctx, b); err != nil && o.err == nil {
-			o.err = err
-		}
-	}
+	o.sendCur()
+	o.buf[o.n] = rec
+	o.n++
 }
 
 // Flush sends every partly filled buffer.
 func (o *Output[T]) Flush() error {
-	if o.buf != nil {
-		if o.n > 0 {
-			o.sendCur()
-		}
+	if o.n > 0 {
+		o.sendCur()
+	}
+	if o.err != nil {
 		return o.err
 	}
-	for i := range o.edges {
-		e := &o.edges[i]
-		for c, b := range e.pending {
-			if b == nil || len(b.Records) == 0 {
-				continue // (a pending buffer always holds a record)
-			}
-			e.pending[c] = nil
-			if err := e.chans[c].Send(o.ctx, b); err != nil && o.err == nil {
-				o.err = err
-			}
+	for _, e := range o.edges {
+		if err := e.flush(o.ctx); err != nil {
+			o.err = err
+			break
 		}
 	}
 	return o.err
@@ -199,11 +217,15 @@ func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
 	if err := o.Flush(); err != nil {
 		return err
 	}
-	for i := range o.edges {
-		for _, c := range o.edges[i].chans {
-			if err := c.SendEvent(ev); err != nil {
-				return fmt.Errorf("task: send %v: %w", ev, err)
-			}
+	if o.single != nil {
+		if err := o.single.SendEvent(ev); err != nil {
+			return fmt.Errorf("task: send %v: %w", ev, err)
+		}
+		return nil
+	}
+	for _, e := range o.edges {
+		if err := e.sendEvent(ev); err != nil {
+			return fmt.Errorf("task: send %v: %w", ev, err)
 		}
 	}
 	return nil
@@ -211,14 +233,12 @@ func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
 
 // Pending reports whether records wait in partly filled buffers.
 func (o *Output[T]) Pending() bool {
-	if o.buf != nil {
-		return o.n > 0
+	if o.n > 0 {
+		return true
 	}
-	for i := range o.edges {
-		for _, b := range o.edges[i].pending {
-			if b != nil && len(b.Records) > 0 {
-				return true
-			}
+	for _, e := range o.edges {
+		if e.pending() {
+			return true
 		}
 	}
 	return false
@@ -233,6 +253,157 @@ func (o *Output[T]) track(active *int, idx int) {
 	if o.local != nil {
 		o.active, o.idx = active, idx
 	}
+}
+
+// edgeWriter is one edge of a staged output. It is called once per batch,
+// never per record.
+type edgeWriter[T any] interface {
+	// write routes recs into the edge's per-channel buffers and sends every
+	// buffer that fills. recs is only valid during the call.
+	write(ctx context.Context, recs []T) error
+	// flush sends every partly filled buffer.
+	flush(ctx context.Context) error
+	// pending reports whether records wait in partly filled buffers.
+	pending() bool
+	// sendEvent sends ev on every channel of the edge.
+	sendEvent(ev marker.Event) error
+	// bufferSize is the record capacity of the edge's buffers (0 without
+	// channels).
+	bufferSize() int
+}
+
+// lanes are the channels of one edge, with the buffer being filled for
+// each; E is the channel element type (T, or Keyed[K, T] on a hash edge).
+type lanes[E any] struct {
+	chans []channel.Sender[E]
+	bufs  []*channel.Buffer[E] // the buffer being filled per channel, or nil
+}
+
+func newLanes[E any](chans []channel.Sender[E]) lanes[E] {
+	return lanes[E]{chans: chans, bufs: make([]*channel.Buffer[E], len(chans))}
+}
+
+// buffer returns the buffer being filled for channel c, starting one.
+func (l *lanes[E]) buffer(c int) *channel.Buffer[E] {
+	b := l.bufs[c]
+	if b == nil {
+		b = l.chans[c].NewBuffer()
+		l.bufs[c] = b
+	}
+	return b
+}
+
+// send sends channel c's buffer.
+func (l *lanes[E]) send(ctx context.Context, c int) error {
+	b := l.bufs[c]
+	l.bufs[c] = nil
+	return l.chans[c].Send(ctx, b)
+}
+
+// appendAll copies recs into channel c's buffers, sending each that fills.
+func (l *lanes[E]) appendAll(ctx context.Context, c int, recs []E) error {
+	for len(recs) > 0 {
+		b := l.buffer(c)
+		k := copy(b.Records[len(b.Records):cap(b.Records)], recs)
+		b.Records = b.Records[:len(b.Records)+k]
+		recs = recs[k:]
+		if len(b.Records) == cap(b.Records) {
+			if err := l.send(ctx, c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *lanes[E]) flush(ctx context.Context) error {
+	for c, b := range l.bufs {
+		if b != nil && len(b.Records) > 0 {
+			if err := l.send(ctx, c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *lanes[E]) pending() bool {
+	for _, b := range l.bufs {
+		if b != nil && len(b.Records) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *lanes[E]) sendEvent(ev marker.Event) error {
+	for _, c := range l.chans {
+		if err := c.SendEvent(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *lanes[E]) bufferSize() int {
+	if len(l.chans) == 0 {
+		return 0
+	}
+	return cap(l.buffer(0).Records)
+}
+
+// routeEdge is a forward, rebalance or broadcast edge: records keep their
+// type, and route (nil: broadcast) picks the channel.
+type routeEdge[T any] struct {
+	lanes[T]
+	route func(T) int
+}
+
+func (e *routeEdge[T]) write(ctx context.Context, recs []T) error {
+	if e.route == nil || len(e.chans) == 1 {
+		for c := range e.chans {
+			if err := e.appendAll(ctx, c, recs); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, r := range recs {
+		c := e.route(r)
+		b := e.buffer(c)
+		b.Records = append(b.Records, r)
+		if len(b.Records) == cap(b.Records) {
+			if err := e.send(ctx, c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// keyedEdge is a hash-partitioned edge (see KeyedEdge).
+type keyedEdge[K comparable, T any] struct {
+	lanes[Keyed[K, T]]
+	key    func(T) K
+	assign *keygroup.Assigner
+}
+
+func (e *keyedEdge[K, T]) write(ctx context.Context, recs []T) error {
+	for i := range recs {
+		k := e.key(recs[i])
+		kg, c := keygroup.Assign(e.assign, k)
+		b := e.bufs[c]
+		if b == nil {
+			b = e.buffer(c)
+		}
+		b.Records = append(b.Records, Keyed[K, T]{Rec: recs[i], Key: k, KeyGroup: uint16(kg)})
+		if len(b.Records) == cap(b.Records) {
+			if err := e.send(ctx, c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Emitter is the type-erased view of an Output that the subtask loops use.

@@ -3,12 +3,15 @@ package task
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/state/keygroup"
 )
 
 func newChans(n, bufferSize int) []*channel.Chan[int] {
@@ -93,12 +96,26 @@ func TestOutputFreeAdvance(t *testing.T) {
 	bufs, _ = drainChan(c)
 	require.Equal(t, [][]int{{14, 15}}, bufs)
 
-	// Several channels: no fast path.
+	// Several channels or edges: Free exposes the staging batch, which is
+	// partitioned over the channels when it is full or flushed.
 	cs := newChans(2, 4)
-	multi := NewOutput(context.Background(), []Edge[int]{{Chans: senders(cs)}})
-	require.Nil(t, multi.Free())
-	two := NewOutput(context.Background(), []Edge[int]{{Chans: senders(cs[:1])}, {Chans: senders(cs[1:])}})
-	require.Nil(t, two.Free(), "two edges of one channel each are not the fast path")
+	for _, o := range []*Output[int]{
+		NewOutput(context.Background(), []Edge[int]{{Chans: senders(cs)}}),
+		NewOutput(context.Background(), []Edge[int]{{Chans: senders(cs[:1])}, {Chans: senders(cs[1:])}}),
+	} {
+		dst := o.Free()
+		require.Len(t, dst, 4, "a staging batch of the channels' buffer size")
+		copy(dst, []int{1, 2, 3, 4})
+		o.Advance(4)
+		require.Len(t, o.Free(), 4, "the full batch went to the channels")
+		o.Free()[0] = 5
+		o.Advance(1)
+		require.NoError(t, o.Flush())
+		for i, c := range cs {
+			bufs, _ := drainChan(c)
+			require.Equal(t, [][]int{{1, 2, 3, 4}, {5}}, bufs, "channel %d", i)
+		}
+	}
 }
 
 // TestOutputRoute: a routed edge sends each record to the channel Route
@@ -110,12 +127,14 @@ func TestOutputRoute(t *testing.T) {
 		o.Collect(i)
 	}
 	require.True(t, o.Pending())
-	// Channel 0 got 0, 3 (full, sent) and 6, 9 (full, sent); channel 1 got
-	// 1, 4 (sent) and 7 (pending); channel 2 got 2, 5 (sent), 8 (pending).
+	// Records are staged in batches of the buffer size (2) and a full batch
+	// is routed when the next record does not fit: 0..7 were routed, 8 and 9
+	// are staged. Channel 0 got 0, 3 (full, sent) and 6 (pending); channel 1
+	// got 1, 4 (sent) and 7 (pending); channel 2 got 2, 5 (sent).
 	b0, _ := drainChan(cs[0])
 	b1, _ := drainChan(cs[1])
 	b2, _ := drainChan(cs[2])
-	require.Equal(t, [][]int{{0, 3}, {6, 9}}, b0)
+	require.Equal(t, [][]int{{0, 3}}, b0)
 	require.Equal(t, [][]int{{1, 4}}, b1)
 	require.Equal(t, [][]int{{2, 5}}, b2)
 	require.NoError(t, o.Flush())
@@ -123,7 +142,7 @@ func TestOutputRoute(t *testing.T) {
 	b0, _ = drainChan(cs[0])
 	b1, _ = drainChan(cs[1])
 	b2, _ = drainChan(cs[2])
-	require.Empty(t, b0)
+	require.Equal(t, [][]int{{6, 9}}, b0)
 	require.Equal(t, [][]int{{7}}, b1)
 	require.Equal(t, [][]int{{8}}, b2)
 }
@@ -207,12 +226,14 @@ func TestOutputSendErrors(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		cs := []*channel.Chan[int]{c, channel.New[int](channel.Config{Capacity: 1, BufferSize: 1})}
-		o := NewOutput(ctx, []Edge[int]{{Chans: senders(cs)}}) // slow path
-		o.Collect(1)                                           // fills and sends one buffer per channel
+		o := NewOutput(ctx, []Edge[int]{{Chans: senders(cs)}}) // staged
+		o.Collect(1)                                           // staged
+		o.Collect(2)                                           // routes 1: fills and sends one buffer per channel
 		require.NoError(t, o.Err())
-		o.Collect(2) // the channels are full: Send waits and gives up on ctx
+		o.Collect(3) // routes 2: the channels are full, Send waits and gives up on ctx
 		require.ErrorIs(t, o.Err(), context.Canceled)
-		o.Collect(3) // dropped
+		o.Collect(4) // dropped
+		require.ErrorIs(t, o.Flush(), context.Canceled)
 		_, items := drainChan(c)
 		require.Equal(t, []any{1}, items)
 	})
@@ -315,6 +336,188 @@ func TestOutputZeroAllocs(t *testing.T) {
 		require.Zero(t, testing.AllocsPerRun(100, f))
 	}
 	require.NoError(t, o.Err())
+}
+
+func keyedChans(n, bufferSize int) ([]*channel.Chan[Keyed[int, int]], []channel.Sender[Keyed[int, int]]) {
+	cs := make([]*channel.Chan[Keyed[int, int]], n)
+	ss := make([]channel.Sender[Keyed[int, int]], n)
+	for i := range cs {
+		cs[i] = channel.New[Keyed[int, int]](channel.Config{Capacity: 1 << 10, BufferSize: bufferSize})
+		ss[i] = cs[i]
+	}
+	return cs, ss
+}
+
+// drainKeyed polls everything queued on c and returns the records and the
+// events (as strings), in order.
+func drainKeyed(c *channel.Chan[Keyed[int, int]]) (recs []Keyed[int, int], events []string) {
+	for {
+		it, ok := c.TryPoll()
+		if !ok {
+			return recs, events
+		}
+		if it.IsEvent() {
+			events = append(events, it.Event.String())
+			continue
+		}
+		recs = append(recs, it.Buf.Records...)
+		c.Recycle(it.Buf)
+	}
+}
+
+// TestKeyedEdge: a hash-partitioned edge calls the key function once per
+// record and sends each record, with its key and key group, to the owner
+// of its key group, in order per channel; events follow the records.
+func TestKeyedEdge(t *testing.T) {
+	const maxP, n = 128, 1000
+	for _, p := range []int{1, 3} {
+		t.Run(fmt.Sprintf("p=%d", p), func(t *testing.T) {
+			cs, ss := keyedChans(p, 4)
+			calls := 0
+			key := func(r int) int { calls++; return r % 37 }
+			o := NewOutput(context.Background(), []Edge[int]{KeyedEdge(ss, key, maxP)})
+			for i := range n / 2 {
+				o.Collect(i)
+			}
+			for i := n / 2; i < n; { // the rest in place, in uneven slices
+				dst := o.Free()
+				k := min(len(dst), 3, n-i)
+				for j := range k {
+					dst[j] = i + j
+				}
+				o.Advance(k)
+				i += k
+			}
+			require.True(t, o.Pending())
+			require.NoError(t, o.BroadcastEvent(marker.NewBarrier(marker.Barrier{ID: 1})))
+			require.False(t, o.Pending())
+			require.Equal(t, n, calls, "one key call per record")
+			seen := 0
+			for c, ch := range cs {
+				recs, events := drainKeyed(ch)
+				require.Equal(t, []string{"barrier(1 checkpoint aligned)"}, events)
+				last := -1
+				for _, r := range recs {
+					require.Equal(t, r.Rec%37, r.Key)
+					kg := keygroup.Of(r.Key, maxP)
+					require.Equal(t, kg, int(r.KeyGroup))
+					require.Equal(t, c, keygroup.Owner(maxP, p, kg), "record %d on channel %d", r.Rec, c)
+					require.Greater(t, r.Rec, last, "order per channel")
+					last = r.Rec
+				}
+				seen += len(recs)
+			}
+			require.Equal(t, n, seen)
+		})
+	}
+	require.Panics(t, func() {
+		_, ss := keyedChans(3, 4)
+		KeyedEdge(ss, func(r int) int { return r }, 2)
+	}, "more channels than key groups")
+}
+
+// TestKeyedEdgeWithOtherEdges: an output with a hash-partitioned edge and a
+// forward edge (an operator feeding a keyed operator and a sink) writes
+// every record to both.
+func TestKeyedEdgeWithOtherEdges(t *testing.T) {
+	kcs, kss := keyedChans(2, 8)
+	fwd := newChans(1, 8)[0]
+	o := NewOutput(context.Background(), []Edge[int]{
+		KeyedEdge(kss, func(r int) int { return r }, 128),
+		{Chans: []channel.Sender[int]{fwd}},
+	})
+	for i := range 20 {
+		o.Collect(i)
+	}
+	require.NoError(t, o.Flush())
+	_, items := drainChan(fwd)
+	require.Len(t, items, 20)
+	var keyed []int
+	for _, c := range kcs {
+		recs, _ := drainKeyed(c)
+		for _, r := range recs {
+			keyed = append(keyed, r.Rec)
+		}
+	}
+	slices.Sort(keyed)
+	require.Equal(t, items, toAny(keyed))
+}
+
+func toAny(xs []int) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// TestKeyedEdgeZeroAllocs: the routing side of the keyed path allocates
+// nothing per record in steady state (channel CH8), whether records come
+// one at a time or are written in place.
+func TestKeyedEdgeZeroAllocs(t *testing.T) {
+	cs, ss := keyedChans(3, 16)
+	o := NewOutput(context.Background(), []Edge[int]{KeyedEdge(ss, func(r int) int { return r % 1000 }, 128)})
+	recycle := func() {
+		for _, c := range cs {
+			for {
+				it, ok := c.TryPoll()
+				if !ok {
+					break
+				}
+				c.Recycle(it.Buf)
+			}
+		}
+	}
+	collect := func() {
+		for i := range 512 {
+			o.Collect(i)
+		}
+		recycle()
+	}
+	freeAdvance := func() {
+		for range 32 {
+			dst := o.Free()
+			for i := range dst {
+				dst[i] = i
+			}
+			o.Advance(len(dst))
+		}
+		recycle()
+	}
+	flush := func() {
+		o.Collect(1)
+		if err := o.Flush(); err != nil {
+			panic(err)
+		}
+		recycle()
+	}
+	for _, f := range []func(){collect, freeAdvance, flush} {
+		f() // warm up the free lists
+		require.Zero(t, testing.AllocsPerRun(100, f))
+	}
+	require.NoError(t, o.Err())
+}
+
+// BenchmarkOutputKeyed is the routing side of a hash-partitioned edge to
+// two channels, per record: key call, hash, append.
+func BenchmarkOutputKeyed(b *testing.B) {
+	cs, ss := keyedChans(2, channel.DefaultBufferSize)
+	o := NewOutput(context.Background(), []Edge[int]{KeyedEdge(ss, func(r int) int { return r % 10000 }, 128)})
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		o.Collect(i)
+		if i%channel.DefaultBufferSize == 0 {
+			for _, c := range cs {
+				for {
+					it, ok := c.TryPoll()
+					if !ok {
+						break
+					}
+					c.Recycle(it.Buf)
+				}
+			}
+		}
+	}
 }
 
 func BenchmarkOutputCollect(b *testing.B) {

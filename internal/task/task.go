@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/snapflow/snapflow/align"
@@ -53,13 +55,46 @@ type Lifecycle interface {
 	// Open initializes the operator and its state (restored or empty).
 	Open(info Info) error
 	// Snapshot captures the operator's state for a checkpoint. It runs on
-	// the subtask goroutine between two records.
+	// the subtask goroutine between two records. An operator that also
+	// implements AsyncSnapshotter is snapshotted through SnapshotAsync
+	// instead.
 	Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error)
 	NotifyComplete(id int64) error
 	NotifyAborted(id int64) error
 	// Close releases resources; called once, also after failures.
 	Close() error
 }
+
+// AsyncSnapshotter is implemented by an operator whose snapshot has an
+// asynchronous part (a keyed operator: its keyed state is frozen at the
+// barrier and encoded afterwards).
+type AsyncSnapshotter interface {
+	// SnapshotAsync takes the synchronous part of the snapshot on the
+	// subtask goroutine, between two records, and returns the state
+	// captured so far and the rest to complete off the subtask goroutine
+	// (nil: the state is complete).
+	SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, AsyncPart, error)
+}
+
+// AsyncPart is the asynchronous part of one operator's snapshot.
+type AsyncPart interface {
+	// Run completes st on a goroutine of its own, while the subtask goes
+	// on processing records. It must read only memory that the operator no
+	// longer writes (a frozen view), and stop early, with an error, once
+	// ctx is done.
+	Run(ctx context.Context, st *checkpoint.SubtaskState) error
+	// Release runs on the subtask goroutine once Run returned, or instead
+	// of it, and ends whatever Run read (the operator may write it again).
+	Release()
+}
+
+// MaxAsyncSnapshots bounds the snapshots of a subtask whose asynchronous
+// part is running or queued: they are encoded one after the other, on one
+// goroutine at a time. A subtask that snapshots while MaxAsyncSnapshots are
+// pending first waits for the oldest to finish, and counts the wait in its
+// SyncDuration. That bounds the memory that frozen views hold (for the heap
+// backend, at most this many extra versions of each page).
+const MaxAsyncSnapshots = 2
 
 // SourceOperator produces records.
 type SourceOperator interface {
@@ -137,16 +172,41 @@ func (c *Config) now() time.Time {
 }
 
 // runner holds what the source and input loops share: the chain, the pure
-// protocol bookkeeping (Checkpoints) and the acks of a snapshot whose
-// barrier is not forwarded yet. It carries out the bookkeeping's actions;
-// the loops own the goroutine, the timers and the IO.
+// protocol bookkeeping (Checkpoints) and the snapshots whose acks are not
+// sent yet. It carries out the bookkeeping's actions and runs the
+// asynchronous parts of snapshots; the loops own the goroutine, the timers
+// and the IO.
 type runner struct {
-	cfg     *Config
-	chain   *Chain
-	cp      *Checkpoints
-	mails   []Mail
-	acts    []Action
-	pending []Report // acks of the snapshot whose barrier is not forwarded yet
+	cfg   *Config
+	chain *Chain
+	cp    *Checkpoints
+	mails []Mail
+	acts  []Action
+	// snaps are the snapshots taken whose acks are not sent yet, in id
+	// order; running those whose asynchronous part has not been reported
+	// done to cp yet, in the order they are encoded; ready the ids of
+	// snapshots without an asynchronous part, reported done after the
+	// current step.
+	snaps, running []*snap
+	ready          []int64
+	encoders       sync.WaitGroup
+}
+
+// snap is one snapshot of the chain on its way to the master.
+type snap struct {
+	id    int64
+	acks  []Report    // one per member; the encoder completes their State
+	parts []AsyncPart // per member, nil entries for members without one
+	infos []Info      // the members, for errors of the encoder
+	// running: the asynchronous part was started and its end not yet
+	// stepped; released: the parts were released.
+	running, released bool
+	cancel            context.CancelFunc
+	// finished is closed by the encoder when it returned; err and
+	// asyncDur are set before.
+	finished chan struct{}
+	err      error
+	asyncDur time.Duration
 }
 
 func newRunner(cfg *Config, chain *Chain, source bool) *runner {
@@ -169,11 +229,22 @@ func (r *runner) report(ctx context.Context, rep Report) error {
 	}
 }
 
-// step feeds ev to the bookkeeping and carries out the actions. done
-// reports that the loop must return err (DoExit, or an action failed).
+// step feeds ev to the bookkeeping and carries out the actions, then
+// reports the snapshots without an asynchronous part that the step took
+// done. done reports that the loop must return err (DoExit, or an action
+// failed).
 func (r *runner) step(ctx context.Context, ev Event) (done bool, err error) {
 	r.acts = r.cp.Step(r.acts[:0], ev)
-	return r.do(ctx, r.acts)
+	done, err = r.do(ctx, r.acts)
+	for i := 0; !done && err == nil && i < len(r.ready); i++ {
+		r.acts = r.cp.Step(r.acts[:0], Event{Kind: OnSnapshotDone, ID: r.ready[i]})
+		done, err = r.do(ctx, r.acts)
+	}
+	r.ready = r.ready[:0]
+	// Forget the snapshots nothing is reported for any more (declined, or
+	// cancelled and done).
+	r.snaps = slices.DeleteFunc(r.snaps, func(s *snap) bool { return !s.running && !r.cp.awaiting(s.id) })
+	return done, err
 }
 
 // serveMail handles every queued mail, in order.
@@ -196,7 +267,7 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 	for _, a := range acts {
 		switch a.Kind {
 		case DoSnapshot:
-			if err := r.snapshot(a); err != nil {
+			if err := r.snapshot(ctx, a); err != nil {
 				// Decline (a task error) and fail with the snapshot's error.
 				_, _ = r.do(ctx, r.cp.Step(nil, Event{Kind: OnSnapshotFailed, ID: a.ID, Err: err}))
 				return true, err
@@ -242,6 +313,12 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 			if err := r.report(ctx, Report{Kind: ReportFinished}); err != nil {
 				return true, err
 			}
+		case DoCancelSnapshot:
+			for _, s := range r.running {
+				if s.id == a.ID {
+					s.cancel()
+				}
+			}
 		case DoSuspend, DoResume:
 			// The loops ask r.cp.Suspended().
 		case DoExit:
@@ -254,31 +331,189 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 	return false, nil
 }
 
-// snapshot captures the chain's state for a DoSnapshot (the synchronous
-// part of a checkpoint) and holds the acks until DoAck.
-func (r *runner) snapshot(a Action) error {
+// snapshot takes the synchronous part of a DoSnapshot and starts its
+// asynchronous part, if any. SyncDuration is the pause of the subtask:
+// waiting for room (MaxAsyncSnapshots), flushing the chain and every
+// member's synchronous part.
+func (r *runner) snapshot(ctx context.Context, a Action) error {
 	start := r.cfg.now()
-	acks, err := r.chain.snapshot(a.Barrier)
+	if err := r.makeRoom(ctx); err != nil {
+		return err
+	}
+	acks, parts, err := r.chain.snapshot(a.Barrier)
 	if err != nil {
 		return err
 	}
+	end := r.cfg.now()
 	m := a.Metrics
-	m.SyncDuration = r.cfg.now().Sub(start)
+	m.SyncDuration = end.Sub(start)
 	for i := range acks {
 		acks[i].Metrics = m
 	}
-	r.pending = acks
+	s := &snap{id: a.ID, acks: acks}
+	r.snaps = append(r.snaps, s)
+	if parts == nil {
+		r.ready = append(r.ready, a.ID)
+		return nil
+	}
+	s.parts = parts
+	s.infos = make([]Info, len(r.chain.Members))
+	for i := range r.chain.Members {
+		s.infos[i] = r.chain.Members[i].Info
+	}
+	var prev <-chan struct{}
+	if n := len(r.running); n > 0 {
+		prev = r.running[n-1].finished
+	}
+	var sctx context.Context
+	sctx, s.cancel = context.WithCancel(ctx)
+	s.finished = make(chan struct{})
+	s.running = true
+	r.running = append(r.running, s)
+	r.encoders.Add(1)
+	go r.encode(sctx, s, prev, end)
 	return nil
 }
 
-// ack sends the held acks of checkpoint id, one per chain member.
+// encode runs the asynchronous parts of s on its own goroutine, after the
+// previous snapshot's (prev) finished. It touches nothing but s and the
+// frozen memory its parts read, and never blocks on the subtask: it ends
+// by closing s.finished, which the subtask goroutine polls.
+func (r *runner) encode(ctx context.Context, s *snap, prev <-chan struct{}, syncEnd time.Time) {
+	defer r.encoders.Done()
+	defer close(s.finished)
+	member := -1
+	defer func() {
+		if p := recover(); p != nil {
+			who := r.cfg.Info
+			if member >= 0 {
+				who = s.infos[member]
+			}
+			s.err = fmt.Errorf("task: %v panicked in the asynchronous part of checkpoint %d: %v\n%s", who, s.id, p, debug.Stack())
+		}
+	}()
+	if prev != nil {
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			s.err = fmt.Errorf("task: %v: checkpoint %d: %w", r.cfg.Info, s.id, ctx.Err())
+			return
+		}
+	}
+	for i, p := range s.parts {
+		if p == nil {
+			continue
+		}
+		member = i
+		if err := p.Run(ctx, &s.acks[i].State); err != nil {
+			s.err = fmt.Errorf("task: %v: asynchronous snapshot for checkpoint %d: %w", s.infos[i], s.id, err)
+			return
+		}
+	}
+	s.asyncDur = r.cfg.now().Sub(syncEnd)
+}
+
+// makeRoom waits until fewer than MaxAsyncSnapshots frozen snapshots are
+// held, releasing the oldest as it finishes (its result is reported later,
+// by pollAsync).
+func (r *runner) makeRoom(ctx context.Context) error {
+	for {
+		held := 0
+		var oldest *snap
+		for _, s := range r.running {
+			if !s.released {
+				held++
+				if oldest == nil {
+					oldest = s
+				}
+			}
+		}
+		if held < MaxAsyncSnapshots {
+			return nil
+		}
+		select {
+		case <-oldest.finished:
+			r.release(oldest)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// release releases the parts of s; the subtask goroutine calls it after
+// s.finished was closed.
+func (r *runner) release(s *snap) {
+	if s.released {
+		return
+	}
+	s.released = true
+	for _, p := range s.parts {
+		if p != nil {
+			p.Release()
+		}
+	}
+}
+
+// asyncReady is closed when the oldest running asynchronous part finished
+// (nil, which blocks, when none runs).
+func (r *runner) asyncReady() <-chan struct{} {
+	if len(r.running) == 0 {
+		return nil
+	}
+	return r.running[0].finished
+}
+
+// pollAsync reports every asynchronous part that finished, in order, to
+// the bookkeeping (OnSnapshotDone), which acks or declines its snapshot.
+func (r *runner) pollAsync(ctx context.Context) (done bool, err error) {
+	for len(r.running) > 0 {
+		s := r.running[0]
+		select {
+		case <-s.finished:
+		default:
+			return false, nil
+		}
+		r.running = slices.Delete(r.running, 0, 1)
+		s.running = false
+		r.release(s)
+		s.cancel()
+		for i := range s.acks {
+			s.acks[i].Metrics.AsyncDuration = s.asyncDur
+		}
+		if done, err := r.step(ctx, Event{Kind: OnSnapshotDone, ID: s.id, Err: s.err}); done || err != nil {
+			if s.err != nil && errors.Is(err, s.err) {
+				// The subtask fails with the encoder's error, which names
+				// the member (as a failed synchronous part does).
+				return true, s.err
+			}
+			return done, err
+		}
+	}
+	return false, nil
+}
+
+// stopAsync cancels every asynchronous part and waits for the encoders to
+// return, so none outlives the subtask loop.
+func (r *runner) stopAsync() {
+	for _, s := range r.running {
+		s.cancel()
+	}
+	r.encoders.Wait()
+	for _, s := range r.running {
+		r.release(s)
+	}
+	r.running = nil
+}
+
+// ack sends the acks of checkpoint id, one per chain member.
 func (r *runner) ack(ctx context.Context, id int64) error {
-	acks := r.pending
-	r.pending = nil
-	if len(acks) == 0 || acks[0].ID != id {
+	i := slices.IndexFunc(r.snaps, func(s *snap) bool { return s.id == id })
+	if i < 0 {
 		return fmt.Errorf("task: %v: checkpoint %d acked without a snapshot", r.cfg.Info, id)
 	}
-	for _, a := range acks {
+	s := r.snaps[i]
+	r.snaps = slices.Delete(r.snaps, i, i+1)
+	for _, a := range s.acks {
 		if err := r.report(ctx, a); err != nil {
 			return err
 		}
@@ -304,7 +539,9 @@ func (r *runner) timersLive() bool { return r.cp.Phase() == Running && !r.cp.Sus
 
 func (r *runner) open() error { return r.chain.open() }
 
+// close stops the asynchronous parts, then closes the chain.
 func (r *runner) close(err *error) {
+	r.stopAsync()
 	if cerr := r.chain.close(); cerr != nil && *err == nil {
 		*err = cerr
 	}
@@ -339,11 +576,18 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 	lastFlush := cfg.now()
 	for {
 		if !r.emitting() {
-			// Ended or suspended: serve the mailbox only.
+			// Ended or suspended: serve the mailbox (and the snapshots in
+			// flight) only.
 			select {
 			case <-cfg.Mail.Ready():
+			case <-r.asyncReady():
 			case <-ctx.Done():
 				return ctx.Err()
+			}
+		}
+		if len(r.running) > 0 {
+			if done, err := r.pollAsync(ctx); done || err != nil {
+				return err
 			}
 		}
 		if cfg.Mail.Pending() {
@@ -365,6 +609,7 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			select {
 			case <-cfg.Mail.Ready():
 				// The loop drains on Pending at its top.
+			case <-r.asyncReady():
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
@@ -422,6 +667,11 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	userTimer.Stop()
 	defer userTimer.Stop()
 	for {
+		if len(r.running) > 0 {
+			if done, err := r.pollAsync(ctx); done || err != nil {
+				return err
+			}
+		}
 		if cfg.Mail.Pending() {
 			if done, err := r.serveMail(ctx); done || err != nil {
 				return err
@@ -456,6 +706,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			select {
 			case <-gate.Ready():
 			case <-cfg.Mail.Ready():
+			case <-r.asyncReady():
 			case <-flushC:
 				if err := r.flushAll(); err != nil {
 					return err

@@ -96,14 +96,12 @@ func murmurMix(code int32) uint32 {
 	c ^= c >> 13
 	c *= 0xc2b2ae35
 	c ^= c >> 16
+	// Flink returns v if v >= 0, -v if v != MinInt32, else 0. Branch-free
+	// (the sign is random, so a branch mispredicts half the time): abs(v),
+	// which leaves MinInt32 at 1<<31, then clear bit 31, set only by it.
 	v := int32(c)
-	switch {
-	case v >= 0:
-		return uint32(v)
-	case v != math.MinInt32:
-		return uint32(-v)
-	}
-	return 0
+	m := v >> 31
+	return uint32((v^m)-m) & math.MaxInt32
 }
 
 const (
@@ -181,3 +179,49 @@ func Hash[K comparable](k K) uint32 {
 
 // Of returns the key group of key k.
 func Of[K comparable](k K, maxP int) int { return ForHash(Hash(k), maxP) }
+
+// Assigner maps keys to key groups and key groups to their owners for one
+// max parallelism and parallelism, with the results of Of and Owner but
+// without a division: the per-record work of a hash-partitioned edge. The
+// zero Assigner is not usable; make one with NewAssigner.
+type Assigner struct {
+	maxP uint32
+	// m is Lemire's fastmod constant for maxP: x % maxP ==
+	// hi64((m * x) * maxP) for every 32-bit x ("Faster remainder by direct
+	// computation", 2019).
+	m uint64
+	// owner[kg] is Owner(maxP, p, kg).
+	owner []uint16
+}
+
+// NewAssigner returns the assigner of p subtasks over maxP key groups. It
+// panics unless CheckParallelism(p, maxP) holds.
+func NewAssigner(maxP, p int) *Assigner {
+	if err := CheckParallelism(p, maxP); err != nil {
+		panic(err.Error())
+	}
+	a := &Assigner{maxP: uint32(maxP), m: ^uint64(0)/uint64(maxP) + 1, owner: make([]uint16, maxP)}
+	for kg := range a.owner {
+		a.owner[kg] = uint16(Owner(maxP, p, kg))
+	}
+	return a
+}
+
+// MaxParallelism is the number of key groups.
+func (a *Assigner) MaxParallelism() int { return int(a.maxP) }
+
+// ForHash is ForHash(h, a.MaxParallelism()).
+func (a *Assigner) ForHash(h uint32) int {
+	hi, _ := bits.Mul64(a.m*uint64(murmurMix(int32(h))), uint64(a.maxP))
+	return int(hi)
+}
+
+// Owner is Owner(a.MaxParallelism(), p, kg) for a key group kg.
+func (a *Assigner) Owner(kg int) int { return int(a.owner[kg]) }
+
+// Assign returns the key group of k and the subtask that owns it: Of(k,
+// maxP) and Owner(maxP, p, Of(k, maxP)).
+func Assign[K comparable](a *Assigner, k K) (kg, owner int) {
+	kg = a.ForHash(Hash(k))
+	return kg, int(a.owner[kg])
+}

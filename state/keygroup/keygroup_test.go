@@ -2,6 +2,8 @@ package keygroup
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -76,4 +78,102 @@ func TestIntersect(t *testing.T) {
 	require.NoError(t, CheckParallelism(4, 128))
 	require.Error(t, CheckParallelism(200, 128))
 	require.Error(t, CheckParallelism(1, 1<<16))
+}
+
+// TestAssignerAgrees: the division-free Assigner gives exactly ForHash and
+// Owner, for every parallelism shape, including max parallelism 1 and the
+// largest hashes.
+func TestAssignerAgrees(t *testing.T) {
+	hashes := []uint32{0, 1, 2, 127, 128, 1<<31 - 1, 1 << 31, 1<<32 - 1}
+	for i := uint32(0); i < 5000; i++ {
+		hashes = append(hashes, i*2654435761, i)
+	}
+	for _, maxP := range []int{1, 2, 3, 7, 100, 128, 129, 1000, 4096, 32767, 32768} {
+		for _, p := range []int{1, 2, 3, 5, 128, 1000} {
+			if p > maxP {
+				continue
+			}
+			a := NewAssigner(maxP, p)
+			require.Equal(t, maxP, a.MaxParallelism())
+			for _, h := range hashes {
+				kg := a.ForHash(h)
+				if want := ForHash(h, maxP); kg != want {
+					t.Fatalf("maxP=%d: ForHash(%d) = %d, want %d", maxP, h, kg, want)
+				}
+				if got, want := a.Owner(kg), Owner(maxP, p, kg); got != want {
+					t.Fatalf("maxP=%d p=%d: Owner(%d) = %d, want %d", maxP, p, kg, got, want)
+				}
+			}
+			for k := range 1000 {
+				kg, owner := Assign(a, k)
+				require.Equal(t, Of(k, maxP), kg)
+				require.Equal(t, Owner(maxP, p, kg), owner)
+			}
+		}
+	}
+	require.Panics(t, func() { NewAssigner(2, 3) })
+}
+
+// The benchmarks take max parallelism and parallelism from variables, as
+// a partitioner does, so that the divisions are not folded into shifts.
+var benchMaxP, benchP = 128, 2
+
+// BenchmarkOf is the key group and owner of an int key with Of and Owner.
+func BenchmarkOf(b *testing.B) {
+	maxP, p := benchMaxP, benchP
+	s := 0
+	for i := 0; b.Loop(); i++ {
+		s += Owner(maxP, p, Of(i, maxP))
+	}
+	_ = s
+}
+
+// BenchmarkAssign is BenchmarkOf with an Assigner.
+func BenchmarkAssign(b *testing.B) {
+	a := NewAssigner(benchMaxP, benchP)
+	s := 0
+	for i := 0; b.Loop(); i++ {
+		_, o := Assign(a, i)
+		s += o
+	}
+	_ = s
+}
+
+// TestMurmurMixAbs pins the sign handling of Flink's murmurHash(int): the
+// absolute value, and 0 for MinInt32.
+func TestMurmurMixAbs(t *testing.T) {
+	ref := func(code int32) uint32 { // Flink's MathUtils.murmurHash, with branches
+		c := uint32(code)
+		c *= 0xcc9e2d51
+		c = bits.RotateLeft32(c, 15)
+		c *= 0x1b873593
+		c = bits.RotateLeft32(c, 13)
+		c = c*5 + 0xe6546b64
+		c ^= 4
+		c ^= c >> 16
+		c *= 0x85ebca6b
+		c ^= c >> 13
+		c *= 0xc2b2ae35
+		c ^= c >> 16
+		switch v := int32(c); {
+		case v >= 0:
+			return uint32(v)
+		case v != math.MinInt32:
+			return uint32(-v)
+		}
+		return 0
+	}
+	for i := int64(math.MinInt32); i <= math.MaxInt32; i += 9973 {
+		if got, want := murmurMix(int32(i)), ref(int32(i)); got != want {
+			t.Fatalf("murmurMix(%d) = %d, want %d", i, got, want)
+		}
+	}
+	// An input whose mix is MinInt32 is hard to find; check the arithmetic
+	// on the mixed value directly.
+	abs := func(v int32) uint32 { m := v >> 31; return uint32((v^m)-m) & math.MaxInt32 }
+	require.Equal(t, uint32(0), abs(math.MinInt32))
+	require.Equal(t, uint32(math.MaxInt32), abs(-math.MaxInt32))
+	require.Equal(t, uint32(5), abs(-5))
+	require.Equal(t, uint32(5), abs(5))
+	require.Equal(t, uint32(0), abs(0))
 }
