@@ -54,68 +54,91 @@ var workloads = []workload{
 }
 
 // BenchmarkRatios measures, in one run, the ratios BENCHMARKS.md quotes for
-// each workload: engine throughput over the baseline's, and the cost of
-// checkpointing every 100 ms. Each round runs the baseline, the engine
-// without checkpoints and the engine with them, alternating to spread
-// machine noise; the metrics are from the median round times, and the
-// spread (min-max over the rounds) of the ratio is reported too. The
-// stateless workload runs over b.N records, the keyed one over b.N/8.
+// each workload, at parallelism 1 and 2: engine throughput over the
+// baseline's, the cost of checkpointing every 100 ms, the scaling from p=1
+// to p=2 of engine and baseline, and the CPU cores each used.
+//
+// These machines are noisy (the same run varies by 20-30 % from one minute
+// to the next), so every figure is paired: a round runs, back to back, the
+// baseline, the engine without checkpoints and the engine with them, at
+// p=1 and then at p=2, and each ratio is taken within one round. A metric
+// is the median of the rounds' ratios; -min and -max give their spread.
+// The stateless workload runs over b.N records, the keyed one over b.N/8.
 //
 //	go test -run '^$' -bench Ratios -benchtime 300000000x ./bench/
 func BenchmarkRatios(b *testing.B) {
-	const rounds = 5
+	const rounds = 9
+	ps := []int{1, 2}
 	for _, w := range workloads {
-		for _, p := range []int{1, 2} {
-			b.Run(fmt.Sprintf("%s/p=%d", w.name, p), func(b *testing.B) {
-				n := max(int64(b.N)/w.share, 1)
-				want := w.want(n)
-				dir := b.TempDir()
-				engine := func(interval time.Duration) func() any {
-					return func() any {
-						cfg := graph.Config{Logf: func(string, ...any) {}}
-						if interval > 0 {
-							cfg.Checkpoint = graph.CheckpointConfig{Interval: interval, Dir: dir}
-						}
-						got, err := w.engine(n, p, cfg)
-						if err != nil {
-							b.Fatal(err)
-						}
-						return got
+		b.Run(w.name, func(b *testing.B) {
+			n := max(int64(b.N)/w.share, 1)
+			want := w.want(n)
+			dir := b.TempDir()
+			engine := func(p int, interval time.Duration) func() any {
+				return func() any {
+					cfg := graph.Config{Logf: func(string, ...any) {}}
+					if interval > 0 {
+						cfg.Checkpoint = graph.CheckpointConfig{Interval: interval, Dir: dir}
 					}
+					got, err := w.engine(n, p, cfg)
+					if err != nil {
+						b.Fatal(err)
+					}
+					return got
 				}
-				runs := []func() any{
-					func() any { return w.baseline(n, p) },
-					engine(0),
-					engine(100 * time.Millisecond),
-				}
-				times := make([][]time.Duration, len(runs))
-				for range rounds {
+			}
+			const (
+				base = iota
+				off
+				on
+				impls
+			)
+			// times[p][impl][round], cores[p][impl][round]
+			var times, cores [2][impls][]float64
+			for range rounds {
+				for pi, p := range ps {
+					runs := [impls]func() any{
+						base: func() any { return w.baseline(n, p) },
+						off:  engine(p, 0),
+						on:   engine(p, 100*time.Millisecond),
+					}
 					for i, run := range runs {
-						start := time.Now()
+						start, cpu := time.Now(), cpuTime()
 						if got := run(); got != want {
-							b.Fatalf("run %d delivered %v, want %v", i, got, want)
+							b.Fatalf("p=%d run %d delivered %v, want %v", p, i, got, want)
 						}
-						times[i] = append(times[i], time.Since(start))
+						wall := time.Since(start)
+						times[pi][i] = append(times[pi][i], float64(wall))
+						cores[pi][i] = append(cores[pi][i], float64(cpuTime()-cpu)/float64(wall))
 					}
 				}
-				med := func(ts []time.Duration) float64 {
-					s := slices.Clone(ts)
-					slices.Sort(s)
-					return float64(s[len(s)/2])
+			}
+			// report reports the median of f over the rounds, and its spread
+			// when spread is set.
+			report := func(name string, spread bool, f func(r int) float64) {
+				v := make([]float64, rounds)
+				for r := range v {
+					v[r] = f(r)
 				}
-				// Per-round ratios, for the spread.
-				ratios := make([]float64, rounds)
-				for r := range rounds {
-					ratios[r] = float64(times[0][r]) / float64(times[1][r])
+				s := slices.Clone(v)
+				slices.Sort(s)
+				b.ReportMetric(s[len(s)/2], name)
+				if spread {
+					b.ReportMetric(s[0], name+"-min")
+					b.ReportMetric(s[len(s)-1], name+"-max")
 				}
-				base, off, on := med(times[0]), med(times[1]), med(times[2])
-				b.ReportMetric(base/off, "engine/baseline")
-				b.ReportMetric(slices.Min(ratios), "ratio-min")
-				b.ReportMetric(slices.Max(ratios), "ratio-max")
-				b.ReportMetric((on-off)/off*100, "checkpoint-cost-%")
-				b.ReportMetric(float64(n)/(off/1e9)/1e6, "engine-Mrec/s")
-				b.ReportMetric(float64(n)/(base/1e9)/1e6, "baseline-Mrec/s")
-			})
-		}
+			}
+			for pi, p := range ps {
+				t := &times[pi]
+				report(fmt.Sprintf("p%d-engine/baseline", p), true, func(r int) float64 { return t[base][r] / t[off][r] })
+				report(fmt.Sprintf("p%d-checkpoint-cost-%%", p), true, func(r int) float64 { return (t[on][r] - t[off][r]) / t[off][r] * 100 })
+				report(fmt.Sprintf("p%d-engine-Mrec/s", p), false, func(r int) float64 { return float64(n) / (t[off][r] / 1e9) / 1e6 })
+				report(fmt.Sprintf("p%d-baseline-Mrec/s", p), false, func(r int) float64 { return float64(n) / (t[base][r] / 1e9) / 1e6 })
+				report(fmt.Sprintf("p%d-engine-cores", p), false, func(r int) float64 { return cores[pi][off][r] })
+				report(fmt.Sprintf("p%d-baseline-cores", p), false, func(r int) float64 { return cores[pi][base][r] })
+			}
+			report("engine-scaling", true, func(r int) float64 { return times[0][off][r] / times[1][off][r] })
+			report("baseline-scaling", true, func(r int) float64 { return times[0][base][r] / times[1][base][r] })
+		})
 	}
 }

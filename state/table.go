@@ -58,7 +58,7 @@ func newTable[K comparable, V any](b *KeyedBackend[K], name string, immutable bo
 				return nil, fmt.Errorf("state: decoding value of key %v of keyed state %q in key group %d as %s: %w",
 					e.key, name, e.kg, typeName[V](), err)
 			}
-			if _, dup := t.index[e.key]; dup {
+			if _, _, dup := t.find(e.key); dup {
 				return nil, fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", name, e.key, e.kg)
 			}
 			t.insert(e.key, e.kg, v)
@@ -70,7 +70,8 @@ func newTable[K comparable, V any](b *KeyedBackend[K], name string, immutable bo
 }
 
 // Pages. A cowTable keeps its entries in pages of pageSize slots (the last
-// page grows up to that size), found through a Go map from key to slot.
+// page grows up to that size), found through an index from key to slot
+// (index.go).
 const (
 	pageShift = 10
 	pageSize  = 1 << pageShift
@@ -83,8 +84,9 @@ const (
 // slot is the position of an entry: page index << pageShift | index in page.
 type slot uint32
 
-// maxSlots bounds the entries of one table (slot is 32 bits).
-const maxSlots = 1 << 32
+// maxSlots bounds the entries of one table (slot is 32 bits, and the index
+// stores slot+1).
+const maxSlots = 1<<32 - 1
 
 // pageEntry is one slot of a page. A free slot (deleted, or never used) has
 // live false and zero key and value.
@@ -126,7 +128,7 @@ type page[K comparable, V any] struct {
 // other values is encoded at freeze, on the backend's goroutine, in time
 // proportional to its size (the synchronous snapshot of earlier versions).
 type cowTable[K comparable, V any] struct {
-	index map[K]slot
+	idx   index[K]
 	pages []*page[K, V]
 	free  []slot
 	n     int // live entries
@@ -147,7 +149,7 @@ type cowTable[K comparable, V any] struct {
 }
 
 func newCOWTable[K comparable, V any](n int, immutable bool, gen *uint64) *cowTable[K, V] {
-	return &cowTable[K, V]{index: make(map[K]slot, n), epoch: 1, immutable: immutable, gen: gen}
+	return &cowTable[K, V]{idx: newIndex[K](n), epoch: 1, immutable: immutable, gen: gen}
 }
 
 // lookup returns the slot of the current key k.
@@ -155,7 +157,7 @@ func (t *cowTable[K, V]) lookup(k K) (slot, bool) {
 	if t.cgen == *t.gen {
 		return t.cslot, true
 	}
-	s, ok := t.index[k]
+	_, s, ok := t.find(k)
 	if ok {
 		t.cgen, t.cslot = *t.gen, s
 	}
@@ -180,12 +182,12 @@ func (t *cowTable[K, V]) put(k K, kg int, v V) {
 }
 
 func (t *cowTable[K, V]) remove(k K, _ int) {
-	s, ok := t.lookup(k)
+	cell, s, ok := t.find(k)
 	if !ok {
 		return
 	}
 	t.cgen = 0
-	delete(t.index, k)
+	t.unindex(cell)
 	t.writable(int(s >> pageShift)).e[s&pageMask] = pageEntry[K, V]{}
 	t.free = append(t.free, s)
 	t.n--
@@ -193,6 +195,7 @@ func (t *cowTable[K, V]) remove(k K, _ int) {
 
 // insert adds k, which is not in the table.
 func (t *cowTable[K, V]) insert(k K, kg int, v V) {
+	cell, _, _ := t.find(k)
 	en := pageEntry[K, V]{key: k, val: v, kg: int32(kg), live: true}
 	var s slot
 	if n := len(t.free); n > 0 {
@@ -212,7 +215,7 @@ func (t *cowTable[K, V]) insert(k K, kg int, v V) {
 		s = slot(last<<pageShift | len(p.e))
 		p.e = append(p.e, en) // grows the page's own array (p is writable)
 	}
-	t.index[k] = s
+	t.index(k, cell, s)
 	t.n++
 	t.cgen, t.cslot = *t.gen, s
 }

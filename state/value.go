@@ -12,6 +12,9 @@ type ValueState[K comparable, V any] struct {
 	b    *KeyedBackend[K]
 	name string
 	t    table[K, V]
+	// heap is t when t is the heap table: the per-record calls then need
+	// no dynamic dispatch.
+	heap *cowTable[K, V]
 }
 
 // Value registers the keyed value state name with values of type V, or
@@ -27,7 +30,8 @@ type ValueState[K comparable, V any] struct {
 // documentation).
 func Value[K comparable, V any](b *KeyedBackend[K], name string) (*ValueState[K, V], error) {
 	return register(b, name, describeValue[V](), immutableType(reflect.TypeFor[V]()), func(t table[K, V]) *ValueState[K, V] {
-		return &ValueState[K, V]{b: b, name: name, t: t}
+		h, _ := t.(*cowTable[K, V])
+		return &ValueState[K, V]{b: b, name: name, t: t, heap: h}
 	})
 }
 
@@ -39,12 +43,19 @@ func (s *ValueState[K, V]) Name() string { return s.name }
 // Value returns the current key's value, and false if it has none.
 func (s *ValueState[K, V]) Value() (V, bool) {
 	s.b.mustKey()
+	if s.heap != nil {
+		return s.heap.get(s.b.key, s.b.kg)
+	}
 	return s.t.get(s.b.key, s.b.kg)
 }
 
 // Update sets the current key's value to x.
 func (s *ValueState[K, V]) Update(x V) {
 	s.b.mustKey()
+	if s.heap != nil {
+		s.heap.put(s.b.key, s.b.kg, x)
+		return
+	}
 	s.t.put(s.b.key, s.b.kg, x)
 }
 
