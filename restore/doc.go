@@ -3,21 +3,27 @@
 // job starts with.
 //
 // Latest and Load are the only functions that do IO (they read _metadata
-// through snapshot.ReadMetadata, and Latest the storage's checkpoint
-// directories and completed-checkpoint log). Assign is a pure function from the
+// and the channel-state files it references through snapshot.ReadMetadata,
+// and Latest the storage's checkpoint directories and completed-checkpoint
+// log). Assign is a pure function from the
 // checkpoint metadata and the new job's operators to a Plan: no IO, no
 // clock, no goroutines; the same inputs give the same Plan.
 //
 // # Choosing the checkpoint
 //
 // Latest walks the candidates of a snapshot.Storage from the newest down and
-// returns the first whose _metadata decodes. The candidates are the complete
+// returns the first whose _metadata decodes and whose channel-state files
+// (unaligned checkpoints) are intact. The candidates are the complete
 // chk-N directories and the stop-with-savepoints that the completed-
 // checkpoint log records (by their paths there; other savepoints are never
 // restored by Latest). A newer candidate that is corrupt, truncated, invalid
 // or gone is skipped with a warning, so a job whose newest checkpoint was
 // damaged restarts from the previous one rather than not at all; the warning
-// makes the fallback visible.
+// makes the fallback visible. A candidate whose channel-state file is
+// missing, truncated or damaged counts as corrupt in every respect (R9):
+// skipped with a warning naming that file, and subject to the committed
+// horizon below, whose error then says that the checkpoint's channel state
+// (and which file) is corrupt.
 //
 // Falling back is not always safe. The committed horizon H is the highest id
 // of a checkpoint or stop-with-savepoint in the log: a completion that may
@@ -41,7 +47,8 @@
 // not redundant, and a damaged log fails snapshot.OpenStorage instead.
 //
 // Load reads an explicit checkpoint or savepoint path (Flink's
-// execution.savepoint.path) and never falls back.
+// execution.savepoint.path) and never falls back; a damaged channel-state
+// file fails it as unrecoverable, naming the file.
 //
 // # Errors that no retry can fix
 //
@@ -82,6 +89,26 @@
 // intersects the old subtask's range; files of a non-keyed subtask cannot be
 // split, so rescaling an operator that has them fails.
 //
+// Channel state (the in-flight data of an unaligned checkpoint,
+// SubtaskState.ChannelState and Channels) is handed back only at unchanged
+// parallelism: every subtask gets its own, which the runtime replays
+// (output channels first, then operator state, then input channels before
+// any new input). If any restored operator changes its parallelism while
+// any restored operator holds channel state, Assign fails with an error
+// naming the rescaled operator, its old and new parallelism, and the
+// operator holding in-flight data that cannot be redistributed yet (R8).
+// The rule is coarser than necessary on purpose: output channel state is
+// indexed by the channels of an edge, whose number is the downstream
+// parallelism, input channel state by the channels of the input gate,
+// whose number follows the upstream parallelism, and Assign does not know
+// the edges. Rescaling with channel state (re-partitioning the channel
+// state of hash-partitioned edges by key group, redistributing that of
+// forward and rebalance edges, and failing by edge where neither applies)
+// comes later, with the edges passed to Assign; until then, rescale from a
+// savepoint (always aligned) or an aligned checkpoint. (Flink 1.11 and
+// 1.12 did not support rescaling from unaligned checkpoints either; 1.13
+// added it.)
+//
 // Deliberate differences from Flink: Split chunks always start at subtask
 // 0 (Flink rotates the start between state names for balance); a changed
 // max parallelism is always an error (Flink adopts the restored value when
@@ -111,4 +138,17 @@
 //     of the completed-checkpoint log, nor starts without state below it,
 //     unless allowFallback is set, and then only with a warning that names
 //     the checkpoints at risk.
+//   - R8: channel state is never dropped or handed to another subtask
+//     silently: with unchanged parallelism every subtask of a restored
+//     operator gets exactly its own ChannelState and Channels (copies, R6);
+//     if any restored operator changes parallelism while any restored
+//     operator holds channel state (a reference, or Channels with a
+//     buffer), Assign fails, naming both, instead of restoring. Channel
+//     state of an operator not in the job fails Assign like other state,
+//     unless allowNonRestored.
+//   - R9: a checkpoint is only returned with all of its channel state (by
+//     snapshot.ReadMetadata, ST9); a missing, truncated or damaged
+//     channel-state file makes Latest treat the checkpoint exactly as one
+//     with corrupt metadata (R5, R7), and fails Load as unrecoverable; every
+//     such error and warning names the file's path.
 package restore

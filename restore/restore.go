@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/marker"
@@ -174,9 +175,13 @@ func Latest(st *snapshot.Storage, allowFallback bool, logf Logf) (*checkpoint.Me
 // state) puts at risk, given the horizon h and why h itself cannot be
 // restored (err, nil if it was no candidate: its directory is gone).
 func fallbackRisk(st *snapshot.Storage, h *snapshot.CompletedRef, err error, instead string, id int64) string {
-	state := "missing"
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		state = fmt.Sprintf("corrupt: %v", cause(err))
+	state := "its metadata is missing"
+	re := (*snapshot.ReadError)(nil)
+	switch {
+	case errors.As(err, &re) && isChannelStateError(re):
+		state = fmt.Sprintf("its channel state is corrupt: %v", err)
+	case err != nil && !errors.Is(err, os.ErrNotExist):
+		state = fmt.Sprintf("its metadata is corrupt: %v", cause(err))
 	}
 	committed := fmt.Sprintf("checkpoints %d..%d", id+1, h.ID)
 	switch {
@@ -185,7 +190,7 @@ func fallbackRisk(st *snapshot.Storage, h *snapshot.CompletedRef, err error, ins
 	case id == 0:
 		committed = fmt.Sprintf("every checkpoint up to %d", h.ID)
 	}
-	return fmt.Sprintf("%s %d completed at %s (per %s), but its metadata is %s; %s would publish again the records that sinks committed for %s",
+	return fmt.Sprintf("%s %d completed at %s (per %s), but %s; %s would publish again the records that sinks committed for %s",
 		h.Kind, h.ID, h.Path, st.LogPath(), state, instead, committed)
 }
 
@@ -196,12 +201,22 @@ func skippable(err error) bool {
 }
 
 // cause strips the *snapshot.ReadError around err when the message already
-// names the checkpoint.
+// names the checkpoint, that is when the error is about its _metadata. An
+// error about one of its channel-state files keeps the file's path (R9).
 func cause(err error) error {
-	if re := (*snapshot.ReadError)(nil); errors.As(err, &re) {
+	if re := (*snapshot.ReadError)(nil); errors.As(err, &re) && !isChannelStateError(re) {
 		return re.Err
 	}
 	return err
+}
+
+// isChannelStateError reports whether re is about a channel-state file
+// rather than the _metadata file or the directory: ReadMetadata names the
+// failing file, and channel-state files, unlike _metadata, always start
+// with checkpoint.ChannelStateFilePrefix (F6).
+func isChannelStateError(re *snapshot.ReadError) bool {
+	base := re.Path[strings.LastIndexAny(re.Path, `/\`)+1:]
+	return strings.HasPrefix(base, checkpoint.ChannelStateFilePrefix)
 }
 
 // Load reads the checkpoint or savepoint at path: its directory or its
@@ -240,7 +255,9 @@ type Plan struct {
 	// Tasks holds the state of every subtask of every restored operator
 	// (R4); a subtask without an entry starts empty. KeyGroupStart and
 	// KeyGroupEnd are the subtask's new key-group range for keyed operators
-	// and -1 otherwise.
+	// and -1 otherwise. ChannelState and Channels are the subtask's own
+	// channel state (R8): the in-flight data to replay, output channels
+	// first, then operator state, then input channels before any new input.
 	Tasks map[checkpoint.TaskID]*checkpoint.SubtaskState
 }
 
@@ -275,6 +292,9 @@ func assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestor
 			return nil, fmt.Errorf("restore: operator uid %q appears twice in the job", op.UID)
 		}
 		byUID[op.UID] = op
+	}
+	if err := checkChannelStateRescaling(md, byUID, where); err != nil {
+		return nil, err
 	}
 	plan := &Plan{
 		CheckpointID: md.CheckpointID,
@@ -318,16 +338,88 @@ func validateOperator(op *Operator) error {
 	return nil
 }
 
-// hasState reports whether any subtask of op recorded list, keyed or file
-// state.
+// hasState reports whether any subtask of op recorded list, keyed, file or
+// channel state.
 func hasState(op *checkpoint.OperatorState) bool {
 	for i := range op.Subtasks {
 		s := &op.Subtasks[i]
-		if len(s.Lists) > 0 || len(s.KeyGroups) > 0 || len(s.Files) > 0 {
+		if len(s.Lists) > 0 || len(s.KeyGroups) > 0 || len(s.Files) > 0 || s.HasChannelState() {
 			return true
 		}
 	}
 	return false
+}
+
+// channelStateSubtask returns the lowest subtask index of op that holds
+// channel state, or -1.
+func channelStateSubtask(op *checkpoint.OperatorState) int {
+	found := -1
+	for i := range op.Subtasks {
+		if s := &op.Subtasks[i]; s.HasChannelState() && (found < 0 || s.Subtask < found) {
+			found = s.Subtask
+		}
+	}
+	return found
+}
+
+// checkChannelStateRescaling fails if a restored operator changes its
+// parallelism while a restored operator holds channel state (R8). In-flight
+// data cannot be redistributed yet. Not only that of the rescaled operator
+// itself is at stake: output channel state is indexed by the channels of an
+// edge, whose number is the parallelism of the operator downstream, and
+// input channel state by the channels of the gate, whose number follows the
+// parallelism upstream. Assign does not know the edges, so any channel
+// state in the checkpoint forbids any change of parallelism.
+func checkChannelStateRescaling(md *checkpoint.Metadata, byUID map[string]*Operator, where string) error {
+	var rescaled *checkpoint.OperatorState
+	var holder *checkpoint.OperatorState
+	holderSub := -1
+	for i := range md.Operators {
+		old := &md.Operators[i]
+		op, ok := byUID[old.UID]
+		if !ok {
+			continue // not restored (AllowNonRestoredState, or an error later)
+		}
+		sub := channelStateSubtask(old)
+		if old.Parallelism != op.Parallelism {
+			if sub >= 0 {
+				return fmt.Errorf("restore: %s: operator uid %q: its parallelism changes from %d to %d, but its subtask %d "+
+					"holds in-flight data of an unaligned checkpoint (channel state), which cannot be redistributed to "+
+					"another parallelism yet; restore it at parallelism %d, or from an aligned checkpoint or savepoint",
+					where, old.UID, old.Parallelism, op.Parallelism, sub, old.Parallelism)
+			}
+			if rescaled == nil {
+				rescaled = old
+			}
+		}
+		if sub >= 0 && holder == nil {
+			holder, holderSub = old, sub
+		}
+	}
+	if rescaled != nil && holder != nil {
+		return fmt.Errorf("restore: %s: operator uid %q: its parallelism changes from %d to %d, but operator uid %q "+
+			"subtask %d holds in-flight data of an unaligned checkpoint (channel state), whose channels depend on the "+
+			"parallelism of the operators it flows between and which cannot be redistributed yet; restore at the "+
+			"checkpoint's parallelism, or from an aligned checkpoint or savepoint",
+			where, rescaled.UID, rescaled.Parallelism, byUID[rescaled.UID].Parallelism, holder.UID, holderSub)
+	}
+	return nil
+}
+
+// cloneChannelState copies the channel state of s into n (R6, R8): the
+// reference, and the in-memory channel state down to the buffer slices.
+func cloneChannelState(n, s *checkpoint.SubtaskState) {
+	if s.ChannelState != nil {
+		ref := *s.ChannelState
+		n.ChannelState = &ref
+	}
+	if s.Channels != nil {
+		cs := &checkpoint.ChannelState{Channels: slices.Clone(s.Channels.Channels)}
+		for i := range cs.Channels {
+			cs.Channels[i].Buffers = slices.Clone(cs.Channels[i].Buffers)
+		}
+		n.Channels = cs
+	}
 }
 
 // assignOperator adds the new subtask states of one restored operator to
@@ -384,6 +476,16 @@ func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *c
 
 	if err := assignFiles(olds, news, samePar, old.Parallelism, where, op.UID); err != nil {
 		return err
+	}
+	// Channel state stays with its subtask; checkChannelStateRescaling
+	// made sure that the parallelism is unchanged if there is any (R8).
+	for _, s := range olds {
+		switch {
+		case samePar:
+			cloneChannelState(news[s.Subtask], s)
+		case s.HasChannelState(): // unreachable
+			return fmt.Errorf("restore: %s: operator uid %q: channel state at a changed parallelism", where, op.UID)
+		}
 	}
 	for _, s := range news {
 		tasks[checkpoint.TaskID{Operator: op.UID, Subtask: s.Subtask}] = s

@@ -738,10 +738,13 @@ func (c *Coordinator) handleAck(a Ack, now time.Time) {
 	sub.AckTime = now
 	sub.SubtaskMetrics = a.Metrics
 	sub.StateSize = size
+	in, out := st.InFlightBytes()
+	sub.InFlightSize = in + out
 	p.st.Acked = p.nAcked
 	p.st.LatestAck = now
 	p.st.EndToEnd = now.Sub(p.trigger)
 	p.st.StateSize += size
+	p.st.InFlightSize += in + out
 	c.stats.update(&p.st)
 
 	if p.nAcked == len(c.tasks) {

@@ -198,8 +198,22 @@
 // Storage (storage.go) keeps the checkpoints of a job directory: the layout,
 // what "complete" means (durable _metadata and a record in the
 // completed-checkpoint log), the lifecycle of a job directory (Close keeps
-// everything; Discard is the explicit deletion) and the invariants ST1-ST7
+// everything; Discard is the explicit deletion) and the invariants ST1-ST9
 // are documented there, the log format in completedlog.go, and the _metadata
 // format in package checkpoint (format.go, F1-F4). Storage.NextID gives the
 // first id of an execution so that ids never repeat within a job directory.
+//
+// Channel state. The in-flight data of an unaligned checkpoint reaches the
+// master in memory, in each acknowledgement's SubtaskState.Channels, and
+// the runtime never does file IO for it: Storage.Write writes each
+// subtask's channel state to its own file, channels-<uid>-<subtask>, in the
+// checkpoint directory, syncs it and the directory, and only then writes
+// _metadata, which references each file with its size and CRC-32C (ST8);
+// ReadMetadata reads every referenced file back into Channels and checks it
+// against the reference, so a checkpoint is read whole or fails naming the
+// damaged file, which package restore treats as corrupt metadata (ST9). The
+// file format is in package checkpoint (channel.go, F5-F7).
+// Metadata.InFlightBytes and SubtaskState.InFlightBytes give the persisted
+// in-flight bytes per kind for the statistics; SubtaskState.Size and
+// Metadata.StateSize do not count them.
 package snapshot

@@ -47,6 +47,10 @@ type SubtaskStats struct {
 	AckTime time.Time
 	SubtaskMetrics
 	StateSize int64
+	// InFlightSize is the subtask's persisted in-flight data: the payload
+	// bytes of its channel state, input and output channels together
+	// (SubtaskState.InFlightBytes; Flink's "Persisted In-Flight Data").
+	InFlightSize int64
 }
 
 // CheckpointStats are the statistics of one checkpoint or savepoint.
@@ -63,7 +67,11 @@ type CheckpointStats struct {
 	// failed checkpoint.
 	EndToEnd time.Duration
 	// StateSize sums SubtaskState.Size over the acknowledged subtasks.
-	StateSize     int64
+	StateSize int64
+	// InFlightSize sums SubtaskStats.InFlightSize over the acknowledged
+	// subtasks: the checkpoint's persisted in-flight data (channel state),
+	// not counted in StateSize.
+	InFlightSize  int64
 	Acked, Total  int
 	FailureReason string
 	Path          string

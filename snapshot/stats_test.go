@@ -22,6 +22,27 @@ func ack(id int64, op string, i int, at int, size int) Ack {
 	return a
 }
 
+// TestStatsInFlightSize: the channel state of an ack counts as persisted
+// in-flight data, per subtask and per checkpoint, and not as state size.
+func TestStatsInFlightSize(t *testing.T) {
+	c, err := NewCoordinator(testConfig(), 1, epoch, nil)
+	require.NoError(t, err)
+	c.Step(TriggerRequest{Now: ms(0)})
+	a := ack(1, "src", 0, 1, 2)
+	a.State.Channels = &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
+		{Kind: checkpoint.InputChannel, Buffers: [][]byte{make([]byte, 10)}},
+		{Kind: checkpoint.OutputChannel, Buffers: [][]byte{make([]byte, 5), make([]byte, 1)}},
+	}}
+	c.Step(a)
+	c.Step(ack(1, "src", 1, 2, 3))
+	h := c.Stats().History[0]
+	require.Equal(t, int64(16), h.Subtasks[0].InFlightSize)
+	require.Equal(t, int64(2), h.Subtasks[0].StateSize)
+	require.Equal(t, int64(0), h.Subtasks[1].InFlightSize)
+	require.Equal(t, int64(16), h.InFlightSize)
+	require.Equal(t, int64(5), h.StateSize)
+}
+
 // TestStatsCloneIsDeep checks that a published clone does not change when
 // the coordinator goes on, and that changing a clone does not change the
 // original.

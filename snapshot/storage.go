@@ -32,11 +32,17 @@ import (
 //	    taskowned/                state files owned by the tasks; never
 //	                              deleted by Storage
 //	    chk-<N>/                  checkpoint N: its exclusive state files and
-//	        _metadata             the Metadata (see checkpoint/format.go);
-//	                              its presence makes the directory complete
+//	        channels-<uid>-<i>    the channel state (in-flight data of an
+//	                              unaligned checkpoint) of subtask i of the
+//	                              operator with that uid, if it captured any
+//	                              (ST8; checkpoint/channel.go)
+//	        _metadata             the Metadata (see checkpoint/format.go),
+//	                              referencing the channels-* files; its
+//	                              presence makes the directory complete
 //	        _metadata.tmp         only while Write is writing _metadata
-//	    savepoint-<N>/_metadata   savepoint N, if StorageOptions.SavepointDir
-//	                              is empty
+//	    savepoint-<N>/            savepoint N, if StorageOptions.SavepointDir
+//	        _metadata             is empty (and channels-* files, like a
+//	                              checkpoint, for an unaligned savepoint)
 //	<SavepointDir>/savepoint-<N>/_metadata
 //	                              savepoint N otherwise
 //
@@ -44,7 +50,13 @@ import (
 // job that is restarted under the same name finds its checkpoints again. N is
 // the checkpoint id in decimal without leading zeros; directories whose
 // names do not parse that way (chk-5.bak, chk-007) are ignored. State file
-// paths in SubtaskState.Files are relative to the job directory.
+// paths in SubtaskState.Files are relative to the job directory; the
+// channel-state file of SubtaskState.ChannelState is relative to the
+// checkpoint directory (so a savepoint can be moved). <uid> is the operator
+// uid escaped by checkpoint.ChannelStateFileName (safe on every filesystem,
+// distinct uids never collide, also where case is ignored); the prefix
+// "channels-" is reserved for these files in checkpoint and savepoint
+// directories.
 //
 // What "complete" means. Write(md) makes checkpoint N complete in two
 // durable steps: it writes chk-N/_metadata (ST1, ST2), then appends N's
@@ -94,8 +106,9 @@ import (
 //     _metadata.tmp and _completed.tmp files and incomplete chk-N
 //     directories (checkpoints that were aborted, interrupted by a crash or
 //     partly deleted: none of them can be restored; the NextID of this
-//     Storage still counts their ids). It never touches SavepointDir, which
-//     jobs may share.
+//     Storage still counts their ids), and the channel-state files of
+//     incomplete savepoint-N directories of the job directory (ST8). It
+//     never touches SavepointDir, which jobs may share.
 //   - ST6: the completed-checkpoint log holds a record for every checkpoint
 //     and savepoint whose Write returned nil (until compaction drops old
 //     ones: above 1024 records it is rewritten with the 64 of highest id),
@@ -109,10 +122,39 @@ import (
 //     sync, the log append), Write removes _metadata again, syncs the
 //     removal, and returns the error: the checkpoint is not complete. If
 //     that removal fails too, the error wraps ErrIndeterminate.
+//   - ST8: channel state is written before the metadata that references
+//     it. Write writes the channel state of every subtask whose
+//     SubtaskState.Channels holds at least one buffer to its own file in the
+//     checkpoint directory, syncs each file and then the directory, and
+//     only then writes _metadata (ST1), whose SubtaskState.ChannelState
+//     names each file with its size, CRC-32C and byte counts. So every
+//     _metadata, also one a crash left, references only complete, durable
+//     files, and ST1, ST2 and ST7 hold for the checkpoint with its channel
+//     state. Channels without a buffer get no file (a nil ChannelState); a
+//     ChannelState without Channels fails Write (ErrInvalid). Write does not
+//     modify the Metadata it is given. A Write that fails before the
+//     checkpoint is complete removes the channel-state files it wrote (best
+//     effort; never after ErrIndeterminate) and those a failed Write of the
+//     same id left; OpenStorage removes those of interrupted writes with the
+//     incomplete chk-N directory (ST5), or from an incomplete savepoint-N
+//     directory in the job directory. Leftovers in an incomplete
+//     savepoint-N directory of SavepointDir stay (ST5); no later id uses it.
+//   - ST9: ReadMetadata returns a checkpoint only with all of its channel
+//     state (SubtaskState.Channels set from the files): each referenced file
+//     is read and its size, CRC-32C, encoding and byte counts are checked
+//     against _metadata (checkpoint F7). A missing, truncated, damaged or
+//     mismatching file fails ReadMetadata with a *ReadError naming the
+//     file's path and the checkpoint, wrapping checkpoint.ErrCorrupt, so that
+//     package restore treats it exactly as corrupt metadata (R5, R7).
 //
 // Differences from Flink: savepoint directories are savepoint-<N>, not
 // savepoint-<job-id prefix>-<random>, so two jobs writing savepoint N into one
-// shared SavepointDir collide (the second Write fails). Storage does not
+// shared SavepointDir collide (the second Write fails). Channel state is
+// one file per subtask in the checkpoint directory, not Flink's
+// per-subtask state handles in shared files (file merging), and it is
+// written by Write from the acknowledged in-memory state, not by the tasks
+// while they run: the master holds a checkpoint's in-flight data in memory
+// until it is written. Storage does not
 // garbage-collect shared/ (there is no shared-state registry yet);
 // retention and Discard remove chk-N directories only. Flink's
 // completed-checkpoint store lives in the HA services (ZooKeeper or
@@ -257,8 +299,10 @@ func (s *Storage) FS() vfs.FS { return s.fs }
 func (s *Storage) LogPath() string { return s.fs.PathJoin(s.jobDir, CompletedLogName) }
 
 // Write writes md as checkpoint md.CheckpointID (directory chk-N), or as
-// savepoint N (savepoint-N) if md.Options.Kind is marker.Savepoint, records
-// it in the completed-checkpoint log, and returns the directory. A nil error
+// savepoint N (savepoint-N) if md.Options.Kind is marker.Savepoint, with
+// the channel state of its subtasks (SubtaskState.Channels) in files of
+// that directory written first (ST8), records it in the completed-
+// checkpoint log, and returns the directory. A nil error
 // means the checkpoint is complete: its metadata is durable and it is
 // logged (ST1, ST2, ST6); only then may it be reported complete. An error
 // means it is not, unless the error wraps ErrIndeterminate (ST7). Write
@@ -282,7 +326,11 @@ func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 		return "", fmt.Errorf("snapshot: write %s %d: metadata is for job %s, storage %s is for job %s",
 			kind, id, md.JobID, s.jobDir, s.jobID)
 	}
-	b, err := checkpoint.EncodeMetadata(md)
+	written, files, err := channelStateFiles(md)
+	if err != nil {
+		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
+	}
+	b, err := checkpoint.EncodeMetadata(written)
 	if err != nil {
 		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
 	}
@@ -303,7 +351,7 @@ func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 		parent, prefix = s.savepointDir, SavepointDirPrefix
 	}
 	dir := s.fs.PathJoin(parent, prefix+strconv.FormatInt(id, 10))
-	if err := writeMetadataDir(s.fs, parent, dir, b); err != nil {
+	if err := writeMetadataDir(s.fs, parent, dir, b, files); err != nil {
 		return "", fmt.Errorf("snapshot: write %s %d to %s: %w", kind, id, dir, err)
 	}
 	ref := CompletedRef{ID: id, Kind: kind, Stop: md.Options.Stop, Path: dir,
@@ -321,6 +369,7 @@ func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 			return "", fmt.Errorf("snapshot: write %s %d to %s: append to %s: %v; removing its _metadata failed too: %v: %w",
 				kind, id, dir, s.LogPath(), err, uerr, ErrIndeterminate)
 		}
+		removeChannelFiles(s.fs, dir, files)
 		return "", fmt.Errorf("snapshot: write %s %d to %s: append to %s: %w", kind, id, dir, s.LogPath(), err)
 	}
 	if kind == marker.Checkpoint {
@@ -473,9 +522,16 @@ func (e *ReadError) Error() string { return "snapshot: read " + e.Path + ": " + 
 // Unwrap returns the cause.
 func (e *ReadError) Unwrap() error { return e.Err }
 
-// ReadMetadata reads and decodes the metadata of a checkpoint or savepoint.
-// path is either its directory or its _metadata file. Errors are *ReadError
-// naming the path and wrap the DecodeMetadata sentinels or the IO error.
+// ReadMetadata reads and decodes the metadata of a checkpoint or savepoint,
+// and then every channel-state file it references (ST9), setting
+// SubtaskState.Channels. path is either its directory or its _metadata
+// file. Errors are *ReadError naming the path of the file that failed
+// (_metadata or a channel-state file) and wrap the DecodeMetadata sentinels
+// or the IO error. The error for a channel-state file also names the
+// checkpoint, operator and subtask, and wraps checkpoint.ErrCorrupt
+// (checkpoint.ErrCorruptChannelState) when the file is missing (then also
+// os.ErrNotExist), has another size or checksum than _metadata says, or
+// does not decode; other IO errors are returned as they are.
 func ReadMetadata(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 	if fs == nil {
 		fs = vfs.Default
@@ -484,8 +540,11 @@ func ReadMetadata(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 	if err != nil {
 		return nil, &ReadError{Path: path, Err: err}
 	}
+	dir := path
 	if fi.IsDir() {
 		path = fs.PathJoin(path, MetadataFileName)
+	} else {
+		dir = fs.PathDir(path)
 	}
 	b, err := readWholeFile(fs, path)
 	if err != nil {
@@ -495,7 +554,64 @@ func ReadMetadata(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 	if err != nil {
 		return nil, &ReadError{Path: path, Err: err}
 	}
+	for i := range md.Operators {
+		op := &md.Operators[i]
+		for j := range op.Subtasks {
+			st := &op.Subtasks[j]
+			if st.ChannelState == nil {
+				continue
+			}
+			file := fs.PathJoin(dir, st.ChannelState.File)
+			cs, err := readChannelState(fs, file, st.ChannelState)
+			if err != nil {
+				return nil, &ReadError{Path: file, Err: fmt.Errorf("channel state of %s %d, operator %q subtask %d: %w",
+					md.Options.Kind, md.CheckpointID, op.UID, st.Subtask, err)}
+			}
+			st.Channels = cs
+		}
+	}
 	return md, nil
+}
+
+// readChannelState reads the channel-state file name and checks it against
+// its reference (F7).
+func readChannelState(fs vfs.FS, name string, ref *checkpoint.ChannelStateRef) (*checkpoint.ChannelState, error) {
+	f, err := fs.Open(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: the file is missing: %w", checkpoint.ErrCorruptChannelState, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() != ref.Size {
+		return nil, fmt.Errorf("%w: the file has %d bytes, the metadata says %d", checkpoint.ErrCorruptChannelState, fi.Size(), ref.Size)
+	}
+	// Read at most one byte more than expected, whatever the file grew to.
+	b, err := io.ReadAll(io.LimitReader(f, ref.Size+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) != ref.Size {
+		return nil, fmt.Errorf("%w: read %d bytes, the metadata says %d", checkpoint.ErrCorruptChannelState, len(b), ref.Size)
+	}
+	if crc := checkpoint.ChannelStateChecksum(b); crc != ref.CRC {
+		return nil, fmt.Errorf("%w: the file's checksum is 0x%08x, the metadata says 0x%08x",
+			checkpoint.ErrCorruptChannelState, crc, ref.CRC)
+	}
+	cs, err := checkpoint.DecodeChannelState(b)
+	if err != nil {
+		return nil, err
+	}
+	if in, out := cs.Bytes(); in != ref.InputBytes || out != ref.OutputBytes {
+		return nil, fmt.Errorf("%w: the file holds %d input and %d output bytes, the metadata says %d and %d",
+			checkpoint.ErrCorruptChannelState, in, out, ref.InputBytes, ref.OutputBytes)
+	}
+	return cs, nil
 }
 
 func readWholeFile(fs vfs.FS, path string) ([]byte, error) {
@@ -726,13 +842,21 @@ func (s *Storage) cleanUp() error {
 		if err != nil {
 			return err
 		}
+		removed := false
+		if sp && !complete {
+			// An interrupted savepoint: its directory stays, the channel
+			// state it had written goes (ST8).
+			if removed, err = removeLeftoverChannelFiles(s.fs, dir); err != nil {
+				return err
+			}
+		}
 		if chk && !complete {
 			if err := s.fs.RemoveAll(dir); err != nil {
 				return fmt.Errorf("remove incomplete %s: %w", dir, err)
 			}
 			s.maxID = max(s.maxID, id)
 			syncJobDir = true
-		} else if hasTmp {
+		} else if hasTmp || removed {
 			if err := syncDirectory(s.fs, dir); err != nil {
 				return err
 			}
@@ -744,9 +868,140 @@ func (s *Storage) cleanUp() error {
 	return nil
 }
 
-// writeMetadataDir writes b as dir/_metadata, creating dir in parent, with
-// the protocol of ST1, ST2 and ST7.
-func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte) error {
+// channelFile is a channel-state file to write into a checkpoint
+// directory: its name and encoding.
+type channelFile struct {
+	name string
+	data []byte
+}
+
+// channelStateFiles returns the metadata that Write writes for md and the
+// channel-state files that go with it (ST8). The channel state of a subtask
+// is SubtaskState.Channels: a subtask whose Channels hold at least one
+// buffer gets a file, and its ChannelState in the returned metadata names
+// it; one whose Channels hold no buffer gets none, and a nil ChannelState.
+// A ChannelState without Channels is an error: Write cannot vouch for a
+// file it does not write. md itself is not modified: the result shares
+// everything with it but the slices it changes.
+func channelStateFiles(md *checkpoint.Metadata) (*checkpoint.Metadata, []channelFile, error) {
+	written := md
+	var files []channelFile
+	for i := range md.Operators {
+		op := &md.Operators[i]
+		cloned := false
+		for j := range op.Subtasks {
+			st := &op.Subtasks[j]
+			var ref *checkpoint.ChannelStateRef
+			switch {
+			case st.Channels != nil:
+				if !hasBuffers(st.Channels) {
+					break
+				}
+				name := checkpoint.ChannelStateFileName(op.UID, st.Subtask)
+				b, err := checkpoint.EncodeChannelState(st.Channels)
+				if err != nil {
+					return nil, nil, fmt.Errorf("operator %q subtask %d: %w", op.UID, st.Subtask, err)
+				}
+				files = append(files, channelFile{name: name, data: b})
+				ref = checkpoint.NewChannelStateRef(name, b, st.Channels)
+			case st.Channels == nil && st.ChannelState != nil:
+				return nil, nil, fmt.Errorf("%w: operator %q subtask %d: channel-state reference %q without the channel state (Channels)",
+					checkpoint.ErrInvalid, op.UID, st.Subtask, st.ChannelState.File)
+			}
+			if ref == nil && st.ChannelState == nil {
+				continue
+			}
+			if written == md {
+				cp := *md
+				cp.Operators = slices.Clone(md.Operators)
+				written = &cp
+			}
+			if !cloned {
+				written.Operators[i].Subtasks = slices.Clone(op.Subtasks)
+				cloned = true
+			}
+			written.Operators[i].Subtasks[j].ChannelState = ref
+		}
+	}
+	return written, files, nil
+}
+
+func hasBuffers(cs *checkpoint.ChannelState) bool {
+	for i := range cs.Channels {
+		if len(cs.Channels[i].Buffers) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// writeChannelFiles writes files into dir, each synced, after removing
+// channel-state files that an earlier, failed Write of the same id left
+// behind, and then syncs dir, so that every file and its directory entry is
+// durable before _metadata is written (ST8). If it fails, it removes what
+// it wrote (best effort: the directory is incomplete either way, ST5).
+func writeChannelFiles(fs vfs.FS, dir string, files []channelFile) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if strings.HasPrefix(name, checkpoint.ChannelStateFilePrefix) &&
+			!slices.ContainsFunc(files, func(f channelFile) bool { return f.name == name }) {
+			if err := removeIfExists(fs, fs.PathJoin(dir, name)); err != nil {
+				return fmt.Errorf("remove leftover channel state: %w", err)
+			}
+		}
+	}
+	if len(files) == 0 {
+		return nil
+	}
+	for i, f := range files {
+		name := fs.PathJoin(dir, f.name)
+		if err := writeFileSynced(fs, name, f.data); err != nil {
+			removeChannelFiles(fs, dir, files[:i+1])
+			return fmt.Errorf("write channel state %s: %w", name, err)
+		}
+	}
+	if err := syncDirectory(fs, dir); err != nil {
+		removeChannelFiles(fs, dir, files)
+		return err
+	}
+	return nil
+}
+
+// removeChannelFiles removes files from dir, ignoring errors: it cleans up
+// after a failed Write, whose directory is incomplete and removed by the
+// next OpenStorage anyway (ST5).
+func removeChannelFiles(fs vfs.FS, dir string, files []channelFile) {
+	for _, f := range files {
+		_ = fs.Remove(fs.PathJoin(dir, f.name))
+	}
+}
+
+// removeLeftoverChannelFiles removes the channel-state files from dir, an
+// incomplete savepoint directory, and reports whether there were any.
+func removeLeftoverChannelFiles(fs vfs.FS, dir string) (bool, error) {
+	names, err := fs.List(dir)
+	if err != nil {
+		return false, err
+	}
+	removed := false
+	for _, name := range names {
+		if strings.HasPrefix(name, checkpoint.ChannelStateFilePrefix) {
+			if err := fs.Remove(fs.PathJoin(dir, name)); err != nil {
+				return removed, fmt.Errorf("remove leftover %s: %w", fs.PathJoin(dir, name), err)
+			}
+			removed = true
+		}
+	}
+	return removed, nil
+}
+
+// writeMetadataDir writes the channel-state files and then b as
+// dir/_metadata, creating dir in parent, with the protocol of ST1, ST2, ST7
+// and ST8.
+func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte, files []channelFile) error {
 	if err := mkdirAllSynced(fs, parent); err != nil {
 		return err
 	}
@@ -764,13 +1019,18 @@ func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte) error {
 	if err := syncDirectory(fs, parent); err != nil {
 		return err
 	}
+	if err := writeChannelFiles(fs, dir, files); err != nil {
+		return err
+	}
 	tmp := fs.PathJoin(dir, metadataTempName)
 	if err := writeFileSynced(fs, tmp, b); err != nil {
 		_ = fs.Remove(tmp) // best effort; OpenStorage removes leftovers
+		removeChannelFiles(fs, dir, files)
 		return err
 	}
 	if err := fs.Rename(tmp, final); err != nil {
 		_ = fs.Remove(tmp)
+		removeChannelFiles(fs, dir, files)
 		return err
 	}
 	if err := syncDirectory(fs, dir); err != nil {
@@ -779,6 +1039,7 @@ func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte) error {
 		if uerr := removeMetadata(fs, dir); uerr != nil {
 			return fmt.Errorf("%w; removing %s failed too: %v: %w", err, final, uerr, ErrIndeterminate)
 		}
+		removeChannelFiles(fs, dir, files)
 		return err
 	}
 	return nil

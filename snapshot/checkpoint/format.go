@@ -26,6 +26,9 @@ import (
 //	20      n     payload: the Metadata, msgpack-encoded
 //	20+n    4     CRC-32C of bytes [0, 20+n), big-endian
 //
+// Channel-state files (channel.go) use the same frame with their own magic
+// and version; the code that frames and checks it is shared (frameFormat).
+//
 // Invariants:
 //
 //   - F1: the 20-byte header (magic, version, length, header CRC) is the same
@@ -61,33 +64,42 @@ const (
 
 var (
 	// ErrCorrupt is wrapped by decode errors for damaged or truncated
-	// metadata: bad magic, checksum mismatch, truncation, trailing bytes, or a
-	// payload that is not a valid encoding.
+	// metadata or channel-state files: bad magic, checksum mismatch,
+	// truncation, trailing bytes, or a payload that is not a valid encoding.
 	ErrCorrupt = errors.New("checkpoint: corrupt metadata")
-	// ErrTruncated is wrapped by decode errors for metadata shorter than its
-	// header says. errors.Is(ErrTruncated, ErrCorrupt) holds.
+	// ErrTruncated is wrapped by decode errors for metadata or channel state
+	// shorter than its header says. errors.Is(ErrTruncated, ErrCorrupt)
+	// holds.
 	ErrTruncated error = &subSentinel{msg: "checkpoint: truncated metadata", parent: ErrCorrupt}
 	// ErrUnsupportedVersion is wrapped by decode errors for intact metadata
-	// written in a format version this build does not read.
+	// or channel state written in a format version this build does not read.
 	ErrUnsupportedVersion = errors.New("checkpoint: unsupported metadata format version")
-	// ErrInvalid is wrapped by errors for metadata that is intact but
-	// inconsistent (see ValidateMetadata).
+	// ErrInvalid is wrapped by errors for metadata or channel state that is
+	// intact but inconsistent (see ValidateMetadata, ValidateChannelState).
 	ErrInvalid = errors.New("checkpoint: invalid metadata")
 )
 
-// subSentinel is a sentinel error that is also a case of a broader one.
+// subSentinel is a sentinel error that is also a case of a broader one
+// (parent), and optionally of a second one (also).
 type subSentinel struct {
-	msg    string
-	parent error
+	msg          string
+	parent, also error
 }
 
 func (e *subSentinel) Error() string { return e.msg }
-func (e *subSentinel) Unwrap() error { return e.parent }
+func (e *subSentinel) Unwrap() []error {
+	if e.also == nil {
+		return []error{e.parent}
+	}
+	return []error{e.parent, e.also}
+}
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // EncodeMetadata returns the _metadata encoding of md. It fails, wrapping
-// ErrInvalid, if md does not pass ValidateMetadata (F2).
+// ErrInvalid, if md does not pass ValidateMetadata (F2). The in-memory
+// channel state (SubtaskState.Channels) is not part of it: only the
+// references to its files are (see EncodeChannelState).
 func EncodeMetadata(md *Metadata) ([]byte, error) {
 	if err := ValidateMetadata(md); err != nil {
 		return nil, err
@@ -96,28 +108,17 @@ func EncodeMetadata(md *Metadata) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: encode checkpoint %d: %w", md.CheckpointID, err)
 	}
-	b := make([]byte, metadataHeaderLen, metadataMinLen+len(payload))
-	copy(b, metadataMagic)
-	binary.BigEndian.PutUint32(b[4:8], FormatVersion)
-	binary.BigEndian.PutUint64(b[8:16], uint64(len(payload)))
-	binary.BigEndian.PutUint32(b[16:20], crc32.Checksum(b[:16], castagnoli))
-	b = append(b, payload...)
-	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
+	return metadataFrame.frame(payload), nil
 }
 
 // DecodeMetadata decodes and validates a _metadata encoding. Errors wrap
 // ErrCorrupt, ErrUnsupportedVersion or ErrInvalid and say what is wrong.
+// The channel state it references is not read: SubtaskState.Channels stays
+// nil (snapshot.ReadMetadata reads the files).
 func DecodeMetadata(b []byte) (*Metadata, error) {
-	payload, err := unframeMetadata(b)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkMsgpackBounds(payload); err != nil {
-		return nil, fmt.Errorf("%w: payload: %v", ErrCorrupt, err)
-	}
 	md := new(Metadata)
-	if err := msgpack.Unmarshal(payload, md); err != nil {
-		return nil, fmt.Errorf("%w: payload: %v", ErrCorrupt, err)
+	if err := metadataFrame.decode(b, md); err != nil {
+		return nil, err
 	}
 	canonicalizeMetadata(md)
 	if err := ValidateMetadata(md); err != nil {
@@ -126,37 +127,84 @@ func DecodeMetadata(b []byte) (*Metadata, error) {
 	return md, nil
 }
 
-// unframeMetadata checks the frame around the payload (magic, header CRC,
-// version, length, CRC) and returns the payload.
-func unframeMetadata(b []byte) ([]byte, error) {
-	n := min(len(b), len(metadataMagic))
-	if string(b[:n]) != metadataMagic[:n] {
-		return nil, fmt.Errorf("%w: bad magic %q (want %q)", ErrCorrupt, b[:n], metadataMagic)
+// frameFormat describes one framed file format: the _metadata file or a
+// channel-state file. Both share the frame layout and its checks (F1, F4);
+// they differ in magic, version and the sentinels their errors wrap.
+type frameFormat struct {
+	magic   string
+	version uint32
+	// corrupt, truncated and unsupported are wrapped by the errors for a
+	// damaged file, a file shorter than its header says (a case of corrupt)
+	// and an intact file of another version.
+	corrupt, truncated, unsupported error
+}
+
+var metadataFrame = frameFormat{
+	magic:       metadataMagic,
+	version:     FormatVersion,
+	corrupt:     ErrCorrupt,
+	truncated:   ErrTruncated,
+	unsupported: ErrUnsupportedVersion,
+}
+
+// frame returns payload in a frame of format f.
+func (f *frameFormat) frame(payload []byte) []byte {
+	b := make([]byte, metadataHeaderLen, metadataMinLen+len(payload))
+	copy(b, f.magic)
+	binary.BigEndian.PutUint32(b[4:8], f.version)
+	binary.BigEndian.PutUint64(b[8:16], uint64(len(payload)))
+	binary.BigEndian.PutUint32(b[16:20], crc32.Checksum(b[:16], castagnoli))
+	b = append(b, payload...)
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// decode unframes b and decodes its msgpack payload into v, checking the
+// payload's bounds first (F4).
+func (f *frameFormat) decode(b []byte, v any) error {
+	payload, err := f.unframe(b)
+	if err != nil {
+		return err
+	}
+	if err := checkMsgpackBounds(payload); err != nil {
+		return fmt.Errorf("%w: payload: %v", f.corrupt, err)
+	}
+	if err := msgpack.Unmarshal(payload, v); err != nil {
+		return fmt.Errorf("%w: payload: %v", f.corrupt, err)
+	}
+	return nil
+}
+
+// unframe checks the frame around the payload (magic, header CRC, version,
+// length, CRC) and returns the payload.
+func (f *frameFormat) unframe(b []byte) ([]byte, error) {
+	n := min(len(b), len(f.magic))
+	if string(b[:n]) != f.magic[:n] {
+		return nil, fmt.Errorf("%w: bad magic %q (want %q)", f.corrupt, b[:n], f.magic)
 	}
 	if len(b) < metadataHeaderLen {
-		return nil, fmt.Errorf("%w: want at least %d bytes, have %d", ErrTruncated, metadataMinLen, len(b))
+		return nil, fmt.Errorf("%w: want at least %d bytes, have %d", f.truncated, metadataMinLen, len(b))
 	}
 	if stored, computed := binary.BigEndian.Uint32(b[16:20]), crc32.Checksum(b[:16], castagnoli); stored != computed {
-		return nil, fmt.Errorf("%w: header checksum mismatch (stored 0x%08x, computed 0x%08x)", ErrCorrupt, stored, computed)
+		return nil, fmt.Errorf("%w: header checksum mismatch (stored 0x%08x, computed 0x%08x)", f.corrupt, stored, computed)
 	}
-	if v := binary.BigEndian.Uint32(b[4:8]); v != FormatVersion {
-		return nil, fmt.Errorf("%w %d (this build reads version %d)", ErrUnsupportedVersion, v, FormatVersion)
+	if v := binary.BigEndian.Uint32(b[4:8]); v != f.version {
+		return nil, fmt.Errorf("%w %d (this build reads version %d)", f.unsupported, v, f.version)
 	}
 	plen := binary.BigEndian.Uint64(b[8:16])
 	if plen > math.MaxInt64-metadataMinLen {
-		return nil, fmt.Errorf("%w: payload length %d out of range", ErrCorrupt, plen)
+		return nil, fmt.Errorf("%w: payload length %d out of range", f.corrupt, plen)
 	}
 	have, want := uint64(len(b)), plen+metadataMinLen
 	if have < want {
-		return nil, fmt.Errorf("%w: want %d bytes, have %d", ErrTruncated, want, have)
+		return nil, fmt.Errorf("%w: want %d bytes, have %d", f.truncated, want, have)
 	}
 	if have > want {
 		return nil, fmt.Errorf("%w: %d trailing bytes after the checksum (want %d bytes, have %d)",
-			ErrCorrupt, have-want, want, have)
+			f.corrupt, have-want, want, have)
 	}
 	end := metadataHeaderLen + int(plen)
 	if stored, computed := binary.BigEndian.Uint32(b[end:]), crc32.Checksum(b[:end], castagnoli); stored != computed {
-		return nil, fmt.Errorf("%w: checksum mismatch (stored 0x%08x, computed 0x%08x)", ErrCorrupt, stored, computed)
+		return nil, fmt.Errorf("%w: checksum mismatch (stored 0x%08x, computed 0x%08x)", f.corrupt, stored, computed)
 	}
 	return b[metadataHeaderLen:end], nil
 }
@@ -194,7 +242,10 @@ func canonicalizeMetadata(md *Metadata) {
 //   - key-group state lies inside its subtask's range and names its state;
 //   - list-state names are non-empty, unique within a subtask, and have one
 //     Distribution per operator;
-//   - state files are clean paths relative to the job directory.
+//   - state files are clean paths relative to the job directory;
+//   - channel-state references are valid and name distinct files (F6), and
+//     in-memory channel state (SubtaskState.Channels), where set, passes
+//     ValidateChannelState.
 func ValidateMetadata(md *Metadata) error {
 	if md == nil {
 		return fmt.Errorf("%w: nil", ErrInvalid)
@@ -213,6 +264,7 @@ func ValidateMetadata(md *Metadata) error {
 			ErrInvalid, md.CheckpointID, md.Options.Kind)
 	}
 	seen := make(map[string]struct{}, len(md.Operators))
+	files := make(map[string]TaskID) // channel-state files by lower-case name
 	for i := range md.Operators {
 		op := &md.Operators[i]
 		if op.UID == "" {
@@ -222,14 +274,14 @@ func ValidateMetadata(md *Metadata) error {
 			return fmt.Errorf("%w: operator %q appears twice", ErrInvalid, op.UID)
 		}
 		seen[op.UID] = struct{}{}
-		if err := validateOperatorState(op); err != nil {
+		if err := validateOperatorState(op, files); err != nil {
 			return fmt.Errorf("%w: %v", ErrInvalid, err)
 		}
 	}
 	return nil
 }
 
-func validateOperatorState(op *OperatorState) error {
+func validateOperatorState(op *OperatorState, files map[string]TaskID) error {
 	if op.Parallelism < 1 || op.Parallelism > keygroup.UpperMaxParallelism {
 		return fmt.Errorf("operator %q: parallelism %d out of range (1..%d)",
 			op.UID, op.Parallelism, keygroup.UpperMaxParallelism)
@@ -309,6 +361,22 @@ func validateOperatorState(op *OperatorState) error {
 			if !validStateFile(f) {
 				return fmt.Errorf("operator %q subtask %d: state file %q is not a clean path relative to the job directory",
 					op.UID, s.Subtask, f)
+			}
+		}
+		if r := s.ChannelState; r != nil {
+			if err := validateChannelStateRef(r); err != nil {
+				return fmt.Errorf("operator %q subtask %d: %v", op.UID, s.Subtask, err)
+			}
+			folded := strings.ToLower(r.File)
+			if other, dup := files[folded]; dup {
+				return fmt.Errorf("operator %q subtask %d: channel-state file %q is also that of operator %q subtask %d",
+					op.UID, s.Subtask, r.File, other.Operator, other.Subtask)
+			}
+			files[folded] = TaskID{Operator: op.UID, Subtask: s.Subtask}
+		}
+		if s.Channels != nil {
+			if err := ValidateChannelState(s.Channels); err != nil {
+				return fmt.Errorf("operator %q subtask %d: %v", op.UID, s.Subtask, err)
 			}
 		}
 	}

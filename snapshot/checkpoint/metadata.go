@@ -63,9 +63,20 @@ type SubtaskState struct {
 	// Files are paths, relative to the job directory, of state files this
 	// subtask wrote (in chk-N/, shared/ or taskowned/). Empty for inline state.
 	Files []string `msgpack:"files,omitempty"`
+	// ChannelState names the subtask's channel-state file (unaligned
+	// checkpoints); nil if it captured none. snapshot.Storage.Write sets it
+	// in the metadata it writes.
+	ChannelState *ChannelStateRef `msgpack:"channelState,omitempty"`
+	// Channels is the channel state itself, in memory only: set by the
+	// runtime in its acknowledgement (snapshot.Storage.Write writes it to the
+	// file ChannelState names) and by snapshot.ReadMetadata when it reads a
+	// checkpoint (from that file). DecodeMetadata leaves it nil.
+	Channels *ChannelState `msgpack:"-"`
 }
 
-// Size is the approximate number of state bytes held by s.
+// Size is the approximate number of state bytes held by s: list and keyed
+// state. Channel state is not counted; it is reported on its own
+// (InFlightBytes).
 func (s *SubtaskState) Size() int64 {
 	var n int64
 	for _, l := range s.Lists {
@@ -79,6 +90,25 @@ func (s *SubtaskState) Size() int64 {
 		}
 	}
 	return n
+}
+
+// InFlightBytes returns the payload bytes of the subtask's channel state
+// (persisted in-flight data), per kind: from Channels if set, else from the
+// ChannelState reference; zero without channel state.
+func (s *SubtaskState) InFlightBytes() (input, output int64) {
+	switch {
+	case s.Channels != nil:
+		return s.Channels.Bytes()
+	case s.ChannelState != nil:
+		return s.ChannelState.InputBytes, s.ChannelState.OutputBytes
+	}
+	return 0, 0
+}
+
+// HasChannelState reports whether s holds channel state: a reference to a
+// channel-state file, or in-memory channel state with at least one buffer.
+func (s *SubtaskState) HasChannelState() bool {
+	return s.ChannelState != nil || s.Channels.buffers() > 0
 }
 
 // OperatorState is the state of all subtasks of one operator, matched by uid
@@ -118,7 +148,21 @@ func (m *Metadata) Operator(uid string) *OperatorState {
 	return nil
 }
 
-// StateSize is the approximate number of state bytes in the checkpoint.
+// InFlightBytes is the payload bytes of the checkpoint's channel state
+// (SubtaskState.InFlightBytes summed over all subtasks).
+func (m *Metadata) InFlightBytes() (input, output int64) {
+	for i := range m.Operators {
+		for j := range m.Operators[i].Subtasks {
+			in, out := m.Operators[i].Subtasks[j].InFlightBytes()
+			input += in
+			output += out
+		}
+	}
+	return input, output
+}
+
+// StateSize is the approximate number of state bytes in the checkpoint,
+// without channel state (see InFlightBytes).
 func (m *Metadata) StateSize() int64 {
 	var n int64
 	for i := range m.Operators {
