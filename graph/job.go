@@ -17,9 +17,17 @@ import (
 type CheckpointConfig struct {
 	// Interval between periodic checkpoints; 0 disables them.
 	Interval time.Duration
-	// Mode is the barrier mode: marker.Aligned (exactly-once, the default)
-	// or marker.AtLeastOnce.
+	// Mode is the barrier mode: marker.Aligned (exactly-once, the default),
+	// marker.Unaligned (exactly-once; barriers overtake in-flight data,
+	// which is persisted as channel state) or marker.AtLeastOnce.
+	// Savepoints are always aligned.
 	Mode marker.Mode
+	// AlignedTimeout, with Mode marker.Aligned and > 0, starts every
+	// checkpoint aligned and switches it to unaligned at each subtask
+	// whose alignment has not finished AlignedTimeout after the checkpoint
+	// was triggered (Flink's execution.checkpointing.aligned-checkpoint-
+	// timeout). Unaligned from the start is Mode marker.Unaligned.
+	AlignedTimeout time.Duration
 	// Timeout after which a pending checkpoint expires (default 10m).
 	Timeout time.Duration
 	// MinPause is the least time between the completion of one checkpoint
@@ -178,8 +186,11 @@ func (j *Job) Validate() error {
 	if c.Checkpoint.Interval > 0 && c.Checkpoint.Dir == "" {
 		add("graph: checkpointing is enabled (interval %v) but Checkpoint.Dir is empty", c.Checkpoint.Interval)
 	}
-	if c.Checkpoint.Mode == marker.Unaligned {
-		add("graph: unaligned checkpoints are not supported yet; use aligned or at-least-once")
+	if c.Checkpoint.AlignedTimeout < 0 {
+		add("graph: aligned checkpoint timeout %v must not be negative", c.Checkpoint.AlignedTimeout)
+	}
+	if c.Checkpoint.AlignedTimeout > 0 && c.Checkpoint.Mode != marker.Aligned {
+		add("graph: an aligned checkpoint timeout (%v) needs Mode aligned, not %s", c.Checkpoint.AlignedTimeout, c.Checkpoint.Mode)
 	}
 	if c.Restore.Latest && c.Checkpoint.Dir == "" {
 		add("graph: Restore.Latest needs Checkpoint.Dir")

@@ -628,6 +628,12 @@ func (nopEmitter) Err() error                        { return nil }
 
 func (nopEmitter) Pending() bool { return false }
 
+func (nopEmitter) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)) error { return nil }
+
+func (nopEmitter) RestoreChannel(_ context.Context, edge, ch int, _ [][]byte, where string) error {
+	return fmt.Errorf("graph: %s: output channel state (edge %d, channel %d) for an operator without outputs", where, edge, ch)
+}
+
 // nilFunction is the error of an operator whose factory returned nil: it
 // fails the subtask's Open, before any record, and no restart can cure it.
 func nilFunction(v *vertex) error {

@@ -56,6 +56,10 @@ type Config struct {
 	// Mode is the barrier mode of checkpoints (savepoints are never
 	// unaligned, C9).
 	Mode marker.Mode
+	// AlignedTimeout goes into the options of every checkpoint with Mode
+	// Aligned (savepoints align without a timeout): see
+	// marker.Options.AlignedTimeout.
+	AlignedTimeout time.Duration
 	// Operators of the job in a fixed order, which is also the order of
 	// Metadata.Operators.
 	Operators []OperatorInfo
@@ -182,6 +186,13 @@ type SubtaskMetrics struct {
 	// AlignmentDuration is the time between the first and the last barrier
 	// at the subtask; StartDelay is the time from trigger to first barrier.
 	AlignmentDuration, StartDelay time.Duration
+	// PersistedBytes is the in-flight data the subtask persisted as channel
+	// state (unaligned checkpoints; Flink's "persisted in-flight data"),
+	// reported with every member's ack. Unaligned says the checkpoint was
+	// unaligned at the subtask, Switched that it started aligned and
+	// switched at an alignment timeout.
+	PersistedBytes      int64
+	Unaligned, Switched bool
 }
 
 // Ack is a subtask's acknowledgement of checkpoint ID with its state.
@@ -684,6 +695,9 @@ func (c *Coordinator) trigger(kind marker.Kind, stop bool, now time.Time, reply 
 	opts := marker.Options{Kind: kind, Mode: c.cfg.Mode, Stop: stop}
 	if kind == marker.Savepoint && opts.Mode == marker.Unaligned {
 		opts.Mode = marker.Aligned // C9
+	}
+	if kind == marker.Checkpoint && opts.Mode == marker.Aligned {
+		opts.AlignedTimeout = c.cfg.AlignedTimeout
 	}
 	if stop {
 		c.stopPending = id // C12
