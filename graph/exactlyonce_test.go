@@ -79,14 +79,21 @@ func (r *runningSum) Process(ctx *graph.KeyedContext[int64], in rec, o graph.Col
 // read by subtask i%2 and has key i%100), so every key's records arrive in
 // source order and the output is deterministic.
 func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode marker.Mode, noChaining bool) (*graph.Job, *sink.Memory[out], []atomic.Bool) {
+	return exactlyOnceJobWith(t, n, dir, failAt, graph.CheckpointConfig{Mode: mode}, noChaining, nil)
+}
+
+// exactlyOnceJobWith is exactlyOnceJob with the checkpoint mode and aligned
+// timeout of cc, and slow (if not nil) called by the sink for every record.
+func exactlyOnceJobWith(t testing.TB, n int64, dir string, failAt []int64, cc graph.CheckpointConfig, noChaining bool, slow func(out)) (*graph.Job, *sink.Memory[out], []atomic.Bool) {
 	committer := sink.NewMemory[out]()
 	counters := make([]atomic.Int64, len(failAt))
 	fired := make([]atomic.Bool, len(failAt))
 	cfg := graph.Config{
 		Parallelism: 2,
-		Checkpoint:  graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: mode, Retain: 2, TolerableFailures: -1},
-		Restart:     graph.FixedDelay(len(failAt)+1, time.Millisecond),
-		Logf:        t.Logf,
+		Checkpoint: graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: cc.Mode, AlignedTimeout: cc.AlignedTimeout,
+			Retain: 2, TolerableFailures: -1},
+		Restart: graph.FixedDelay(len(failAt)+1, time.Millisecond),
+		Logf:    t.Logf,
 		// Chained: source+map and sum+sink each run in one subtask.
 		DisableChaining: noChaining,
 	}
@@ -97,6 +104,9 @@ func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode mark
 		func() graph.KeyedProcessFunc[int64, rec, out] {
 			return &runningSum{failAt: failAt, counters: counters, fired: fired}
 		})
+	if slow != nil {
+		sums = graph.Map(sums, "slow", func(o out) out { slow(o); return o })
+	}
 	graph.Sink(sums, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))
 	return job, committer, fired
 }
@@ -259,4 +269,64 @@ func TestExactlyOnceAcrossProcessRestarts(t *testing.T) {
 	t.Logf("restored from checkpoints %v", restoredFrom)
 	require.True(t, slices.IsSorted(restoredFrom), "checkpoint ids keep increasing across restarts: %v", restoredFrom)
 	require.Equal(t, expectedOutput(n), sorted(committer.Published()))
+}
+
+// TestExactlyOnceUnaligned is TestExactlyOnceWithFailures for unaligned
+// checkpoints and for aligned ones that switch at a short timeout, with
+// channels kept full (the keyed operator's consumer pauses now and then, so
+// barriers overtake queued buffers and channel state is persisted), and
+// unchained operators, so every edge carries in-flight data.
+func TestExactlyOnceUnaligned(t *testing.T) {
+	const n = 1_000_000
+	want := expectedOutput(n)
+	rng := rand.New(rand.NewPCG(testSeed(t), 2))
+	for _, tc := range []struct {
+		name string
+		cc   graph.CheckpointConfig
+	}{
+		{"unaligned", graph.CheckpointConfig{Mode: marker.Unaligned}},
+		{"aligned-timeout", graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond}},
+	} {
+		failAt := []int64{1 + rng.Int64N(n/2-1), 1 + rng.Int64N(n/4)}
+		t.Run(fmt.Sprintf("%s/fail-at=%v", tc.name, failAt), func(t *testing.T) {
+			var seen atomic.Int64
+			slow := func(out) {
+				if seen.Add(1)%20000 == 0 {
+					time.Sleep(2 * time.Millisecond) // backpressure: the channels fill
+				}
+			}
+			job, c, fired := exactlyOnceJobWith(t, n, t.TempDir(), failAt, tc.cc, true, slow)
+			e, err := job.Start(context.Background())
+			require.NoError(t, err)
+			require.NoError(t, e.Wait())
+			got := sorted(c.Published())
+			require.Equal(t, len(want), len(got), "published record count")
+			require.Equal(t, want, got)
+			require.True(t, fired[0].Load(), "the first attempt failed")
+			st := e.Stats()
+			require.Positive(t, st.Counts.Restored)
+			var persisted int64
+			modes := map[string]int{}
+			for _, cs := range st.History {
+				for _, s := range cs.Subtasks {
+					persisted += s.PersistedBytes
+					switch {
+					case s.Switched:
+						modes["switched"]++
+					case s.Unaligned:
+						modes["unaligned"]++
+					default:
+						modes["aligned"]++
+					}
+				}
+			}
+			t.Logf("%s: %d restores, subtask checkpoints by mode %v, %d bytes of channel state in the last %d checkpoints",
+				tc.name, st.Counts.Restored, modes, persisted, len(st.History))
+			if tc.cc.Mode == marker.Unaligned {
+				require.Positive(t, modes["unaligned"])
+			} else {
+				require.Positive(t, modes["switched"], "some alignment timed out")
+			}
+		})
+	}
 }

@@ -28,6 +28,11 @@ type CheckpointConfig struct {
 	// was triggered (Flink's execution.checkpointing.aligned-checkpoint-
 	// timeout). Unaligned from the start is Mode marker.Unaligned.
 	AlignedTimeout time.Duration
+	// MaxInflightBytes caps the channel state (persisted in-flight data) of
+	// one unaligned checkpoint over all subtasks; a checkpoint above it
+	// fails (not counted against TolerableFailures) and the job goes on.
+	// 0: no cap.
+	MaxInflightBytes int64
 	// Timeout after which a pending checkpoint expires (default 10m).
 	Timeout time.Duration
 	// MinPause is the least time between the completion of one checkpoint
@@ -185,6 +190,9 @@ func (j *Job) Validate() error {
 	}
 	if c.Checkpoint.Interval > 0 && c.Checkpoint.Dir == "" {
 		add("graph: checkpointing is enabled (interval %v) but Checkpoint.Dir is empty", c.Checkpoint.Interval)
+	}
+	if c.Checkpoint.MaxInflightBytes < 0 {
+		add("graph: MaxInflightBytes %d must not be negative", c.Checkpoint.MaxInflightBytes)
 	}
 	if c.Checkpoint.AlignedTimeout < 0 {
 		add("graph: aligned checkpoint timeout %v must not be negative", c.Checkpoint.AlignedTimeout)

@@ -60,6 +60,11 @@ type Config struct {
 	// Aligned (savepoints align without a timeout): see
 	// marker.Options.AlignedTimeout.
 	AlignedTimeout time.Duration
+	// MaxInflightBytes caps the channel state (persisted in-flight data) of
+	// one checkpoint, summed over its subtasks; a checkpoint that exceeds
+	// it is aborted (FailureInflightCap, not counted: the job goes on). 0
+	// means no cap.
+	MaxInflightBytes int64
 	// Operators of the job in a fixed order, which is also the order of
 	// Metadata.Operators.
 	Operators []OperatorInfo
@@ -349,6 +354,9 @@ const (
 	FailureJobFailed
 	// FailureShutdown: aborted by a Shutdown event.
 	FailureShutdown
+	// FailureInflightCap: its channel state exceeded
+	// Config.MaxInflightBytes. Not counted.
+	FailureInflightCap
 )
 
 // CheckpointError describes an aborted checkpoint.
@@ -363,6 +371,9 @@ type CheckpointError struct {
 	Decline DeclineReason
 	// SubsumedBy is set for FailureSubsumed.
 	SubsumedBy int64
+	// Inflight is set for FailureInflightCap: the channel state bytes
+	// acknowledged so far, above the cap.
+	Inflight int64
 	// Err is the cause reported by the subtask, the driver or Shutdown.
 	Err error
 }
@@ -396,6 +407,8 @@ func (e *CheckpointError) Cause() string {
 		s = "aborted: job failed"
 	case FailureShutdown:
 		s = "aborted: coordinator shut down"
+	case FailureInflightCap:
+		s = fmt.Sprintf("persisted in-flight data (%d bytes of channel state) exceeds MaxInflightBytes", e.Inflight)
 	default:
 		s = fmt.Sprintf("failure(%d)", uint8(e.Reason))
 	}
@@ -425,6 +438,8 @@ type pending struct {
 	nAcked int
 	// finalizing: all acks are in, Finalize was emitted, Persisted is due.
 	finalizing bool
+	// inflight is the channel state bytes acknowledged so far.
+	inflight int64
 	// st is the live statistics entry, mirrored into Stats.History.
 	st CheckpointStats
 }
@@ -748,6 +763,17 @@ func (c *Coordinator) handleAck(a Ack, now time.Time) {
 	p.states[ti] = st
 	size := st.Size()
 
+	if st.Channels != nil {
+		in, out := st.Channels.Bytes()
+		p.inflight += in + out
+		p.st.PersistedBytes += in + out
+		if limit := c.cfg.MaxInflightBytes; limit > 0 && p.inflight > limit {
+			i, _ := c.find(a.ID)
+			c.abort(i, &CheckpointError{ID: p.id, Kind: p.opts.Kind, Reason: FailureInflightCap, Inflight: p.inflight,
+				Err: fmt.Errorf("the cap is %d bytes; subtask %s acknowledged %d", limit, fmtTask(a.Task), in+out)}, now)
+			return
+		}
+	}
 	sub := &p.st.Subtasks[ti]
 	sub.AckTime = now
 	sub.SubtaskMetrics = a.Metrics

@@ -63,12 +63,32 @@ type CheckpointStats struct {
 	// failed checkpoint.
 	EndToEnd time.Duration
 	// StateSize sums SubtaskState.Size over the acknowledged subtasks.
-	StateSize     int64
-	Acked, Total  int
-	FailureReason string
-	Path          string
+	StateSize int64
+	// PersistedBytes sums the channel state (persisted in-flight data of
+	// unaligned checkpoints) of the acknowledged subtasks.
+	PersistedBytes int64
+	Acked, Total   int
+	FailureReason  string
+	Path           string
 	// Subtasks has one entry per subtask (Total), in operator order.
 	Subtasks []SubtaskStats
+}
+
+// Alignment says how the checkpoint was taken: "aligned" (every subtask
+// aligned its barriers), "unaligned" (some subtask took it unaligned, from
+// its first barrier), or "switched" (some subtask started aligned and
+// switched to unaligned at the alignment timeout).
+func (cs *CheckpointStats) Alignment() string {
+	a := "aligned"
+	for i := range cs.Subtasks {
+		switch {
+		case cs.Subtasks[i].Switched:
+			return "switched"
+		case cs.Subtasks[i].Unaligned:
+			a = "unaligned"
+		}
+	}
+	return a
 }
 
 // MaxAlignment is the longest alignment of any subtask.
