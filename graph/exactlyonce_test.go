@@ -330,3 +330,33 @@ func TestExactlyOnceUnaligned(t *testing.T) {
 		})
 	}
 }
+
+type hidden struct {
+	ID     int64
+	secret string
+}
+
+// TestUnalignedRejectsRecordsMsgpackCannotKeep: in-flight records of
+// unaligned checkpoints go through msgpack, so an edge whose records would
+// lose a field is rejected up front, naming the edge and the field; chained
+// edges (nothing in flight) and aligned jobs are fine.
+func TestUnalignedRejectsRecordsMsgpackCannotKeep(t *testing.T) {
+	build := func(cc graph.CheckpointConfig, chained bool) error {
+		cc.Interval, cc.Dir = time.Second, t.TempDir()
+		job := graph.NewJob("hidden", graph.Config{Checkpoint: cc})
+		src := graph.Source(job, "source", source.Generate(10, func(i int64) hidden { return hidden{ID: i} }))
+		var opts []graph.Option
+		if !chained {
+			opts = append(opts, graph.DisableChaining())
+		}
+		ids := graph.Map(src, "id", func(h hidden) int64 { return h.ID }, opts...)
+		graph.Sink(ids, "sink", func() graph.SinkFunc[int64] { return discard[int64]{} })
+		return job.Validate()
+	}
+	err := build(graph.CheckpointConfig{Mode: marker.Unaligned}, false)
+	require.ErrorContains(t, err, `edge source "source" (source) -> operator "id" (id)`)
+	require.ErrorContains(t, err, "field secret of graph_test.hidden is unexported")
+	require.ErrorContains(t, build(graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond}, false), "field secret")
+	require.NoError(t, build(graph.CheckpointConfig{Mode: marker.Unaligned}, true))
+	require.NoError(t, build(graph.CheckpointConfig{Mode: marker.Aligned}, false))
+}

@@ -610,6 +610,9 @@ func (h hashPartitioner[T, K]) newChan(cfg channel.Config) any {
 	return channel.New[task.Keyed[K, T]](cfg)
 }
 
+// elemType implements chanMaker.
+func (h hashPartitioner[T, K]) elemType() reflect.Type { return reflect.TypeFor[task.Keyed[K, T]]() }
+
 // edge returns the output edge of one upstream subtask over chans, its
 // channels to every downstream subtask in subtask order.
 func (h hashPartitioner[T, K]) edge(chans []any, maxP int) task.Edge[T] {
