@@ -1,8 +1,8 @@
 package align
 
 import (
-	"errors"
 	"fmt"
+	"math"
 
 	"github.com/snapflow/snapflow/marker"
 )
@@ -19,6 +19,9 @@ const (
 	Cancel
 	// EndOfInput says the channel will carry nothing more (marker M3).
 	EndOfInput
+	// Tick carries only Now: the driver feeds it when the timer it set for
+	// Aligner.Deadline fires. Its Channel is ignored.
+	Tick
 )
 
 func (k InputKind) String() string {
@@ -31,11 +34,13 @@ func (k InputKind) String() string {
 		return "cancel"
 	case EndOfInput:
 		return "end-of-input"
+	case Tick:
+		return "tick"
 	}
 	return fmt.Sprintf("input(%d)", uint8(k))
 }
 
-// Input is one item read from one input channel.
+// Input is one item read from one input channel, or a Tick.
 type Input[T any] struct {
 	Channel int
 	Kind    InputKind
@@ -46,8 +51,11 @@ type Input[T any] struct {
 	// Barrier is the barrier of a Barrier input; for Cancel, Barrier.ID is the
 	// cancelled checkpoint id.
 	Barrier marker.Barrier
-	// Now is the driver's clock in Unix nanoseconds. It is used for metrics
-	// only and never decides anything.
+	// Now is the driver's clock in Unix nanoseconds (the clock of
+	// Barrier.Timestamp). It is used for metrics and for one decision
+	// only: an input whose Now is at or after Deadline switches the
+	// alignment in progress to unaligned before it is handled. A driver
+	// may leave it 0 for records.
 	Now int64
 }
 
@@ -56,20 +64,30 @@ type ActionKind uint8
 
 const (
 	// Deliver hands Item (Input says Record or EndOfInput) of Channel to the
-	// operator.
+	// operator. A record with PersistTo != 0 is also input channel state of
+	// unaligned checkpoints (see Action.PersistFrom).
 	Deliver ActionKind = iota
-	// Block tells the driver to stop reading Channel (aligned mode only).
+	// Block tells the driver to stop reading Channel, except for priority
+	// events (Gate.PollPriority). Aligned barriers only.
 	Block
 	// Unblock tells the driver to read Channel again.
 	Unblock
 	// Trigger tells the driver to snapshot the operator for Barrier. Every
 	// item delivered before it belongs to the snapshot, none after it
-	// (invariant A2).
+	// (invariant A2). With Unaligned set the snapshot also has input
+	// channel state: it is open from this action until InputStateComplete
+	// (or Abort) for ID, and the records that belong to it are marked in
+	// their Deliver actions and by Promote.
 	Trigger
 	// Abort tells the driver that checkpoint ID was aborted here (decline it
-	// at the coordinator) for Reason.
+	// at the coordinator) for Reason. It may follow a Trigger with
+	// Unaligned set (the checkpoint was aborted while its input channel
+	// state was being captured): the driver drops that state.
 	Abort
-	// ForwardBarrier tells the driver to send Barrier to every output.
+	// ForwardBarrier tells the driver to send Barrier to every output. A
+	// barrier with Mode Unaligned (Barrier.Priority) is sent overtaking
+	// (channel.SendEventOvertaking); the data buffers it overtakes are
+	// output channel state of the checkpoint.
 	ForwardBarrier
 	// ForwardCancel tells the driver to send a cancel marker for ID to every
 	// output.
@@ -77,6 +95,24 @@ const (
 	// Finished says that every input channel has ended and its end-of-input
 	// has been delivered. It is the last action the aligner ever returns.
 	Finished
+	// Promote (unaligned checkpoint ID, input Channel): if barrier ID is
+	// queued in Channel in data order (not as a priority event), the
+	// driver persists the data buffers queued ahead of it as input channel
+	// state of ID on Channel, in order, after the records of Channel
+	// already captured for ID, and moves the barrier, as
+	// Barrier.AsUnaligned, ahead of them (behind priority events already
+	// there), so that it is read next, from a blocked channel too.
+	// Otherwise (not queued, or a priority event already) the driver does
+	// nothing. It is emitted when an alignment switches to unaligned, for
+	// every channel whose barrier has not arrived, and when a barrier
+	// overtook the barrier of an older checkpoint still captured on its
+	// channel; so the same Promote may come twice.
+	Promote
+	// InputStateComplete says that the input channel state of unaligned
+	// checkpoint ID is complete: its barrier (or end of input) has arrived
+	// on every channel. The driver closes that state; only then may it
+	// acknowledge ID. It follows Trigger ID, in the same Step or later.
+	InputStateComplete
 )
 
 func (k ActionKind) String() string {
@@ -97,6 +133,10 @@ func (k ActionKind) String() string {
 		return "forward-cancel"
 	case Finished:
 		return "finished"
+	case Promote:
+		return "promote"
+	case InputStateComplete:
+		return "input-state-complete"
 	}
 	return fmt.Sprintf("action(%d)", uint8(k))
 }
@@ -106,7 +146,8 @@ type AbortReason uint8
 
 const (
 	// Subsumed: a barrier or cancel marker of a newer checkpoint arrived
-	// before this one completed.
+	// before this one completed (or, for checkpoints whose input channel
+	// state is being captured, more than 50 were at once).
 	Subsumed AbortReason = iota
 	// CancelMarker: an upstream subtask sent a cancel marker for it.
 	CancelMarker
@@ -132,22 +173,41 @@ func (r AbortReason) String() string {
 // Kind.
 type Action[T any] struct {
 	Kind ActionKind
-	// Channel is the input channel of Deliver, Block and Unblock.
+	// Channel is the input channel of Deliver, Block, Unblock and Promote.
 	Channel int
 	// Input is Record or EndOfInput for Deliver.
 	Input InputKind
 	// Item is the Item of the delivered Input.
 	Item T
 	// Barrier is the barrier of Trigger and ForwardBarrier: the first barrier
-	// received for that checkpoint.
+	// received for that checkpoint, or, if this subtask switched it to
+	// unaligned, that barrier's AsUnaligned.
 	Barrier marker.Barrier
-	// ID is the checkpoint id of Trigger, Abort, ForwardBarrier and
-	// ForwardCancel.
+	// ID is the checkpoint id of Trigger, Abort, ForwardBarrier,
+	// ForwardCancel, Promote and InputStateComplete.
 	ID int64
+	// PersistFrom and PersistTo (Deliver of a record) are the inclusive
+	// range of the checkpoint ids whose input channel state the record
+	// belongs to; PersistTo == 0 when it belongs to none (checkpoint ids
+	// are positive). The record belongs to exactly those ids in the range
+	// whose state is open at the driver: triggered with Unaligned and not
+	// yet aborted or complete. (Ids in the range that are not open, e.g.
+	// aborted or aligned ones, are skipped; every open one in the range
+	// is meant.) The range is usually a single id.
+	PersistFrom, PersistTo int64
+	// Unaligned (Trigger) says that the checkpoint has input channel state
+	// (see Trigger); Switched that it started aligned and this subtask
+	// switched it to unaligned because its alignment timed out (or a
+	// writer had switched it).
+	Unaligned, Switched bool
 	// Reason is set for Abort.
 	Reason AbortReason
-	// AlignmentNanos (Trigger) is the driver time from the first to the last
-	// barrier of the checkpoint; 0 when one barrier completed it.
+	// AlignmentNanos is, for Trigger, the driver time from the first barrier
+	// of the checkpoint to the Trigger (0 when one barrier completed it,
+	// and for unaligned checkpoints, which trigger on their first barrier;
+	// for a switched one, the time it aligned before switching); for
+	// InputStateComplete, the time from the first barrier to the end of
+	// the capture.
 	AlignmentNanos int64
 	// StartDelayNanos (Trigger) is max(0, Now at the first barrier -
 	// Barrier.Timestamp).
@@ -157,15 +217,29 @@ type Action[T any] struct {
 func (a Action[T]) String() string {
 	switch a.Kind {
 	case Deliver:
+		if a.PersistTo != 0 {
+			return fmt.Sprintf("deliver(ch=%d %s %v persist=%d..%d)", a.Channel, a.Input, a.Item, a.PersistFrom, a.PersistTo)
+		}
 		return fmt.Sprintf("deliver(ch=%d %s %v)", a.Channel, a.Input, a.Item)
 	case Block, Unblock:
 		return fmt.Sprintf("%s(ch=%d)", a.Kind, a.Channel)
 	case Trigger:
-		return fmt.Sprintf("trigger(%d align=%d delay=%d)", a.ID, a.AlignmentNanos, a.StartDelayNanos)
+		mode := ""
+		switch {
+		case a.Switched:
+			mode = " switched"
+		case a.Unaligned:
+			mode = " unaligned"
+		}
+		return fmt.Sprintf("trigger(%d%s align=%d delay=%d)", a.ID, mode, a.AlignmentNanos, a.StartDelayNanos)
 	case Abort:
 		return fmt.Sprintf("abort(%d %s)", a.ID, a.Reason)
 	case ForwardBarrier, ForwardCancel:
 		return fmt.Sprintf("%s(%d)", a.Kind, a.ID)
+	case Promote:
+		return fmt.Sprintf("promote(%d ch=%d)", a.ID, a.Channel)
+	case InputStateComplete:
+		return fmt.Sprintf("input-state-complete(%d align=%d)", a.ID, a.AlignmentNanos)
 	}
 	return a.Kind.String()
 }
@@ -174,7 +248,11 @@ func (a Action[T]) String() string {
 type Config struct {
 	// Channels is the number of input channels, at least 1.
 	Channels int
-	// Mode is marker.Aligned or marker.AtLeastOnce.
+	// Mode is the job's guarantee: marker.Aligned (exactly-once: every
+	// barrier is handled as its Options say, aligned, aligned with timeout
+	// or unaligned) or marker.AtLeastOnce (every barrier is tracked, never
+	// aligned). marker.Unaligned is accepted and means the same as
+	// marker.Aligned: the mode of a checkpoint is on its barriers.
 	Mode marker.Mode
 	// AbortOnEndOfInput aborts pending checkpoints (reason InputEnded) when
 	// an input channel ends, like Flink with
@@ -182,9 +260,6 @@ type Config struct {
 	// default (Flink 1.20's default) an ended channel counts as aligned.
 	AbortOnEndOfInput bool
 }
-
-// ErrUnaligned is returned by New for marker.Unaligned.
-var ErrUnaligned = errors.New("align: unaligned mode is not supported yet")
 
 // maxTracked bounds the checkpoints tracked in at-least-once mode (Flink's
 // CheckpointBarrierTracker.MAX_CHECKPOINTS_TO_TRACK).
@@ -203,6 +278,10 @@ type handler[T any] interface {
 	step(in Input[T])
 	blocked(ch int) bool
 	pending() (id int64, ok bool)
+	// timeout switches the alignment in progress, whose deadline (core.
+	// deadline) is at or before in.Now, before in is handled.
+	timeout(in Input[T])
+	capturing() int
 }
 
 // New returns an aligner for cfg.
@@ -214,14 +293,13 @@ func New[T any](cfg Config) (*Aligner[T], error) {
 		abortOnEnd: cfg.AbortOnEndOfInput,
 		ended:      make([]bool, cfg.Channels),
 		open:       cfg.Channels,
+		deadline:   noDeadline,
 	}}
 	switch cfg.Mode {
-	case marker.Aligned:
+	case marker.Aligned, marker.Unaligned:
 		a.h = newAlignedHandler(&a.c, cfg.Channels)
 	case marker.AtLeastOnce:
 		a.h = newTracker(&a.c, cfg.Channels)
-	case marker.Unaligned:
-		return nil, ErrUnaligned
 	default:
 		return nil, fmt.Errorf("align: unknown checkpoint mode %s", cfg.Mode)
 	}
@@ -232,23 +310,36 @@ func New[T any](cfg Config) (*Aligner[T], error) {
 // returned slice is reused: it is valid until the next call of Step.
 //
 // Step panics on a protocol violation by the driver: a channel out of range,
-// an unknown input kind, input on a blocked channel (the driver must stop
-// reading it on Block; channel.Gate does, CH6), or any input on a channel
-// after its EndOfInput (marker M3).
+// an unknown input kind, input on a blocked channel other than a priority
+// barrier (the driver must stop reading it on Block, except with
+// Gate.PollPriority; channel.Gate does, CH6), any input on a channel after
+// its EndOfInput (marker M3), or an unaligned or timed barrier with an id
+// below 1. A Tick is accepted at any time.
 func (a *Aligner[T]) Step(in Input[T]) []Action[T] {
 	clear(a.c.acts) // drop references to delivered items
 	a.c.acts = a.c.acts[:0]
+	if in.Kind == Tick {
+		if in.Now >= a.c.deadline {
+			a.h.timeout(in)
+		}
+		return a.c.acts
+	}
 	if in.Channel < 0 || in.Channel >= len(a.c.ended) {
 		panic(fmt.Sprintf("align: input on channel %d, have channels 0..%d", in.Channel, len(a.c.ended)-1))
 	}
-	if in.Kind > EndOfInput {
+	if in.Kind > Tick {
 		panic(fmt.Sprintf("align: unknown input kind %d on channel %d", uint8(in.Kind), in.Channel))
 	}
 	if a.c.ended[in.Channel] {
 		panic(fmt.Sprintf("align: %s on channel %d after its end of input (marker M3)", in.Kind, in.Channel))
 	}
-	if a.h.blocked(in.Channel) {
+	if a.h.blocked(in.Channel) && (in.Kind != Barrier || !in.Barrier.Priority()) {
 		panic(fmt.Sprintf("align: %s on blocked channel %d: the driver must not read a channel between Block and Unblock", in.Kind, in.Channel))
+	}
+	// The switch comes first, as if the driver's timer had fired just
+	// before in was read.
+	if in.Now >= a.c.deadline {
+		a.h.timeout(in)
 	}
 	if in.Kind == EndOfInput {
 		a.c.ended[in.Channel] = true
@@ -257,12 +348,31 @@ func (a *Aligner[T]) Step(in Input[T]) []Action[T] {
 	return a.c.acts
 }
 
-// Blocked reports whether the driver must not read channel ch.
+// Blocked reports whether the driver must not read channel ch (except for
+// priority events).
 func (a *Aligner[T]) Blocked(ch int) bool { return a.h.blocked(ch) }
 
-// Pending returns the checkpoint being aligned (aligned mode) or the newest
-// checkpoint being tracked (at-least-once mode).
+// Pending returns the checkpoint being aligned (exactly-once) or the newest
+// checkpoint being tracked (at-least-once mode). Unaligned checkpoints
+// whose input channel state is being captured are not pending: they
+// triggered; see Capturing.
 func (a *Aligner[T]) Pending() (id int64, ok bool) { return a.h.pending() }
+
+// Deadline returns the time (Unix nanoseconds) at which the alignment in
+// progress switches to unaligned: its barrier's Timestamp + AlignedTimeout.
+// ok is false when no alignment with a timeout is in progress. The driver
+// sets a timer for it and feeds a Tick when it fires; any input with Now >=
+// the deadline switches the alignment too. Deadline changes only in Step.
+func (a *Aligner[T]) Deadline() (now int64, ok bool) {
+	if a.c.deadline == noDeadline {
+		return 0, false
+	}
+	return a.c.deadline, true
+}
+
+// Capturing returns the number of unaligned checkpoints that triggered and
+// whose input channel state is not complete yet.
+func (a *Aligner[T]) Capturing() int { return a.h.capturing() }
 
 // Open returns the number of channels whose end of input has not been
 // delivered yet.
@@ -278,8 +388,14 @@ type core[T any] struct {
 	// open counts channels whose EndOfInput has not been delivered yet.
 	open     int
 	finished bool
+	// deadline is the switch time of the alignment in progress, noDeadline
+	// when there is none (always in at-least-once mode).
+	deadline int64
 	acts     []Action[T]
 }
+
+// noDeadline is after every time.
+const noDeadline = math.MaxInt64
 
 func (c *core[T]) deliver(in Input[T]) {
 	c.acts = append(c.acts, Action[T]{Kind: Deliver, Channel: in.Channel, Input: in.Kind, Item: in.Item})
@@ -305,6 +421,22 @@ func (c *core[T]) trigger(b marker.Barrier, alignment, startDelay int64) {
 	c.acts = append(c.acts,
 		Action[T]{Kind: Trigger, Barrier: b, ID: b.ID, AlignmentNanos: alignment, StartDelayNanos: startDelay},
 		Action[T]{Kind: ForwardBarrier, Barrier: b, ID: b.ID})
+}
+
+// triggerUnaligned emits Trigger (Unaligned) and ForwardBarrier of the
+// unaligned b (A4).
+func (c *core[T]) triggerUnaligned(b marker.Barrier, switched bool, alignment, startDelay int64) {
+	c.acts = append(c.acts,
+		Action[T]{Kind: Trigger, Barrier: b, ID: b.ID, Unaligned: true, Switched: switched, AlignmentNanos: alignment, StartDelayNanos: startDelay},
+		Action[T]{Kind: ForwardBarrier, Barrier: b, ID: b.ID})
+}
+
+func (c *core[T]) promote(ch int, id int64) {
+	c.acts = append(c.acts, Action[T]{Kind: Promote, Channel: ch, ID: id})
+}
+
+func (c *core[T]) inputStateComplete(id, alignment int64) {
+	c.acts = append(c.acts, Action[T]{Kind: InputStateComplete, ID: id, AlignmentNanos: alignment})
 }
 
 // abort emits Abort and ForwardCancel (A4).

@@ -1,10 +1,11 @@
 package align
 
 import (
-	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/snapflow/snapflow/marker"
 )
@@ -13,6 +14,16 @@ func rec(ch, item int) Input[int] { return Input[int]{Channel: ch, Kind: Record,
 
 func bar(ch int, id int64) Input[int] {
 	return Input[int]{Channel: ch, Kind: Barrier, Barrier: marker.Barrier{ID: id}}
+}
+
+func ubar(ch int, id int64) Input[int] {
+	return Input[int]{Channel: ch, Kind: Barrier, Barrier: marker.Barrier{ID: id, Options: marker.Options{Mode: marker.Unaligned}}}
+}
+
+// tbar is an aligned barrier with a timeout: deadline ts+timeout.
+func tbar(ch int, id, ts, timeout, now int64) Input[int] {
+	return Input[int]{Channel: ch, Kind: Barrier, Now: now, Barrier: marker.Barrier{ID: id, Timestamp: ts,
+		Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: time.Duration(timeout)}}}
 }
 
 func mustNew(t testing.TB, cfg Config) *Aligner[int] {
@@ -25,8 +36,8 @@ func mustNew(t testing.TB, cfg Config) *Aligner[int] {
 }
 
 func TestNewErrors(t *testing.T) {
-	if _, err := New[int](Config{Channels: 2, Mode: marker.Unaligned}); !errors.Is(err, ErrUnaligned) {
-		t.Errorf("New(unaligned) = %v; want ErrUnaligned", err)
+	if _, err := New[int](Config{Channels: 2, Mode: marker.Unaligned}); err != nil {
+		t.Errorf("New(unaligned) = %v; want the exactly-once aligner", err)
 	}
 	if _, err := New[int](Config{Channels: 2, Mode: marker.Mode(9)}); err == nil {
 		t.Error("New(mode 9) succeeded")
@@ -68,6 +79,11 @@ func TestPanics(t *testing.T) {
 		{rec(-1, 0), "align: input on channel -1, have channels 0..1"},
 		{Input[int]{Kind: 9}, "align: unknown input kind 9 on channel 0"},
 		{rec(0, 0), "align: record on blocked channel 0: the driver must not read a channel between Block and Unblock"},
+		{bar(0, 2), "align: barrier on blocked channel 0: the driver must not read a channel between Block and Unblock"},
+		{Input[int]{Channel: 0, Kind: Cancel, Barrier: marker.Barrier{ID: 1}}, "align: cancel on blocked channel 0: the driver must not read a channel between Block and Unblock"},
+		{Input[int]{Channel: 0, Kind: Tick + 1}, "align: unknown input kind 5 on channel 0"},
+		{ubar(1, -3), "align: barrier(-3 checkpoint unaligned) on channel 1: unaligned checkpoint ids must be positive"},
+		{tbar(1, 0, 0, 5, 0), "align: barrier(0 checkpoint aligned timeout=5ns) on channel 1: unaligned checkpoint ids must be positive"},
 	} {
 		a := mustNew(t, Config{Channels: 2, Mode: marker.Aligned})
 		if strings.Contains(tc.want, "blocked") {
@@ -87,6 +103,9 @@ func TestPanics(t *testing.T) {
 func TestStrings(t *testing.T) {
 	for _, tc := range []struct{ got, want string }{
 		{Record.String(), "record"},
+		{Tick.String(), "tick"},
+		{Promote.String(), "promote"},
+		{InputStateComplete.String(), "input-state-complete"},
 		{EndOfInput.String(), "end-of-input"},
 		{InputKind(9).String(), "input(9)"},
 		{ForwardCancel.String(), "forward-cancel"},
@@ -98,6 +117,11 @@ func TestStrings(t *testing.T) {
 		{Action[int]{Kind: Deliver, Channel: 1, Input: Record, Item: 5}.String(), "deliver(ch=1 record 5)"},
 		{Action[int]{Kind: Block, Channel: 2}.String(), "block(ch=2)"},
 		{Action[int]{Kind: Trigger, ID: 3, AlignmentNanos: 4, StartDelayNanos: 5}.String(), "trigger(3 align=4 delay=5)"},
+		{Action[int]{Kind: Trigger, ID: 3, Unaligned: true}.String(), "trigger(3 unaligned align=0 delay=0)"},
+		{Action[int]{Kind: Trigger, ID: 3, Unaligned: true, Switched: true, AlignmentNanos: 4}.String(), "trigger(3 switched align=4 delay=0)"},
+		{Action[int]{Kind: Deliver, Channel: 1, Input: Record, Item: 5, PersistFrom: 2, PersistTo: 3}.String(), "deliver(ch=1 record 5 persist=2..3)"},
+		{Action[int]{Kind: Promote, Channel: 2, ID: 3}.String(), "promote(3 ch=2)"},
+		{Action[int]{Kind: InputStateComplete, ID: 3, AlignmentNanos: 9}.String(), "input-state-complete(3 align=9)"},
 		{Action[int]{Kind: Abort, ID: 3, Reason: CancelMarker}.String(), "abort(3 cancel-marker)"},
 		{Action[int]{Kind: ForwardBarrier, ID: 3}.String(), "forward-barrier(3)"},
 		{Action[int]{Kind: Finished}.String(), "finished"},
@@ -105,6 +129,98 @@ func TestStrings(t *testing.T) {
 		if tc.got != tc.want {
 			t.Errorf("String() = %q; want %q", tc.got, tc.want)
 		}
+	}
+}
+
+// TestBlockedAccepts: on a blocked channel a priority (unaligned) barrier
+// is accepted, whatever its id (the driver reads it with Gate.PollPriority),
+// and so is a Tick, whatever its channel.
+func TestBlockedAccepts(t *testing.T) {
+	a := mustNew(t, Config{Channels: 2, Mode: marker.Aligned})
+	a.Step(bar(0, 5)) // blocks channel 0
+	if acts := a.Step(ubar(0, 3)); len(acts) != 0 || !a.Blocked(0) {
+		t.Fatalf("stale priority barrier on a blocked channel: %v, Blocked(0)=%v; want nothing", acts, a.Blocked(0))
+	}
+	if acts := a.Step(Input[int]{Kind: Tick, Channel: 99, Now: 1 << 40}); len(acts) != 0 {
+		t.Fatalf("tick: %v; want nothing", acts)
+	}
+	acts := a.Step(ubar(0, 6))
+	kinds := actionKinds(acts)
+	want := []ActionKind{Abort, ForwardCancel, Unblock, Trigger, ForwardBarrier}
+	if !slices.Equal(kinds, want) || a.Blocked(0) || a.Capturing() != 1 {
+		t.Fatalf("newer priority barrier on a blocked channel: %v, Blocked(0)=%v, Capturing=%d; want %v, false, 1", acts, a.Blocked(0), a.Capturing(), want)
+	}
+}
+
+func actionKinds(acts []Action[int]) []ActionKind {
+	var k []ActionKind
+	for _, a := range acts {
+		k = append(k, a.Kind)
+	}
+	return k
+}
+
+// TestDeadline: Deadline is set while a timed alignment is in progress,
+// and only then; inputs before it do not switch, one at it does.
+func TestDeadline(t *testing.T) {
+	a := mustNew(t, Config{Channels: 2, Mode: marker.Aligned})
+	if _, ok := a.Deadline(); ok {
+		t.Fatal("fresh aligner has a deadline")
+	}
+	a.Step(tbar(0, 1, 100, 50, 120))
+	if d, ok := a.Deadline(); !ok || d != 150 {
+		t.Fatalf("Deadline() = %d, %v; want 150, true", d, ok)
+	}
+	if acts := a.Step(Input[int]{Kind: Tick, Now: 149}); len(acts) != 0 {
+		t.Fatalf("tick before the deadline: %v", acts)
+	}
+	acts := a.Step(Input[int]{Channel: 1, Kind: Record, Item: 7, Now: 150})
+	want := []ActionKind{Trigger, ForwardBarrier, Unblock, Promote, Deliver}
+	if !slices.Equal(actionKinds(acts), want) {
+		t.Fatalf("record at the deadline: %v; want %v", acts, want)
+	}
+	if tr := acts[0]; !tr.Unaligned || !tr.Switched || tr.Barrier.Options.Mode != marker.Unaligned ||
+		tr.Barrier.Options.AlignedTimeout != 50 || tr.AlignmentNanos != 30 || tr.StartDelayNanos != 20 {
+		t.Fatalf("trigger %+v; want switched, the promoted barrier, align 30, delay 20", tr)
+	}
+	if d := acts[4]; d.PersistFrom != 1 || d.PersistTo != 1 {
+		t.Fatalf("deliver %v; want persist 1..1", d)
+	}
+	if _, ok := a.Deadline(); ok {
+		t.Fatal("deadline after the switch")
+	}
+	acts = a.Step(bar(1, 1))
+	if !slices.Equal(actionKinds(acts), []ActionKind{InputStateComplete}) || acts[0].ID != 1 || a.Capturing() != 0 {
+		t.Fatalf("last barrier: %v, Capturing=%d; want input-state-complete 1", acts, a.Capturing())
+	}
+	// Completed in time: no deadline left.
+	a.Step(tbar(0, 2, 1000, 50, 1000))
+	a.Step(tbar(1, 2, 1000, 50, 1010))
+	if _, ok := a.Deadline(); ok {
+		t.Fatal("deadline after an aligned trigger")
+	}
+}
+
+// TestMaxCapturing: the 51st unaligned checkpoint captured at once aborts
+// the oldest (after its trigger) as subsumed.
+func TestMaxCapturing(t *testing.T) {
+	a := mustNew(t, Config{Channels: 2, Mode: marker.Unaligned})
+	for id := int64(1); id <= maxCapturing; id++ {
+		a.Step(ubar(0, id))
+	}
+	if a.Capturing() != maxCapturing {
+		t.Fatalf("Capturing() = %d; want %d", a.Capturing(), maxCapturing)
+	}
+	if d := a.Step(rec(1, 0))[0]; d.PersistFrom != 1 || d.PersistTo != maxCapturing {
+		t.Fatalf("deliver %v; want persist 1..%d", d, maxCapturing)
+	}
+	acts := a.Step(ubar(0, maxCapturing+1))
+	want := []ActionKind{Trigger, ForwardBarrier, Abort, ForwardCancel}
+	if !slices.Equal(actionKinds(acts), want) || acts[2].ID != 1 || acts[2].Reason != Subsumed || a.Capturing() != maxCapturing {
+		t.Fatalf("one more: %v, Capturing=%d; want %v aborting 1", acts, a.Capturing(), want)
+	}
+	if d := a.Step(rec(1, 0))[0]; d.PersistFrom != 2 || d.PersistTo != maxCapturing+1 {
+		t.Fatalf("deliver %v; want persist 2..%d", d, maxCapturing+1)
 	}
 }
 
@@ -129,10 +245,20 @@ func TestTriggerCarriesFirstBarrier(t *testing.T) {
 			t.Errorf("%s: actions %v; want a trigger and a forward", mode, acts)
 		}
 	}
+	// Switched: both carry the first barrier, promoted.
+	a := mustNew(t, Config{Channels: 2, Mode: marker.Aligned})
+	first := tbar(0, 1, 42, 10, 45)
+	first.Barrier.Options.Kind = marker.Savepoint
+	a.Step(first)
+	acts := a.Step(Input[int]{Kind: Tick, Now: 52})
+	if want := first.Barrier.AsUnaligned(); acts[0].Barrier != want || acts[1].Barrier != want {
+		t.Errorf("switched: %v carry %v, %v; want %v", actionKinds(acts[:2]), acts[0].Barrier, acts[1].Barrier, want)
+	}
 }
 
-// TestNoAllocs checks A8: steady-state records do not allocate, and after a
-// warm-up neither does a whole alignment.
+// TestNoAllocs checks A8: steady-state records do not allocate, also while
+// captured for unaligned checkpoints, and after a warm-up neither do whole
+// checkpoint cycles: aligned, unaligned (two in flight) and switched.
 func TestNoAllocs(t *testing.T) {
 	for _, mode := range []marker.Mode{marker.Aligned, marker.AtLeastOnce} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -155,6 +281,59 @@ func TestNoAllocs(t *testing.T) {
 			}
 		})
 	}
+	t.Run("unaligned", func(t *testing.T) {
+		a := mustNew(t, Config{Channels: 4, Mode: marker.Unaligned})
+		a.Step(ubar(0, 1))
+		a.Step(ubar(0, 2))
+		var acts []Action[int]
+		if n := testing.AllocsPerRun(1000, func() { acts = a.Step(rec(1, 1)) }); n != 0 {
+			t.Errorf("captured record: %v allocs per Step; want 0", n)
+		}
+		if acts[0].PersistFrom != 1 || acts[0].PersistTo != 2 {
+			t.Fatalf("captured record: %v; want persist 1..2", acts[0])
+		}
+		id := int64(2)
+		cycle := func() {
+			// Two checkpoints in flight, completing in order.
+			id++
+			for ch := 1; ch < 4; ch++ {
+				a.Step(ubar(ch, id-2))
+				a.Step(rec(ch, 2))
+			}
+			a.Step(ubar(0, id))
+			a.Step(rec(3, 2))
+		}
+		cycle() // warm up
+		if n := testing.AllocsPerRun(1000, cycle); n != 0 {
+			t.Errorf("unaligned cycle: %v allocs; want 0", n)
+		}
+		if a.Capturing() != 2 {
+			t.Fatalf("Capturing() = %d; want 2", a.Capturing())
+		}
+	})
+	t.Run("switched", func(t *testing.T) {
+		a := mustNew(t, Config{Channels: 4, Mode: marker.Aligned})
+		id, now := int64(0), int64(0)
+		cycle := func() {
+			id++
+			now += 100
+			a.Step(tbar(0, id, now, 10, now))
+			a.Step(rec(1, 2))
+			now += 10
+			a.Step(Input[int]{Kind: Tick, Now: now})
+			a.Step(rec(1, 2))
+			for ch := 1; ch < 4; ch++ {
+				a.Step(ubar(ch, id))
+			}
+		}
+		cycle() // warm up
+		if n := testing.AllocsPerRun(1000, cycle); n != 0 {
+			t.Errorf("switched cycle: %v allocs; want 0", n)
+		}
+		if a.Capturing() != 0 {
+			t.Fatalf("Capturing() = %d; want 0", a.Capturing())
+		}
+	})
 }
 
 // BenchmarkStep measures records with no checkpoint going, and whole
@@ -170,6 +349,16 @@ func BenchmarkStep(b *testing.B) {
 				a.Step(rec(i&3, i))
 			}
 		})
+		if mode == marker.Aligned {
+			b.Run("mode=unaligned/records-captured", func(b *testing.B) {
+				a := mustNew(b, Config{Channels: 4, Mode: mode})
+				a.Step(ubar(0, 1))
+				b.ReportAllocs()
+				for i := 0; b.Loop(); i++ {
+					a.Step(rec(1+i%3, i))
+				}
+			})
+		}
 		for _, channels := range []int{2, 16} {
 			b.Run(fmt.Sprintf("mode=%s/checkpoint/channels=%d", mode, channels), func(b *testing.B) {
 				a := mustNew(b, Config{Channels: channels, Mode: mode})

@@ -11,41 +11,69 @@ import (
 
 // TestDataDriven runs the scripts in testdata. If it fails, run
 // `go test ./align -run TestDataDriven -rewrite` and inspect the diff; only
-// keep it if every changed line is right by the rules in doc.go.
+// keep it if every changed line is right by the rules in doc.go. The
+// notation is also in testdata/README.
 //
 // The only command is
 //
-//	run channels=<n> mode=<aligned|at-least-once> [trace] [metrics] [abort-on-eoi] [timestamp=<ns>]
+//	run channels=<n> mode=<m> [timeout=<ns>] [trace] [metrics] [abort-on-eoi] [timestamp=<ns>]
 //	<tokens>
 //
-// The tokens (separated by white space, over any number of lines) are
+// with mode one of aligned, at-least-once (Config.Mode), unaligned
+// (Config.Mode marker.Unaligned; B tokens are unaligned barriers) and
+// aligned-timeout (Config.Mode marker.Aligned; B tokens are aligned barriers
+// with AlignedTimeout timeout=, which it needs). The tokens (separated by
+// white space, over any number of lines) are
 //
-//	bC    a record on channel C
-//	Bn/C  barrier n on channel C (Timestamp from timestamp=, default 0)
-//	Cn/C  a cancel marker for n on channel C
-//	E/C   end of input on channel C
-//	@T    set the clock (Input.Now) to T for the following inputs
+//	bC        a record written to channel C
+//	Bn/C      barrier n on channel C, in the mode of the script
+//	An/C      an aligned barrier (no timeout), Sn/C an aligned savepoint
+//	Un/C      an unaligned barrier: a priority event
+//	Cn/C      a cancel marker for n on channel C
+//	E/C       end of input on channel C
+//	@T        set the clock (Input.Now) to T for what follows
+//	tick      feed a Tick (at the clock)
+//	P/C, R/C  pause, resume reading channel C
 //
-// Every token has an index, counting from 0 in the order written (clock
-// tokens too). The Item of an input is its index. The output is
+// A barrier token may end in @TS, its Timestamp (default timestamp=, or 0).
+// Every token has an index, counting from 0 in the order written (clock,
+// pause and resume tokens too). The Item of an input is its index. The
+// output is
 //
 //	deliver: <indices of delivered records and ends of input, in order>
-//	trigger: <ids>
+//	trigger: <ids; (unaligned) or (switched) after unaligned ones>
 //	abort: <id>(<reason>) ...
 //
 // With metrics, a line "metrics: <id>(align=<ns> delay=<ns>) ..." follows.
-// With trace, each input is first printed with the actions it produced:
-// "<index> <token>: <action>, <action>, ..." ("-" for none).
+// If a checkpoint triggered unaligned, "input-state-complete: <ids>" follows,
+// and for each such checkpoint, in trigger order,
 //
-// The tokens are the order in which items arrive in the channels. As
-// channel.Gate does, the harness does not read a blocked channel: an item
-// arriving on it waits there ("held" in the trace) and is fed, and printed
-// again, once the channel is unblocked, before any later item.
+//	inflight <id>: c0=[<indices>] c1=[...] ...
 //
-// Every run is checked against the invariants A1-A7 of doc.go; violations and
+// the records of its input channel state per channel (captured in Deliver,
+// persisted by Promote). With trace, each input is first printed with the
+// actions it produced: "<index> <token>: <action>, <action>, ..." ("-" for
+// none).
+//
+// The tokens are the order in which items are written to the channels. As
+// a driver behind channel.Gate does, the harness does not read a blocked or
+// paused channel: an item written to it waits there ("held" or "queued" in
+// the trace) and is read, and printed again, once the channel is readable,
+// before any later item. A priority barrier is queued ahead of everything in
+// its channel and read at once, from a blocked or paused channel too
+// (Gate.PollPriority); the trace says which records it overtook (its
+// writer's output channel state). The harness carries out Promote on its
+// queues: the records ahead of the barrier are printed after the action
+// ("promote 1/2 [4 5]", or "(not queued)"), and the barrier, now unaligned,
+// is read next ("(promoted)").
+//
+// Every run is checked against the invariants of doc.go; violations and
 // panics of the aligner are printed.
 func TestDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		if strings.HasSuffix(path, "README") {
+			return
+		}
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			if d.Cmd != "run" {
 				d.Fatalf(t, "unknown command %q", d.Cmd)
@@ -54,17 +82,29 @@ func TestDataDriven(t *testing.T) {
 			var modeStr string
 			d.ScanArgs(t, "channels", &cfg.Channels)
 			d.ScanArgs(t, "mode", &modeStr)
-			mode, err := marker.ParseMode(modeStr)
-			if err != nil {
-				d.Fatalf(t, "%v", err)
+			var o scriptOpts
+			switch modeStr {
+			case "aligned-timeout":
+				cfg.Mode, o.mode = marker.Aligned, marker.Aligned
+				d.ScanArgs(t, "timeout", &o.timeout)
+				if o.timeout <= 0 {
+					d.Fatalf(t, "mode=aligned-timeout needs timeout > 0")
+				}
+			default:
+				mode, err := marker.ParseMode(modeStr)
+				if err != nil {
+					d.Fatalf(t, "%v", err)
+				}
+				cfg.Mode, o.mode = mode, mode
+				if d.HasArg("timeout") {
+					d.Fatalf(t, "timeout= needs mode=aligned-timeout")
+				}
 			}
-			cfg.Mode = mode
 			cfg.AbortOnEndOfInput = d.HasArg("abort-on-eoi")
-			var ts int64
 			if d.HasArg("timestamp") {
-				d.ScanArgs(t, "timestamp", &ts)
+				d.ScanArgs(t, "timestamp", &o.ts)
 			}
-			sc, err := parseScript(d.Input, cfg.Channels, ts)
+			sc, err := parseScript(d.Input, cfg.Channels, o)
 			if err != nil {
 				d.Fatalf(t, "%v", err)
 			}
@@ -81,13 +121,24 @@ func formatRun(sc script, res runResult, trace, metrics bool) string {
 	var deliver, trigger, abort, mets []string
 	for _, st := range res.steps {
 		var acts []string
-		for _, act := range st.actions {
-			acts = append(acts, describe(act, metrics))
+		for i, act := range st.actions {
+			s := describe(act, metrics)
+			if i < len(st.notes) {
+				s += st.notes[i]
+			}
+			acts = append(acts, s)
 			switch act.Kind {
 			case Deliver:
 				deliver = append(deliver, fmt.Sprint(act.Item))
 			case Trigger:
-				trigger = append(trigger, fmt.Sprint(act.ID))
+				id := fmt.Sprint(act.ID)
+				switch {
+				case act.Switched:
+					id += "(switched)"
+				case act.Unaligned:
+					id += "(unaligned)"
+				}
+				trigger = append(trigger, id)
 				mets = append(mets, fmt.Sprintf("%d(align=%d delay=%d)", act.ID, act.AlignmentNanos, act.StartDelayNanos))
 			case Abort:
 				abort = append(abort, fmt.Sprintf("%d(%s)", act.ID, act.Reason))
@@ -97,11 +148,11 @@ func formatRun(sc script, res runResult, trace, metrics bool) string {
 			s := strings.Join(acts, ", ")
 			switch {
 			case st.held:
-				s = "held (channel blocked)"
+				s = st.why
 			case s == "":
 				s = "-"
 			}
-			fmt.Fprintf(&b, "%d %s: %s\n", st.input.idx, sc.tokens[st.input.idx], s)
+			fmt.Fprintf(&b, "%d %s%s: %s\n", st.input.idx, sc.tokens[st.input.idx], st.note, s)
 		}
 		if st.panic != "" {
 			fmt.Fprintf(&b, "panic at %d %s: %s\n", st.input.idx, sc.tokens[st.input.idx], st.panic)
@@ -116,6 +167,20 @@ func formatRun(sc script, res runResult, trace, metrics bool) string {
 	line("abort", abort)
 	if metrics {
 		line("metrics", mets)
+	}
+	if len(res.unaligned) > 0 {
+		var complete []string
+		for _, id := range res.complete {
+			complete = append(complete, fmt.Sprint(id))
+		}
+		line("input-state-complete", complete)
+		for _, id := range res.unaligned {
+			var chans []string
+			for ch, idx := range res.inflight[id] {
+				chans = append(chans, fmt.Sprintf("c%d=[%s]", ch, joinInts(idx)))
+			}
+			fmt.Fprintf(&b, "inflight %d: %s\n", id, strings.Join(chans, " "))
+		}
 	}
 	for _, v := range res.violations {
 		fmt.Fprintf(&b, "violation: %s\n", v)

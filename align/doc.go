@@ -1,39 +1,49 @@
 // Package align is the input side of checkpointing in one subtask: it merges
-// the subtask's input channels, aligns checkpoint barriers and decides when
-// the operator is snapshotted.
+// the subtask's input channels, aligns checkpoint barriers or captures the
+// in-flight data of unaligned checkpoints, and decides when the operator is
+// snapshotted.
 //
 // The Aligner is a pure, deterministic state machine in the style of etcd
 // raft: the driver feeds every item it reads from an input channel to Step
 // and carries out the returned actions in order. There are no goroutines, no
-// clock reads and no IO; time is the Input.Now field and is used for metrics
-// only.
+// clock reads and no IO; time is the Input.Now field, used for metrics and
+// for the alignment timeout only (a Tick input carries nothing but Now).
 //
 //	for {
-//		in := readFromSomeUnblockedChannel() // channel.Gate.Poll
+//		in := readSomeChannel() // Gate.PollPriority, then Gate.Poll; or a Tick
 //		for _, a := range al.Step(in) {
 //			switch a.Kind {
-//			case align.Deliver:        // give a.Item (record or end of input) to the operator
-//			case align.Block:          // stop reading a.Channel
+//			case align.Deliver:        // give a.Item (record or end of input) to the operator;
+//			                           // a record with a.PersistTo != 0 is also input channel
+//			                           // state of the open checkpoints in a.PersistFrom..a.PersistTo
+//			case align.Block:          // stop reading a.Channel (but for priority events)
 //			case align.Unblock:        // read a.Channel again
-//			case align.Trigger:        // snapshot the operator for a.Barrier
-//			case align.Abort:          // decline checkpoint a.ID (a.Reason)
-//			case align.ForwardBarrier: // send a.Barrier to all outputs
+//			case align.Trigger:        // snapshot the operator for a.Barrier; a.Unaligned: open
+//			                           // its input channel state
+//			case align.Abort:          // decline checkpoint a.ID (a.Reason); drop its channel state
+//			case align.ForwardBarrier: // send a.Barrier to all outputs (overtaking if unaligned)
 //			case align.ForwardCancel:  // send a cancel marker for a.ID to all outputs
+//			case align.Promote:        // pull barrier a.ID ahead in a.Channel, persisting what it overtakes
+//			case align.InputStateComplete: // close a.ID's input channel state; ack it
 //			case align.Finished:       // all inputs ended
 //			}
 //		}
+//		if d, ok := al.Deadline(); ok { /* (re)arm a timer for d that feeds a Tick */ }
 //	}
 //
-// Each mode is a handler behind one interface (aligned.go, tracker.go), so an
-// unaligned handler can be added next to them. New rejects marker.Unaligned
-// for now.
+// Config.Mode selects one of two handlers behind one interface: exactly-once
+// (marker.Aligned, or marker.Unaligned, which means the same; aligned.go),
+// which handles each barrier as its Options say, like Flink's
+// SingleCheckpointBarrierHandler; and at-least-once (tracker.go), which
+// tracks every barrier whatever its options, like Flink's
+// CheckpointBarrierTracker.
 //
-// # Aligned (exactly-once)
+// # Exactly-once: aligned barriers
 //
-// This follows Flink's SingleCheckpointBarrierHandler in its aligned states.
-// One checkpoint is aligned at a time.
+// An aligned barrier (Options.Mode Aligned; savepoints by default) is
+// aligned. One checkpoint is aligned at a time.
 //
-//   - Barrier N newer than the current checkpoint starts an alignment; the
+//   - Barrier N newer than every id seen starts an alignment; the
 //     target is the number of open channels at that moment. Its channel is
 //     blocked unless this barrier already completes the alignment (so a
 //     single-channel subtask never blocks).
@@ -42,8 +52,8 @@
 //     completes: Trigger N, ForwardBarrier N, Unblock every blocked channel.
 //   - Barrier M newer than the alignment N in progress subsumes it: Abort
 //     N (subsumed), ForwardCancel N, Unblock, and then M is handled as
-//     above.
-//   - Stale barriers (id below the current one, or equal to it once it was
+//     above (or as below, if it is unaligned).
+//   - Stale barriers (id below the newest seen, or equal to it once it was
 //     completed or aborted) and duplicate barriers are ignored.
 //   - Cancel marker for n: if n is the alignment in progress, or newer than
 //     anything seen: Abort n (cancel-marker), ForwardCancel n, Unblock;
@@ -56,25 +66,97 @@
 //     instead. After the last channel's EndOfInput: Finished.
 //
 // Blocking is the driver's job and it is mandatory: after Block the driver
-// must not feed the channel to Step until Unblock (Step panics otherwise).
-// What arrives meanwhile waits in the channel itself. channel.Gate does
-// exactly that: Gate.Block stops polling the channel, whose queue fills and
-// pushes back on its writer (channel CH6), and Block is carried out before
-// the next Poll, since every action of a Step is. So the aligner keeps no
-// inputs of its own, and everything it is fed is handled at once.
+// must not feed the channel to Step until Unblock, except for priority
+// events (Step panics otherwise). What arrives meanwhile waits in the
+// channel itself. channel.Gate does exactly that: Gate.Block stops polling
+// the channel, whose queue fills and pushes back on its writer (channel
+// CH6), and Block is carried out before the next Poll, since every action of
+// a Step is. So the aligner keeps no inputs of its own, and everything it is
+// fed is handled at once. (Earlier versions kept the items fed on a blocked
+// channel and replayed them when the alignment ended; behind a Gate that
+// buffer was unreachable, so it is gone: see testdata/aligned_gate.)
 //
-// (Earlier versions kept the items fed on a blocked channel and replayed
-// them when the alignment ended. Behind a Gate that buffer was unreachable,
-// so it is gone; the datadriven harness now reads its scripts as the Gate
-// does: see aligned_gate. Gate.PollPriority, which does read priority
-// events of blocked channels, is not used by the runtime yet: an unaligned
-// handler that uses it must let Step accept those events.)
+// # Exactly-once: unaligned barriers
+//
+// An unaligned barrier (Mode Unaligned) is a priority event: its writer sent
+// it ahead of the data queued in the channel (channel.SendEventOvertaking;
+// the overtaken data is the writer's output channel state), and the driver
+// reads it from blocked channels too (Gate.PollPriority), so Step accepts it
+// on a blocked channel. Unaligned checkpoints never block.
+//
+//   - The first barrier N, on any channel, blocked or not (N newer than every
+//     id seen): an alignment in progress is subsumed (Abort, ForwardCancel,
+//     Unblock as above); then Trigger N with Unaligned set and
+//     ForwardBarrier N, and capture of N starts on every open channel but
+//     this one: records delivered on it from now on, until its barrier N
+//     (or end of input), are input channel state of N on it, in order.
+//     Deliver says so: N is in PersistFrom..PersistTo.
+//   - Barrier N on a channel ends the capture of N there. When it has ended
+//     on every channel: InputStateComplete N (in the Trigger's Step when
+//     nothing is to be captured, e.g. on one channel). The driver closes N's
+//     input channel state and only then acknowledges N.
+//   - Any number of unaligned checkpoints may be captured at once (up to
+//     maxCapturing = 50; a newer one aborts the oldest as subsumed); a newer
+//     barrier does not subsume an older capture, and an aligned barrier
+//     aligns as above while older captures go on (its channels block at its
+//     barrier, behind theirs). A record is input channel state of every
+//     checkpoint captured on its channel; those are contiguous among the
+//     open ones, so one range says it exactly (ids in it the driver has no
+//     open state for, aborted or aligned ones, are skipped).
+//   - A barrier or cancel marker for id X on channel c ends, on c, the
+//     capture of every checkpoint older than X too: its writer sent what
+//     it sent for them before X. If the barrier of such an older K was
+//     overtaken by barrier X (X unaligned, K aligned: K's writer had not
+//     switched it) it is still queued in c, behind records that belong to
+//     K: a barrier X emits Promote(c, K) for them, so the driver persists
+//     those records as K's state. If K's writer sent nothing for K (it saw
+//     X first), the capture simply ends: K cannot complete upstream anyway.
+//     Barriers with an id at or below the newest read on their channel were
+//     overtaken (or are duplicates) and are ignored.
+//   - Cancel marker for N, while N is captured: Abort N (cancel-marker) and
+//     ForwardCancel N after its Trigger and ForwardBarrier; its capture
+//     stops, the driver drops its state. The other rules for cancel markers
+//     are those above.
+//   - EndOfInput on a channel counts as the barrier of every checkpoint
+//     captured on it; with Config.AbortOnEndOfInput it aborts them
+//     (end-of-input) instead, after their Trigger.
+//
+// # Exactly-once: aligned with timeout
+//
+// An aligned barrier with Options.AlignedTimeout T > 0 starts an ordinary
+// alignment, whose deadline is Barrier.Timestamp + T (Deadline; Flink
+// measures from the checkpoint's trigger time too). Every input whose Now is
+// at or after the deadline, a Tick or any other, switches the alignment
+// before the input itself is handled (as if the driver's timer had fired
+// just before):
+//
+//   - Trigger N with Unaligned and Switched set, ForwardBarrier N with the
+//     barrier promoted (Barrier.AsUnaligned: the driver sends it
+//     overtaking), Unblock every blocked channel, and on every open channel
+//     whose barrier N has not arrived: Promote(c, N) and capture. Promote:
+//     if barrier N is queued in c, the driver persists the data ahead of it
+//     as input channel state of N on c and moves it to the head of c, so
+//     that it is read next; the data is then read and delivered normally. If
+//     it is not queued, capture goes on until it arrives (its writer has
+//     most likely sent it unaligned already, having seen the timeout too).
+//     From then on N is an unaligned checkpoint as above.
+//   - An unaligned barrier N of the alignment in progress (a writer
+//     switched first) switches it at once too.
+//   - A barrier that arrives after its deadline starts unaligned (switched)
+//     at once, with Promote for the other open channels, even on one channel
+//     (it is then forwarded overtaking). T = 0 means no timeout: "always
+//     unaligned" is Mode Unaligned.
+//   - An alignment that completes before its deadline triggers aligned
+//     (Unaligned unset); Deadline reports nothing once no alignment with a
+//     timeout is in progress. Now decides nothing else.
 //
 // # At-least-once
 //
-// This follows Flink's CheckpointBarrierTracker. Nothing is ever blocked or
-// buffered: records are delivered at once. Up to 50 checkpoints are tracked,
-// oldest first, each with the open-channel count at its first barrier.
+// This follows Flink's CheckpointBarrierTracker. Nothing is ever blocked,
+// buffered or captured: records are delivered at once, and every barrier is
+// tracked whatever its Options (no deadline: a Tick does nothing). Up to 50
+// checkpoints are tracked, oldest first, each with the open-channel count at
+// its first barrier.
 //
 //   - A barrier of a tracked checkpoint counts its channel once. When every
 //     channel counted, the checkpoint triggers (Trigger, ForwardBarrier), and
@@ -93,35 +175,55 @@
 //
 // # Invariants
 //
-// The tests check these on every datadriven script and on random scripts.
+// The tests check these on every datadriven script and on random scripts
+// (A8 in TestNoAllocs).
 //
 //   - A1 (delivery): every Record and EndOfInput is delivered exactly once,
 //     in the Step that feeds it, so the items of one channel are delivered
-//     in their arrival order. (In aligned mode what arrives on a blocked
-//     channel waits in the channel until Unblock.)
-//   - A2 (consistent cut): for each Trigger N in aligned mode and each
-//     channel c: if barrier N arrived on c, every item that arrived on c
-//     before it is delivered before Trigger N and no item that arrived on c
-//     after it is; otherwise c's EndOfInput was delivered before Trigger N.
-//     In at-least-once mode only the first half holds (records after the
+//     in their arrival order. (What arrives on a blocked channel waits in
+//     the channel until Unblock.)
+//   - A2 (consistent cut): for each aligned Trigger N and each channel c: if
+//     barrier N arrived on c, every item that arrived on c before it is
+//     delivered before Trigger N and no item that arrived on c after it is;
+//     otherwise c's EndOfInput was delivered before Trigger N. In
+//     at-least-once mode only the first half holds (records after the
 //     barrier may be delivered earlier; they are replayed after a restore).
-//   - A3 (outcome order): the ids of Trigger and Abort actions strictly
-//     increase over the life of the aligner, so each checkpoint id gets at
-//     most one outcome and triggers increase.
+//   - A2u (consistent cut with channel state): for each unaligned (or
+//     switched) Trigger N, once InputStateComplete N, and each channel c
+//     whose writer sent barrier N: the records delivered before Trigger N,
+//     the records captured for N on c (Deliver), those persisted by Promote
+//     for N on c, and those that barrier N overtook in c (its writer's
+//     output channel state) are, without repetition, exactly the records
+//     written to c before barrier N (all of them if c ended first).
+//   - A3 (outcome order): the first outcome (Trigger or Abort) of each id
+//     comes at most once and their ids strictly increase over the life of
+//     the aligner, so triggers increase. A second outcome is only an Abort
+//     after an unaligned Trigger, before InputStateComplete.
+//     InputStateComplete N follows an unaligned Trigger N, at most once,
+//     never after Abort N.
 //   - A4 (forwarding): every Trigger N is immediately followed by
-//     ForwardBarrier N and every Abort N by ForwardCancel N; nothing else is
-//     forwarded. Downstream thus hears either barrier N or a cancel marker
-//     for N, once (marker M2).
+//     ForwardBarrier N with the same barrier (unaligned iff the Trigger is),
+//     and every Abort N by ForwardCancel N; nothing else is forwarded.
+//     Downstream thus hears barrier N or a cancel marker for N, once, or,
+//     for an unaligned N aborted while captured, barrier N then a cancel
+//     marker (marker M2).
 //   - A5 (blocking): a channel is blocked only during an alignment and only
-//     after delivering that checkpoint's barrier; Block and Unblock
-//     alternate per channel; at-least-once mode never blocks.
+//     after delivering that checkpoint's aligned barrier; Block and Unblock
+//     alternate per channel; unaligned barriers and at-least-once mode
+//     never block.
 //   - A6 (resolution): every checkpoint that Pending reported gets an
-//     outcome (Trigger or Abort) before Finished.
+//     outcome before Finished, and every unaligned Trigger an
+//     InputStateComplete or an Abort.
 //   - A7 (finish): Finished is returned exactly once, as the last action,
 //     after the EndOfInput of every channel was delivered.
-//   - A8 (allocation): Step does not allocate for records, nor, once its
-//     action buffer has grown, for whole checkpoint cycles
-//     (testing.AllocsPerRun in TestNoAllocs).
+//   - A8 (allocation): Step does not allocate for records, captured or not,
+//     nor, once its buffers have grown, for whole checkpoint cycles
+//     (aligned, unaligned, switched).
+//   - A9 (capture): only records are captured (PersistTo is 0 for an end
+//     of input), PersistFrom <= PersistTo, and Promote is emitted only for
+//     a checkpoint being captured; Capturing counts those.
+//   - A10 (deadline): Deadline is reported only while an alignment is
+//     pending, and is after the Now of the last input.
 //
 // # Differences from Flink
 //
@@ -144,9 +246,24 @@
 //     marker is ignored on a single channel too (Flink re-notifies). The
 //     metrics are kept per tracked checkpoint (Flink keeps those of the
 //     newest only).
-//   - The mode comes from Config, not from the barrier's options.
+//   - Any number of unaligned checkpoints are captured at once (Flink
+//     allows one: execution.checkpointing.max-concurrent-checkpoints must
+//     be 1), and an aligned savepoint may be aligned while they are. A
+//     record's range of checkpoint ids makes it cheap.
+//   - A barrier ends, on its channel, the capture of older checkpoints too,
+//     promoting their barrier if it was overtaken; Flink keeps one
+//     checkpoint and has no such case.
+//   - A barrier that arrives after its deadline switches at once even when
+//     it completes the alignment (Flink triggers aligned if all barriers
+//     are in and times out otherwise); the checkpoint is then forwarded
+//     overtaking. Inputs are checked against the deadline before they are
+//     handled, Flink checks on barrier arrival and by timer.
+//   - An unaligned checkpoint aborted while captured (cancel marker, end of
+//     input with AbortOnEndOfInput) is declined after its trigger, and the
+//     cancel marker is forwarded after its barrier.
 //   - Protocol violations by the driver (input after a channel's
-//     EndOfInput, input on a blocked channel, an unknown channel) panic:
+//     EndOfInput, input other than a priority barrier on a blocked channel,
+//     an unknown channel, an unaligned checkpoint id below 1) panic:
 //     they are broken invariants of the caller (marker M3, channel CH6),
 //     not runtime errors.
 package align

@@ -2,18 +2,24 @@ package align
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/snapflow/snapflow/marker"
 )
 
 // A script is a sequence of tokens; see TestDataDriven for the notation. Each
-// token has an index (its position); clock tokens (@T) have one too but are
-// not inputs.
+// token has an index (its position); clock, pause and resume tokens have one
+// too but are not inputs.
 type script struct {
 	tokens []string
+	// inputs are the items written to the channels, and the ticks, in
+	// script order.
 	inputs []scriptInput
+	// ops is everything but the inputs' payload, in script order.
+	ops []scriptOp
 }
 
 type scriptInput struct {
@@ -21,9 +27,34 @@ type scriptInput struct {
 	in  Input[int]
 }
 
-// parseScript parses the whitespace-separated tokens of s. Barriers get
-// Timestamp ts.
-func parseScript(s string, channels int, ts int64) (script, error) {
+type opKind uint8
+
+const (
+	opInput  opKind = iota // write inputs[in] (or feed the tick)
+	opClock                // set the clock to now
+	opPause                // stop reading non-priority items of ch
+	opResume               // read ch again
+)
+
+type scriptOp struct {
+	kind opKind
+	in   int // opInput: index into inputs
+	ch   int
+	now  int64
+}
+
+// scriptOpts are the barrier defaults of a script.
+type scriptOpts struct {
+	// mode is the Mode of B tokens.
+	mode marker.Mode
+	// timeout is the AlignedTimeout of B tokens (mode Aligned only).
+	timeout int64
+	// ts is the Timestamp of barriers without an @TS suffix.
+	ts int64
+}
+
+// parseScript parses the whitespace-separated tokens of s.
+func parseScript(s string, channels int, o scriptOpts) (script, error) {
 	var sc script
 	var now int64
 	for _, tok := range strings.Fields(s) {
@@ -35,25 +66,40 @@ func parseScript(s string, channels int, ts int64) (script, error) {
 				return sc, fmt.Errorf("token %d %q: bad clock: %v", idx, tok, err)
 			}
 			now = t
+			sc.ops = append(sc.ops, scriptOp{kind: opClock, now: t})
 			continue
 		}
-		in, err := parseToken(tok, channels)
+		if len(tok) > 2 && (tok[0] == 'P' || tok[0] == 'R') && tok[1] == '/' {
+			ch, err := strconv.Atoi(tok[2:])
+			if err != nil || ch < 0 || ch >= channels {
+				return sc, fmt.Errorf("token %d %q: bad channel (have %d channels)", idx, tok, channels)
+			}
+			k := opPause
+			if tok[0] == 'R' {
+				k = opResume
+			}
+			sc.ops = append(sc.ops, scriptOp{kind: k, ch: ch})
+			continue
+		}
+		in, err := parseToken(tok, channels, o)
 		if err != nil {
 			return sc, fmt.Errorf("token %d %q: %v", idx, tok, err)
 		}
 		in.Item = idx
 		in.Now = now
-		if in.Kind == Barrier {
-			in.Barrier.Timestamp = ts
-		}
+		sc.ops = append(sc.ops, scriptOp{kind: opInput, in: len(sc.inputs)})
 		sc.inputs = append(sc.inputs, scriptInput{idx: idx, in: in})
 	}
 	return sc, nil
 }
 
-// parseToken parses bC, Bn/C, Cn/C or E/C.
-func parseToken(tok string, channels int) (Input[int], error) {
+// parseToken parses tick, bC, Xn/C[@TS] (X one of B A U S C) or E/C.
+func parseToken(tok string, channels int, o scriptOpts) (Input[int], error) {
 	var in Input[int]
+	if tok == "tick" {
+		in.Kind = Tick
+		return in, nil
+	}
 	if len(tok) < 2 {
 		return in, fmt.Errorf("unknown token")
 	}
@@ -63,14 +109,32 @@ func parseToken(tok string, channels int) (Input[int], error) {
 	case 'b':
 		in.Kind = Record
 		chStr = rest
-	case 'B', 'C':
+	case 'B', 'A', 'U', 'S', 'C':
 		in.Kind = Barrier
-		if tok[0] == 'C' {
+		in.Barrier.Timestamp = o.ts
+		switch tok[0] {
+		case 'B':
+			in.Barrier.Options.Mode = o.mode
+			if o.mode == marker.Aligned {
+				in.Barrier.Options.AlignedTimeout = time.Duration(o.timeout)
+			}
+		case 'U':
+			in.Barrier.Options.Mode = marker.Unaligned
+		case 'S':
+			in.Barrier.Options.Kind = marker.Savepoint
+		case 'C':
 			in.Kind = Cancel
 		}
 		var ok bool
 		if idStr, chStr, ok = strings.Cut(rest, "/"); !ok {
 			return in, fmt.Errorf("want %cn/C", tok[0])
+		}
+		if c, ts, ok := strings.Cut(chStr, "@"); ok && in.Kind == Barrier {
+			t, err := strconv.ParseInt(ts, 10, 64)
+			if err != nil {
+				return in, fmt.Errorf("bad timestamp %q", ts)
+			}
+			chStr, in.Barrier.Timestamp = c, t
 		}
 	case 'E':
 		in.Kind = EndOfInput
@@ -100,10 +164,19 @@ func parseToken(tok string, channels int) (Input[int], error) {
 type stepRecord struct {
 	input   scriptInput
 	actions []Action[int] // copied
-	panic   string
-	// held: the input was not stepped yet because its channel was blocked
-	// (or held earlier inputs); it is stepped later, in its own record.
+	// notes[i] is what the harness found carrying out actions[i]
+	// (Promote).
+	notes []string
+	// note is printed after the token: what the input did to its channel
+	// (a priority barrier overtaking queued records) or how it got there
+	// (promoted).
+	note  string
+	panic string
+	// held is set when the input was not stepped yet because its channel
+	// was blocked or paused (or held earlier inputs); it is stepped later,
+	// in its own record. why says which.
 	held bool
+	why  string
 }
 
 // runResult is a whole run.
@@ -112,317 +185,658 @@ type runResult struct {
 	// violations of the named invariants found by the checker.
 	violations []string
 	err        error // from New
+	// unaligned are the ids triggered unaligned, in order; inflight[id][ch]
+	// the token indices of their input channel state on ch (captured and
+	// promoted), sorted.
+	unaligned []int64
+	inflight  map[int64][][]int
+	complete  []int64
 }
 
-// runScript feeds the inputs to a fresh aligner as channel.Gate would,
-// checking the invariants (A1-A7) after every step and at the end. The
-// script is the order in which items arrive in the channels; an item on a
-// blocked channel waits in its channel (channel CH6) and is fed once the
-// channel is unblocked, before anything that arrived after it. So the
-// aligner never sees input on a blocked channel. A panic of the aligner
-// stops the run and is recorded in the last step.
+// runScript feeds the inputs to a fresh aligner as a driver behind
+// channel.Gate would, carrying out the actions (including Promote) on a
+// model of the channel queues, and checks the invariants of doc.go after
+// every step and at the end.
+//
+// The script is the order in which items are written to the channels. An
+// item is read at once unless its channel is blocked or paused (or holds
+// earlier items): then it waits in the channel's queue (channel CH6) and is
+// read once the channel is readable, before anything written after it. A
+// priority (unaligned) barrier is queued ahead of everything and read at
+// once, from a blocked or paused channel too (Gate.PollPriority); the
+// records it overtakes are its writer's output channel state. A panic of the
+// aligner stops the run and is recorded in the last step.
 func runScript(cfg Config, sc script) runResult {
 	a, err := New[int](cfg)
 	if err != nil {
 		return runResult{err: err}
 	}
-	chk := newChecker(cfg, sc)
-	var res runResult
-	held := make([][]scriptInput, cfg.Channels) // per channel, in arrival order
-	next := 0
-	for {
-		// The earliest held input of an unblocked channel goes first.
-		best := -1
-		for ch, q := range held {
-			if len(q) > 0 && !a.Blocked(ch) && (best < 0 || q[0].idx < held[best][0].idx) {
-				best = ch
-			}
+	r := newRun(cfg, sc, a)
+	r.loop()
+	r.finish()
+	r.res.violations = r.violations
+	for _, id := range r.res.unaligned {
+		per := make([][]int, cfg.Channels)
+		for ch := range per {
+			per[ch] = append(append([]int(nil), r.captured[id][ch]...), r.promoted[id][ch]...)
+			slices.Sort(per[ch])
 		}
-		var si scriptInput
-		switch {
-		case best >= 0:
-			si, held[best] = held[best][0], held[best][1:]
-		case next < len(sc.inputs):
-			si = sc.inputs[next]
-			next++
-			if ch := si.in.Channel; ch >= 0 && ch < cfg.Channels && (a.Blocked(ch) || len(held[ch]) > 0) {
-				held[ch] = append(held[ch], si)
-				res.steps = append(res.steps, stepRecord{input: si, held: true})
-				continue
-			}
-		default:
-			chk.finish(a)
-			res.violations = chk.violations
-			return res
-		}
-		rec := stepRecord{input: si}
-		func() {
-			defer func() {
-				if r := recover(); r != nil {
-					rec.panic = fmt.Sprint(r)
-				}
-			}()
-			rec.actions = append([]Action[int](nil), a.Step(si.in)...)
-		}()
-		res.steps = append(res.steps, rec)
-		if rec.panic != "" {
-			chk.finish(a)
-			res.violations = chk.violations
-			return res
-		}
-		chk.step(a, si, rec.actions)
+		r.res.inflight[id] = per
 	}
+	return r.res
 }
 
-// checker verifies the invariants of doc.go from the outside.
-type checker struct {
+// run is the driver model and the checker.
+type run struct {
 	cfg Config
 	sc  script
-	// byIdx maps a token index to its input.
+	a   *Aligner[int]
+	res runResult
+	now int64
+
+	// Channel model.
+	queue, prio [][]scriptInput
+	paused      []bool
+	// maxWritten[ch] is the highest barrier or cancel id written to ch.
+	maxWritten []int64
+
+	// Driver model: open[id] while the input channel state of id is open
+	// (Trigger unaligned to InputStateComplete or Abort); what went into
+	// it per channel; the records overtaken by each priority barrier (its
+	// writer's output channel state).
+	open                          map[int64]bool
+	captured, promoted, overtaken map[int64][][]int
+
+	// Checker state.
 	byIdx map[int]Input[int]
-	// arrived[i] is set once input (token index) i was stepped.
-	arrived   map[int]bool
-	delivered map[int]int // token index -> position in the delivery order
-	order     []int       // delivered token indices, in order
+	// written[i] once input (token index) i was written, arrived[i] once
+	// it was stepped.
+	written, arrived map[int]bool
+	delivered        map[int]int // token index -> position in the delivery order
+	order            []int       // delivered token indices, in order
 	// lastDelivered[ch] is the newest delivered token index of ch.
 	lastDelivered []int
 	blocked       []bool
 	ended         []bool // EndOfInput delivered
-	outcomes      []int64
-	haveOutcome   map[int64]bool
-	pendingSeen   map[int64]bool
-	finished      bool
-	violations    []string
+	// outcomes are the first outcomes (Trigger or Abort), in order.
+	outcomes                 []int64
+	triggered, aborted, done map[int64]bool
+	unalignedTrig            map[int64]bool
+	triggerPos               map[int64]int // len(order) at an unaligned Trigger
+	pendingSeen              map[int64]bool
+	finished                 bool
+	violations               []string
 }
 
-func newChecker(cfg Config, sc script) *checker {
-	c := &checker{
+func newRun(cfg Config, sc script, a *Aligner[int]) *run {
+	r := &run{
 		cfg:           cfg,
 		sc:            sc,
+		a:             a,
+		res:           runResult{inflight: map[int64][][]int{}},
+		queue:         make([][]scriptInput, cfg.Channels),
+		prio:          make([][]scriptInput, cfg.Channels),
+		paused:        make([]bool, cfg.Channels),
+		maxWritten:    make([]int64, cfg.Channels),
+		open:          map[int64]bool{},
+		captured:      map[int64][][]int{},
+		promoted:      map[int64][][]int{},
+		overtaken:     map[int64][][]int{},
 		byIdx:         map[int]Input[int]{},
+		written:       map[int]bool{},
 		arrived:       map[int]bool{},
 		delivered:     map[int]int{},
 		lastDelivered: make([]int, cfg.Channels),
 		blocked:       make([]bool, cfg.Channels),
 		ended:         make([]bool, cfg.Channels),
-		haveOutcome:   map[int64]bool{},
+		triggered:     map[int64]bool{},
+		aborted:       map[int64]bool{},
+		done:          map[int64]bool{},
+		unalignedTrig: map[int64]bool{},
+		triggerPos:    map[int64]int{},
 		pendingSeen:   map[int64]bool{},
 	}
-	for i := range c.lastDelivered {
-		c.lastDelivered[i] = -1
+	for i := range r.lastDelivered {
+		r.lastDelivered[i] = -1
 	}
 	for _, si := range sc.inputs {
-		c.byIdx[si.idx] = si.in
+		r.byIdx[si.idx] = si.in
 	}
-	return c
+	return r
 }
 
-func (c *checker) failf(format string, args ...any) {
-	c.violations = append(c.violations, fmt.Sprintf(format, args...))
+// perChannel returns m[id], created with one slot per channel.
+func (r *run) perChannel(m map[int64][][]int, id int64) [][]int {
+	if m[id] == nil {
+		m[id] = make([][]int, r.cfg.Channels)
+	}
+	return m[id]
 }
 
-func (c *checker) step(a *Aligner[int], si scriptInput, acts []Action[int]) {
-	c.arrived[si.idx] = true
-	at := fmt.Sprintf("after input %d (%s)", si.idx, c.sc.tokens[si.idx])
-	if c.finished {
-		c.failf("A7: step %s after Finished", at)
+func (r *run) failf(format string, args ...any) {
+	r.violations = append(r.violations, fmt.Sprintf(format, args...))
+}
+
+func (r *run) readable(ch int) bool { return !r.a.Blocked(ch) && !r.paused[ch] }
+
+// loop reads and writes until the script is done or the aligner panicked.
+func (r *run) loop() {
+	next := 0
+	for {
+		// A priority item first (the earliest), then the earliest queued
+		// item of a readable channel.
+		best, prio := -1, false
+		for ch, q := range r.prio {
+			if len(q) > 0 && (best < 0 || q[0].idx < r.prio[best][0].idx) {
+				best, prio = ch, true
+			}
+		}
+		if !prio {
+			for ch, q := range r.queue {
+				if len(q) > 0 && r.readable(ch) && (best < 0 || q[0].idx < r.queue[best][0].idx) {
+					best = ch
+				}
+			}
+		}
+		if best >= 0 {
+			var si scriptInput
+			note := ""
+			if prio {
+				si, r.prio[best] = r.prio[best][0], r.prio[best][1:]
+				note = " (promoted)"
+			} else {
+				si, r.queue[best] = r.queue[best][0], r.queue[best][1:]
+			}
+			if !r.step(si, note) {
+				return
+			}
+			continue
+		}
+		if next >= len(r.sc.ops) {
+			return
+		}
+		op := r.sc.ops[next]
+		next++
+		switch op.kind {
+		case opClock:
+			r.now = op.now
+			continue
+		case opPause:
+			r.paused[op.ch] = true
+			continue
+		case opResume:
+			r.paused[op.ch] = false
+			continue
+		}
+		si := r.sc.inputs[op.in]
+		r.written[si.idx] = true
+		if si.in.Kind == Tick {
+			if !r.step(si, "") {
+				return
+			}
+			continue
+		}
+		ch := si.in.Channel
+		newest := false
+		if k := si.in.Kind; k == Barrier || k == Cancel {
+			newest = si.in.Barrier.ID > r.maxWritten[ch]
+			r.maxWritten[ch] = max(r.maxWritten[ch], si.in.Barrier.ID)
+		}
+		if si.in.Kind == Barrier && si.in.Barrier.Priority() {
+			// Queued ahead of everything (r.prio is empty here: it is
+			// always read first), so it is read now.
+			var over []int
+			for _, q := range r.queue[ch] {
+				if q.in.Kind == Record {
+					over = append(over, q.idx)
+				}
+			}
+			note := ""
+			// The records a duplicate or stale barrier overtakes are no
+			// output channel state: a real writer would not send it.
+			if len(over) > 0 && newest {
+				per := r.perChannel(r.overtaken, si.in.Barrier.ID)
+				per[ch] = append(per[ch], over...)
+				note = fmt.Sprintf(" (overtakes %s)", joinInts(over))
+			}
+			if !r.step(si, note) {
+				return
+			}
+			continue
+		}
+		if r.readable(ch) && len(r.queue[ch]) == 0 {
+			if !r.step(si, "") {
+				return
+			}
+			continue
+		}
+		why := "held (channel blocked)"
+		if !r.a.Blocked(ch) {
+			why = "queued (channel paused)"
+		}
+		r.queue[ch] = append(r.queue[ch], si)
+		r.res.steps = append(r.res.steps, stepRecord{input: si, held: true, why: why})
+	}
+}
+
+// step feeds si to the aligner at the current time, carries out and checks
+// the actions. It returns false if the aligner panicked.
+func (r *run) step(si scriptInput, note string) bool {
+	in := si.in
+	in.Now = r.now
+	rec := stepRecord{input: si, note: note}
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				rec.panic = fmt.Sprint(p)
+			}
+		}()
+		rec.actions = append([]Action[int](nil), r.a.Step(in)...)
+	}()
+	if rec.panic != "" {
+		r.res.steps = append(r.res.steps, rec)
+		return false
+	}
+	rec.notes = make([]string, len(rec.actions))
+	r.check(si, &rec)
+	r.res.steps = append(r.res.steps, rec)
+	return true
+}
+
+func (r *run) exactlyOnce() bool { return r.cfg.Mode != marker.AtLeastOnce }
+
+// check carries out the actions of one step in order, as the driver would,
+// and checks them.
+func (r *run) check(si scriptInput, rec *stepRecord) {
+	acts := rec.actions
+	r.arrived[si.idx] = true
+	at := fmt.Sprintf("after input %d (%s)", si.idx, r.sc.tokens[si.idx])
+	if r.finished && si.in.Kind != Tick {
+		r.failf("A7: step %s after Finished", at)
 	}
 	for i, act := range acts {
 		switch act.Kind {
 		case Deliver:
-			c.deliver(at, act)
+			r.deliver(at, act)
 		case Block:
-			if c.cfg.Mode == marker.AtLeastOnce {
-				c.failf("A5: %s: Block in at-least-once mode", at)
+			if r.cfg.Mode == marker.AtLeastOnce {
+				r.failf("A5: %s: Block in at-least-once mode", at)
 			}
-			if c.blocked[act.Channel] {
-				c.failf("A5: %s: Block of blocked channel %d", at, act.Channel)
+			if si.in.Kind != Barrier || si.in.Barrier.Priority() || si.in.Channel != act.Channel {
+				r.failf("A5: %s: Block of channel %d, not by an aligned barrier read on it", at, act.Channel)
 			}
-			c.blocked[act.Channel] = true
+			if r.blocked[act.Channel] {
+				r.failf("A5: %s: Block of blocked channel %d", at, act.Channel)
+			}
+			r.blocked[act.Channel] = true
 		case Unblock:
-			if !c.blocked[act.Channel] {
-				c.failf("A5: %s: Unblock of unblocked channel %d", at, act.Channel)
+			if !r.blocked[act.Channel] {
+				r.failf("A5: %s: Unblock of unblocked channel %d", at, act.Channel)
 			}
-			c.blocked[act.Channel] = false
+			r.blocked[act.Channel] = false
 		case Trigger, Abort:
-			if n := len(c.outcomes); n > 0 && act.ID <= c.outcomes[n-1] {
-				c.failf("A3: %s: %s %d after outcome %d", at, act.Kind, act.ID, c.outcomes[n-1])
-			}
-			c.outcomes = append(c.outcomes, act.ID)
-			c.haveOutcome[act.ID] = true
+			r.outcome(at, act)
 			want := ForwardBarrier
 			if act.Kind == Abort {
 				want = ForwardCancel
 			}
 			if i+1 >= len(acts) || acts[i+1].Kind != want || acts[i+1].ID != act.ID || acts[i+1].Barrier != act.Barrier {
-				c.failf("A4: %s: %s %d not followed by %s %d", at, act.Kind, act.ID, want, act.ID)
+				r.failf("A4: %s: %s %d not followed by %s %d", at, act.Kind, act.ID, want, act.ID)
 			}
-			if act.Kind == Trigger {
-				c.checkCut(at, act.ID)
+			if act.Kind == Trigger && r.exactlyOnce() && act.Barrier.Priority() != act.Unaligned {
+				r.failf("A4: %s: trigger %d (unaligned %v) forwards %s", at, act.ID, act.Unaligned, act.Barrier)
 			}
 		case ForwardBarrier, ForwardCancel:
 			if i == 0 || (acts[i-1].Kind != Trigger && acts[i-1].Kind != Abort) {
-				c.failf("A4: %s: %s %d not right after its outcome", at, act.Kind, act.ID)
+				r.failf("A4: %s: %s %d not right after its outcome", at, act.Kind, act.ID)
 			}
+		case Promote:
+			if !r.open[act.ID] {
+				r.failf("A9: %s: promote %d/%d, which is not being captured", at, act.ID, act.Channel)
+			}
+			rec.notes[i] = r.promote(act.Channel, act.ID)
+		case InputStateComplete:
+			switch {
+			case !r.unalignedTrig[act.ID]:
+				r.failf("A3: %s: input-state-complete %d without an unaligned trigger", at, act.ID)
+			case r.done[act.ID]:
+				r.failf("A3: %s: second input-state-complete %d", at, act.ID)
+			case r.aborted[act.ID]:
+				r.failf("A3: %s: input-state-complete %d after its abort", at, act.ID)
+			}
+			r.done[act.ID] = true
+			delete(r.open, act.ID)
+			r.res.complete = append(r.res.complete, act.ID)
+			r.checkChannelCut(at, act.ID)
 		case Finished:
-			if c.finished {
-				c.failf("A7: %s: second Finished", at)
+			if r.finished {
+				r.failf("A7: %s: second Finished", at)
 			}
-			c.finished = true
+			r.finished = true
 			if i != len(acts)-1 {
-				c.failf("A7: %s: Finished is not the last action", at)
+				r.failf("A7: %s: Finished is not the last action", at)
 			}
-			for ch, e := range c.ended {
+			for ch, e := range r.ended {
 				if !e {
-					c.failf("A7: %s: Finished before the end of channel %d was delivered", at, ch)
+					r.failf("A7: %s: Finished before the end of channel %d was delivered", at, ch)
 				}
 			}
 		}
 	}
-	for ch := range c.blocked {
-		if a.Blocked(ch) != c.blocked[ch] {
-			c.failf("A5: %s: Blocked(%d) = %v, actions say %v", at, ch, a.Blocked(ch), c.blocked[ch])
+	for ch := range r.blocked {
+		if r.a.Blocked(ch) != r.blocked[ch] {
+			r.failf("A5: %s: Blocked(%d) = %v, actions say %v", at, ch, r.a.Blocked(ch), r.blocked[ch])
 		}
 	}
-	id, ok := a.Pending()
+	id, ok := r.a.Pending()
 	if ok {
-		c.pendingSeen[id] = true
+		r.pendingSeen[id] = true
 	}
 	anyBlocked := false
-	for _, b := range c.blocked {
+	for _, b := range r.blocked {
 		anyBlocked = anyBlocked || b
 	}
 	if anyBlocked && !ok {
-		c.failf("A5: %s: a channel is blocked but nothing is pending", at)
+		r.failf("A5: %s: a channel is blocked but nothing is pending", at)
+	}
+	if d, dok := r.a.Deadline(); dok && (!ok || d <= r.now) {
+		r.failf("A10: %s: Deadline() = %d at %d (pending %v)", at, d, r.now, ok)
+	}
+	if n := len(r.open); r.a.Capturing() != n {
+		r.failf("%s: Capturing() = %d, want %d", at, r.a.Capturing(), n)
 	}
 	open := 0
-	for _, e := range c.ended {
+	for _, e := range r.ended {
 		if !e {
 			open++
 		}
 	}
-	if a.Open() != open {
-		c.failf("%s: Open() = %d, want %d", at, a.Open(), open)
+	if r.a.Open() != open {
+		r.failf("%s: Open() = %d, want %d", at, r.a.Open(), open)
 	}
 	if si.in.Kind == Record || si.in.Kind == EndOfInput {
-		if _, ok := c.delivered[si.idx]; !ok {
-			c.failf("A1: %s: not delivered at once", at)
+		if _, ok := r.delivered[si.idx]; !ok {
+			r.failf("A1: %s: not delivered at once", at)
 		}
 	}
 }
 
-func (c *checker) deliver(at string, act Action[int]) {
-	in, ok := c.byIdx[act.Item]
+// outcome checks A3 for a Trigger or Abort and opens the channel state of
+// an unaligned trigger.
+func (r *run) outcome(at string, act Action[int]) {
+	id := act.ID
+	second := r.triggered[id] || r.aborted[id]
 	switch {
-	case !ok || !c.arrived[act.Item]:
-		c.failf("A1: %s: delivered %d which has not arrived", at, act.Item)
-		return
-	case in.Kind != Record && in.Kind != EndOfInput:
-		c.failf("A1: %s: delivered %d which is a %s", at, act.Item, in.Kind)
-		return
-	case in.Kind != act.Input || in.Channel != act.Channel:
-		c.failf("A1: %s: delivered %d as %s of channel %d, it is %s of channel %d",
-			at, act.Item, act.Input, act.Channel, in.Kind, in.Channel)
+	case act.Kind == Trigger && second:
+		r.failf("A3: %s: trigger %d after its outcome", at, id)
+	case act.Kind == Abort && r.aborted[id]:
+		r.failf("A3: %s: second abort %d", at, id)
+	case act.Kind == Abort && r.triggered[id] && (!r.unalignedTrig[id] || r.done[id]):
+		r.failf("A3: %s: abort %d after its trigger (unaligned %v, complete %v)", at, id, r.unalignedTrig[id], r.done[id])
 	}
-	if _, dup := c.delivered[act.Item]; dup {
-		c.failf("A1: %s: delivered %d twice", at, act.Item)
+	if !second {
+		if n := len(r.outcomes); n > 0 && id <= r.outcomes[n-1] {
+			r.failf("A3: %s: %s %d after outcome %d", at, act.Kind, id, r.outcomes[n-1])
+		}
+		r.outcomes = append(r.outcomes, id)
+	}
+	if act.Kind == Abort {
+		r.aborted[id] = true
+		delete(r.open, id)
 		return
 	}
-	if act.Item < c.lastDelivered[in.Channel] {
-		c.failf("A1: %s: delivered %d after %d of the same channel %d", at, act.Item, c.lastDelivered[in.Channel], in.Channel)
-	}
-	c.lastDelivered[in.Channel] = act.Item
-	c.delivered[act.Item] = len(c.order)
-	c.order = append(c.order, act.Item)
-	if in.Kind == EndOfInput {
-		c.ended[in.Channel] = true
+	r.triggered[id] = true
+	if act.Unaligned {
+		r.unalignedTrig[id] = true
+		r.open[id] = true
+		r.triggerPos[id] = len(r.order)
+		r.res.unaligned = append(r.res.unaligned, id)
+		r.perChannel(r.captured, id)
+		r.perChannel(r.promoted, id)
+	} else {
+		r.checkCut(at, id)
 	}
 }
 
-// checkCut checks A2 for Trigger id at the current delivery position.
-func (c *checker) checkCut(at string, id int64) {
-	for ch := 0; ch < c.cfg.Channels; ch++ {
+// promote carries out Promote(ch, id) on the channel model and says what it
+// found.
+func (r *run) promote(ch int, id int64) string {
+	for _, it := range r.prio[ch] {
+		if it.in.Kind == Barrier && it.in.Barrier.ID == id {
+			return " (already promoted)"
+		}
+	}
+	q := r.queue[ch]
+	for pos, it := range q {
+		if it.in.Kind != Barrier || it.in.Barrier.ID != id {
+			continue
+		}
+		var recs []int
+		for _, x := range q[:pos] {
+			if x.in.Kind == Record {
+				recs = append(recs, x.idx)
+			}
+		}
+		per := r.perChannel(r.promoted, id)
+		per[ch] = append(per[ch], recs...)
+		it.in.Barrier = it.in.Barrier.AsUnaligned()
+		r.queue[ch] = slices.Delete(slices.Clone(q), pos, pos+1)
+		r.prio[ch] = append(r.prio[ch], it)
+		return " [" + joinInts(recs) + "]"
+	}
+	return " (not queued)"
+}
+
+func (r *run) deliver(at string, act Action[int]) {
+	in, ok := r.byIdx[act.Item]
+	switch {
+	case !ok || !r.arrived[act.Item]:
+		r.failf("A1: %s: delivered %d which has not arrived", at, act.Item)
+		return
+	case in.Kind != Record && in.Kind != EndOfInput:
+		r.failf("A1: %s: delivered %d which is a %s", at, act.Item, in.Kind)
+		return
+	case in.Kind != act.Input || in.Channel != act.Channel:
+		r.failf("A1: %s: delivered %d as %s of channel %d, it is %s of channel %d",
+			at, act.Item, act.Input, act.Channel, in.Kind, in.Channel)
+	}
+	if _, dup := r.delivered[act.Item]; dup {
+		r.failf("A1: %s: delivered %d twice", at, act.Item)
+		return
+	}
+	if act.Item < r.lastDelivered[in.Channel] {
+		r.failf("A1: %s: delivered %d after %d of the same channel %d", at, act.Item, r.lastDelivered[in.Channel], in.Channel)
+	}
+	r.lastDelivered[in.Channel] = act.Item
+	r.delivered[act.Item] = len(r.order)
+	r.order = append(r.order, act.Item)
+	if in.Kind == EndOfInput {
+		r.ended[in.Channel] = true
+	}
+	switch {
+	case act.PersistTo == 0 && act.PersistFrom == 0:
+	case act.Input != Record || act.PersistFrom < 1 || act.PersistFrom > act.PersistTo:
+		r.failf("A9: %s: deliver %d persists %d..%d", at, act.Item, act.PersistFrom, act.PersistTo)
+	default:
+		for id := range r.open {
+			if act.PersistFrom <= id && id <= act.PersistTo {
+				per := r.captured[id]
+				per[act.Channel] = append(per[act.Channel], act.Item)
+			}
+		}
+	}
+}
+
+// checkCut checks A2 for an aligned Trigger id at the current delivery
+// position.
+func (r *run) checkCut(at string, id int64) {
+	for ch := 0; ch < r.cfg.Channels; ch++ {
 		// Find the first barrier id on ch among the inputs that arrived.
 		barrierIdx := -1
-		for _, si := range c.sc.inputs {
-			if si.in.Channel == ch && si.in.Kind == Barrier && si.in.Barrier.ID == id && c.arrived[si.idx] {
+		for _, si := range r.sc.inputs {
+			if si.in.Channel == ch && si.in.Kind == Barrier && si.in.Barrier.ID == id && r.arrived[si.idx] {
 				barrierIdx = si.idx
 				break
 			}
 		}
 		if barrierIdx < 0 {
-			if !c.ended[ch] {
-				c.failf("A2: %s: trigger %d without barrier or end of input on channel %d", at, id, ch)
+			if !r.ended[ch] {
+				r.failf("A2: %s: trigger %d without barrier or end of input on channel %d", at, id, ch)
 			}
 			continue
 		}
-		for _, si := range c.sc.inputs {
+		for _, si := range r.sc.inputs {
 			if si.in.Channel != ch || (si.in.Kind != Record && si.in.Kind != EndOfInput) {
 				continue
 			}
-			_, done := c.delivered[si.idx]
+			_, done := r.delivered[si.idx]
 			if si.idx < barrierIdx && !done {
-				c.failf("A2: %s: trigger %d before %d (before the barrier on channel %d) was delivered", at, id, si.idx, ch)
+				r.failf("A2: %s: trigger %d before %d (before the barrier on channel %d) was delivered", at, id, si.idx, ch)
 			}
-			if si.idx > barrierIdx && done && c.cfg.Mode == marker.Aligned {
-				c.failf("A2: %s: trigger %d after %d (after the barrier on channel %d) was delivered", at, id, si.idx, ch)
+			if si.idx > barrierIdx && done && r.exactlyOnce() {
+				r.failf("A2: %s: trigger %d after %d (after the barrier on channel %d) was delivered", at, id, si.idx, ch)
 			}
 		}
 	}
 }
 
-// finish checks what must hold at the end of a run.
-func (c *checker) finish(a *Aligner[int]) {
-	for _, si := range c.sc.inputs {
-		if !c.arrived[si.idx] || (si.in.Kind != Record && si.in.Kind != EndOfInput) {
+// checkChannelCut checks A2u for unaligned checkpoint id, whose input
+// channel state just completed: on every channel c, the records delivered
+// before Trigger id, those captured for id on c, those persisted by Promote
+// and those its barrier overtook in c (the writer's output channel state)
+// are, without repetition, exactly the records written to c before barrier
+// id. A channel whose writer sent no barrier id (it moved on to a newer id
+// first, or cancelled id) is skipped: id cannot complete at the
+// coordinator.
+func (r *run) checkChannelCut(at string, id int64) {
+	pos := r.triggerPos[id]
+	for ch := 0; ch < r.cfg.Channels; ch++ {
+		var expected []int
+		cut := -1 // written before it
+		for _, si := range r.sc.inputs {
+			if si.in.Channel != ch || !r.written[si.idx] {
+				continue
+			}
+			k := si.in.Kind
+			if (k == Barrier || k == Cancel) && si.in.Barrier.ID >= id {
+				if k == Barrier && si.in.Barrier.ID == id {
+					cut = si.idx
+				}
+				break
+			}
+			if k == EndOfInput {
+				cut = si.idx
+				break
+			}
+			if k == Record {
+				expected = append(expected, si.idx)
+			}
+		}
+		if cut < 0 {
 			continue
 		}
-		if _, ok := c.delivered[si.idx]; !ok && !c.blocked[si.in.Channel] {
-			c.failf("A1: at the end: %d arrived on unblocked channel %d and was not delivered", si.idx, si.in.Channel)
+		var got []int
+		for _, idx := range r.order[:pos] {
+			if in := r.byIdx[idx]; in.Channel == ch && in.Kind == Record {
+				got = append(got, idx)
+			}
+		}
+		got = append(got, r.captured[id][ch]...)
+		got = append(got, r.promoted[id][ch]...)
+		if r.overtaken[id] != nil {
+			got = append(got, r.overtaken[id][ch]...)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, expected) {
+			r.failf("A2u: %s: checkpoint %d on channel %d: delivered before the trigger + captured + promoted + overtaken = [%s], written before its barrier = [%s]",
+				at, id, ch, joinInts(got), joinInts(expected))
+		}
+	}
+}
+
+// finish checks what must hold at the end of a run.
+func (r *run) finish() {
+	for _, si := range r.sc.inputs {
+		if !r.arrived[si.idx] || (si.in.Kind != Record && si.in.Kind != EndOfInput) {
+			continue
+		}
+		if _, ok := r.delivered[si.idx]; !ok && !r.blocked[si.in.Channel] {
+			r.failf("A1: at the end: %d arrived on unblocked channel %d and was not delivered", si.idx, si.in.Channel)
 		}
 	}
 	allEnded := true
-	for ch := 0; ch < c.cfg.Channels; ch++ {
+	for ch := 0; ch < r.cfg.Channels; ch++ {
 		arrived := false
-		for _, si := range c.sc.inputs {
-			arrived = arrived || (si.in.Kind == EndOfInput && si.in.Channel == ch && c.arrived[si.idx])
+		for _, si := range r.sc.inputs {
+			arrived = arrived || (si.in.Kind == EndOfInput && si.in.Channel == ch && r.arrived[si.idx])
 		}
 		allEnded = allEnded && arrived
 	}
-	if allEnded && !c.finished {
-		c.failf("A7: every channel's end of input arrived but there was no Finished")
+	if allEnded && !r.finished {
+		r.failf("A7: every channel's end of input arrived but there was no Finished")
 	}
-	if c.finished {
-		if id, ok := a.Pending(); ok {
-			c.failf("A6: checkpoint %d pending after Finished", id)
+	if r.finished {
+		if id, ok := r.a.Pending(); ok {
+			r.failf("A6: checkpoint %d pending after Finished", id)
 		}
-		for id := range c.pendingSeen {
-			if !c.haveOutcome[id] {
-				c.failf("A6: checkpoint %d was pending and got no outcome before Finished", id)
+		for id := range r.pendingSeen {
+			if !r.triggered[id] && !r.aborted[id] {
+				r.failf("A6: checkpoint %d was pending and got no outcome before Finished", id)
 			}
 		}
+		for id := range r.open {
+			r.failf("A6: unaligned checkpoint %d neither complete nor aborted at Finished", id)
+		}
 	}
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, " ")
 }
 
 // describe prints an action for traces: indices for deliveries.
 func describe(act Action[int], metrics bool) string {
 	switch act.Kind {
 	case Deliver:
+		s := strconv.Itoa(act.Item)
 		if act.Input == EndOfInput {
-			return fmt.Sprintf("deliver %d(eoi)", act.Item)
+			s += "(eoi)"
 		}
-		return fmt.Sprintf("deliver %d", act.Item)
+		switch {
+		case act.PersistTo == 0:
+		case act.PersistFrom == act.PersistTo:
+			s += fmt.Sprintf("(persist %d)", act.PersistTo)
+		default:
+			s += fmt.Sprintf("(persist %d..%d)", act.PersistFrom, act.PersistTo)
+		}
+		return "deliver " + s
 	case Block, Unblock:
 		return fmt.Sprintf("%s %d", act.Kind, act.Channel)
 	case Trigger:
-		if metrics {
-			return fmt.Sprintf("trigger %d(align=%d delay=%d)", act.ID, act.AlignmentNanos, act.StartDelayNanos)
+		var attrs []string
+		switch {
+		case act.Switched:
+			attrs = append(attrs, "switched")
+		case act.Unaligned:
+			attrs = append(attrs, "unaligned")
 		}
-		return fmt.Sprintf("trigger %d", act.ID)
+		if metrics {
+			attrs = append(attrs, fmt.Sprintf("align=%d delay=%d", act.AlignmentNanos, act.StartDelayNanos))
+		}
+		if len(attrs) == 0 {
+			return fmt.Sprintf("trigger %d", act.ID)
+		}
+		return fmt.Sprintf("trigger %d(%s)", act.ID, strings.Join(attrs, " "))
 	case Abort:
 		return fmt.Sprintf("abort %d(%s)", act.ID, act.Reason)
-	case ForwardBarrier, ForwardCancel:
+	case ForwardBarrier, ForwardCancel, InputStateComplete:
 		return fmt.Sprintf("%s %d", act.Kind, act.ID)
+	case Promote:
+		return fmt.Sprintf("promote %d/%d", act.ID, act.Channel)
 	}
 	return act.Kind.String()
 }

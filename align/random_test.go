@@ -16,13 +16,40 @@ var (
 	itersFlag = flag.Int("align.iters", 3000, "scripts per mode in TestRandomScripts")
 )
 
+// genOpts says what genScript writes besides records, barriers, cancel
+// markers and ends of input.
+type genOpts struct {
+	// letter, if set, returns the token letter (B, A, S, U) of barrier id
+	// on channel ch (the same for every call), and barriers get a
+	// Timestamp of id*tsStep (@TS).
+	letter func(id, ch int) byte
+	// timed adds clock tokens (the clock advancing by up to tsStep/2 at a
+	// time), ticks and pauses of the channels, all resumed at the end.
+	timed bool
+}
+
+const tsStep = 100
+
 // genScript returns a random script: channels upstream subtasks each send
 // checkpoints 1..k in order (barrier, or a cancel marker, or nothing, with
 // records between), mostly end their input, and the channels are merged in
 // a random order. With clean set, every channel sends every barrier and ends,
-// and nothing else happens.
-func genScript(r *rand.Rand, channels, k int, clean bool) string {
+// and nothing else happens (but clock, tick, pause and resume tokens).
+func genScript(r *rand.Rand, channels, k int, clean bool, o genOpts) string {
 	streams := make([][]string, channels)
+	// barrier writes barrier id; a duplicate or stale one (again) is never
+	// a priority event: a real writer sends each barrier once, in order,
+	// and only a priority one could overtake the original.
+	barrier := func(id, ch int, again bool) string {
+		if o.letter == nil {
+			return fmt.Sprintf("B%d/%d", id, ch)
+		}
+		l := o.letter(id, ch)
+		if again && l == 'U' {
+			l = 'A'
+		}
+		return fmt.Sprintf("%c%d/%d@%d", l, id, ch, id*tsStep)
+	}
 	for ch := range streams {
 		var s []string
 		records := func() {
@@ -34,14 +61,14 @@ func genScript(r *rand.Rand, channels, k int, clean bool) string {
 			records()
 			switch p := r.IntN(100); {
 			case clean || p < 75:
-				s = append(s, fmt.Sprintf("B%d/%d", id, ch))
+				s = append(s, barrier(id, ch, false))
 				if !clean && r.IntN(100) < 5 {
-					s = append(s, fmt.Sprintf("B%d/%d", id, ch)) // duplicate
+					s = append(s, barrier(id, ch, true)) // duplicate
 				}
 			case p < 85:
 				s = append(s, fmt.Sprintf("C%d/%d", id, ch))
 			case p < 90 && id > 1:
-				s = append(s, fmt.Sprintf("B%d/%d", r.IntN(id-1)+1, ch)) // stale
+				s = append(s, barrier(r.IntN(id-1)+1, ch, true)) // stale
 			}
 		}
 		records()
@@ -51,6 +78,8 @@ func genScript(r *rand.Rand, channels, k int, clean bool) string {
 		streams[ch] = s
 	}
 	var out []string
+	paused := make([]bool, channels)
+	now := 0
 	for {
 		var live []int
 		for ch, s := range streams {
@@ -59,19 +88,58 @@ func genScript(r *rand.Rand, channels, k int, clean bool) string {
 			}
 		}
 		if len(live) == 0 {
-			return strings.Join(out, " ")
+			break
+		}
+		if o.timed {
+			if r.IntN(3) == 0 {
+				now += r.IntN(tsStep / 2)
+				out = append(out, fmt.Sprintf("@%d", now))
+			}
+			if r.IntN(20) == 0 {
+				out = append(out, "tick")
+			}
+			ch := r.IntN(channels)
+			switch p := r.IntN(100); {
+			case p < 4 && !paused[ch]:
+				paused[ch] = true
+				out = append(out, fmt.Sprintf("P/%d", ch))
+			case p < 20 && paused[ch]:
+				paused[ch] = false
+				out = append(out, fmt.Sprintf("R/%d", ch))
+			}
 		}
 		ch := live[r.IntN(len(live))]
 		out = append(out, streams[ch][0])
 		streams[ch] = streams[ch][1:]
 	}
+	for ch, p := range paused {
+		if p {
+			out = append(out, fmt.Sprintf("R/%d", ch))
+		}
+	}
+	return strings.Join(out, " ")
 }
 
-// TestRandomScripts runs random scripts in both modes and checks the
-// invariants of doc.go (A1-A7, via the same checker as the datadriven
+// randomMode is one mode of TestRandomScripts.
+type randomMode struct {
+	name string // as in a datadriven run line
+	cfg  marker.Mode
+	opts scriptOpts
+	// kinds, if set, chooses the kind of each checkpoint: its barrier
+	// letter on a channel given a random number.
+	kinds func(r *rand.Rand) func(ch int) byte
+}
+
+// TestRandomScripts runs random scripts in every mode and checks the
+// invariants of doc.go (A1-A10, via the same checker as the datadriven
 // scripts): every record delivered exactly once in per-channel FIFO order
-// (A1), the consistent cut of every trigger (A2), and increasing outcomes
-// (A3). Clean scripts must in addition trigger every checkpoint.
+// (A1), the consistent cut of every trigger (A2), and for unaligned and
+// switched checkpoints the cut with channel state (A2u: delivered before
+// the trigger + captured + promoted + overtaken = written before the
+// barrier, per channel), the outcome order (A3) and the rest. Clean
+// scripts must in addition trigger every checkpoint (aligned and
+// at-least-once), or abort nothing but alignments subsumed by newer
+// barriers and trigger the last checkpoint (the other modes).
 func TestRandomScripts(t *testing.T) {
 	seed := *seedFlag
 	if seed == 0 {
@@ -79,21 +147,65 @@ func TestRandomScripts(t *testing.T) {
 	}
 	t.Logf("seed %d (rerun with -align.seed=%d)", seed, seed)
 	r := rand.New(rand.NewPCG(seed, 0))
-	for _, mode := range []marker.Mode{marker.Aligned, marker.AtLeastOnce} {
+	timedOrSwitched := func(r *rand.Rand) func(ch int) byte {
+		return func(int) byte {
+			if r.IntN(5) == 0 {
+				return 'U' // its writer switched
+			}
+			return 'B'
+		}
+	}
+	modes := []randomMode{
+		{name: "aligned", cfg: marker.Aligned, opts: scriptOpts{mode: marker.Aligned}},
+		{name: "at-least-once", cfg: marker.AtLeastOnce, opts: scriptOpts{mode: marker.AtLeastOnce}},
+		{name: "unaligned", cfg: marker.Unaligned, opts: scriptOpts{mode: marker.Unaligned},
+			kinds: func(r *rand.Rand) func(int) byte {
+				// Mostly unaligned checkpoints, some aligned savepoints.
+				l := byte('B')
+				if r.IntN(5) == 0 {
+					l = 'S'
+				}
+				return func(int) byte { return l }
+			}},
+		{name: "aligned-timeout", cfg: marker.Aligned, opts: scriptOpts{mode: marker.Aligned, timeout: tsStep},
+			kinds: timedOrSwitched},
+		{name: "aligned-timeout", cfg: marker.Aligned, opts: scriptOpts{mode: marker.Aligned, timeout: tsStep},
+			kinds: func(r *rand.Rand) func(int) byte {
+				// Everything mixed.
+				switch r.IntN(3) {
+				case 0:
+					return func(int) byte { return 'U' }
+				case 1:
+					return func(int) byte { return 'A' }
+				}
+				return timedOrSwitched(r)
+			}},
+	}
+	for _, m := range modes {
 		for i := 0; i < *itersFlag; i++ {
-			cfg := Config{Channels: 1 + r.IntN(4), Mode: mode, AbortOnEndOfInput: r.IntN(10) == 0}
+			cfg := Config{Channels: 1 + r.IntN(4), Mode: m.cfg, AbortOnEndOfInput: r.IntN(10) == 0}
 			k := 1 + r.IntN(6)
 			clean := r.IntN(4) == 0
-			text := genScript(r, cfg.Channels, k, clean)
-			sc, err := parseScript(text, cfg.Channels, 0)
+			var o genOpts
+			if m.kinds != nil {
+				letters := make([][]byte, k+1)
+				for id := 1; id <= k; id++ {
+					kind := m.kinds(r)
+					for ch := 0; ch < cfg.Channels; ch++ {
+						letters[id] = append(letters[id], kind(ch))
+					}
+				}
+				o = genOpts{letter: func(id, ch int) byte { return letters[id][ch] }, timed: true}
+			}
+			text := genScript(r, cfg.Channels, k, clean, o)
+			sc, err := parseScript(text, cfg.Channels, m.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			res := runScript(cfg, sc)
-			var problems []string
-			problems = append(problems, res.violations...)
+			problems := append([]string(nil), res.violations...)
 			var triggers []int64
-			aborts := 0
+			aborts, badAborts := 0, 0
 			for _, st := range res.steps {
 				if st.panic != "" {
 					problems = append(problems, "panic: "+st.panic)
@@ -104,23 +216,33 @@ func TestRandomScripts(t *testing.T) {
 						triggers = append(triggers, a.ID)
 					case Abort:
 						aborts++
+						if a.Reason != Subsumed || res.inflight[a.ID] != nil {
+							badAborts++
+						}
 					}
 				}
 			}
 			if clean && !cfg.AbortOnEndOfInput {
 				// Liveness: with every barrier on every channel, each
-				// checkpoint triggers.
-				if aborts != 0 || len(triggers) != k {
+				// checkpoint triggers; with unaligned barriers, which
+				// overtake aligned ones, at least the last one does.
+				switch {
+				case m.kinds == nil && (aborts != 0 || len(triggers) != k):
 					problems = append(problems, fmt.Sprintf("clean script: triggers %v and %d aborts, want 1..%d", triggers, aborts, k))
+				case m.kinds != nil && (badAborts != 0 || len(triggers) == 0 || triggers[len(triggers)-1] != int64(k)):
+					problems = append(problems, fmt.Sprintf("clean script: triggers %v and %d aborts not of a subsumed alignment, want %d last and none", triggers, badAborts, k))
 				}
 			}
 			if len(problems) > 0 {
-				abortArg := ""
+				args := ""
+				if m.opts.timeout > 0 {
+					args += fmt.Sprintf(" timeout=%d", m.opts.timeout)
+				}
 				if cfg.AbortOnEndOfInput {
-					abortArg = " abort-on-eoi"
+					args += " abort-on-eoi"
 				}
 				t.Fatalf("seed %d, script %d:\n%s\n\nrun channels=%d mode=%s%s trace\n%s\n----\n%s",
-					seed, i, strings.Join(problems, "\n"), cfg.Channels, cfg.Mode, abortArg, text,
+					seed, i, strings.Join(problems, "\n"), cfg.Channels, m.name, args, text,
 					formatRun(sc, res, true, false))
 			}
 		}

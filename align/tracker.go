@@ -36,6 +36,12 @@ func newTracker[T any](c *core[T], channels int) *tracker[T] {
 
 func (t *tracker[T]) blocked(int) bool { return false }
 
+// timeout is never called: at-least-once has no deadlines (core.deadline
+// stays noDeadline), every barrier is tracked whatever its options.
+func (t *tracker[T]) timeout(Input[T]) {}
+
+func (t *tracker[T]) capturing() int { return 0 }
+
 func (t *tracker[T]) pending() (int64, bool) {
 	if t.n == 0 {
 		return 0, false

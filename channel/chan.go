@@ -250,14 +250,7 @@ func (c *Chan[T]) sendEvent(ev marker.Event, copyOvertaken bool) ([]*Buffer[T], 
 	}
 	var overtaken []*Buffer[T]
 	if copyOvertaken && c.nData > 0 {
-		overtaken = make([]*Buffer[T], 0, c.nData)
-		for i := 0; i < c.queue.len(); i++ {
-			if b := c.queue.at(i).Buf; b != nil {
-				cp := &Buffer[T]{Records: make([]T, len(b.Records))}
-				copy(cp.Records, b.Records)
-				overtaken = append(overtaken, cp)
-			}
-		}
+		overtaken = c.copyDataLocked(c.queue.len(), c.nData)
 	}
 	c.prio.pushBack(ev)
 	c.avail.Add(1)
@@ -268,6 +261,49 @@ func (c *Chan[T]) sendEvent(ev marker.Event, copyOvertaken bool) ([]*Buffer[T], 
 	// blocked channel (Gate.PollPriority).
 	c.wakeReaderLocked()
 	return overtaken, nil
+}
+
+// promote moves the first queued non-priority barrier of checkpoint id to
+// the priority events, as an unaligned barrier (reader side, for a
+// checkpoint whose alignment timed out: Gate.Promote). It returns copies of
+// the data buffers the barrier overtook, like SendEventOvertaking, and
+// whether it was queued.
+func (c *Chan[T]) promote(id int64) (overtaken []*Buffer[T], found bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at := -1
+	for i := 0; i < c.queue.len(); i++ {
+		if it := c.queue.at(i); it.Buf == nil && it.Event.Type == marker.EventBarrier && it.Event.Barrier.ID == id {
+			at = i
+			break
+		}
+	}
+	if at < 0 {
+		return nil, false
+	}
+	overtaken = c.copyDataLocked(at, 0)
+	ev := c.queue.removeAt(at).Event
+	ev.Barrier.Options.Mode = marker.Unaligned
+	c.prio.pushBack(ev) // avail is unchanged: the event only moved
+	if c.gatePrio != nil {
+		c.gatePrio.Add(1)
+	}
+	c.wakeReaderLocked()
+	return overtaken, true
+}
+
+// copyDataLocked returns copies of the data buffers among the first n
+// queued items (hint: how many there are, for the allocation).
+func (c *Chan[T]) copyDataLocked(n, hint int) []*Buffer[T] {
+	out := make([]*Buffer[T], 0, hint)
+	for i := 0; i < n; i++ {
+		if b := c.queue.at(i).Buf; b != nil {
+			cp := &Buffer[T]{Records: make([]T, len(b.Records))}
+			copy(cp.Records, b.Records)
+			out = append(out, cp)
+		}
+	}
+	return out
 }
 
 // TryPoll returns the head of the queue; it never blocks (reader side).

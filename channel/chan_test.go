@@ -792,3 +792,64 @@ func TestAllocs(t *testing.T) {
 		t.Fatalf("steady-state NewBuffer/Send/SendEvent/Poll/Recycle: %v allocs per run, want 0", n)
 	}
 }
+
+// TestPromote checks Gate.Promote: the queued aligned barrier of the given
+// checkpoint moves to the head as an unaligned barrier, also on a blocked
+// input, with copies of the buffers it overtook; the data keeps its order
+// behind it, and an absent barrier is reported as not found.
+func TestPromote(t *testing.T) {
+	a, b := New[int](Config{Capacity: 8, BufferSize: 4}), New[int](Config{Capacity: 8, BufferSize: 4})
+	g := NewGate([]*Chan[int]{a, b})
+	sendInts(t, a, 1, 2)
+	if err := a.SendEvent(alignedBarrier(1)); err != nil {
+		t.Fatal(err)
+	}
+	sendInts(t, a, 3)
+	if err := a.SendEvent(alignedBarrier(2)); err != nil {
+		t.Fatal(err)
+	}
+	sendInts(t, a, 4)
+	g.Block(0)
+	if ov, found := g.Promote(0, 7); found || ov != nil {
+		t.Fatalf("Promote(absent) = %v, %v; want nil, false", ov, found)
+	}
+	if ov, found := g.Promote(1, 2); found || ov != nil {
+		t.Fatalf("Promote(empty input) = %v, %v; want nil, false", ov, found)
+	}
+	ov, found := g.Promote(0, 2)
+	if !found {
+		t.Fatal("Promote(0, 2) did not find the queued barrier")
+	}
+	if len(ov) != 2 || !slices.Equal(ov[0].Records, []int{1, 2}) || !slices.Equal(ov[1].Records, []int{3}) {
+		t.Fatalf("overtaken %v, want [[1 2] [3]]", ov)
+	}
+	// Blocked: Poll sees nothing, PollPriority the promoted barrier.
+	if ch, it, ok := g.Poll(); ok {
+		t.Fatalf("Poll on blocked input = %d %+v", ch, it)
+	}
+	ch, ev, ok := g.PollPriority()
+	if !ok || ch != 0 || ev != unalignedBarrier(2) {
+		t.Fatalf("PollPriority = %d %v %v, want unaligned barrier 2 on 0", ch, ev, ok)
+	}
+	g.Unblock(0)
+	var got []string
+	for {
+		_, it, ok := g.Poll()
+		if !ok {
+			break
+		}
+		if it.IsEvent() {
+			got = append(got, it.Event.String())
+			continue
+		}
+		got = append(got, fmt.Sprint(it.Buf.Records))
+		g.Recycle(0, it.Buf)
+	}
+	want := []string{"[1 2]", alignedBarrier(1).String(), "[3]", "[4]"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("polled %q, want %q", got, want)
+	}
+	if ov, found := g.Promote(0, 2); found || ov != nil {
+		t.Fatalf("Promote after the barrier was polled = %v, %v", ov, found)
+	}
+}

@@ -72,6 +72,10 @@
 // SendEventOvertaking returns copies of them while the originals are still
 // consumed normally. Gate.Poll returns priority events of unblocked inputs
 // before any data; Gate.PollPriority also takes them from blocked inputs.
+// Gate.Promote is the reader's side of the same move, for a checkpoint
+// whose alignment timed out: the aligned barrier of that checkpoint still
+// queued on an input becomes a priority event at the head, and the buffers
+// it overtook are returned as copies (input channel state).
 //
 // # Invariants
 //

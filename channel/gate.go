@@ -121,6 +121,17 @@ func (g *Gate[T]) PollPriority() (ch int, ev marker.Event, ok bool) {
 	return -1, marker.Event{}, false
 }
 
+// Promote makes the aligned barrier of checkpoint id queued on input ch,
+// if any, a priority (unaligned) event at the head of the channel, and
+// returns copies of the data buffers it overtook, which an unaligned
+// checkpoint persists as that channel's input state; the originals are
+// still polled normally, after the barrier. It is for a checkpoint whose
+// alignment timed out (align.Promote). found is false if the barrier is not
+// queued (not sent yet, or polled already).
+func (g *Gate[T]) Promote(ch int, id int64) (overtaken []*Buffer[T], found bool) {
+	return g.inputs[ch].promote(id)
+}
+
 func (g *Gate[T]) index(i int) int {
 	ch := g.next + i
 	if ch >= len(g.inputs) {

@@ -43,6 +43,17 @@ func (r *ring[E]) at(i int) *E {
 	return &r.buf[(r.head+i)&(len(r.buf)-1)]
 }
 
+// removeAt removes the i-th element from the head, moving the ones before
+// it back by one (0 <= i < len).
+func (r *ring[E]) removeAt(i int) E {
+	e := *r.at(i)
+	for j := i; j > 0; j-- {
+		*r.at(j) = *r.at(j - 1)
+	}
+	r.popFront()
+	return e
+}
+
 func (r *ring[E]) grow() {
 	size := 2 * len(r.buf)
 	if size == 0 {

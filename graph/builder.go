@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"reflect"
 
 	"github.com/snapflow/snapflow/channel"
 )
@@ -77,6 +78,9 @@ type edge struct {
 	// it makes the edge's channels (of task.Keyed[K, T]) and each
 	// upstream's output edge. Nil for other partitionings.
 	partitioner any
+	// elem is the type of the records the edge's channels carry (T, or
+	// task.Keyed[K, T] on a hash edge).
+	elem reflect.Type
 }
 
 // stream is one upstream of a Stream: a vertex and how to partition its
@@ -192,6 +196,10 @@ func connect[T any](in *Stream[T], v *vertex) {
 		e := &edge{
 			from: st.v, to: v, part: st.part, partitioner: st.partitioner,
 			newChan: func(cfg channel.Config) any { return channel.New[T](cfg) },
+			elem:    reflect.TypeFor[T](),
+		}
+		if m, ok := st.partitioner.(chanMaker); ok {
+			e.elem = m.elemType()
 		}
 		st.v.outputs = append(st.v.outputs, e)
 		v.inputs = append(v.inputs, e)

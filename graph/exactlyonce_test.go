@@ -79,14 +79,21 @@ func (r *runningSum) Process(ctx *graph.KeyedContext[int64], in rec, o graph.Col
 // read by subtask i%2 and has key i%100), so every key's records arrive in
 // source order and the output is deterministic.
 func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode marker.Mode, noChaining bool) (*graph.Job, *sink.Memory[out], []atomic.Bool) {
+	return exactlyOnceJobWith(t, n, dir, failAt, graph.CheckpointConfig{Mode: mode}, noChaining, nil)
+}
+
+// exactlyOnceJobWith is exactlyOnceJob with the checkpoint mode and aligned
+// timeout of cc, and slow (if not nil) called by the sink for every record.
+func exactlyOnceJobWith(t testing.TB, n int64, dir string, failAt []int64, cc graph.CheckpointConfig, noChaining bool, slow func(out)) (*graph.Job, *sink.Memory[out], []atomic.Bool) {
 	committer := sink.NewMemory[out]()
 	counters := make([]atomic.Int64, len(failAt))
 	fired := make([]atomic.Bool, len(failAt))
 	cfg := graph.Config{
 		Parallelism: 2,
-		Checkpoint:  graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: mode, Retain: 2, TolerableFailures: -1},
-		Restart:     graph.FixedDelay(len(failAt)+1, time.Millisecond),
-		Logf:        t.Logf,
+		Checkpoint: graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: cc.Mode, AlignedTimeout: cc.AlignedTimeout,
+			Retain: 2, TolerableFailures: -1},
+		Restart: graph.FixedDelay(len(failAt)+1, time.Millisecond),
+		Logf:    t.Logf,
 		// Chained: source+map and sum+sink each run in one subtask.
 		DisableChaining: noChaining,
 	}
@@ -97,6 +104,9 @@ func exactlyOnceJob(t testing.TB, n int64, dir string, failAt []int64, mode mark
 		func() graph.KeyedProcessFunc[int64, rec, out] {
 			return &runningSum{failAt: failAt, counters: counters, fired: fired}
 		})
+	if slow != nil {
+		sums = graph.Map(sums, "slow", func(o out) out { slow(o); return o })
+	}
 	graph.Sink(sums, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))
 	return job, committer, fired
 }
@@ -259,4 +269,94 @@ func TestExactlyOnceAcrossProcessRestarts(t *testing.T) {
 	t.Logf("restored from checkpoints %v", restoredFrom)
 	require.True(t, slices.IsSorted(restoredFrom), "checkpoint ids keep increasing across restarts: %v", restoredFrom)
 	require.Equal(t, expectedOutput(n), sorted(committer.Published()))
+}
+
+// TestExactlyOnceUnaligned is TestExactlyOnceWithFailures for unaligned
+// checkpoints and for aligned ones that switch at a short timeout, with
+// channels kept full (the keyed operator's consumer pauses now and then, so
+// barriers overtake queued buffers and channel state is persisted), and
+// unchained operators, so every edge carries in-flight data.
+func TestExactlyOnceUnaligned(t *testing.T) {
+	const n = 1_000_000
+	want := expectedOutput(n)
+	rng := rand.New(rand.NewPCG(testSeed(t), 2))
+	for _, tc := range []struct {
+		name string
+		cc   graph.CheckpointConfig
+	}{
+		{"unaligned", graph.CheckpointConfig{Mode: marker.Unaligned}},
+		{"aligned-timeout", graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond}},
+	} {
+		failAt := []int64{1 + rng.Int64N(n/2-1), 1 + rng.Int64N(n/4)}
+		t.Run(fmt.Sprintf("%s/fail-at=%v", tc.name, failAt), func(t *testing.T) {
+			var seen atomic.Int64
+			slow := func(out) {
+				if seen.Add(1)%20000 == 0 {
+					time.Sleep(2 * time.Millisecond) // backpressure: the channels fill
+				}
+			}
+			job, c, fired := exactlyOnceJobWith(t, n, t.TempDir(), failAt, tc.cc, true, slow)
+			e, err := job.Start(context.Background())
+			require.NoError(t, err)
+			require.NoError(t, e.Wait())
+			got := sorted(c.Published())
+			require.Equal(t, len(want), len(got), "published record count")
+			require.Equal(t, want, got)
+			require.True(t, fired[0].Load(), "the first attempt failed")
+			st := e.Stats()
+			require.Positive(t, st.Counts.Restored)
+			var persisted int64
+			modes := map[string]int{}
+			for _, cs := range st.History {
+				for _, s := range cs.Subtasks {
+					persisted += s.InFlightSize
+					switch {
+					case s.Switched:
+						modes["switched"]++
+					case s.Unaligned:
+						modes["unaligned"]++
+					default:
+						modes["aligned"]++
+					}
+				}
+			}
+			t.Logf("%s: %d restores, subtask checkpoints by mode %v, %d bytes of channel state in the last %d checkpoints",
+				tc.name, st.Counts.Restored, modes, persisted, len(st.History))
+			if tc.cc.Mode == marker.Unaligned {
+				require.Positive(t, modes["unaligned"])
+			} else {
+				require.Positive(t, modes["switched"], "some alignment timed out")
+			}
+		})
+	}
+}
+
+type hidden struct {
+	ID     int64
+	secret string
+}
+
+// TestUnalignedRejectsRecordsMsgpackCannotKeep: in-flight records of
+// unaligned checkpoints go through msgpack, so an edge whose records would
+// lose a field is rejected up front, naming the edge and the field; chained
+// edges (nothing in flight) and aligned jobs are fine.
+func TestUnalignedRejectsRecordsMsgpackCannotKeep(t *testing.T) {
+	build := func(cc graph.CheckpointConfig, chained bool) error {
+		cc.Interval, cc.Dir = time.Second, t.TempDir()
+		job := graph.NewJob("hidden", graph.Config{Checkpoint: cc})
+		src := graph.Source(job, "source", source.Generate(10, func(i int64) hidden { return hidden{ID: i} }))
+		var opts []graph.Option
+		if !chained {
+			opts = append(opts, graph.DisableChaining())
+		}
+		ids := graph.Map(src, "id", func(h hidden) int64 { return h.ID }, opts...)
+		graph.Sink(ids, "sink", func() graph.SinkFunc[int64] { return discard[int64]{} })
+		return job.Validate()
+	}
+	err := build(graph.CheckpointConfig{Mode: marker.Unaligned}, false)
+	require.ErrorContains(t, err, `edge source "source" (source) -> operator "id" (id)`)
+	require.ErrorContains(t, err, "field secret of graph_test.hidden is unexported")
+	require.ErrorContains(t, build(graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond}, false), "field secret")
+	require.NoError(t, build(graph.CheckpointConfig{Mode: marker.Unaligned}, true))
+	require.NoError(t, build(graph.CheckpointConfig{Mode: marker.Aligned}, false))
 }

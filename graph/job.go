@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"reflect"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/state/keygroup"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // CheckpointConfig configures checkpointing. Checkpointing is enabled when
@@ -17,9 +19,22 @@ import (
 type CheckpointConfig struct {
 	// Interval between periodic checkpoints; 0 disables them.
 	Interval time.Duration
-	// Mode is the barrier mode: marker.Aligned (exactly-once, the default)
-	// or marker.AtLeastOnce.
+	// Mode is the barrier mode: marker.Aligned (exactly-once, the default),
+	// marker.Unaligned (exactly-once; barriers overtake in-flight data,
+	// which is persisted as channel state) or marker.AtLeastOnce.
+	// Savepoints are always aligned.
 	Mode marker.Mode
+	// AlignedTimeout, with Mode marker.Aligned and > 0, starts every
+	// checkpoint aligned and switches it to unaligned at each subtask
+	// whose alignment has not finished AlignedTimeout after the checkpoint
+	// was triggered (Flink's execution.checkpointing.aligned-checkpoint-
+	// timeout). Unaligned from the start is Mode marker.Unaligned.
+	AlignedTimeout time.Duration
+	// MaxInflightBytes caps the channel state (persisted in-flight data) of
+	// one unaligned checkpoint over all subtasks; a checkpoint above it
+	// fails (not counted against TolerableFailures) and the job goes on.
+	// 0: no cap.
+	MaxInflightBytes int64
 	// Timeout after which a pending checkpoint expires (default 10m).
 	Timeout time.Duration
 	// MinPause is the least time between the completion of one checkpoint
@@ -178,8 +193,14 @@ func (j *Job) Validate() error {
 	if c.Checkpoint.Interval > 0 && c.Checkpoint.Dir == "" {
 		add("graph: checkpointing is enabled (interval %v) but Checkpoint.Dir is empty", c.Checkpoint.Interval)
 	}
-	if c.Checkpoint.Mode == marker.Unaligned {
-		add("graph: unaligned checkpoints are not supported yet; use aligned or at-least-once")
+	if c.Checkpoint.MaxInflightBytes < 0 {
+		add("graph: MaxInflightBytes %d must not be negative", c.Checkpoint.MaxInflightBytes)
+	}
+	if c.Checkpoint.AlignedTimeout < 0 {
+		add("graph: aligned checkpoint timeout %v must not be negative", c.Checkpoint.AlignedTimeout)
+	}
+	if c.Checkpoint.AlignedTimeout > 0 && c.Checkpoint.Mode != marker.Aligned {
+		add("graph: an aligned checkpoint timeout (%v) needs Mode aligned, not %s", c.Checkpoint.AlignedTimeout, c.Checkpoint.Mode)
 	}
 	if c.Restore.Latest && c.Checkpoint.Dir == "" {
 		add("graph: Restore.Latest needs Checkpoint.Dir")
@@ -240,9 +261,77 @@ func (j *Job) Validate() error {
 	}
 	if len(errs) == 0 {
 		j.buildChains()
+		if c.Checkpoint.Mode == marker.Unaligned || c.Checkpoint.AlignedTimeout > 0 {
+			for _, v := range j.vertices {
+				for _, e := range v.inputs {
+					if e.chained {
+						continue
+					}
+					if err := persistable(e.elem, e.elem.String()); err != nil {
+						add("graph: edge %s -> %s: unaligned checkpoints persist its in-flight records with msgpack, but %v", e.from, v, err)
+					}
+				}
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
+
+// persistable reports why records of type t would not come back from
+// msgpack as they were (nil if they would): unexported struct fields are
+// dropped, and interfaces, channels and functions have no encoding to
+// decode into. A type with its own msgpack encoding (CustomEncoder and
+// CustomDecoder, or msgpack.Marshaler and Unmarshaler) is trusted.
+func persistable(t reflect.Type, path string) error {
+	return persistableSeen(t, path, map[reflect.Type]bool{})
+}
+
+func persistableSeen(t reflect.Type, path string, seen map[reflect.Type]bool) error {
+	if seen[t] {
+		return nil
+	}
+	seen[t] = true
+	pt := reflect.PointerTo(t)
+	custom := func(enc, dec reflect.Type) bool {
+		return (t.Implements(enc) || pt.Implements(enc)) && pt.Implements(dec)
+	}
+	if custom(customEncoder, customDecoder) || custom(msgpackMarshaler, msgpackUnmarshaler) || t == timeType {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Interface, reflect.Chan, reflect.Func, reflect.UnsafePointer:
+		return fmt.Errorf("%s is a %s, which cannot be decoded", path, t.Kind())
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		return persistableSeen(t.Elem(), path, seen)
+	case reflect.Map:
+		if err := persistableSeen(t.Key(), path, seen); err != nil {
+			return err
+		}
+		return persistableSeen(t.Elem(), path, seen)
+	case reflect.Struct:
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() {
+				return fmt.Errorf("field %s of %s is unexported, so msgpack drops it (export it, tag it msgpack:\"-\" and accept the loss, or give %s its own msgpack encoding)", f.Name, path, t)
+			}
+			if f.Tag.Get("msgpack") == "-" {
+				continue
+			}
+			if err := persistableSeen(f.Type, path+"."+f.Name, seen); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+var (
+	customEncoder      = reflect.TypeFor[msgpack.CustomEncoder]()
+	customDecoder      = reflect.TypeFor[msgpack.CustomDecoder]()
+	msgpackMarshaler   = reflect.TypeFor[msgpack.Marshaler]()
+	msgpackUnmarshaler = reflect.TypeFor[msgpack.Unmarshaler]()
+	timeType           = reflect.TypeFor[time.Time]()
+)
 
 // chainable reports whether v can run in the subtask of its only
 // producer: a forward edge, equal parallelism, the producer has no other

@@ -610,6 +610,9 @@ func (h hashPartitioner[T, K]) newChan(cfg channel.Config) any {
 	return channel.New[task.Keyed[K, T]](cfg)
 }
 
+// elemType implements chanMaker.
+func (h hashPartitioner[T, K]) elemType() reflect.Type { return reflect.TypeFor[task.Keyed[K, T]]() }
+
 // edge returns the output edge of one upstream subtask over chans, its
 // channels to every downstream subtask in subtask order.
 func (h hashPartitioner[T, K]) edge(chans []any, maxP int) task.Edge[T] {
@@ -627,6 +630,12 @@ func (nopEmitter) BroadcastEvent(marker.Event) error { return nil }
 func (nopEmitter) Err() error                        { return nil }
 
 func (nopEmitter) Pending() bool { return false }
+
+func (nopEmitter) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)) error { return nil }
+
+func (nopEmitter) RestoreChannel(_ context.Context, edge, ch int, _ [][]byte, where string) error {
+	return fmt.Errorf("graph: %s: output channel state (edge %d, channel %d) for an operator without outputs", where, edge, ch)
+}
 
 // nilFunction is the error of an operator whose factory returned nil: it
 // fails the subtask's Open, before any record, and no restart can cure it.

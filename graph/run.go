@@ -118,6 +118,7 @@ func (j *Job) spec() *execution.Spec {
 		Checkpoint: snapshot.Config{
 			Interval: cc.Interval, Timeout: cc.Timeout, MinPause: cc.MinPause,
 			MaxConcurrent: cc.MaxConcurrent, TolerableFailures: cc.TolerableFailures, Mode: cc.Mode,
+			AlignedTimeout: cc.AlignedTimeout, MaxInflightBytes: cc.MaxInflightBytes,
 		},
 		Dir:     cc.Dir,
 		Storage: j.storageOptions(),

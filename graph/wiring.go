@@ -3,6 +3,7 @@ package graph
 import (
 	"context"
 	"fmt"
+	"reflect"
 
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/internal/task"
@@ -74,6 +75,7 @@ func gateFor[T any](a *attempt, v *vertex, i int) *channel.Gate[T] {
 // channels carry task.Keyed records.
 type chanMaker interface {
 	newChan(channel.Config) any
+	elemType() reflect.Type
 }
 
 // keyedEdger is a hash edge's hashPartitioner for records T: it builds an

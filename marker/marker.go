@@ -2,7 +2,9 @@ package marker
 
 import (
 	"fmt"
+	"math"
 	"strings"
+	"time"
 )
 
 // Kind says whether a snapshot is a periodic checkpoint or a user-requested
@@ -27,17 +29,22 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// Mode is the barrier-handling mode of a checkpoint.
+// Mode is the barrier-handling mode of a checkpoint. Every barrier carries
+// the mode of its checkpoint (Options.Mode), so aligned and unaligned
+// checkpoints (e.g. an aligned savepoint in an unaligned job) can be mixed
+// in one exactly-once job; at-least-once is a property of the job.
 type Mode uint8
 
 const (
 	// Aligned is exactly-once with barrier alignment: a subtask blocks each
 	// input channel on which barrier N arrived until barrier N has arrived on
-	// every open input channel.
+	// every open input channel. With Options.AlignedTimeout the alignment
+	// switches to Unaligned when it takes too long.
 	Aligned Mode = iota
 	// Unaligned is exactly-once without alignment: the barrier overtakes
-	// queued data and the overtaken in-flight data becomes part of the
-	// snapshot as channel state.
+	// queued data (it is a priority event, Event.Priority) and the
+	// overtaken in-flight data becomes part of the snapshot as channel
+	// state.
 	Unaligned
 	// AtLeastOnce never blocks input; records that arrive after barrier N on
 	// one channel but before barrier N on another are reflected in snapshot N
@@ -86,6 +93,17 @@ type Options struct {
 	// It is omitted from the metadata encoding when false, so metadata
 	// written before the field existed decodes unchanged.
 	Stop bool `msgpack:",omitempty"`
+	// AlignedTimeout, with Mode Aligned, makes the checkpoint "aligned
+	// with timeout" (Flink's aligned-checkpoint-timeout): if a subtask's
+	// alignment of it has not finished by Barrier.Timestamp +
+	// AlignedTimeout, the subtask switches it to unaligned (Barrier.
+	// TimedOut). 0 means no timeout; "always unaligned" is Mode Unaligned.
+	// With Mode Unaligned it has no effect: a barrier promoted by
+	// AsUnaligned keeps it, so that it can still be told from a barrier
+	// that was unaligned from the start.
+	//
+	// It is omitted from the metadata encoding when 0, like Stop.
+	AlignedTimeout time.Duration `msgpack:",omitempty"`
 }
 
 // Barrier is checkpoint barrier N. Timestamp is the trigger time at the
@@ -97,11 +115,49 @@ type Barrier struct {
 }
 
 func (b Barrier) String() string {
-	stop := ""
+	extra := ""
 	if b.Options.Stop {
-		stop = " stop"
+		extra = " stop"
 	}
-	return fmt.Sprintf("barrier(%d %s %s%s)", b.ID, b.Options.Kind, b.Options.Mode, stop)
+	if t := b.Options.AlignedTimeout; t != 0 {
+		extra += " timeout=" + t.String()
+	}
+	return fmt.Sprintf("barrier(%d %s %s%s)", b.ID, b.Options.Kind, b.Options.Mode, extra)
+}
+
+// Priority reports whether the barrier overtakes queued data (Mode
+// Unaligned); see Event.Priority.
+func (b Barrier) Priority() bool { return b.Options.Mode == Unaligned }
+
+// AsUnaligned returns the barrier switched to unaligned: the same barrier
+// with Mode Unaligned, so that it is sent and read as a priority event.
+// Everything else, AlignedTimeout included, is kept. A subtask whose
+// alignment of b timed out forwards b.AsUnaligned().
+func (b Barrier) AsUnaligned() Barrier {
+	b.Options.Mode = Unaligned
+	return b
+}
+
+// Deadline returns Timestamp + AlignedTimeout (saturated at math.MaxInt64)
+// for an aligned barrier with a timeout; ok is false otherwise.
+func (b Barrier) Deadline() (deadline int64, ok bool) {
+	t := int64(b.Options.AlignedTimeout)
+	if b.Options.Mode != Aligned || t <= 0 {
+		return 0, false
+	}
+	if b.Timestamp > math.MaxInt64-t {
+		return math.MaxInt64, true
+	}
+	return b.Timestamp + t, true
+}
+
+// TimedOut reports whether the alignment of b has timed out at now (Unix
+// nanoseconds, the clock of Timestamp): b is aligned with a timeout and now
+// >= Deadline. Both sides of a channel use it: a subtask switches its
+// alignment, and may promote a barrier still queued in its outputs.
+func (b Barrier) TimedOut(now int64) bool {
+	d, ok := b.Deadline()
+	return ok && now >= d
 }
 
 // EventType distinguishes the in-band events.
@@ -148,7 +204,7 @@ var EndOfInput = Event{Type: EventEndOfInput}
 // Priority reports whether the event may overtake queued data buffers
 // (unaligned barriers only).
 func (e Event) Priority() bool {
-	return e.Type == EventBarrier && e.Barrier.Options.Mode == Unaligned
+	return e.Type == EventBarrier && e.Barrier.Priority()
 }
 
 func (e Event) String() string {

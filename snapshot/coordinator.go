@@ -56,6 +56,15 @@ type Config struct {
 	// Mode is the barrier mode of checkpoints (savepoints are never
 	// unaligned, C9).
 	Mode marker.Mode
+	// AlignedTimeout goes into the options of every checkpoint with Mode
+	// Aligned (savepoints align without a timeout): see
+	// marker.Options.AlignedTimeout.
+	AlignedTimeout time.Duration
+	// MaxInflightBytes caps the channel state (persisted in-flight data) of
+	// one checkpoint, summed over its subtasks; a checkpoint that exceeds
+	// it is aborted (FailureInflightCap, not counted: the job goes on). 0
+	// means no cap.
+	MaxInflightBytes int64
 	// Operators of the job in a fixed order, which is also the order of
 	// Metadata.Operators.
 	Operators []OperatorInfo
@@ -182,6 +191,11 @@ type SubtaskMetrics struct {
 	// AlignmentDuration is the time between the first and the last barrier
 	// at the subtask; StartDelay is the time from trigger to first barrier.
 	AlignmentDuration, StartDelay time.Duration
+	// Unaligned says the checkpoint was unaligned at the subtask, Switched
+	// that it started aligned and switched to unaligned at the alignment
+	// timeout (reported with every member's ack; the persisted in-flight
+	// data is SubtaskStats.InFlightSize).
+	Unaligned, Switched bool
 }
 
 // Ack is a subtask's acknowledgement of checkpoint ID with its state.
@@ -338,6 +352,9 @@ const (
 	FailureJobFailed
 	// FailureShutdown: aborted by a Shutdown event.
 	FailureShutdown
+	// FailureInflightCap: its channel state exceeded
+	// Config.MaxInflightBytes. Not counted.
+	FailureInflightCap
 )
 
 // CheckpointError describes an aborted checkpoint.
@@ -352,6 +369,9 @@ type CheckpointError struct {
 	Decline DeclineReason
 	// SubsumedBy is set for FailureSubsumed.
 	SubsumedBy int64
+	// Inflight is set for FailureInflightCap: the channel state bytes
+	// acknowledged so far, above the cap.
+	Inflight int64
 	// Err is the cause reported by the subtask, the driver or Shutdown.
 	Err error
 }
@@ -385,6 +405,8 @@ func (e *CheckpointError) Cause() string {
 		s = "aborted: job failed"
 	case FailureShutdown:
 		s = "aborted: coordinator shut down"
+	case FailureInflightCap:
+		s = fmt.Sprintf("persisted in-flight data (%d bytes of channel state) exceeds MaxInflightBytes", e.Inflight)
 	default:
 		s = fmt.Sprintf("failure(%d)", uint8(e.Reason))
 	}
@@ -414,6 +436,8 @@ type pending struct {
 	nAcked int
 	// finalizing: all acks are in, Finalize was emitted, Persisted is due.
 	finalizing bool
+	// inflight is the channel state bytes acknowledged so far.
+	inflight int64
 	// st is the live statistics entry, mirrored into Stats.History.
 	st CheckpointStats
 }
@@ -685,6 +709,9 @@ func (c *Coordinator) trigger(kind marker.Kind, stop bool, now time.Time, reply 
 	if kind == marker.Savepoint && opts.Mode == marker.Unaligned {
 		opts.Mode = marker.Aligned // C9
 	}
+	if kind == marker.Checkpoint && opts.Mode == marker.Aligned {
+		opts.AlignedTimeout = c.cfg.AlignedTimeout
+	}
 	if stop {
 		c.stopPending = id // C12
 	}
@@ -734,6 +761,16 @@ func (c *Coordinator) handleAck(a Ack, now time.Time) {
 	p.states[ti] = st
 	size := st.Size()
 
+	if st.Channels != nil {
+		in, out := st.Channels.Bytes()
+		p.inflight += in + out
+		if limit := c.cfg.MaxInflightBytes; limit > 0 && p.inflight > limit {
+			i, _ := c.find(a.ID)
+			c.abort(i, &CheckpointError{ID: p.id, Kind: p.opts.Kind, Reason: FailureInflightCap, Inflight: p.inflight,
+				Err: fmt.Errorf("the cap is %d bytes; subtask %s acknowledged %d", limit, fmtTask(a.Task), in+out)}, now)
+			return
+		}
+	}
 	sub := &p.st.Subtasks[ti]
 	sub.AckTime = now
 	sub.SubtaskMetrics = a.Metrics

@@ -142,6 +142,8 @@ func (h *harness) init(t *testing.T, d *datadriven.TestData) string {
 		MaxConcurrent:     int(argInt(t, d.CmdArgs, "max-concurrent", 0)),
 		TolerableFailures: int(argInt(t, d.CmdArgs, "tolerable", 0)),
 		HistorySize:       int(argInt(t, d.CmdArgs, "history", 0)),
+		AlignedTimeout:    argDur(t, d.CmdArgs, "aligned-timeout", 0),
+		MaxInflightBytes:  argInt(t, d.CmdArgs, "max-inflight", 0),
 	}
 	if s := argString(d.CmdArgs, "mode", ""); s != "" {
 		m, err := marker.ParseMode(s)
@@ -227,6 +229,13 @@ func parseEvent(t *testing.T, cmd string, args []datadriven.CmdArg) Event {
 		}
 		if n := argInt(t, args, "size", 0); n > 0 {
 			a.State.Lists = []checkpoint.NamedList{{Name: "s", Items: [][]byte{make([]byte, n)}}}
+		}
+		if n := argInt(t, args, "inflight", 0); n > 0 {
+			// Channel state of an unaligned checkpoint: n bytes of input.
+			a.State.Channels = &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
+				{Kind: checkpoint.InputChannel, Buffers: [][]byte{make([]byte, n)}},
+			}}
+			a.Metrics.Unaligned = true
 		}
 		return a
 	case "decline":

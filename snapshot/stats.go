@@ -79,6 +79,23 @@ type CheckpointStats struct {
 	Subtasks []SubtaskStats
 }
 
+// Alignment says how the checkpoint was taken: "aligned" (every subtask
+// aligned its barriers), "unaligned" (some subtask took it unaligned, from
+// its first barrier), or "switched" (some subtask started aligned and
+// switched to unaligned at the alignment timeout).
+func (cs *CheckpointStats) Alignment() string {
+	a := "aligned"
+	for i := range cs.Subtasks {
+		switch {
+		case cs.Subtasks[i].Switched:
+			return "switched"
+		case cs.Subtasks[i].Unaligned:
+			a = "unaligned"
+		}
+	}
+	return a
+}
+
 // MaxAlignment is the longest alignment of any subtask.
 func (cs *CheckpointStats) MaxAlignment() time.Duration {
 	var d time.Duration

@@ -69,6 +69,9 @@ type pendingAck struct {
 	// cancelled: the master notified the checkpoint aborted first; its
 	// asynchronous part is cancelled and nothing is reported for it.
 	cancelled bool
+	// capturing: an unaligned checkpoint whose input channel state is still
+	// being recorded (until OnInputStateComplete); the ack waits for it.
+	capturing bool
 }
 
 // CheckpointsConfig configures Checkpoints.
@@ -134,6 +137,10 @@ const (
 	// part finished, or, for a snapshot without one, right after the
 	// actions of the step that yielded the DoSnapshot.
 	OnSnapshotDone
+	// OnInputStateComplete is the aligner's InputStateComplete for ID: the
+	// input channel state of the unaligned checkpoint ID is recorded (every
+	// input delivered its barrier or ended).
+	OnInputStateComplete
 )
 
 func (k EventKind) String() string {
@@ -154,6 +161,8 @@ func (k EventKind) String() string {
 		return "snapshot-failed"
 	case OnSnapshotDone:
 		return "snapshot-done"
+	case OnInputStateComplete:
+		return "input-state-complete"
 	}
 	return fmt.Sprintf("event(%d)", uint8(k))
 }
@@ -162,12 +171,16 @@ func (k EventKind) String() string {
 // Kind.
 type Event struct {
 	Kind    EventKind
-	Barrier marker.Barrier          // OnTrigger, OnForwardBarrier
-	ID      int64                   // OnAbort, OnForwardCancel, OnSnapshotFailed, OnSnapshotDone
-	Reason  snapshot.DeclineReason  // OnAbort
-	Mail    Mail                    // OnMail
-	Metrics snapshot.SubtaskMetrics // OnTrigger, OnMail (MailTrigger)
-	Err     error                   // OnSnapshotFailed, OnSnapshotDone
+	Barrier marker.Barrier // OnTrigger, OnForwardBarrier
+	// Unaligned (OnTrigger): the checkpoint is unaligned here (its barrier
+	// is, or its alignment timed out); its ack waits for
+	// OnInputStateComplete.
+	Unaligned bool
+	ID        int64                   // OnAbort, OnForwardCancel, OnSnapshotFailed, OnSnapshotDone, OnInputStateComplete
+	Reason    snapshot.DeclineReason  // OnAbort
+	Mail      Mail                    // OnMail
+	Metrics   snapshot.SubtaskMetrics // OnTrigger, OnMail (MailTrigger)
+	Err       error                   // OnSnapshotFailed, OnSnapshotDone
 }
 
 // ActionKind says what the subtask loop must do.
@@ -346,6 +359,14 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 			return c.violation(dst, ev)
 		}
 		c.h = max(c.h, ev.ID)
+		if i := c.findAck(ev.ID); i >= 0 {
+			// An unaligned checkpoint aborted while its input channel
+			// state was recorded (a cancel marker): its snapshot is
+			// cancelled, and the decline is its only answer. The
+			// aligner records nothing more for it.
+			c.acks[i].capturing = false
+			dst = c.cancelAck(dst, i)
+		}
 		return append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: ev.Reason})
 	case OnForwardCancel:
 		if c.phase != Running || c.cfg.Source {
@@ -373,6 +394,16 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		return c.exit(dst, ev.Err)
 	case OnSnapshotDone:
 		return c.onSnapshotDone(dst, ev)
+	case OnInputStateComplete:
+		if c.phase != Running || c.cfg.Source {
+			return c.violation(dst, ev)
+		}
+		i := c.findAck(ev.ID)
+		if i < 0 || !c.acks[i].capturing {
+			return c.exit(dst, fmt.Errorf("task: input channel state of checkpoint %d complete, but it is not being recorded", ev.ID))
+		}
+		c.acks[i].capturing = false
+		return c.settle(dst, i)
 	}
 	return c.exit(dst, fmt.Errorf("task: unknown checkpoint event %v", ev.Kind))
 }
@@ -390,6 +421,7 @@ func (c *Checkpoints) onTrigger(dst []Action, ev Event) []Action {
 	}
 	c.held = id
 	dst = c.snapshot(dst, ev.Barrier, ev.Metrics, false)
+	c.acks[len(c.acks)-1].capturing = ev.Unaligned
 	if ev.Barrier.Options.Stop {
 		dst = c.suspend(dst, id)
 	}
@@ -420,12 +452,7 @@ func (c *Checkpoints) onMail(dst []Action, ev Event) []Action {
 		if i := c.findAck(m.ID); i >= 0 && !c.acks[i].cancelled {
 			// Nobody waits for this snapshot any more: stop its
 			// asynchronous part and report nothing for it.
-			c.acks[i].cancelled = true
-			if !c.acks[i].done {
-				dst = append(dst, Action{Kind: DoCancelSnapshot, ID: m.ID})
-			} else {
-				dst = c.settle(dst, i)
-			}
+			dst = c.cancelAck(dst, i)
 		}
 		if c.suspended && m.ID == c.suspendID {
 			dst = c.resume(dst) // the stop savepoint failed
@@ -508,11 +535,25 @@ func (c *Checkpoints) onSnapshotDone(dst []Action, ev Event) []Action {
 	return c.settle(dst, i)
 }
 
+// cancelAck cancels snapshot acks[i]: nothing is reported for it, and its
+// asynchronous part, if running, is stopped (DoCancelSnapshot). The driver
+// drops its channel state with it. A cancelled snapshot that is still
+// capturing is forgotten at its OnInputStateComplete.
+func (c *Checkpoints) cancelAck(dst []Action, i int) []Action {
+	a := &c.acks[i]
+	a.cancelled = true
+	if !a.done {
+		return append(dst, Action{Kind: DoCancelSnapshot, ID: a.id})
+	}
+	return c.settle(dst, i)
+}
+
 // settle acks snapshot acks[i] and forgets it once its barrier was
-// forwarded and it is complete (a cancelled one is forgotten silently).
+// forwarded, it is complete, and its input channel state is recorded (a
+// cancelled one is forgotten silently).
 func (c *Checkpoints) settle(dst []Action, i int) []Action {
 	a := c.acks[i]
-	if !a.forwarded || !a.done {
+	if !a.forwarded || !a.done || a.capturing {
 		return dst
 	}
 	c.acks = slices.Delete(c.acks, i, i+1)

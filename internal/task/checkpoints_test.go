@@ -36,7 +36,10 @@ import (
 //
 // Events (one per line):
 //
-//	trigger <id> [stop]           aligner Trigger (stop: a stop-savepoint barrier)
+//	trigger <id> [stop] [unaligned]
+//	                              aligner Trigger (stop: a stop-savepoint barrier;
+//	                              unaligned: an unaligned or switched checkpoint)
+//	input-state-complete <id>     aligner InputStateComplete
 //	forward-barrier <id> [stop]   aligner ForwardBarrier
 //	abort <id> <reason>           aligner Abort (subsumed, cancel-marker, end-of-input)
 //	forward-cancel <id>           aligner ForwardCancel
@@ -97,6 +100,7 @@ func TestCheckpointsDataDriven(t *testing.T) {
 					}
 					var all []Action
 					for _, ev := range evs {
+						chk.event(ev)
 						acts := c.Step(nil, ev)
 						if failSnapshot {
 							acts = failAtSnapshot(c, acts)
@@ -182,8 +186,11 @@ func describeState(c *Checkpoints) string {
 	if c.endPending {
 		s += " end-pending"
 	}
-	var async []string
+	var async, capturing []string
 	for _, a := range c.acks {
+		if a.capturing {
+			capturing = append(capturing, strconv.FormatInt(a.id, 10))
+		}
 		if !a.done {
 			x := strconv.FormatInt(a.id, 10)
 			if a.cancelled {
@@ -194,6 +201,9 @@ func describeState(c *Checkpoints) string {
 	}
 	if len(async) > 0 {
 		s += " async=[" + strings.Join(async, ",") + "]"
+	}
+	if len(capturing) > 0 {
+		s += " capturing=[" + strings.Join(capturing, ",") + "]"
 	}
 	return s
 }
@@ -235,7 +245,10 @@ func parseEvents(line string) ([]Event, error) {
 		if f[0] == "forward-barrier" {
 			kind = OnForwardBarrier
 		}
-		return one(Event{Kind: kind, Barrier: b}, err)
+		return one(Event{Kind: kind, Barrier: b, Unaligned: kind == OnTrigger && flag("unaligned")}, err)
+	case "input-state-complete":
+		n, err := id(1)
+		return one(Event{Kind: OnInputStateComplete, ID: n}, err)
 	case "abort":
 		n, err := id(1)
 		if err != nil || len(f) < 3 {
@@ -316,11 +329,24 @@ type protocolChecker struct {
 	reported    bool             // DoReportInputEnded seen
 	finished    bool             // DoReportFinished seen
 	exited      bool
-	violations  []string
+	// capturing holds the unaligned checkpoints triggered whose input
+	// state is not complete yet: none may be acked (T8).
+	capturing  map[int64]bool
+	violations []string
+}
+
+// event records what the checker needs to know of the event stepped next.
+func (p *protocolChecker) event(ev Event) {
+	switch {
+	case ev.Kind == OnTrigger && ev.Unaligned:
+		p.capturing[ev.Barrier.ID] = true
+	case ev.Kind == OnInputStateComplete:
+		delete(p.capturing, ev.ID)
+	}
 }
 
 func newProtocolChecker() *protocolChecker {
-	return &protocolChecker{answered: map[int64]string{}, snapshotted: map[int64]bool{}}
+	return &protocolChecker{answered: map[int64]string{}, snapshotted: map[int64]bool{}, capturing: map[int64]bool{}}
 }
 
 func (p *protocolChecker) check(c *Checkpoints, acts []Action) {
@@ -345,6 +371,9 @@ func (p *protocolChecker) check(c *Checkpoints, acts []Action) {
 			}
 			p.answered[a.ID] = a.String()
 			if a.Kind == DoAck {
+				if p.capturing[a.ID] {
+					bad("T8: %v before the input channel state of %d was complete", a, a.ID)
+				}
 				if !p.snapshotted[a.ID] {
 					bad("%v without a snapshot of %d", a, a.ID)
 				}
@@ -446,14 +475,14 @@ func TestCheckpointsRandom(t *testing.T) {
 		for step := 0; step < 40 && c.Phase() != Exited; step++ {
 			pick := func() int64 { return 1 + r.Int64N(id+2) }
 			var ev Event
-			switch r.IntN(12) {
+			switch r.IntN(13) {
 			case 0, 1:
 				id++
 				b := marker.Barrier{ID: id}
 				if r.IntN(6) == 0 {
 					b.Options = marker.Options{Kind: marker.Savepoint, Stop: true}
 				}
-				ev = Event{Kind: OnTrigger, Barrier: b}
+				ev = Event{Kind: OnTrigger, Barrier: b, Unaligned: r.IntN(2) == 0}
 				if cfg.Source || r.IntN(3) == 0 {
 					ev = Event{Kind: OnMail, Mail: Mail{Kind: MailTrigger, Barrier: b, Suspend: b.Options.Stop}}
 				}
@@ -489,7 +518,18 @@ func TestCheckpointsRandom(t *testing.T) {
 				if r.IntN(8) == 0 {
 					ev.Err = errEncode
 				}
+			case 12:
+				// The input state of an unaligned checkpoint being
+				// recorded is complete, or of some other id (a violation).
+				n := pick()
+				for k := range chk.capturing {
+					if r.IntN(2) == 0 {
+						n = k
+					}
+				}
+				ev = Event{Kind: OnInputStateComplete, ID: n}
 			}
+			chk.event(ev)
 			acts := c.Step(nil, ev)
 			switch x := r.IntN(10); {
 			case x == 0:

@@ -128,4 +128,11 @@
 //     forwarded (T1) and N's asynchronous part finished; an asynchronous
 //     part reads only memory frozen by the synchronous part, at most
 //     MaxAsyncSnapshots are held, and none outlives the subtask loop.
+//   - T8: the ack of an unaligned checkpoint N (or one whose alignment
+//     timed out) leaves only after N's input channel state is recorded
+//     (the aligner's InputStateComplete, OnInputStateComplete), besides
+//     T7. A cancel marker for N during the recording declines N and
+//     cancels its snapshot; a master's abort cancels it and forgets it at
+//     its InputStateComplete. The channel state of a cancelled or declined
+//     checkpoint is dropped.
 package task

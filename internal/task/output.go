@@ -231,6 +231,69 @@ func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
 	return nil
 }
 
+// BroadcastOvertaking flushes and then sends the priority event ev (an
+// unaligned barrier) on every output channel, ahead of the data queued
+// there, and hands rec every data buffer it overtook, encoded, with its
+// edge and channel index: the output channel state of an unaligned
+// checkpoint.
+func (o *Output[T]) BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b []byte)) error {
+	if o.local != nil {
+		return errLocalEvent
+	}
+	if err := o.Flush(); err != nil {
+		return err
+	}
+	if o.single != nil {
+		if err := sendOvertaking(o.single, ev, func(b []byte) { rec(0, 0, b) }); err != nil {
+			return fmt.Errorf("task: send %v: %w", ev, err)
+		}
+		return nil
+	}
+	for i, e := range o.edges {
+		if err := e.sendOvertaking(ev, func(ch int, b []byte) { rec(i, ch, b) }); err != nil {
+			return fmt.Errorf("task: send %v: %w", ev, err)
+		}
+	}
+	return nil
+}
+
+// sendOvertaking sends ev on c and hands rec the buffers it overtook,
+// encoded.
+func sendOvertaking[E any](c channel.Sender[E], ev marker.Event, rec func(b []byte)) error {
+	ov, err := c.SendEventOvertaking(ev)
+	if err != nil {
+		return err
+	}
+	for _, buf := range ov {
+		b, err := encodeRecords(buf.Records)
+		if err != nil {
+			return fmt.Errorf("encoding in-flight records as channel state: %w", err)
+		}
+		rec(b)
+	}
+	return nil
+}
+
+// RestoreChannel sends the records of restored output channel state (bufs,
+// encoded by BroadcastOvertaking) on channel ch of edge, in order, before
+// anything else is emitted; where names the state in errors.
+func (o *Output[T]) RestoreChannel(ctx context.Context, edge, ch int, bufs [][]byte, where string) error {
+	if o.local != nil {
+		return fmt.Errorf("task: %s: output channel state for a chained output", where)
+	}
+	if o.single != nil {
+		if edge != 0 || ch != 0 {
+			return fmt.Errorf("task: %s: output channel state of edge %d channel %d, but the output has one channel", where, edge, ch)
+		}
+		l := newLanes([]channel.Sender[T]{o.single})
+		return l.restore(ctx, 0, bufs, where)
+	}
+	if edge < 0 || edge >= len(o.edges) {
+		return fmt.Errorf("task: %s: output channel state of edge %d, but the output has %d edges", where, edge, len(o.edges))
+	}
+	return o.edges[edge].restore(ctx, ch, bufs, where)
+}
+
 // Pending reports whether records wait in partly filled buffers.
 func (o *Output[T]) Pending() bool {
 	if o.n > 0 {
@@ -267,6 +330,12 @@ type edgeWriter[T any] interface {
 	pending() bool
 	// sendEvent sends ev on every channel of the edge.
 	sendEvent(ev marker.Event) error
+	// sendOvertaking sends the priority event ev on every channel of the
+	// edge and hands rec the buffers it overtook, encoded, with the
+	// channel index.
+	sendOvertaking(ev marker.Event, rec func(ch int, b []byte)) error
+	// restore sends restored output channel state on channel ch.
+	restore(ctx context.Context, ch int, bufs [][]byte, where string) error
 	// bufferSize is the record capacity of the edge's buffers (0 without
 	// channels).
 	bufferSize() int
@@ -345,6 +414,34 @@ func (l *lanes[E]) sendEvent(ev marker.Event) error {
 	return nil
 }
 
+func (l *lanes[E]) sendOvertaking(ev marker.Event, rec func(ch int, b []byte)) error {
+	for i, c := range l.chans {
+		if err := sendOvertaking(c, ev, func(b []byte) { rec(i, b) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *lanes[E]) restore(ctx context.Context, ch int, bufs [][]byte, where string) error {
+	if ch < 0 || ch >= len(l.chans) {
+		return fmt.Errorf("task: %s: output channel state of channel %d, but the edge has %d channels", where, ch, len(l.chans))
+	}
+	for _, b := range bufs {
+		recs, err := decodeRecords[E](b, where)
+		if err != nil {
+			return err
+		}
+		if err := l.appendAll(ctx, ch, recs); err != nil {
+			return err
+		}
+	}
+	if b := l.bufs[ch]; b != nil && len(b.Records) > 0 {
+		return l.send(ctx, ch)
+	}
+	return nil
+}
+
 func (l *lanes[E]) bufferSize() int {
 	if len(l.chans) == 0 {
 		return 0
@@ -411,5 +508,7 @@ type Emitter interface {
 	Flush() error
 	Pending() bool
 	BroadcastEvent(ev marker.Event) error
+	BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b []byte)) error
+	RestoreChannel(ctx context.Context, edge, ch int, bufs [][]byte, where string) error
 	Err() error
 }

@@ -190,6 +190,9 @@ type runner struct {
 	snaps, running []*snap
 	ready          []int64
 	encoders       sync.WaitGroup
+	// channels are the channel states of unaligned checkpoints being
+	// recorded (channelstate.go).
+	channels recorders
 }
 
 // snap is one snapshot of the chain on its way to the master.
@@ -275,7 +278,7 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 		case DoForwardBarrier:
 			// BroadcastEvent flushes first: the barrier follows every
 			// record emitted before the snapshot (T1).
-			if err := r.chain.tail().Out.BroadcastEvent(marker.NewBarrier(a.Barrier)); err != nil {
+			if err := r.forwardBarrier(a.Barrier); err != nil {
 				return true, err
 			}
 		case DoForwardCancel:
@@ -287,6 +290,7 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				return true, err
 			}
 		case DoDecline:
+			r.channels.drop(a.ID)
 			if err := r.report(ctx, Report{Kind: ReportDecline, ID: a.ID, Reason: a.Reason, Err: a.Err}); err != nil {
 				return true, err
 			}
@@ -295,6 +299,7 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				return true, err
 			}
 		case DoNotifyAborted:
+			r.channels.drop(a.ID)
 			if err := r.chain.notify(Mail{Kind: MailAborted, ID: a.ID}); err != nil {
 				return true, err
 			}
@@ -314,6 +319,7 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				return true, err
 			}
 		case DoCancelSnapshot:
+			r.channels.drop(a.ID)
 			for _, s := range r.running {
 				if s.id == a.ID {
 					s.cancel()
@@ -513,8 +519,42 @@ func (r *runner) ack(ctx context.Context, id int64) error {
 	}
 	s := r.snaps[i]
 	r.snaps = slices.Delete(r.snaps, i, i+1)
+	if rec := r.channels.take(id); rec != nil && len(rec.state.Channels) > 0 {
+		// The subtask's channel state goes with its head's ack, which
+		// restore hands back to the head.
+		s.acks[0].State.Channels = &rec.state
+	}
 	for _, a := range s.acks {
 		if err := r.report(ctx, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forwardBarrier sends barrier b on the tail's channels, after every record
+// emitted before it. An unaligned barrier, or an aligned one whose
+// alignment timeout has passed (it is promoted, as Flink's writers do),
+// overtakes the data queued in the channels, which becomes the output
+// channel state of its checkpoint.
+func (r *runner) forwardBarrier(b marker.Barrier) error {
+	out := r.chain.tail().Out
+	if !b.Priority() && !b.TimedOut(r.cfg.now().UnixNano()) {
+		return out.BroadcastEvent(marker.NewBarrier(b))
+	}
+	rec := r.channels.get(b.ID)
+	return out.BroadcastOvertaking(marker.NewBarrier(b.AsUnaligned()), func(edge, ch int, buf []byte) {
+		rec.add(checkpoint.OutputChannel, edge, ch, buf)
+	})
+}
+
+// restoreOutputs sends the restored output channel state into the tail's
+// channels (before anything new is emitted).
+func (r *runner) restoreOutputs(ctx context.Context) error {
+	head := &r.chain.Members[0].Info
+	for _, c := range restoredChannels(head, checkpoint.OutputChannel) {
+		where := fmt.Sprintf("output channel state of %v (edge %d, channel %d)", head, c.Edge, c.Channel)
+		if err := r.chain.tail().Out.RestoreChannel(ctx, c.Edge, c.Channel, c.Buffers, where); err != nil {
 			return err
 		}
 	}
@@ -568,6 +608,9 @@ func guard(info Info, chain *Chain, err *error) {
 func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chain) (err error) {
 	defer guard(cfg.Info, chain, &err)
 	r := newRunner(cfg, chain, true)
+	if err := r.restoreOutputs(ctx); err != nil {
+		return err
+	}
 	if err := r.open(); err != nil {
 		return err
 	}
@@ -652,10 +695,16 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	if err != nil {
 		return fmt.Errorf("task: %v: %w", cfg.Info, err)
 	}
+	if err := r.restoreOutputs(ctx); err != nil {
+		return err
+	}
 	if err := r.open(); err != nil {
 		return err
 	}
 	defer r.close(&err)
+	if err := replayInputs(r, process); err != nil {
+		return err
+	}
 	lastFlush := cfg.now()
 	// Idle input does not flush at once: partly filled buffers wait up to
 	// FlushInterval, so a consumer faster than its producer does not shrink
@@ -666,6 +715,29 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	userTimer := time.NewTimer(time.Hour)
 	userTimer.Stop()
 	defer userTimer.Stop()
+	// alignTimer fires at the aligner's Deadline (an aligned checkpoint
+	// with a timeout); the loop then feeds a Tick.
+	alignTimer := time.NewTimer(time.Hour)
+	alignTimer.Stop()
+	defer alignTimer.Stop()
+	// persist records one delivered buffer as input channel state of the
+	// open unaligned checkpoints in [from, to].
+	persist := func(ch int, from, to int64, recs []IN) error {
+		var b []byte
+		for _, rec := range r.channels.open {
+			if rec.id < from || rec.id > to || !rec.input {
+				continue
+			}
+			if b == nil {
+				var err error
+				if b, err = encodeRecords(recs); err != nil {
+					return fmt.Errorf("task: %v: encoding in-flight records of input %d as channel state: %w", cfg.Info, ch, err)
+				}
+			}
+			rec.add(checkpoint.InputChannel, 0, ch, b)
+		}
+		return nil
+	}
 	for {
 		if len(r.running) > 0 {
 			if done, err := r.pollAsync(ctx); done || err != nil {
@@ -677,7 +749,14 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				return err
 			}
 		}
-		ch, it, ok := gate.Poll()
+		// Priority events (unaligned barriers) first, also from channels
+		// an aligned checkpoint blocks (one atomic load when there are
+		// none), then data.
+		ch, ev, ok := gate.PollPriority()
+		it := channel.Item[IN]{Event: ev}
+		if !ok {
+			ch, it, ok = gate.Poll()
+		}
 		if !ok {
 			var flushC <-chan time.Time
 			if r.chain.pending() {
@@ -703,10 +782,26 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					continue
 				}
 			}
+			var alignC <-chan time.Time
+			if dl, ok := al.Deadline(); ok {
+				if wait := time.Duration(dl - cfg.now().UnixNano()); wait > 0 {
+					alignTimer.Reset(wait)
+					alignC = alignTimer.C
+				} else {
+					if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist); done || err != nil {
+						return err
+					}
+					continue
+				}
+			}
 			select {
 			case <-gate.Ready():
 			case <-cfg.Mail.Ready():
 			case <-r.asyncReady():
+			case <-alignC:
+				if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist); done || err != nil {
+					return err
+				}
 			case <-flushC:
 				if err := r.flushAll(); err != nil {
 					return err
@@ -723,6 +818,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			}
 			flushTimer.Stop()
 			userTimer.Stop()
+			alignTimer.Stop()
 			continue
 		}
 		in := align.Input[*channel.Buffer[IN]]{Channel: ch}
@@ -741,29 +837,20 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				return fmt.Errorf("task: %v: unknown event %v on input %d", cfg.Info, it.Event, ch)
 			}
 		}
-		for _, a := range al.Step(in) {
-			switch a.Kind {
-			case align.Deliver:
-				if a.Input == align.Record {
-					if err := process(a.Item.Records); err != nil {
-						return fmt.Errorf("task: %v: %w", cfg.Info, err)
-					}
-					gate.Recycle(a.Channel, a.Item)
-				}
-			case align.Block:
-				gate.Block(a.Channel)
-			case align.Unblock:
-				gate.Unblock(a.Channel)
-			default:
-				if done, err := stepAligned(ctx, r, &a); done || err != nil {
-					return err
-				}
-			}
+		if done, err := stepAligner(ctx, r, al, gate, in, process, persist); done || err != nil {
+			return err
 		}
 		if err := r.chain.err(); err != nil {
 			return err
 		}
 		now := cfg.now()
+		if dl, ok := al.Deadline(); ok && now.UnixNano() >= dl {
+			// Busy input never waits in the select above: check the
+			// alignment timeout here too.
+			if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: now.UnixNano()}, process, persist); done || err != nil {
+				return err
+			}
+		}
 		if at, ok := r.chain.nextTimer(); ok && !now.Before(at) && r.timersLive() {
 			if err := r.chain.fireTimers(now); err != nil {
 				return err
@@ -778,16 +865,91 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	}
 }
 
-// stepAligned feeds an aligner outcome (everything but Deliver, Block and
-// Unblock) to the bookkeeping. It is kept out of the record path.
+// stepAligner feeds in to the aligner and carries out its actions: records
+// go to process (and, marked so, into the input channel state of unaligned
+// checkpoints: persist), blocking to the gate, the rest to the bookkeeping.
+func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*channel.Buffer[IN]], gate *channel.Gate[IN],
+	in align.Input[*channel.Buffer[IN]], process func([]IN) error, persist func(ch int, from, to int64, recs []IN) error) (done bool, err error) {
+	for _, a := range al.Step(in) {
+		switch a.Kind {
+		case align.Deliver:
+			if a.Input == align.Record {
+				if a.PersistTo != 0 {
+					if err := persist(a.Channel, a.PersistFrom, a.PersistTo, a.Item.Records); err != nil {
+						return true, err
+					}
+				}
+				if err := process(a.Item.Records); err != nil {
+					return true, fmt.Errorf("task: %v: %w", r.cfg.Info, err)
+				}
+				gate.Recycle(a.Channel, a.Item)
+			}
+		case align.Block:
+			gate.Block(a.Channel)
+		case align.Unblock:
+			gate.Unblock(a.Channel)
+		case align.Promote:
+			// The barrier moves ahead of the buffers it overtakes, which
+			// are input channel state of a.ID (the originals are delivered
+			// normally, after it).
+			ov, _ := gate.Promote(a.Channel, a.ID)
+			for _, b := range ov {
+				if err := persist(a.Channel, a.ID, a.ID, b.Records); err != nil {
+					return true, err
+				}
+			}
+		default:
+			if done, err := stepAligned(ctx, r, &a); done || err != nil {
+				return true, err
+			}
+		}
+	}
+	return false, nil
+}
+
+// replayInputs processes the restored input channel state, channel by
+// channel in recorded order, before anything new is read (the records were
+// delivered after the checkpoint's snapshot and before their channel's
+// barrier, so they come after the restored operator state and before
+// everything that followed the barrier).
+func replayInputs[IN any](r *runner, process func([]IN) error) error {
+	head := &r.chain.Members[0].Info
+	for _, c := range restoredChannels(head, checkpoint.InputChannel) {
+		where := fmt.Sprintf("input channel state of %v (input %d)", head, c.Channel)
+		for _, b := range c.Buffers {
+			recs, err := decodeRecords[IN](b, where)
+			if err != nil {
+				return err
+			}
+			if err := process(recs); err != nil {
+				return fmt.Errorf("task: %v: replaying %s: %w", r.cfg.Info, where, err)
+			}
+		}
+	}
+	return r.chain.err()
+}
+
+// stepAligned feeds an aligner outcome (everything but Deliver, Block,
+// Unblock and Promote) to the bookkeeping. It is kept out of the record
+// path.
 func stepAligned[T any](ctx context.Context, r *runner, a *align.Action[T]) (done bool, err error) {
 	var ev Event
 	switch a.Kind {
 	case align.Trigger:
-		ev = Event{Kind: OnTrigger, Barrier: a.Barrier, Metrics: snapshot.SubtaskMetrics{
+		ev = Event{Kind: OnTrigger, Barrier: a.Barrier, Unaligned: a.Unaligned, Metrics: snapshot.SubtaskMetrics{
 			AlignmentDuration: time.Duration(a.AlignmentNanos),
 			StartDelay:        time.Duration(a.StartDelayNanos),
+			Unaligned:         a.Unaligned,
+			Switched:          a.Switched,
 		}}
+		if a.Unaligned {
+			r.channels.get(a.ID).input = true
+		}
+	case align.InputStateComplete:
+		if rec := r.channels.find(a.ID); rec != nil {
+			rec.input = false
+		}
+		ev = Event{Kind: OnInputStateComplete, ID: a.ID}
 	case align.ForwardBarrier:
 		ev = Event{Kind: OnForwardBarrier, Barrier: a.Barrier}
 	case align.Abort:

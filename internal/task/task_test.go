@@ -615,15 +615,142 @@ func TestRunInputErrors(t *testing.T) {
 	}
 }
 
-func TestRunInputRejectsUnalignedMode(t *testing.T) {
+func unalignedBarrier(id int64) marker.Event {
+	return marker.NewBarrier(marker.Barrier{ID: id, Options: marker.Options{Mode: marker.Unaligned}})
+}
+
+// channelState decodes the channel state in an ack into "kind e/c: recs"
+// lines, one per channel.
+func channelState(t *testing.T, r Report) []string {
+	t.Helper()
+	if r.State.Channels == nil {
+		return nil
+	}
+	var out []string
+	for _, c := range r.State.Channels.Channels {
+		var recs []int
+		for _, b := range c.Buffers {
+			rs, err := decodeRecords[int](b, "test")
+			require.NoError(t, err)
+			recs = append(recs, rs...)
+		}
+		kind := map[checkpoint.ChannelKind]string{checkpoint.InputChannel: "input", checkpoint.OutputChannel: "output"}[c.Kind]
+		out = append(out, fmt.Sprintf("%s %d/%d: %v", kind, c.Edge, c.Channel, recs))
+	}
+	return out
+}
+
+// TestRunInputUnaligned: the first unaligned barrier triggers at once and
+// overtakes the subtask's queued output (output channel state); records of
+// the other input read before its barrier are input channel state; the ack
+// waits for that barrier and carries both.
+func TestRunInputUnaligned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := newHarness(t, 1)
+		h := newHarness(t, 2)
 		chain, process := h.singleChain()
-		h.runInput(marker.Unaligned, chain, process)
-		err := h.wait()
-		require.Error(t, err)
-		require.Contains(t, err.Error(), `task: operator "head"`)
-		require.Empty(t, h.rec.log(), "the chain is not opened")
+		slow := func(recs []int) error {
+			err := process(recs)
+			if recs[0] == 1 {
+				time.Sleep(time.Millisecond) // the test queues meanwhile
+			}
+			return err
+		}
+		h.send(0, 1, 2)
+		h.runInput(marker.Unaligned, chain, slow)
+		synctest.Wait()
+		// 1 and 2 wait in the head's partly filled output buffer; the
+		// barrier overtakes 10 and 11 on its way in (what the upstream
+		// writer would have captured as its output state).
+		h.send(1, 10)
+		h.send(1, 11)
+		h.event(0, unalignedBarrier(1))
+		time.Sleep(2 * time.Millisecond) // the subtask wakes up
+		synctest.Wait()
+		h.noReports()
+		require.Equal(t, []string{"barrier(1 checkpoint unaligned)", "1", "2"}, h.readNow(),
+			"the barrier overtook the output")
+		h.send(0, 3)
+		h.event(1, unalignedBarrier(1))
+		ack := h.report()
+		require.Equal(t, ReportAck, ack.Kind)
+		require.Equal(t, int64(1), ack.ID)
+		require.Equal(t, []string{"output 0/0: [1 2]", "input 0/1: [10 11]"}, channelState(t, ack))
+		require.True(t, ack.Metrics.Unaligned)
+		in, outB := ack.State.InFlightBytes()
+		require.Positive(t, in)
+		require.Positive(t, outB)
+		synctest.Wait()
+		log := h.rec.log()
+		before, after := cut(t, log, "head snapshot 1")
+		require.Equal(t, []string{"head open 0/1", "head rec 1", "head rec 2"}, before)
+		require.Equal(t, []string{"head rec 10", "head rec 11", "head rec 3"}, after)
+		h.cancel()
+		require.ErrorIs(t, h.wait(), context.Canceled)
+	})
+}
+
+// TestRunInputUnalignedOnBlockedChannel: an unaligned barrier on a channel
+// an aligned checkpoint blocks is read (PollPriority) and subsumes it.
+func TestRunInputUnalignedOnBlockedChannel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 2)
+		chain, process := h.singleChain()
+		h.runInput(marker.Aligned, chain, process)
+		h.event(0, barrier(1))
+		h.send(0, 5) // waits behind the block
+		synctest.Wait()
+		h.event(0, unalignedBarrier(2))
+		h.send(1, 7)
+		synctest.Wait() // read before the barrier (which would overtake it)
+		h.event(1, unalignedBarrier(2))
+		decl := h.report()
+		require.Equal(t, ReportDecline, decl.Kind)
+		require.Equal(t, int64(1), decl.ID)
+		require.Equal(t, snapshot.DeclinedSubsumed, decl.Reason)
+		ack := h.report()
+		require.Equal(t, ReportAck, ack.Kind)
+		require.Equal(t, int64(2), ack.ID)
+		require.Equal(t, []string{"input 0/1: [7]"}, channelState(t, ack))
+		h.cancel()
+		require.ErrorIs(t, h.wait(), context.Canceled)
+	})
+}
+
+// TestRunInputAlignedTimeout: an aligned checkpoint whose alignment has
+// not finished by its deadline switches to unaligned while the subtask is
+// busy: the barrier queued on the slow input is promoted over the data
+// ahead of it, which becomes input channel state, the blocked input is
+// read again, and the barrier goes out unaligned.
+func TestRunInputAlignedTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 2)
+		chain, process := h.singleChain()
+		slow := func(recs []int) error {
+			if recs[0] == 20 {
+				time.Sleep(100 * time.Millisecond) // busy past the deadline
+			}
+			return process(recs)
+		}
+		h.runInput(marker.Aligned, chain, slow)
+		b := marker.Barrier{ID: 1, Timestamp: time.Now().UnixNano(),
+			Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: 50 * time.Millisecond}}
+		h.event(0, marker.NewBarrier(b))
+		h.send(0, 5) // behind the block
+		h.send(1, 20)
+		synctest.Wait() // the subtask is in process(20)
+		h.send(1, 21)
+		h.event(1, marker.NewBarrier(b))
+		h.send(1, 22)
+		ack := h.report()
+		require.Equal(t, ReportAck, ack.Kind)
+		require.Equal(t, int64(1), ack.ID)
+		require.True(t, ack.Metrics.Switched, "%+v", ack.Metrics)
+		require.Equal(t, []string{"output 0/0: [20]", "input 0/1: [21]"}, channelState(t, ack),
+			"20 was emitted before the snapshot and overtaken, 21 overtaken by the promoted barrier")
+		synctest.Wait()
+		require.Equal(t, []string{"barrier(1 checkpoint unaligned timeout=50ms)", "20"}, h.readNow(), "the promoted barrier overtook 20")
+		h.cancel()
+		require.ErrorIs(t, h.wait(), context.Canceled)
 	})
 }
 
@@ -1248,3 +1375,7 @@ func (nopOut) Flush() error                      { return nil }
 func (nopOut) Pending() bool                     { return false }
 func (nopOut) BroadcastEvent(marker.Event) error { return nil }
 func (nopOut) Err() error                        { return nil }
+func (nopOut) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)) error {
+	return nil
+}
+func (nopOut) RestoreChannel(context.Context, int, int, [][]byte, string) error { return nil }
