@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/marker"
 )
 
 // workload is one pipeline measured by BenchmarkRatios: the engine job and
@@ -60,8 +61,11 @@ var workloads = []workload{
 //
 // These machines are noisy (the same run varies by 20-30 % from one minute
 // to the next), so every figure is paired: a round runs, back to back, the
-// baseline, the engine without checkpoints and the engine with them, at
-// p=1 and then at p=2, and each ratio is taken within one round. A metric
+// baseline, the engine without checkpoints and with them (aligned, then
+// unaligned), at
+// p=1 and then at p=2, and each ratio is taken within one round. The
+// unaligned-vs-aligned metric is the cost of unaligned checkpoints every
+// 100 ms relative to aligned ones, without backpressure. A metric
 // is the median of the rounds' ratios; -min and -max give their spread.
 // The stateless workload runs over b.N records, the keyed one over b.N/8.
 //
@@ -74,11 +78,11 @@ func BenchmarkRatios(b *testing.B) {
 			n := max(int64(b.N)/w.share, 1)
 			want := w.want(n)
 			dir := b.TempDir()
-			engine := func(p int, interval time.Duration) func() any {
+			engine := func(p int, interval time.Duration, mode marker.Mode) func() any {
 				return func() any {
 					cfg := graph.Config{Logf: func(string, ...any) {}}
 					if interval > 0 {
-						cfg.Checkpoint = graph.CheckpointConfig{Interval: interval, Dir: dir}
+						cfg.Checkpoint = graph.CheckpointConfig{Interval: interval, Dir: dir, Mode: mode}
 					}
 					got, err := w.engine(n, p, cfg)
 					if err != nil {
@@ -91,6 +95,7 @@ func BenchmarkRatios(b *testing.B) {
 				base = iota
 				off
 				on
+				unaligned
 				impls
 			)
 			// times[p][impl][round], cores[p][impl][round]
@@ -98,9 +103,10 @@ func BenchmarkRatios(b *testing.B) {
 			for range rounds {
 				for pi, p := range ps {
 					runs := [impls]func() any{
-						base: func() any { return w.baseline(n, p) },
-						off:  engine(p, 0),
-						on:   engine(p, 100*time.Millisecond),
+						base:      func() any { return w.baseline(n, p) },
+						off:       engine(p, 0, marker.Aligned),
+						on:        engine(p, 100*time.Millisecond, marker.Aligned),
+						unaligned: engine(p, 100*time.Millisecond, marker.Unaligned),
 					}
 					for i, run := range runs {
 						start, cpu := time.Now(), cpuTime()
@@ -132,6 +138,7 @@ func BenchmarkRatios(b *testing.B) {
 				t := &times[pi]
 				report(fmt.Sprintf("p%d-engine/baseline", p), true, func(r int) float64 { return t[base][r] / t[off][r] })
 				report(fmt.Sprintf("p%d-checkpoint-cost-%%", p), true, func(r int) float64 { return (t[on][r] - t[off][r]) / t[off][r] * 100 })
+				report(fmt.Sprintf("p%d-unaligned-vs-aligned-%%", p), true, func(r int) float64 { return (t[unaligned][r] - t[on][r]) / t[on][r] * 100 })
 				report(fmt.Sprintf("p%d-engine-Mrec/s", p), false, func(r int) float64 { return float64(n) / (t[off][r] / 1e9) / 1e6 })
 				report(fmt.Sprintf("p%d-baseline-Mrec/s", p), false, func(r int) float64 { return float64(n) / (t[base][r] / 1e9) / 1e6 })
 				report(fmt.Sprintf("p%d-engine-cores", p), false, func(r int) float64 { return cores[pi][off][r] })

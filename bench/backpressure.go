@@ -1,0 +1,67 @@
+package bench
+
+import (
+	"time"
+
+	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/source"
+)
+
+// The backpressure pipeline: source -> keyBy(v % Keys) -> running count
+// per key -> a sink that accepts at most Rate records per second, so every
+// channel upstream of the sink is full and an aligned barrier waits behind
+// all of it. This is where unaligned checkpoints matter.
+
+// throttledSink sums what it gets and sleeps so that its subtask writes at
+// most rate records per second.
+type throttledSink struct {
+	rate  float64 // records per second; 0: unthrottled
+	start time.Time
+	n     int64
+	r     KeyedResult
+}
+
+func (s *throttledSink) Write(_ *graph.Context, v int64) error {
+	s.r.Records++
+	s.r.Sum += v
+	s.throttle(1)
+	return nil
+}
+
+func (s *throttledSink) WriteBatch(_ *graph.Context, in []int64) error {
+	s.r.Records += int64(len(in))
+	for _, v := range in {
+		s.r.Sum += v
+	}
+	s.throttle(len(in))
+	return nil
+}
+
+func (s *throttledSink) throttle(n int) {
+	if s.rate == 0 {
+		return
+	}
+	if s.start.IsZero() {
+		s.start = time.Now()
+	}
+	s.n += int64(n)
+	due := s.start.Add(time.Duration(float64(s.n) / s.rate * float64(time.Second)))
+	if d := time.Until(due); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// EngineBackpressure builds the backpressure pipeline over n records with
+// parallelism p; the sink subtasks together accept rate records per second
+// (0: unthrottled). The keyed operator and the sink are not chained, so the
+// edge into the sink is full too.
+func EngineBackpressure(n int64, p int, rate float64, cfg graph.Config) *graph.Job {
+	cfg.Parallelism = p
+	j := graph.NewJob("bench-backpressure", cfg)
+	src := graph.Source(j, "source", source.Generate(n, Gen))
+	counts := graph.ProcessKeyed(graph.KeyBy(src, KeyFn), "count",
+		func() graph.KeyedProcessFunc[int64, int64, int64] { return &runningCount{} })
+	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { return &throttledSink{rate: rate / float64(p)} },
+		graph.DisableChaining())
+	return j
+}
