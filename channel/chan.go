@@ -17,8 +17,10 @@ import (
 // TryPoll and Recycle, used by the channel's one reader (a Gate). Any number
 // of writers may use it concurrently.
 type Chan[T any] struct {
-	name        string
-	capacity    int
+	name     string
+	capacity int
+	// limit is capacity plus the overdraft: Send blocks at limit.
+	limit       int
 	bufferSize  int
 	recordBytes int64
 	// clearRecords is set when T holds pointers: recycled buffers are
@@ -39,7 +41,7 @@ type Chan[T any] struct {
 	// prio holds priority events in send order; it is polled before queue
 	// (CH4).
 	prio ring[marker.Event]
-	// nData is the number of data buffers in queue (CH2: nData <= capacity).
+	// nData is the number of data buffers in queue (CH2: nData <= limit).
 	nData         int
 	queuedRecords int64
 	// waiters is the number of writers blocked in Send.
@@ -67,6 +69,12 @@ func New[T any](cfg Config) *Chan[T] {
 	if cfg.BufferSize <= 0 {
 		cfg.BufferSize = DefaultBufferSize
 	}
+	switch {
+	case cfg.Overdraft == NoOverdraft:
+		cfg.Overdraft = 0
+	case cfg.Overdraft <= 0:
+		cfg.Overdraft = DefaultOverdraft
+	}
 	if cfg.RecordBytes <= 0 {
 		var zero T
 		cfg.RecordBytes = int(unsafe.Sizeof(zero))
@@ -74,6 +82,7 @@ func New[T any](cfg Config) *Chan[T] {
 	c := &Chan[T]{
 		name:         cfg.Name,
 		capacity:     cfg.Capacity,
+		limit:        cfg.Capacity + cfg.Overdraft,
 		bufferSize:   cfg.BufferSize,
 		recordBytes:  int64(cfg.RecordBytes),
 		clearRecords: hasPointers(reflect.TypeFor[T]()),
@@ -81,9 +90,9 @@ func New[T any](cfg Config) *Chan[T] {
 		// Buffers in circulation: Capacity queued, plus one being filled by
 		// each writer and one being processed by the reader. The slack
 		// covers a few writers; beyond that, surplus buffers go to the GC.
-		free: make([]*Buffer[T], 0, cfg.Capacity+4),
+		free: make([]*Buffer[T], 0, cfg.Capacity+cfg.Overdraft+4),
 	}
-	c.queue.reserve(cfg.Capacity + 4)
+	c.queue.reserve(cfg.Capacity + cfg.Overdraft + 4)
 	return c
 }
 
@@ -131,7 +140,7 @@ func (c *Chan[T]) Send(ctx context.Context, b *Buffer[T]) error {
 		panic(fmt.Sprintf("channel: Send of nil buffer on %q", c.name))
 	}
 	c.mu.Lock()
-	if c.nData < c.capacity && !c.ended {
+	if c.nData < c.limit && !c.ended {
 		c.enqueueDataLocked(b)
 		c.mu.Unlock()
 		return nil
@@ -140,7 +149,37 @@ func (c *Chan[T]) Send(ctx context.Context, b *Buffer[T]) error {
 	return c.sendSlow(ctx, b)
 }
 
-// sendSlow is Send when the channel is full (or ended): it waits for a space
+// Available implements Sender.
+func (c *Chan[T]) Available() bool {
+	c.mu.Lock()
+	ok := c.nData < c.capacity || c.ended
+	c.mu.Unlock()
+	return ok
+}
+
+// AwaitSpace implements Sender.
+func (c *Chan[T]) AwaitSpace() (<-chan struct{}, func(), bool) {
+	c.mu.Lock()
+	if c.nData < c.capacity || c.ended {
+		c.mu.Unlock()
+		return nil, nil, false
+	}
+	c.waiters++
+	c.mu.Unlock()
+	start := time.Now()
+	return c.space, func() {
+		c.mu.Lock()
+		c.waiters--
+		c.backpressuredNanos += int64(time.Since(start))
+		// Pass on a wake-up this waiter may have taken from another.
+		if c.waiters > 0 && c.nData < c.limit {
+			postToken(c.space)
+		}
+		c.mu.Unlock()
+	}, true
+}
+
+// sendSlow is Send when the channel is at its limit (or ended): it waits for a space
 // token, re-checking the condition under the lock after every wake-up, so a
 // token that is stale or taken by another writer costs only a loop (CH3).
 func (c *Chan[T]) sendSlow(ctx context.Context, b *Buffer[T]) error {
@@ -154,10 +193,10 @@ func (c *Chan[T]) sendSlow(ctx context.Context, b *Buffer[T]) error {
 			err = fmt.Errorf("channel: %q: %w", c.name, ErrEndOfInput)
 			break
 		}
-		if c.nData < c.capacity {
+		if c.nData < c.limit {
 			c.enqueueDataLocked(b)
 			// Pass the wake-up on if there is room for another waiter.
-			if c.waiters > 0 && c.nData < c.capacity {
+			if c.waiters > 0 && c.nData < c.limit {
 				postToken(c.space)
 			}
 			break

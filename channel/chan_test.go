@@ -106,7 +106,7 @@ func testFIFOConcurrentWriters(t *testing.T) {
 		perWriter  = 2000
 		eventEvery = 97
 	)
-	c := New[int](Config{Capacity: 3, BufferSize: 4, Name: "w->r"})
+	c := New[int](Config{Overdraft: NoOverdraft, Capacity: 3, BufferSize: 4, Name: "w->r"})
 	g := NewGate([]*Chan[int]{c})
 	ctx := context.Background()
 	var wg sync.WaitGroup
@@ -192,7 +192,7 @@ func testFIFOConcurrentWriters(t *testing.T) {
 func TestBackpressure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const capacity = 2
-		c := New[int](Config{Capacity: capacity})
+		c := New[int](Config{Overdraft: NoOverdraft, Capacity: capacity})
 		for i := range capacity {
 			sendInts(t, c, i)
 		}
@@ -254,7 +254,7 @@ func TestBackpressure(t *testing.T) {
 // lock): both blocked writers must get through.
 func TestWriterWakeupTwoSlots(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New[int](Config{Capacity: 2})
+		c := New[int](Config{Overdraft: NoOverdraft, Capacity: 2})
 		sendInts(t, c, 0)
 		sendInts(t, c, 1)
 		done := make(chan struct{}, 2)
@@ -288,7 +288,7 @@ func TestWriterWakeupTwoSlots(t *testing.T) {
 // enqueues nothing and recycles its buffer.
 func TestSendContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New[int](Config{Capacity: 1})
+		c := New[int](Config{Overdraft: NoOverdraft, Capacity: 1})
 		sendInts(t, c, 1)
 
 		ctx, cancel := context.WithCancel(context.Background())
@@ -343,7 +343,7 @@ func TestSendContext(t *testing.T) {
 // blocked in Send.
 func TestEventsBypassCapacity(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New[int](Config{Capacity: 1})
+		c := New[int](Config{Overdraft: NoOverdraft, Capacity: 1})
 		sendInts(t, c, 1)
 		done := make(chan struct{})
 		go func() {
@@ -381,7 +381,7 @@ func TestEventsBypassCapacity(t *testing.T) {
 // share no memory with them, and the originals are still consumed.
 func TestPriorityOvertakes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New[int](Config{Capacity: 3, BufferSize: 4})
+		c := New[int](Config{Overdraft: NoOverdraft, Capacity: 3, BufferSize: 4})
 		sendInts(t, c, 1, 2)
 		if err := c.SendEvent(alignedBarrier(1)); err != nil {
 			t.Fatal(err)
@@ -465,7 +465,7 @@ func TestPriorityOvertakes(t *testing.T) {
 // writer ends the channel.
 func TestEndOfInput(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New[int](Config{Capacity: 1, Name: "x"})
+		c := New[int](Config{Overdraft: NoOverdraft, Capacity: 1, Name: "x"})
 		sendInts(t, c, 1)
 		errc := make(chan error, 1)
 		go func() {
@@ -499,7 +499,7 @@ func TestEndOfInput(t *testing.T) {
 
 // TestGauges checks every gauge against a hand-computed value.
 func TestGauges(t *testing.T) {
-	c := New[int](Config{Capacity: 4, RecordBytes: 100, Name: "g"})
+	c := New[int](Config{Overdraft: NoOverdraft, Capacity: 4, RecordBytes: 100, Name: "g"})
 	sendInts(t, c, 1, 2, 3)
 	sendInts(t, c)
 	if err := c.SendEvent(alignedBarrier(1)); err != nil {
@@ -531,7 +531,7 @@ func TestGauges(t *testing.T) {
 // and clearing of pointer records so that recycled buffers keep nothing
 // alive.
 func TestRecycle(t *testing.T) {
-	c := New[*int](Config{Capacity: 1, BufferSize: 2})
+	c := New[*int](Config{Overdraft: NoOverdraft, Capacity: 1, BufferSize: 2})
 	b := c.NewBuffer()
 	x := 1
 	b.Records = append(b.Records, &x, &x)
@@ -617,7 +617,7 @@ func TestModel(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1))
 			capacity := 1 + rng.IntN(5)
-			c := New[int](Config{Capacity: capacity, BufferSize: 3, RecordBytes: 1})
+			c := New[int](Config{Overdraft: NoOverdraft, Capacity: capacity, BufferSize: 3, RecordBytes: 1})
 			done, cancel := context.WithCancel(context.Background())
 			cancel()
 			var (
@@ -723,7 +723,7 @@ func TestModel(t *testing.T) {
 						}
 						if ended && rng.IntN(4) == 0 {
 							// Start a new life so that the run continues.
-							c = New[int](Config{Capacity: capacity, BufferSize: 3, RecordBytes: 1})
+							c = New[int](Config{Overdraft: NoOverdraft, Capacity: capacity, BufferSize: 3, RecordBytes: 1})
 							ended, sent = false, Gauges{}
 						}
 					}
@@ -745,7 +745,7 @@ func TestModel(t *testing.T) {
 
 // TestAllocs checks CH8: the steady-state cycle allocates nothing.
 func TestAllocs(t *testing.T) {
-	chans := []*Chan[int]{New[int](Config{Capacity: 4}), New[int](Config{Capacity: 4}), New[int](Config{Capacity: 4})}
+	chans := []*Chan[int]{New[int](Config{Overdraft: NoOverdraft, Capacity: 4}), New[int](Config{Overdraft: NoOverdraft, Capacity: 4}), New[int](Config{Overdraft: NoOverdraft, Capacity: 4})}
 	g := NewGate(chans)
 	ctx := context.Background()
 	ev := alignedBarrier(1)
@@ -798,7 +798,7 @@ func TestAllocs(t *testing.T) {
 // input, with copies of the buffers it overtook; the data keeps its order
 // behind it, and an absent barrier is reported as not found.
 func TestPromote(t *testing.T) {
-	a, b := New[int](Config{Capacity: 8, BufferSize: 4}), New[int](Config{Capacity: 8, BufferSize: 4})
+	a, b := New[int](Config{Overdraft: NoOverdraft, Capacity: 8, BufferSize: 4}), New[int](Config{Overdraft: NoOverdraft, Capacity: 8, BufferSize: 4})
 	g := NewGate([]*Chan[int]{a, b})
 	sendInts(t, a, 1, 2)
 	if err := a.SendEvent(alignedBarrier(1)); err != nil {
@@ -852,4 +852,58 @@ func TestPromote(t *testing.T) {
 	if ov, found := g.Promote(0, 2); found || ov != nil {
 		t.Fatalf("Promote after the barrier was polled = %v, %v", ov, found)
 	}
+}
+
+// TestOverdraft checks CH2 with an overdraft: the channel stops being
+// Available at Capacity, Send blocks only at Capacity + Overdraft, and
+// AwaitSpace wakes a waiting writer when a buffer is polled.
+func TestOverdraft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New[int](Config{Capacity: 2, Overdraft: 1, BufferSize: 4})
+		NewGate([]*Chan[int]{c})
+		sendInts(t, c, 1)
+		if !c.Available() {
+			t.Fatal("not available with 1 of 2 buffers queued")
+		}
+		sendInts(t, c, 2)
+		if c.Available() {
+			t.Fatal("available at capacity")
+		}
+		sendInts(t, c, 3) // the overdraft: does not block
+		blocked := make(chan struct{})
+		go func() {
+			sendIntsErr(t, c, 4)
+			close(blocked)
+		}()
+		synctest.Wait()
+		select {
+		case <-blocked:
+			t.Fatal("Send did not block at capacity + overdraft")
+		default:
+		}
+		space, done, ok := c.AwaitSpace()
+		if !ok {
+			t.Fatal("AwaitSpace: available at the limit")
+		}
+		woke := make(chan struct{})
+		go func() {
+			<-space
+			done()
+			close(woke)
+		}()
+		mustPollData(t, c)
+		<-blocked // the blocked writer takes the slot; the channel is at its limit again
+		if got := mustPollData(t, c); !slices.Equal(got, []int{2}) {
+			t.Fatalf("polled %v, want [2]", got)
+		}
+		<-woke // a poll wakes the waiting writer
+		for _, want := range [][]int{{3}, {4}} {
+			if got := mustPollData(t, c); !slices.Equal(got, want) {
+				t.Fatalf("polled %v, want %v", got, want)
+			}
+		}
+		if !c.Available() {
+			t.Fatal("not available when empty")
+		}
+	})
 }

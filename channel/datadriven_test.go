@@ -49,7 +49,7 @@ func TestDataDriven(t *testing.T) {
 				d.MaybeScanArgs(t, "capacity", &capacity)
 				chans = make([]*Chan[int], n)
 				for i := range chans {
-					chans[i] = New[int](Config{Capacity: capacity, BufferSize: 4, RecordBytes: 10, Name: fmt.Sprintf("in%d", i)})
+					chans[i] = New[int](Config{Overdraft: NoOverdraft, Capacity: capacity, BufferSize: 4, RecordBytes: 10, Name: fmt.Sprintf("in%d", i)})
 				}
 				g = NewGate(chans)
 				return ""

@@ -84,8 +84,11 @@
 //     writer, program order). Non-priority events never overtake data: an
 //     aligned barrier stays behind the data sent before it, end-of-input
 //     behind everything.
-//   - CH2 (bounded): at most Capacity data buffers are queued on a channel.
-//     Events do not count.
+//   - CH2 (bounded): at most Capacity + Overdraft data buffers are queued
+//     on a channel; Send blocks there. At Capacity the channel is no longer
+//     Available, and a subtask loop then takes no new input (package
+//     internal/task), so the overdraft only absorbs the end of the batch
+//     being processed. Events do not count.
 //   - CH3 (no lost wake-ups): reader side, if an item is queued on an
 //     unblocked input, or a priority event on any input, after the reader's
 //     last Poll that found nothing, then a token is pending on Ready or will

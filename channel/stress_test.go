@@ -26,7 +26,7 @@ func gateStress(t *testing.T, seed uint64, inputs, writersPerInput, perWriter in
 	const eventEvery = 13
 	chans := make([]*Chan[int], inputs)
 	for i := range chans {
-		chans[i] = New[int](Config{Capacity: 1 + i%3, BufferSize: 2, Name: fmt.Sprintf("in%d", i)})
+		chans[i] = New[int](Config{Overdraft: NoOverdraft, Capacity: 1 + i%3, BufferSize: 2, Name: fmt.Sprintf("in%d", i)})
 	}
 	g := NewGate(chans)
 	ctx := context.Background()

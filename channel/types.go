@@ -29,14 +29,24 @@ func (it Item[T]) IsEvent() bool { return it.Buf == nil }
 const (
 	DefaultCapacity   = 8
 	DefaultBufferSize = 256
+	DefaultOverdraft  = 4
+	// NoOverdraft as Config.Overdraft makes Send block at Capacity.
+	NoOverdraft = -1
 )
 
 // Config configures a Chan. Zero or negative numeric fields take their
 // defaults.
 type Config struct {
-	// Capacity is the maximum number of queued data buffers (CH2). Events do
-	// not count against it. Default DefaultCapacity.
+	// Capacity is the number of queued data buffers at which the channel
+	// is no longer Available (CH2). Events do not count against it. Default
+	// DefaultCapacity.
 	Capacity int
+	// Overdraft is the number of data buffers a writer may queue beyond
+	// Capacity before Send blocks: room for a subtask to finish the batch
+	// it is processing when its output became unavailable (Flink's
+	// overdraft buffers, FLIP-227). Default DefaultOverdraft; NoOverdraft
+	// for none (Send blocks at Capacity).
+	Overdraft int
 	// BufferSize is the record capacity of the buffers handed out by
 	// NewBuffer. Default DefaultBufferSize.
 	BufferSize int
@@ -84,6 +94,18 @@ type Sender[T any] interface {
 	// (ev.Priority(), an unaligned barrier) is queued ahead of all queued
 	// data buffers and non-priority events, behind earlier priority events.
 	SendEvent(ev marker.Event) error
+	// Available reports whether fewer than Capacity data buffers are
+	// queued. A subtask takes new input only while its outputs are
+	// available, so Send rarely blocks and the subtask stays free to handle
+	// barriers and mail under backpressure.
+	Available() bool
+	// AwaitSpace returns ok false if the channel is available. Otherwise
+	// it registers the caller as a waiting writer and returns a channel
+	// that receives a token when a data buffer is polled (the channel may
+	// have become available; check again), and done, which the caller must
+	// call when it stops waiting; the time counts as backpressured. The
+	// check and the registration are atomic, so no wake-up is lost.
+	AwaitSpace() (space <-chan struct{}, done func(), ok bool)
 	// SendEventOvertaking is SendEvent that also returns, for a priority
 	// event, deep copies of the data buffers it overtook in FIFO order (nil
 	// for a non-priority event). The originals stay queued and are consumed

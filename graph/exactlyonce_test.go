@@ -308,19 +308,12 @@ func TestExactlyOnceUnaligned(t *testing.T) {
 			var persisted int64
 			modes := map[string]int{}
 			for _, cs := range st.History {
+				modes[cs.Alignment()]++
 				for _, s := range cs.Subtasks {
 					persisted += s.InFlightSize
-					switch {
-					case s.Switched:
-						modes["switched"]++
-					case s.Unaligned:
-						modes["unaligned"]++
-					default:
-						modes["aligned"]++
-					}
 				}
 			}
-			t.Logf("%s: %d restores, subtask checkpoints by mode %v, %d bytes of channel state in the last %d checkpoints",
+			t.Logf("%s: %d restores, checkpoints by alignment %v, %d bytes of channel state in the last %d checkpoints",
 				tc.name, st.Counts.Restored, modes, persisted, len(st.History))
 			if tc.cc.Mode == marker.Unaligned {
 				require.Positive(t, modes["unaligned"])

@@ -633,6 +633,10 @@ func (nopEmitter) Pending() bool { return false }
 
 func (nopEmitter) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)) error { return nil }
 
+func (nopEmitter) Available() bool { return true }
+
+func (nopEmitter) AwaitSpace() (<-chan struct{}, func(), bool) { return nil, nil, false }
+
 func (nopEmitter) RestoreChannel(_ context.Context, edge, ch int, _ [][]byte, where string) error {
 	return fmt.Errorf("graph: %s: output channel state (edge %d, channel %d) for an operator without outputs", where, edge, ch)
 }

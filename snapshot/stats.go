@@ -79,21 +79,19 @@ type CheckpointStats struct {
 	Subtasks []SubtaskStats
 }
 
-// Alignment says how the checkpoint was taken: "aligned" (every subtask
-// aligned its barriers), "unaligned" (some subtask took it unaligned, from
-// its first barrier), or "switched" (some subtask started aligned and
-// switched to unaligned at the alignment timeout).
+// Alignment says how the checkpoint was taken: "unaligned" (its mode),
+// "switched" (aligned with a timeout, and some subtask switched it to
+// unaligned, or received it switched), or "aligned".
 func (cs *CheckpointStats) Alignment() string {
-	a := "aligned"
+	if cs.Mode == marker.Unaligned {
+		return "unaligned"
+	}
 	for i := range cs.Subtasks {
-		switch {
-		case cs.Subtasks[i].Switched:
+		if cs.Subtasks[i].Switched || cs.Subtasks[i].Unaligned {
 			return "switched"
-		case cs.Subtasks[i].Unaligned:
-			a = "unaligned"
 		}
 	}
-	return a
+	return "aligned"
 }
 
 // MaxAlignment is the longest alignment of any subtask.
@@ -375,25 +373,29 @@ func (s *Stats) Format(w io.Writer) error {
 			sum.StartDelay.Min, sum.StartDelay.Avg, sum.StartDelay.Max)
 	}
 	if len(s.History) > 0 {
-		fmt.Fprintln(tw, "id\tkind\tmode\tstatus\ttrigger\te2e\tsize\tacked\tsync\tasync\talign\tdelay\tinfo")
+		fmt.Fprintln(tw, "id\tkind\tmode\tstatus\ttrigger\te2e\tsize\tin-flight\tacked\tsync\tasync\talign\tdelay\tinfo")
 		for i := range s.History {
 			h := &s.History[i]
 			info := h.Path
 			if h.Status == StatusFailed {
 				info = h.FailureReason
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\t%s\t%d/%d\t%v\t%v\t%v\t%v\t%s\n",
-				h.ID, h.Kind, h.Mode, h.Status, fmtTime(h.TriggerTime), h.EndToEnd, fmtBytes(h.StateSize),
-				h.Acked, h.Total, h.MaxSync(), h.MaxAsync(), h.MaxAlignment(), h.MaxStartDelay(), info)
+			mode := h.Mode.String()
+			if h.Mode != marker.AtLeastOnce {
+				mode = h.Alignment()
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\t%s\t%s\t%d/%d\t%v\t%v\t%v\t%v\t%s\n",
+				h.ID, h.Kind, mode, h.Status, fmtTime(h.TriggerTime), h.EndToEnd, fmtBytes(h.StateSize),
+				fmtBytes(h.InFlightSize), h.Acked, h.Total, h.MaxSync(), h.MaxAsync(), h.MaxAlignment(), h.MaxStartDelay(), info)
 		}
 	}
 	if lc := s.LatestCompleted; lc != nil {
 		fmt.Fprintf(tw, "latest completed %s %d at %s: %s\n", lc.Kind, lc.ID, fmtTime(lc.EndTime), lc.Path)
-		fmt.Fprintln(tw, "  task\tack\tsize\tsync\tasync\talign\tdelay")
+		fmt.Fprintln(tw, "  task\tack\tsize\tin-flight\tsync\tasync\talign\tdelay")
 		for i := range lc.Subtasks {
 			st := &lc.Subtasks[i]
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%v\t%v\t%v\t%v\n",
-				fmtTask(st.Task), fmtTime(st.AckTime), fmtBytes(st.StateSize), st.SyncDuration,
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%v\t%v\t%v\t%v\n",
+				fmtTask(st.Task), fmtTime(st.AckTime), fmtBytes(st.StateSize), fmtBytes(st.InFlightSize), st.SyncDuration,
 				st.AsyncDuration, st.AlignmentDuration, st.StartDelay)
 		}
 	}

@@ -294,6 +294,37 @@ func (o *Output[T]) RestoreChannel(ctx context.Context, edge, ch int, bufs [][]b
 	return o.edges[edge].restore(ctx, ch, bufs, where)
 }
 
+// Available reports whether every output channel is available (below its
+// capacity): the subtask loops take new input only then, so that a
+// subtask under backpressure waits in its loop, where it still handles
+// priority barriers and mail, rather than in Send.
+func (o *Output[T]) Available() bool {
+	if o.single != nil {
+		return o.single.Available()
+	}
+	for _, e := range o.edges {
+		if !e.available() {
+			return false
+		}
+	}
+	return true
+}
+
+// AwaitSpace returns the space notification of the first unavailable
+// output channel (see channel.Sender.AwaitSpace), or ok false if all are
+// available.
+func (o *Output[T]) AwaitSpace() (space <-chan struct{}, done func(), ok bool) {
+	if o.single != nil {
+		return o.single.AwaitSpace()
+	}
+	for _, e := range o.edges {
+		if space, done, ok = e.awaitSpace(); ok {
+			return space, done, true
+		}
+	}
+	return nil, nil, false
+}
+
 // Pending reports whether records wait in partly filled buffers.
 func (o *Output[T]) Pending() bool {
 	if o.n > 0 {
@@ -336,6 +367,10 @@ type edgeWriter[T any] interface {
 	sendOvertaking(ev marker.Event, rec func(ch int, b []byte)) error
 	// restore sends restored output channel state on channel ch.
 	restore(ctx context.Context, ch int, bufs [][]byte, where string) error
+	// available and awaitSpace are Output.Available and AwaitSpace for the
+	// edge's channels.
+	available() bool
+	awaitSpace() (space <-chan struct{}, done func(), ok bool)
 	// bufferSize is the record capacity of the edge's buffers (0 without
 	// channels).
 	bufferSize() int
@@ -442,6 +477,24 @@ func (l *lanes[E]) restore(ctx context.Context, ch int, bufs [][]byte, where str
 	return nil
 }
 
+func (l *lanes[E]) available() bool {
+	for _, c := range l.chans {
+		if !c.Available() {
+			return false
+		}
+	}
+	return true
+}
+
+func (l *lanes[E]) awaitSpace() (<-chan struct{}, func(), bool) {
+	for _, c := range l.chans {
+		if space, done, ok := c.AwaitSpace(); ok {
+			return space, done, true
+		}
+	}
+	return nil, nil, false
+}
+
 func (l *lanes[E]) bufferSize() int {
 	if len(l.chans) == 0 {
 		return 0
@@ -510,5 +563,7 @@ type Emitter interface {
 	BroadcastEvent(ev marker.Event) error
 	BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b []byte)) error
 	RestoreChannel(ctx context.Context, edge, ch int, bufs [][]byte, where string) error
+	Available() bool
+	AwaitSpace() (space <-chan struct{}, done func(), ok bool)
 	Err() error
 }

@@ -222,10 +222,11 @@ func TestOutputSendErrors(t *testing.T) {
 		require.Contains(t, err.Error(), "task: send cancel(1)")
 	})
 	t.Run("cancelled while backpressured", func(t *testing.T) {
-		c := channel.New[int](channel.Config{Capacity: 1, BufferSize: 1})
+		cfg := channel.Config{Capacity: 1, BufferSize: 1, Overdraft: channel.NoOverdraft}
+		c := channel.New[int](cfg)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		cs := []*channel.Chan[int]{c, channel.New[int](channel.Config{Capacity: 1, BufferSize: 1})}
+		cs := []*channel.Chan[int]{c, channel.New[int](cfg)}
 		o := NewOutput(ctx, []Edge[int]{{Chans: senders(cs)}}) // staged
 		o.Collect(1)                                           // staged
 		o.Collect(2)                                           // routes 1: fills and sends one buffer per channel

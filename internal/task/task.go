@@ -542,6 +542,13 @@ func (r *runner) forwardBarrier(b marker.Barrier) error {
 	if !b.Priority() && !b.TimedOut(r.cfg.now().UnixNano()) {
 		return out.BroadcastEvent(marker.NewBarrier(b))
 	}
+	if i := slices.IndexFunc(r.snaps, func(s *snap) bool { return s.id == b.ID }); i >= 0 {
+		for j := range r.snaps[i].acks {
+			m := &r.snaps[i].acks[j].Metrics
+			m.Unaligned = true
+			m.Switched = m.Switched || !b.Priority()
+		}
+	}
 	rec := r.channels.get(b.ID)
 	return out.BroadcastOvertaking(marker.NewBarrier(b.AsUnaligned()), func(edge, ch int, buf []byte) {
 		rec.add(checkpoint.OutputChannel, edge, ch, buf)
@@ -641,6 +648,22 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 		}
 		if !r.emitting() {
 			continue // a spurious wake-up
+		}
+		if space, done, busy := r.chain.tail().Out.AwaitSpace(); busy {
+			// Backpressure: wait here, not in Send, so trigger mail is
+			// served at once (an unaligned barrier then overtakes the full
+			// channels).
+			select {
+			case <-space:
+			case <-cfg.Mail.Ready():
+			case <-r.asyncReady():
+			case <-ctx.Done():
+			}
+			done()
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			continue
 		}
 		eof, err := src.Emit(batch)
 		if errors.Is(err, ErrIdle) {
@@ -754,8 +777,15 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		// none), then data.
 		ch, ev, ok := gate.PollPriority()
 		it := channel.Item[IN]{Event: ev}
+		// Under backpressure (an output channel at capacity) no data is
+		// read: the subtask waits below for space, still serving priority
+		// barriers, mail, timers and snapshots, rather than blocking in
+		// Send in the middle of a batch.
+		backpressured := false
 		if !ok {
-			ch, it, ok = gate.Poll()
+			if backpressured = !r.chain.tail().Out.Available(); !backpressured {
+				ch, it, ok = gate.Poll()
+			}
 		}
 		if !ok {
 			var flushC <-chan time.Time
@@ -794,8 +824,19 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					continue
 				}
 			}
+			var space <-chan struct{}
+			spaceDone := func() {}
+			if backpressured {
+				var busy bool
+				// (The error returns below skip spaceDone: the attempt
+				// ends, and its channels with it.)
+				if space, spaceDone, busy = r.chain.tail().Out.AwaitSpace(); !busy {
+					continue // available again
+				}
+			}
 			select {
 			case <-gate.Ready():
+			case <-space:
 			case <-cfg.Mail.Ready():
 			case <-r.asyncReady():
 			case <-alignC:
@@ -819,6 +860,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			flushTimer.Stop()
 			userTimer.Stop()
 			alignTimer.Stop()
+			spaceDone()
 			continue
 		}
 		in := align.Input[*channel.Buffer[IN]]{Channel: ch}

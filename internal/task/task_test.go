@@ -1379,3 +1379,36 @@ func (nopOut) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)) er
 	return nil
 }
 func (nopOut) RestoreChannel(context.Context, int, int, [][]byte, string) error { return nil }
+func (nopOut) Available() bool                                                  { return true }
+func (nopOut) AwaitSpace() (<-chan struct{}, func(), bool)                      { return nil, nil, false }
+
+// TestRunInputUnalignedUnderBackpressure: a subtask whose output channel is
+// at capacity reads no more data but still takes an unaligned barrier at
+// once: it snapshots, the barrier overtakes the full output (output channel
+// state), and the ack goes out while nothing downstream reads.
+func TestRunInputUnalignedUnderBackpressure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 1)
+		h.out = channel.New[int](channel.Config{Capacity: 2, BufferSize: 1, Overdraft: 1, Name: "out"})
+		h.outGate = channel.NewGate([]*channel.Chan[int]{h.out})
+		chain, process := h.singleChain()
+		for i := range 10 {
+			h.send(0, i)
+		}
+		h.runInput(marker.Unaligned, chain, process)
+		synctest.Wait()
+		require.False(t, h.out.Available(), "the output filled up")
+		seen := len(h.rec.log())
+		h.event(0, unalignedBarrier(1))
+		ack := h.report()
+		require.Equal(t, ReportAck, ack.Kind)
+		st := channelState(t, ack)
+		require.Len(t, st, 1)
+		require.Contains(t, st[0], "output 0/0: [0 1", "the queued output is channel state")
+		require.Equal(t, seen+1, len(h.rec.log()), "only the snapshot happened meanwhile")
+		got := h.readUntil(marker.EventBarrier)
+		require.Equal(t, "barrier(1 checkpoint unaligned)", got[0], "the barrier overtook the output")
+		h.cancel()
+		require.ErrorIs(t, h.wait(), context.Canceled)
+	})
+}
