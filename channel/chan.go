@@ -158,25 +158,26 @@ func (c *Chan[T]) Available() bool {
 }
 
 // AwaitSpace implements Sender.
-func (c *Chan[T]) AwaitSpace() (<-chan struct{}, func(), bool) {
+func (c *Chan[T]) AwaitSpace() (<-chan struct{}, bool) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.nData < c.capacity || c.ended {
-		c.mu.Unlock()
-		return nil, nil, false
+		return nil, false
 	}
 	c.waiters++
+	return c.space, true
+}
+
+// DoneAwaiting implements Sender.
+func (c *Chan[T]) DoneAwaiting(start time.Time) {
+	c.mu.Lock()
+	c.waiters--
+	c.backpressuredNanos += int64(time.Since(start))
+	// Pass on a wake-up this waiter may have taken from another.
+	if c.waiters > 0 && c.nData < c.limit {
+		postToken(c.space)
+	}
 	c.mu.Unlock()
-	start := time.Now()
-	return c.space, func() {
-		c.mu.Lock()
-		c.waiters--
-		c.backpressuredNanos += int64(time.Since(start))
-		// Pass on a wake-up this waiter may have taken from another.
-		if c.waiters > 0 && c.nData < c.limit {
-			postToken(c.space)
-		}
-		c.mu.Unlock()
-	}, true
 }
 
 // sendSlow is Send when the channel is at its limit (or ended): it waits for a space

@@ -881,10 +881,12 @@ func TestOverdraft(t *testing.T) {
 			t.Fatal("Send did not block at capacity + overdraft")
 		default:
 		}
-		space, done, ok := c.AwaitSpace()
+		space, ok := c.AwaitSpace()
 		if !ok {
 			t.Fatal("AwaitSpace: available at the limit")
 		}
+		start := time.Now()
+		done := func() { c.DoneAwaiting(start) }
 		woke := make(chan struct{})
 		go func() {
 			<-space

@@ -3,6 +3,7 @@ package channel
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/snapflow/snapflow/marker"
 )
@@ -102,10 +103,13 @@ type Sender[T any] interface {
 	// AwaitSpace returns ok false if the channel is available. Otherwise
 	// it registers the caller as a waiting writer and returns a channel
 	// that receives a token when a data buffer is polled (the channel may
-	// have become available; check again), and done, which the caller must
-	// call when it stops waiting; the time counts as backpressured. The
-	// check and the registration are atomic, so no wake-up is lost.
-	AwaitSpace() (space <-chan struct{}, done func(), ok bool)
+	// have become available; check again); the caller must call
+	// DoneAwaiting when it stops waiting. The check and the registration
+	// are atomic, so no wake-up is lost.
+	AwaitSpace() (space <-chan struct{}, ok bool)
+	// DoneAwaiting ends a wait AwaitSpace registered, which began at
+	// start (the time counts as backpressured).
+	DoneAwaiting(start time.Time)
 	// SendEventOvertaking is SendEvent that also returns, for a priority
 	// event, deep copies of the data buffers it overtook in FIFO order (nil
 	// for a non-priority event). The originals stay queued and are consumed

@@ -635,7 +635,7 @@ func (nopEmitter) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)
 
 func (nopEmitter) Available() bool { return true }
 
-func (nopEmitter) AwaitSpace() (<-chan struct{}, func(), bool) { return nil, nil, false }
+func (nopEmitter) AwaitSpace() (<-chan struct{}, task.SpaceWaiter, bool) { return nil, nil, false }
 
 func (nopEmitter) RestoreChannel(_ context.Context, edge, ch int, _ [][]byte, where string) error {
 	return fmt.Errorf("graph: %s: output channel state (edge %d, channel %d) for an operator without outputs", where, edge, ch)

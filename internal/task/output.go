@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/marker"
@@ -310,16 +311,21 @@ func (o *Output[T]) Available() bool {
 	return true
 }
 
-// AwaitSpace returns the space notification of the first unavailable
-// output channel (see channel.Sender.AwaitSpace), or ok false if all are
-// available.
-func (o *Output[T]) AwaitSpace() (space <-chan struct{}, done func(), ok bool) {
+// SpaceWaiter ends a wait for space (channel.Sender.DoneAwaiting).
+type SpaceWaiter interface{ DoneAwaiting(start time.Time) }
+
+// AwaitSpace registers a wait for space on the first unavailable output
+// channel (see channel.Sender.AwaitSpace) and returns its notification and
+// the channel, whose DoneAwaiting the caller must call; ok is false if all
+// are available.
+func (o *Output[T]) AwaitSpace() (space <-chan struct{}, w SpaceWaiter, ok bool) {
 	if o.single != nil {
-		return o.single.AwaitSpace()
+		space, ok = o.single.AwaitSpace()
+		return space, o.single, ok
 	}
 	for _, e := range o.edges {
-		if space, done, ok = e.awaitSpace(); ok {
-			return space, done, true
+		if space, w, ok = e.awaitSpace(); ok {
+			return space, w, true
 		}
 	}
 	return nil, nil, false
@@ -370,7 +376,7 @@ type edgeWriter[T any] interface {
 	// available and awaitSpace are Output.Available and AwaitSpace for the
 	// edge's channels.
 	available() bool
-	awaitSpace() (space <-chan struct{}, done func(), ok bool)
+	awaitSpace() (space <-chan struct{}, w SpaceWaiter, ok bool)
 	// bufferSize is the record capacity of the edge's buffers (0 without
 	// channels).
 	bufferSize() int
@@ -486,10 +492,10 @@ func (l *lanes[E]) available() bool {
 	return true
 }
 
-func (l *lanes[E]) awaitSpace() (<-chan struct{}, func(), bool) {
+func (l *lanes[E]) awaitSpace() (<-chan struct{}, SpaceWaiter, bool) {
 	for _, c := range l.chans {
-		if space, done, ok := c.AwaitSpace(); ok {
-			return space, done, true
+		if space, ok := c.AwaitSpace(); ok {
+			return space, c, true
 		}
 	}
 	return nil, nil, false
@@ -564,6 +570,6 @@ type Emitter interface {
 	BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b []byte)) error
 	RestoreChannel(ctx context.Context, edge, ch int, bufs [][]byte, where string) error
 	Available() bool
-	AwaitSpace() (space <-chan struct{}, done func(), ok bool)
+	AwaitSpace() (space <-chan struct{}, w SpaceWaiter, ok bool)
 	Err() error
 }

@@ -649,17 +649,18 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 		if !r.emitting() {
 			continue // a spurious wake-up
 		}
-		if space, done, busy := r.chain.tail().Out.AwaitSpace(); busy {
+		if space, w, busy := r.chain.tail().Out.AwaitSpace(); busy {
 			// Backpressure: wait here, not in Send, so trigger mail is
 			// served at once (an unaligned barrier then overtakes the full
 			// channels).
+			start := time.Now()
 			select {
 			case <-space:
 			case <-cfg.Mail.Ready():
 			case <-r.asyncReady():
 			case <-ctx.Done():
 			}
-			done()
+			w.DoneAwaiting(start)
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -825,14 +826,16 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				}
 			}
 			var space <-chan struct{}
-			spaceDone := func() {}
+			var waiter SpaceWaiter
+			var waitStart time.Time
 			if backpressured {
 				var busy bool
-				// (The error returns below skip spaceDone: the attempt
+				// (The error returns below skip DoneAwaiting: the attempt
 				// ends, and its channels with it.)
-				if space, spaceDone, busy = r.chain.tail().Out.AwaitSpace(); !busy {
+				if space, waiter, busy = r.chain.tail().Out.AwaitSpace(); !busy {
 					continue // available again
 				}
+				waitStart = time.Now()
 			}
 			select {
 			case <-gate.Ready():
@@ -860,7 +863,9 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			flushTimer.Stop()
 			userTimer.Stop()
 			alignTimer.Stop()
-			spaceDone()
+			if waiter != nil {
+				waiter.DoneAwaiting(waitStart)
+			}
 			continue
 		}
 		in := align.Input[*channel.Buffer[IN]]{Channel: ch}

@@ -1380,7 +1380,7 @@ func (nopOut) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)) er
 }
 func (nopOut) RestoreChannel(context.Context, int, int, [][]byte, string) error { return nil }
 func (nopOut) Available() bool                                                  { return true }
-func (nopOut) AwaitSpace() (<-chan struct{}, func(), bool)                      { return nil, nil, false }
+func (nopOut) AwaitSpace() (<-chan struct{}, SpaceWaiter, bool)                 { return nil, nil, false }
 
 // TestRunInputUnalignedUnderBackpressure: a subtask whose output channel is
 // at capacity reads no more data but still takes an unaligned barrier at
