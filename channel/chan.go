@@ -34,6 +34,10 @@ type Chan[T any] struct {
 	// avail mirrors queue.len()+prio.len(). It is written under mu and read
 	// without it by the Gate, to skip empty channels cheaply.
 	avail atomic.Int64
+	// deadline is the earliest alignment deadline (marker.Barrier.Deadline)
+	// of the aligned barriers queued in data order, 0 if none: the reader
+	// checks it without the lock (Gate.PromoteTimedOut). Written under mu.
+	deadline atomic.Int64
 
 	mu sync.Mutex
 	// queue holds data buffers and non-priority events in send order (CH1).
@@ -282,6 +286,11 @@ func (c *Chan[T]) sendEvent(ev marker.Event, copyOvertaken bool) ([]*Buffer[T], 
 	if !ev.Priority() {
 		wasEmpty := c.queue.len()+c.prio.len() == 0
 		c.queue.pushBack(Item[T]{Event: ev})
+		if d, ok := ev.Barrier.Deadline(); ok && ev.Type == marker.EventBarrier {
+			if cur := c.deadline.Load(); cur == 0 || d < cur {
+				c.deadline.Store(d)
+			}
+		}
 		c.avail.Add(1)
 		if wasEmpty {
 			c.wakeReaderLocked()
@@ -323,6 +332,9 @@ func (c *Chan[T]) promote(id int64) (overtaken []*Buffer[T], found bool) {
 	}
 	overtaken = c.copyDataLocked(at, 0)
 	ev := c.queue.removeAt(at).Event
+	if c.deadline.Load() != 0 {
+		c.resetDeadlineLocked()
+	}
 	ev.Barrier.Options.Mode = marker.Unaligned
 	c.prio.pushBack(ev) // avail is unchanged: the event only moved
 	if c.gatePrio != nil {
@@ -330,6 +342,43 @@ func (c *Chan[T]) promote(id int64) (overtaken []*Buffer[T], found bool) {
 	}
 	c.wakeReaderLocked()
 	return overtaken, true
+}
+
+// resetDeadlineLocked recomputes deadline from the queue.
+func (c *Chan[T]) resetDeadlineLocked() {
+	var d int64
+	for i := 0; i < c.queue.len(); i++ {
+		it := c.queue.at(i)
+		if it.Buf != nil || it.Event.Type != marker.EventBarrier {
+			continue
+		}
+		if x, ok := it.Event.Barrier.Deadline(); ok && (d == 0 || x < d) {
+			d = x
+		}
+	}
+	c.deadline.Store(d)
+}
+
+// promoteTimedOut promotes the first queued aligned barrier whose
+// deadline is at or before now (see promote).
+func (c *Chan[T]) promoteTimedOut(now int64) (id int64, overtaken []*Buffer[T], found bool) {
+	if d := c.deadline.Load(); d == 0 || now < d {
+		return 0, nil, false
+	}
+	c.mu.Lock()
+	id = -1
+	for i := 0; i < c.queue.len(); i++ {
+		if it := c.queue.at(i); it.Buf == nil && it.Event.Type == marker.EventBarrier && it.Event.Barrier.TimedOut(now) {
+			id = it.Event.Barrier.ID
+			break
+		}
+	}
+	c.mu.Unlock()
+	if id < 0 {
+		return 0, nil, false
+	}
+	overtaken, found = c.promote(id)
+	return id, overtaken, found
 }
 
 // copyDataLocked returns copies of the data buffers among the first n
@@ -364,6 +413,9 @@ func (c *Chan[T]) pollLocked() (Item[T], bool) {
 	}
 	it := c.queue.popFront()
 	c.avail.Add(-1)
+	if it.Buf == nil && c.deadline.Load() != 0 {
+		c.resetDeadlineLocked()
+	}
 	if it.Buf != nil {
 		c.nData--
 		c.queuedRecords -= int64(len(it.Buf.Records))

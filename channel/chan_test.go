@@ -909,3 +909,42 @@ func TestOverdraft(t *testing.T) {
 		}
 	})
 }
+
+// TestPromoteTimedOut: the gate knows the earliest deadline of the aligned
+// barriers queued in data order and promotes one only once it has passed.
+func TestPromoteTimedOut(t *testing.T) {
+	a, b := New[int](Config{Capacity: 8, BufferSize: 4}), New[int](Config{Capacity: 8, BufferSize: 4})
+	g := NewGate([]*Chan[int]{a, b})
+	timed := func(id, ts int64) marker.Event {
+		return marker.NewBarrier(marker.Barrier{ID: id, Timestamp: ts,
+			Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: 10}})
+	}
+	if _, ok := g.Deadline(); ok {
+		t.Fatal("deadline with nothing queued")
+	}
+	sendInts(t, b, 1)
+	if err := b.SendEvent(alignedBarrier(1)); err != nil { // no timeout
+		t.Fatal(err)
+	}
+	if err := b.SendEvent(timed(2, 100)); err != nil {
+		t.Fatal(err)
+	}
+	sendInts(t, b, 2)
+	if d, ok := g.Deadline(); !ok || d != 110 {
+		t.Fatalf("Deadline = %d, %v; want 110", d, ok)
+	}
+	if _, _, _, ok := g.PromoteTimedOut(109); ok {
+		t.Fatal("promoted before the deadline")
+	}
+	ch, id, ov, ok := g.PromoteTimedOut(110)
+	if !ok || ch != 1 || id != 2 || len(ov) != 1 || !slices.Equal(ov[0].Records, []int{1}) {
+		t.Fatalf("PromoteTimedOut = %d %d %v %v", ch, id, ov, ok)
+	}
+	if _, ok := g.Deadline(); ok {
+		t.Fatal("deadline left after the promotion")
+	}
+	_, ev, ok := g.PollPriority()
+	if !ok || ev.Barrier.ID != 2 || !ev.Priority() {
+		t.Fatalf("PollPriority = %v %v", ev, ok)
+	}
+}

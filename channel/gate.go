@@ -132,6 +132,34 @@ func (g *Gate[T]) Promote(ch int, id int64) (overtaken []*Buffer[T], found bool)
 	return g.inputs[ch].promote(id)
 }
 
+// PromoteTimedOut promotes, like Promote, an aligned barrier queued on
+// some input whose alignment deadline is at or before now (Unix
+// nanoseconds), and returns its input, its checkpoint id and copies of
+// what it overtook. The reader calls it now and then: a barrier stuck
+// behind a full queue then reaches it at its deadline, although nothing
+// else has told the reader about that checkpoint yet (Flink's writers do
+// this with a timer in the subpartition). One load per input when no such
+// barrier is queued.
+func (g *Gate[T]) PromoteTimedOut(now int64) (ch int, id int64, overtaken []*Buffer[T], ok bool) {
+	for i, c := range g.inputs {
+		if id, ov, found := c.promoteTimedOut(now); found {
+			return i, id, ov, true
+		}
+	}
+	return -1, 0, nil, false
+}
+
+// Deadline returns the earliest alignment deadline of the aligned barriers
+// queued on the inputs (see PromoteTimedOut); ok is false if there is none.
+func (g *Gate[T]) Deadline() (deadline int64, ok bool) {
+	for _, c := range g.inputs {
+		if d := c.deadline.Load(); d != 0 && (!ok || d < deadline) {
+			deadline, ok = d, true
+		}
+	}
+	return deadline, ok
+}
+
 func (g *Gate[T]) index(i int) int {
 	ch := g.next + i
 	if ch >= len(g.inputs) {

@@ -38,26 +38,75 @@ import (
 type chanRecorder struct {
 	id    int64
 	state checkpoint.ChannelState
+	// lazy are the buffers recorded but not encoded yet: encoding waits
+	// for the ack (finish), so that the barrier goes downstream without
+	// waiting for it.
+	lazy []lazySlot
 	// input: the aligner marks deliveries for this checkpoint (from its
 	// unaligned Trigger to its InputStateComplete).
 	input bool
 }
 
+// lazySlot is state.Channels[ch].Buffers[buf], to be encoded by b.
+type lazySlot struct {
+	ch, buf int
+	b       *ChannelBuffer
+}
+
+// ChannelBuffer is a buffer of in-flight records recorded as channel state
+// (a copy, owned by the recording), encoded when the checkpoint is
+// acknowledged, once even if several checkpoints recorded it.
+type ChannelBuffer struct {
+	encode func() ([]byte, error)
+	b      []byte
+	err    error
+	done   bool
+}
+
+func (l *ChannelBuffer) bytes() ([]byte, error) {
+	if !l.done {
+		l.b, l.err = l.encode()
+		l.done, l.encode = true, nil
+	}
+	return l.b, l.err
+}
+
+// newLazy records recs, which the recording owns, for encoding later.
+func newLazy[E any](recs []E) *ChannelBuffer {
+	return &ChannelBuffer{encode: func() ([]byte, error) { return encodeRecords(recs) }}
+}
+
 // channels returns the entry of (kind, edge, ch), adding it.
-func (r *chanRecorder) channel(kind checkpoint.ChannelKind, edge, ch int) *checkpoint.ChannelBuffers {
+func (r *chanRecorder) channel(kind checkpoint.ChannelKind, edge, ch int) int {
 	for i := range r.state.Channels {
 		c := &r.state.Channels[i]
 		if c.Kind == kind && c.Edge == edge && c.Channel == ch {
-			return c
+			return i
 		}
 	}
 	r.state.Channels = append(r.state.Channels, checkpoint.ChannelBuffers{Kind: kind, Edge: edge, Channel: ch})
-	return &r.state.Channels[len(r.state.Channels)-1]
+	return len(r.state.Channels) - 1
 }
 
-func (r *chanRecorder) add(kind checkpoint.ChannelKind, edge, ch int, b []byte) {
-	c := r.channel(kind, edge, ch)
-	c.Buffers = append(c.Buffers, b)
+// add records buffer b of channel (kind, edge, ch), in channel order.
+func (r *chanRecorder) add(kind checkpoint.ChannelKind, edge, ch int, b *ChannelBuffer) {
+	i := r.channel(kind, edge, ch)
+	c := &r.state.Channels[i]
+	r.lazy = append(r.lazy, lazySlot{ch: i, buf: len(c.Buffers), b: b})
+	c.Buffers = append(c.Buffers, nil)
+}
+
+// finish encodes the recorded buffers and returns the channel state.
+func (r *chanRecorder) finish() (*checkpoint.ChannelState, error) {
+	for _, l := range r.lazy {
+		b, err := l.b.bytes()
+		if err != nil {
+			return nil, fmt.Errorf("encoding in-flight records as channel state of checkpoint %d: %w", r.id, err)
+		}
+		r.state.Channels[l.ch].Buffers[l.buf] = b
+	}
+	r.lazy = nil
+	return &r.state, nil
 }
 
 // recorders are the channel states being recorded, by checkpoint id.

@@ -234,10 +234,10 @@ func (o *Output[T]) BroadcastEvent(ev marker.Event) error {
 
 // BroadcastOvertaking flushes and then sends the priority event ev (an
 // unaligned barrier) on every output channel, ahead of the data queued
-// there, and hands rec every data buffer it overtook, encoded, with its
-// edge and channel index: the output channel state of an unaligned
-// checkpoint.
-func (o *Output[T]) BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b []byte)) error {
+// there, and hands rec every data buffer it overtook (a copy, to encode
+// later), with its edge and channel index: the output channel state of an
+// unaligned checkpoint.
+func (o *Output[T]) BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b *ChannelBuffer)) error {
 	if o.local != nil {
 		return errLocalEvent
 	}
@@ -245,32 +245,28 @@ func (o *Output[T]) BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, 
 		return err
 	}
 	if o.single != nil {
-		if err := sendOvertaking(o.single, ev, func(b []byte) { rec(0, 0, b) }); err != nil {
+		if err := sendOvertaking(o.single, ev, func(b *ChannelBuffer) { rec(0, 0, b) }); err != nil {
 			return fmt.Errorf("task: send %v: %w", ev, err)
 		}
 		return nil
 	}
 	for i, e := range o.edges {
-		if err := e.sendOvertaking(ev, func(ch int, b []byte) { rec(i, ch, b) }); err != nil {
+		if err := e.sendOvertaking(ev, func(ch int, b *ChannelBuffer) { rec(i, ch, b) }); err != nil {
 			return fmt.Errorf("task: send %v: %w", ev, err)
 		}
 	}
 	return nil
 }
 
-// sendOvertaking sends ev on c and hands rec the buffers it overtook,
-// encoded.
-func sendOvertaking[E any](c channel.Sender[E], ev marker.Event, rec func(b []byte)) error {
+// sendOvertaking sends ev on c and hands rec the buffers it overtook (the
+// channel's copies).
+func sendOvertaking[E any](c channel.Sender[E], ev marker.Event, rec func(b *ChannelBuffer)) error {
 	ov, err := c.SendEventOvertaking(ev)
 	if err != nil {
 		return err
 	}
 	for _, buf := range ov {
-		b, err := encodeRecords(buf.Records)
-		if err != nil {
-			return fmt.Errorf("encoding in-flight records as channel state: %w", err)
-		}
-		rec(b)
+		rec(newLazy(buf.Records))
 	}
 	return nil
 }
@@ -370,7 +366,7 @@ type edgeWriter[T any] interface {
 	// sendOvertaking sends the priority event ev on every channel of the
 	// edge and hands rec the buffers it overtook, encoded, with the
 	// channel index.
-	sendOvertaking(ev marker.Event, rec func(ch int, b []byte)) error
+	sendOvertaking(ev marker.Event, rec func(ch int, b *ChannelBuffer)) error
 	// restore sends restored output channel state on channel ch.
 	restore(ctx context.Context, ch int, bufs [][]byte, where string) error
 	// available and awaitSpace are Output.Available and AwaitSpace for the
@@ -455,9 +451,9 @@ func (l *lanes[E]) sendEvent(ev marker.Event) error {
 	return nil
 }
 
-func (l *lanes[E]) sendOvertaking(ev marker.Event, rec func(ch int, b []byte)) error {
+func (l *lanes[E]) sendOvertaking(ev marker.Event, rec func(ch int, b *ChannelBuffer)) error {
 	for i, c := range l.chans {
-		if err := sendOvertaking(c, ev, func(b []byte) { rec(i, b) }); err != nil {
+		if err := sendOvertaking(c, ev, func(b *ChannelBuffer) { rec(i, b) }); err != nil {
 			return err
 		}
 	}
@@ -567,7 +563,7 @@ type Emitter interface {
 	Flush() error
 	Pending() bool
 	BroadcastEvent(ev marker.Event) error
-	BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b []byte)) error
+	BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b *ChannelBuffer)) error
 	RestoreChannel(ctx context.Context, edge, ch int, bufs [][]byte, where string) error
 	Available() bool
 	AwaitSpace() (space <-chan struct{}, w SpaceWaiter, ok bool)

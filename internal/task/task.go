@@ -193,6 +193,18 @@ type runner struct {
 	// channels are the channel states of unaligned checkpoints being
 	// recorded (channelstate.go).
 	channels recorders
+	// promoted is a barrier the loop promoted at its alignment deadline
+	// (channel.Gate.PromoteTimedOut) before the aligner saw it: the buffers
+	// it overtook become input channel state of its checkpoint on its
+	// input when the aligner triggers that checkpoint (the promoted
+	// barrier is read next), and are dropped otherwise.
+	promoted *promotion
+}
+
+type promotion struct {
+	ch   int
+	id   int64
+	bufs []*ChannelBuffer
 }
 
 // snap is one snapshot of the chain on its way to the master.
@@ -522,7 +534,11 @@ func (r *runner) ack(ctx context.Context, id int64) error {
 	if rec := r.channels.take(id); rec != nil && len(rec.state.Channels) > 0 {
 		// The subtask's channel state goes with its head's ack, which
 		// restore hands back to the head.
-		s.acks[0].State.Channels = &rec.state
+		cs, err := rec.finish()
+		if err != nil {
+			return fmt.Errorf("task: %v: %w", r.cfg.Info, err)
+		}
+		s.acks[0].State.Channels = cs
 	}
 	for _, a := range s.acks {
 		if err := r.report(ctx, a); err != nil {
@@ -550,7 +566,7 @@ func (r *runner) forwardBarrier(b marker.Barrier) error {
 		}
 	}
 	rec := r.channels.get(b.ID)
-	return out.BroadcastOvertaking(marker.NewBarrier(b.AsUnaligned()), func(edge, ch int, buf []byte) {
+	return out.BroadcastOvertaking(marker.NewBarrier(b.AsUnaligned()), func(edge, ch int, buf *ChannelBuffer) {
 		rec.add(checkpoint.OutputChannel, edge, ch, buf)
 	})
 }
@@ -747,16 +763,14 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	// persist records one delivered buffer as input channel state of the
 	// open unaligned checkpoints in [from, to].
 	persist := func(ch int, from, to int64, recs []IN) error {
-		var b []byte
+		var b *ChannelBuffer
 		for _, rec := range r.channels.open {
 			if rec.id < from || rec.id > to || !rec.input {
 				continue
 			}
 			if b == nil {
-				var err error
-				if b, err = encodeRecords(recs); err != nil {
-					return fmt.Errorf("task: %v: encoding in-flight records of input %d as channel state: %w", cfg.Info, ch, err)
-				}
+				// The buffer is recycled after processing: keep a copy.
+				b = newLazy(slices.Clone(recs))
 			}
 			rec.add(checkpoint.InputChannel, 0, ch, b)
 		}
@@ -776,8 +790,25 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		// Priority events (unaligned barriers) first, also from channels
 		// an aligned checkpoint blocks (one atomic load when there are
 		// none), then data.
+		if r.promoted == nil {
+			// A barrier stuck in an input queue past its alignment
+			// deadline is promoted, so this subtask switches that
+			// checkpoint to unaligned without waiting for the queue.
+			if ch, id, ov, ok := gate.PromoteTimedOut(cfg.now().UnixNano()); ok {
+				p := &promotion{ch: ch, id: id}
+				for _, b := range ov {
+					p.bufs = append(p.bufs, newLazy(b.Records))
+				}
+				r.promoted = p
+			}
+		}
 		ch, ev, ok := gate.PollPriority()
 		it := channel.Item[IN]{Event: ev}
+		// The promoted barrier: its buffers go to its checkpoint's input
+		// state at the Trigger it causes (stepAligned), or nowhere if it
+		// causes none.
+		p := r.promoted
+		promotedRead := ok && p != nil && ch == p.ch && ev.Type == marker.EventBarrier && ev.Barrier.ID == p.id
 		// Under backpressure (an output channel at capacity) no data is
 		// read: the subtask waits below for space, still serving priority
 		// barriers, mail, timers and snapshots, rather than blocking in
@@ -814,7 +845,11 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				}
 			}
 			var alignC <-chan time.Time
-			if dl, ok := al.Deadline(); ok {
+			dl, ok := al.Deadline()
+			if gd, gok := gate.Deadline(); gok && (!ok || gd < dl) {
+				dl, ok = gd, true
+			}
+			if ok {
 				if wait := time.Duration(dl - cfg.now().UnixNano()); wait > 0 {
 					alignTimer.Reset(wait)
 					alignC = alignTimer.C
@@ -886,6 +921,9 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		}
 		if done, err := stepAligner(ctx, r, al, gate, in, process, persist); done || err != nil {
 			return err
+		}
+		if promotedRead {
+			r.promoted = nil
 		}
 		if err := r.chain.err(); err != nil {
 			return err
@@ -990,7 +1028,14 @@ func stepAligned[T any](ctx context.Context, r *runner, a *align.Action[T]) (don
 			Switched:          a.Switched,
 		}}
 		if a.Unaligned {
-			r.channels.get(a.ID).input = true
+			rec := r.channels.get(a.ID)
+			rec.input = true
+			if p := r.promoted; p != nil && p.id == a.ID {
+				for _, b := range p.bufs {
+					rec.add(checkpoint.InputChannel, 0, p.ch, b)
+				}
+				r.promoted = nil
+			}
 		}
 	case align.InputStateComplete:
 		if rec := r.channels.find(a.ID); rec != nil {

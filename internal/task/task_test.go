@@ -1375,7 +1375,7 @@ func (nopOut) Flush() error                      { return nil }
 func (nopOut) Pending() bool                     { return false }
 func (nopOut) BroadcastEvent(marker.Event) error { return nil }
 func (nopOut) Err() error                        { return nil }
-func (nopOut) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)) error {
+func (nopOut) BroadcastOvertaking(marker.Event, func(edge, ch int, b *ChannelBuffer)) error {
 	return nil
 }
 func (nopOut) RestoreChannel(context.Context, int, int, [][]byte, string) error { return nil }
@@ -1408,6 +1408,41 @@ func TestRunInputUnalignedUnderBackpressure(t *testing.T) {
 		require.Equal(t, seen+1, len(h.rec.log()), "only the snapshot happened meanwhile")
 		got := h.readUntil(marker.EventBarrier)
 		require.Equal(t, "barrier(1 checkpoint unaligned)", got[0], "the barrier overtook the output")
+		h.cancel()
+		require.ErrorIs(t, h.wait(), context.Canceled)
+	})
+}
+
+// TestRunInputPromotesTimedOutBarrier: an aligned barrier with a timeout
+// stuck behind queued data is promoted when its deadline passes, although
+// this subtask has no alignment in progress (its only input has not
+// delivered it): the checkpoint is taken unaligned at once, and the data
+// the barrier overtook is its input channel state.
+func TestRunInputPromotesTimedOutBarrier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 1)
+		chain, process := h.singleChain()
+		slow := func(recs []int) error {
+			if recs[0] == 1 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			return process(recs)
+		}
+		b := marker.Barrier{ID: 1, Timestamp: time.Now().UnixNano(),
+			Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: 50 * time.Millisecond}}
+		h.send(0, 1)
+		h.send(0, 2)
+		h.event(0, marker.NewBarrier(b))
+		h.send(0, 3)
+		h.runInput(marker.Aligned, chain, slow)
+		ack := h.report()
+		require.Equal(t, ReportAck, ack.Kind)
+		require.True(t, ack.Metrics.Unaligned)
+		require.Equal(t, []string{"input 0/0: [2]", "output 0/0: [1]"}, channelState(t, ack))
+		synctest.Wait()
+		before, after := cut(t, h.rec.log(), "head snapshot 1")
+		require.Equal(t, []string{"head open 0/1", "head rec 1"}, before)
+		require.Equal(t, []string{"head rec 2", "head rec 3"}, after)
 		h.cancel()
 		require.ErrorIs(t, h.wait(), context.Canceled)
 	})
