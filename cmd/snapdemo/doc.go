@@ -11,5 +11,5 @@
 //
 // Usage:
 //
-//	snapdemo [-data FILE] [-dir DIR [-keep]] [-interval D] [-pace D] [-fail-at N] [-mode aligned|at-least-once]
+//	snapdemo [-data FILE] [-dir DIR [-keep]] [-interval D] [-pace D] [-fail-at N] [-mode aligned|unaligned|at-least-once]
 package main

@@ -44,7 +44,7 @@ func main() {
 	flag.DurationVar(&o.interval, "interval", 100*time.Millisecond, "checkpoint interval")
 	flag.DurationVar(&o.pace, "pace", 40*time.Millisecond, "delay between two source records")
 	flag.Int64Var(&o.failAt, "fail-at", 6, "fail the first attempt when the source reaches this offset (0: never)")
-	flag.StringVar(&o.mode, "mode", "aligned", "checkpoint mode: aligned or at-least-once")
+	flag.StringVar(&o.mode, "mode", "aligned", "checkpoint mode: aligned, unaligned or at-least-once")
 	flag.Parse()
 	if err := run(context.Background(), os.Stdout, o); err != nil {
 		fmt.Fprintln(os.Stderr, err)
