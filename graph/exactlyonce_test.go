@@ -91,7 +91,7 @@ func exactlyOnceJobWith(t testing.TB, n int64, dir string, failAt []int64, cc gr
 	cfg := graph.Config{
 		Parallelism: 2,
 		Checkpoint: graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: cc.Mode, AlignedTimeout: cc.AlignedTimeout,
-			Retain: 2, TolerableFailures: -1},
+			MaxConcurrent: cc.MaxConcurrent, Retain: 2, TolerableFailures: -1},
 		Restart: graph.FixedDelay(len(failAt)+1, time.Millisecond),
 		Logf:    t.Logf,
 		// Chained: source+map and sum+sink each run in one subtask.
@@ -286,6 +286,8 @@ func TestExactlyOnceUnaligned(t *testing.T) {
 	}{
 		{"unaligned", graph.CheckpointConfig{Mode: marker.Unaligned}},
 		{"aligned-timeout", graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond}},
+		// Several unaligned checkpoints recording channel state at once.
+		{"unaligned-concurrent", graph.CheckpointConfig{Mode: marker.Unaligned, MaxConcurrent: 3}},
 	} {
 		failAt := []int64{1 + rng.Int64N(n/2-1), 1 + rng.Int64N(n/4)}
 		t.Run(fmt.Sprintf("%s/fail-at=%v", tc.name, failAt), func(t *testing.T) {
@@ -315,6 +317,18 @@ func TestExactlyOnceUnaligned(t *testing.T) {
 			}
 			t.Logf("%s: %d restores, checkpoints by alignment %v, %d bytes of channel state in the last %d checkpoints",
 				tc.name, st.Counts.Restored, modes, persisted, len(st.History))
+			if tc.cc.MaxConcurrent > 1 {
+				// The History is newest last; count overlaps of the
+				// checkpoints in it.
+				overlaps := 0
+				for i := 1; i < len(st.History); i++ {
+					if st.History[i].TriggerTime.Before(st.History[i-1].LatestAck) {
+						overlaps++
+					}
+				}
+				t.Logf("%d of the last %d checkpoints started before the previous one was acknowledged", overlaps, len(st.History))
+				require.Positive(t, overlaps, "concurrent checkpoints overlapped")
+			}
 			if tc.cc.Mode == marker.Unaligned {
 				require.Positive(t, modes["unaligned"])
 			} else {
