@@ -32,7 +32,7 @@ func BenchmarkBackpressure(b *testing.B) {
 		run      = 3 * time.Second
 		interval = 200 * time.Millisecond
 	)
-	for _, bufSize := range []int{256, 1024} {
+	for _, bufSize := range []int{1024, 4096} {
 		for _, m := range []struct {
 			name    string
 			mode    marker.Mode
@@ -55,6 +55,12 @@ func BenchmarkBackpressure(b *testing.B) {
 				}
 				time.Sleep(run)
 				st := x.Stats()
+				if lc := st.LatestCompleted; lc != nil && testing.Verbose() {
+					for _, s := range lc.Subtasks {
+						b.Logf("checkpoint %d %v: ack after %v, start delay %v, sync %v, async %v, alignment %v, in-flight %d B",
+							lc.ID, s.Task, s.AckTime.Sub(lc.TriggerTime), s.StartDelay, s.SyncDuration, s.AsyncDuration, s.AlignmentDuration, s.InFlightSize)
+					}
+				}
 				x.Cancel()
 				_ = x.Wait()
 				var e2e, align, persisted []float64

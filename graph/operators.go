@@ -631,7 +631,9 @@ func (nopEmitter) Err() error                        { return nil }
 
 func (nopEmitter) Pending() bool { return false }
 
-func (nopEmitter) BroadcastOvertaking(marker.Event, func(edge, ch int, b []byte)) error { return nil }
+func (nopEmitter) BroadcastOvertaking(marker.Event, func(edge, ch int, b *task.ChannelBuffer)) error {
+	return nil
+}
 
 func (nopEmitter) Available() bool { return true }
 
