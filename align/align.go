@@ -65,7 +65,7 @@ type ActionKind uint8
 const (
 	// Deliver hands Item (Input says Record or EndOfInput) of Channel to the
 	// operator. A record with PersistTo != 0 is also input channel state of
-	// unaligned checkpoints (see Action.PersistFrom).
+	// checkpoints triggered with HasInputState (see Action.PersistFrom).
 	Deliver ActionKind = iota
 	// Block tells the driver to stop reading Channel, except for priority
 	// events (Gate.PollPriority). Aligned barriers only.
@@ -74,14 +74,17 @@ const (
 	Unblock
 	// Trigger tells the driver to snapshot the operator for Barrier. Every
 	// item delivered before it belongs to the snapshot, none after it
-	// (invariant A2). With Unaligned set the snapshot also has input
-	// channel state: it is open from this action until InputStateComplete
-	// (or Abort) for ID, and the records that belong to it are marked in
-	// their Deliver actions and by Promote.
+	// (invariant A2). With HasInputState set (always with Unaligned, and
+	// for every exactly-once checkpoint of a subtask with feedback
+	// channels) the snapshot also has input channel state: it is open from
+	// this action until InputStateComplete (or Abort) for ID, and the
+	// records that belong to it are marked in their Deliver actions and by
+	// Promote. The driver acknowledges such a checkpoint only after its
+	// InputStateComplete.
 	Trigger
 	// Abort tells the driver that checkpoint ID was aborted here (decline it
 	// at the coordinator) for Reason. It may follow a Trigger with
-	// Unaligned set (the checkpoint was aborted while its input channel
+	// HasInputState set (the checkpoint was aborted while its input channel
 	// state was being captured): the driver drops that state.
 	Abort
 	// ForwardBarrier tells the driver to send Barrier to every output. A
@@ -95,7 +98,7 @@ const (
 	// Finished says that every input channel has ended and its end-of-input
 	// has been delivered. It is the last action the aligner ever returns.
 	Finished
-	// Promote (unaligned checkpoint ID, input Channel): if barrier ID is
+	// Promote (captured checkpoint ID, input Channel): if barrier ID is
 	// queued in Channel in data order (not as a priority event), the
 	// driver persists the data buffers queued ahead of it as input channel
 	// state of ID on Channel, in order, after the records of Channel
@@ -104,14 +107,17 @@ const (
 	// there), so that it is read next, from a blocked channel too.
 	// Otherwise (not queued, or a priority event already) the driver does
 	// nothing. It is emitted when an alignment switches to unaligned, for
-	// every channel whose barrier has not arrived, and when a barrier
-	// overtook the barrier of an older checkpoint still captured on its
-	// channel; so the same Promote may come twice.
+	// every channel whose barrier has not arrived, feedback channels too,
+	// and when a barrier overtook the barrier of an older checkpoint still
+	// captured on its channel (an unaligned one, or an aligned one on a
+	// feedback channel); so the same Promote may come twice.
 	Promote
-	// InputStateComplete says that the input channel state of unaligned
-	// checkpoint ID is complete: its barrier (or end of input) has arrived
-	// on every channel. The driver closes that state; only then may it
-	// acknowledge ID. It follows Trigger ID, in the same Step or later.
+	// InputStateComplete says that the input channel state of checkpoint ID
+	// (triggered with HasInputState: unaligned, or with feedback channels)
+	// is complete: its barrier (or end of input) has arrived on every
+	// channel that was captured. The driver closes that state; only then
+	// may it acknowledge ID. It follows Trigger ID, in the same Step or
+	// later.
 	InputStateComplete
 )
 
@@ -190,16 +196,27 @@ type Action[T any] struct {
 	// range of the checkpoint ids whose input channel state the record
 	// belongs to; PersistTo == 0 when it belongs to none (checkpoint ids
 	// are positive). The record belongs to exactly those ids in the range
-	// whose state is open at the driver: triggered with Unaligned and not
-	// yet aborted or complete. (Ids in the range that are not open, e.g.
+	// whose state is open at the driver: triggered with HasInputState and
+	// not yet aborted or complete. (Ids in the range that are not open, e.g.
 	// aborted or aligned ones, are skipped; every open one in the range
 	// is meant.) The range is usually a single id.
 	PersistFrom, PersistTo int64
-	// Unaligned (Trigger) says that the checkpoint has input channel state
-	// (see Trigger); Switched that it started aligned and this subtask
-	// switched it to unaligned because its alignment timed out (or a
-	// writer had switched it).
+	// Unaligned (Trigger) says that the checkpoint is unaligned here: it
+	// was forwarded as an unaligned barrier and has input channel state;
+	// Switched that it started aligned and this subtask switched it to
+	// unaligned because its alignment timed out (or a writer, or the
+	// loop, had switched it: see Config.Feedback).
 	Unaligned, Switched bool
+	// HasInputState (Trigger) says that the checkpoint has input channel
+	// state, open until InputStateComplete or Abort of ID: it is set with
+	// Unaligned, and, in exactly-once mode, on every Trigger of a subtask
+	// with feedback channels (Config.Feedback), aligned ones too: the
+	// records that come back on a feedback channel after the snapshot and
+	// before that channel's barrier are its channel state (Chandy-Lamport's
+	// channel recording). Drivers open, persist and close channel state by
+	// this field, never by Unaligned, which is for statistics and for how
+	// the barrier is forwarded.
+	HasInputState bool
 	// Reason is set for Abort.
 	Reason AbortReason
 	// AlignmentNanos is, for Trigger, the driver time from the first barrier
@@ -230,6 +247,8 @@ func (a Action[T]) String() string {
 			mode = " switched"
 		case a.Unaligned:
 			mode = " unaligned"
+		case a.HasInputState:
+			mode = " feedback"
 		}
 		return fmt.Sprintf("trigger(%d%s align=%d delay=%d)", a.ID, mode, a.AlignmentNanos, a.StartDelayNanos)
 	case Abort:
@@ -258,7 +277,21 @@ type Config struct {
 	// an input channel ends, like Flink with
 	// execution.checkpointing.checkpoints-after-tasks-finish=false. By
 	// default (Flink 1.20's default) an ended channel counts as aligned.
+	// The end of a feedback channel never touches an alignment; with
+	// AbortOnEndOfInput it aborts the checkpoints captured on it.
 	AbortOnEndOfInput bool
+	// Feedback, nil or of length Channels, marks the feedback channels of
+	// a loop head: its inputs from the end of an iteration (a cyclic
+	// graph's feedback edge). Barriers on them never count toward an
+	// alignment and never block them; in exactly-once mode every
+	// checkpoint captures, as its input channel state, the records that
+	// arrive on each feedback channel after its Trigger and before that
+	// channel's barrier comes back (Trigger.HasInputState, then
+	// InputStateComplete), and every barrier id must be positive. In
+	// at-least-once mode barriers and cancel markers on them are ignored
+	// and nothing is captured. At least one channel must not be a
+	// feedback channel. See "Feedback channels" in the package doc.
+	Feedback []bool
 }
 
 // maxTracked bounds the checkpoints tracked in at-least-once mode (Flink's
@@ -292,9 +325,26 @@ func New[T any](cfg Config) (*Aligner[T], error) {
 	a := &Aligner[T]{c: core[T]{
 		abortOnEnd: cfg.AbortOnEndOfInput,
 		ended:      make([]bool, cfg.Channels),
+		feedback:   make([]bool, cfg.Channels),
 		open:       cfg.Channels,
+		openData:   cfg.Channels,
 		deadline:   noDeadline,
 	}}
+	if cfg.Feedback != nil {
+		if len(cfg.Feedback) != cfg.Channels {
+			return nil, fmt.Errorf("align: Feedback has %d entries for %d input channels", len(cfg.Feedback), cfg.Channels)
+		}
+		for ch, fb := range cfg.Feedback {
+			if fb {
+				a.c.feedback[ch] = true
+				a.c.hasFeedback = true
+				a.c.openData--
+			}
+		}
+		if a.c.openData == 0 {
+			return nil, fmt.Errorf("align: all %d input channels are feedback channels; a loop head needs another input", cfg.Channels)
+		}
+	}
 	switch cfg.Mode {
 	case marker.Aligned, marker.Unaligned:
 		a.h = newAlignedHandler(&a.c, cfg.Channels)
@@ -370,13 +420,17 @@ func (a *Aligner[T]) Deadline() (now int64, ok bool) {
 	return a.c.deadline, true
 }
 
-// Capturing returns the number of unaligned checkpoints that triggered and
-// whose input channel state is not complete yet.
+// Capturing returns the number of checkpoints that triggered with input
+// channel state (Action.HasInputState) and whose input channel state is not
+// complete yet.
 func (a *Aligner[T]) Capturing() int { return a.h.capturing() }
 
 // Open returns the number of channels whose end of input has not been
 // delivered yet.
 func (a *Aligner[T]) Open() int { return a.c.open }
+
+// Feedback reports whether ch is a feedback channel (Config.Feedback).
+func (a *Aligner[T]) Feedback(ch int) bool { return a.c.feedback[ch] }
 
 // core is the state shared by all modes: channel liveness and the action
 // buffer.
@@ -385,9 +439,15 @@ type core[T any] struct {
 	// ended[ch] is set when EndOfInput arrives on ch; nothing may arrive on
 	// ch afterwards.
 	ended []bool
-	// open counts channels whose EndOfInput has not been delivered yet.
-	open     int
-	finished bool
+	// feedback[ch] marks the feedback channels (Config.Feedback);
+	// hasFeedback is set if there is one.
+	feedback    []bool
+	hasFeedback bool
+	// open counts channels whose EndOfInput has not been delivered yet,
+	// openData the non-feedback ones among them (the target of an
+	// alignment or a tracked checkpoint).
+	open, openData int
+	finished       bool
 	// deadline is the switch time of the alignment in progress, noDeadline
 	// when there is none (always in at-least-once mode).
 	deadline int64
@@ -405,6 +465,9 @@ func (c *core[T]) deliver(in Input[T]) {
 // open and the end is delivered to the operator in order.
 func (c *core[T]) endInput(in Input[T]) {
 	c.open--
+	if !c.feedback[in.Channel] {
+		c.openData--
+	}
 	c.deliver(in)
 }
 
@@ -416,10 +479,11 @@ func (c *core[T]) maybeFinish() {
 	}
 }
 
-// trigger emits Trigger and ForwardBarrier (A4).
-func (c *core[T]) trigger(b marker.Barrier, alignment, startDelay int64) {
+// trigger emits Trigger and ForwardBarrier of an aligned checkpoint (A4),
+// with input channel state if state (feedback channels).
+func (c *core[T]) trigger(b marker.Barrier, state bool, alignment, startDelay int64) {
 	c.acts = append(c.acts,
-		Action[T]{Kind: Trigger, Barrier: b, ID: b.ID, AlignmentNanos: alignment, StartDelayNanos: startDelay},
+		Action[T]{Kind: Trigger, Barrier: b, ID: b.ID, HasInputState: state, AlignmentNanos: alignment, StartDelayNanos: startDelay},
 		Action[T]{Kind: ForwardBarrier, Barrier: b, ID: b.ID})
 }
 
@@ -427,7 +491,8 @@ func (c *core[T]) trigger(b marker.Barrier, alignment, startDelay int64) {
 // unaligned b (A4).
 func (c *core[T]) triggerUnaligned(b marker.Barrier, switched bool, alignment, startDelay int64) {
 	c.acts = append(c.acts,
-		Action[T]{Kind: Trigger, Barrier: b, ID: b.ID, Unaligned: true, Switched: switched, AlignmentNanos: alignment, StartDelayNanos: startDelay},
+		Action[T]{Kind: Trigger, Barrier: b, ID: b.ID, Unaligned: true, Switched: switched, HasInputState: true,
+			AlignmentNanos: alignment, StartDelayNanos: startDelay},
 		Action[T]{Kind: ForwardBarrier, Barrier: b, ID: b.ID})
 }
 

@@ -17,8 +17,10 @@ const maxCapturing = 50
 
 // alignedHandler is exactly-once barrier handling, after Flink's
 // SingleCheckpointBarrierHandler: it aligns one checkpoint at a time (aligned
-// barriers, with or without timeout) and captures the input channel state of
-// any number of unaligned checkpoints at once (doc.go).
+// barriers, with or without timeout, on the non-feedback channels) and
+// captures the input channel state of any number of checkpoints at once
+// (unaligned ones on every channel, aligned ones on the feedback channels;
+// doc.go).
 type alignedHandler[T any] struct {
 	c *core[T]
 
@@ -29,12 +31,14 @@ type alignedHandler[T any] struct {
 	aligning bool
 	// barrier is the first barrier of the alignment.
 	barrier marker.Barrier
-	// target is the number of channels open when the alignment started;
-	// count is the number of them that delivered the barrier or ended.
+	// target is the number of non-feedback channels open when the
+	// alignment started; count is the number of them that delivered the
+	// barrier or ended. aligned[ch] is never set for a feedback channel.
 	target, count int
 	aligned       []bool
 	// blockedCh[ch] is set while ch delivered the barrier of the
-	// alignment. Invariant A5: nblocked > 0 only while aligning.
+	// alignment. Invariant A5: nblocked > 0 only while aligning; A11:
+	// never for a feedback channel.
 	blockedCh []bool
 	nblocked  int
 	// startNow is Now at the first barrier; delay the start delay.
@@ -45,19 +49,21 @@ type alignedHandler[T any] struct {
 	// so a barrier <= last[ch] read later was overtaken (or is a
 	// duplicate) and is ignored.
 	last []int64
-	// caps are the unaligned checkpoints being captured, by increasing
-	// id. Invariant: for an open channel ch, caps[i].pending[ch] iff
-	// caps[i].barrier.ID > last[ch]; so the captures of ch are a suffix
-	// of caps, and persistFrom[ch]..persistTo[ch] (0, 0: none) is exact.
+	// caps are the checkpoints being captured (unaligned ones, and
+	// aligned ones on feedback channels), by increasing id. Invariant: for
+	// an open channel ch, caps[i].pending[ch] iff caps[i].barrier.ID >
+	// last[ch] (an aligned one triggers once every open non-feedback
+	// channel read its barrier); so the captures of ch are a suffix of
+	// caps, and persistFrom[ch]..persistTo[ch] (0, 0: none) is exact.
 	caps                   []*capture
 	free                   []*capture
 	persistFrom, persistTo []int64
 }
 
-// capture is one unaligned checkpoint whose input channel state is being
-// captured.
+// capture is one checkpoint whose input channel state is being captured.
 type capture struct {
-	// barrier is the unaligned barrier (forwarded as such).
+	// barrier is the forwarded barrier (unaligned, or aligned with
+	// feedback channels).
 	barrier marker.Barrier
 	// pending[ch]: records delivered on ch are input channel state of it
 	// (its barrier has not arrived on ch, which is open).
@@ -126,32 +132,42 @@ func (h *alignedHandler[T]) onBarrier(in Input[T]) {
 	if _, timed := b.Deadline(); (b.Priority() || timed) && id < 1 {
 		panic(fmt.Sprintf("align: %s on channel %d: unaligned checkpoint ids must be positive", b, ch))
 	}
+	if h.c.hasFeedback && id < 1 {
+		panic(fmt.Sprintf("align: %s on channel %d: checkpoint ids must be positive with feedback channels", b, ch))
+	}
 	if id <= h.last[ch] {
 		// Overtaken by a newer barrier on ch (an unaligned one, or a
 		// promoted one) or a duplicate: everything about id on ch is
 		// settled.
 		return
 	}
+	// A barrier on a feedback channel of a checkpoint not triggered here
+	// yet means that the loop cut it without this subtask's snapshot (a
+	// loop subtask triggered it on another loop head's barrier):
+	// Chandy-Lamport's marker rule, snapshot now. It never aligns.
+	fb := h.c.feedback[ch]
 	if h.aligning {
 		switch {
 		case id > h.latest:
 			// A newer barrier subsumes the alignment in progress.
 			h.abortAlignment(Subsumed)
-		case id == h.latest && b.Priority():
-			// A writer switched it (its alignment timed out first).
+		case id == h.latest && (b.Priority() || fb):
+			// A writer switched it (its alignment timed out first), or
+			// the loop brought it back.
 			h.switchAlignment(in.Now, ch)
 		}
 	}
 	switch {
 	case h.aligning && id == h.latest:
-		// ch has not delivered it: last[ch] < id.
+		// ch has not delivered it: last[ch] < id; ch is no feedback
+		// channel.
 		h.markAligned(ch, in.Now, true /* block */)
 	case id > h.latest:
 		h.latest = id
 		switch {
 		case b.Priority():
 			h.startCapture(b, ch, in.Now, false)
-		case b.TimedOut(in.Now):
+		case b.TimedOut(in.Now) || fb:
 			h.startCapture(b.AsUnaligned(), ch, in.Now, true)
 		default:
 			h.startAlignment(in)
@@ -196,7 +212,7 @@ func (h *alignedHandler[T]) onCancel(in Input[T]) {
 func (h *alignedHandler[T]) onEnd(in Input[T]) {
 	ch := in.Channel
 	h.c.endInput(in)
-	if h.aligning && !h.aligned[ch] {
+	if h.aligning && !h.aligned[ch] && !h.c.feedback[ch] {
 		if h.c.abortOnEnd {
 			h.abortAlignment(InputEnded)
 		} else {
@@ -237,7 +253,7 @@ func (h *alignedHandler[T]) onEnd(in Input[T]) {
 func (h *alignedHandler[T]) startAlignment(in Input[T]) {
 	h.aligning = true
 	h.barrier = in.Barrier
-	h.target = h.c.open
+	h.target = h.c.openData
 	h.count = 0
 	clear(h.aligned)
 	h.startNow = in.Now
@@ -248,18 +264,29 @@ func (h *alignedHandler[T]) startAlignment(in Input[T]) {
 	h.markAligned(in.Channel, in.Now, true /* block */)
 }
 
-// markAligned records that ch delivered the barrier of the alignment (or
-// ended). It completes the alignment if ch was the last channel, and
-// otherwise blocks ch if block is set. A barrier that completes the
+// markAligned records that non-feedback channel ch delivered the barrier of
+// the alignment (or ended). It completes the alignment if ch was the last
+// one, and otherwise blocks ch if block is set. A barrier that completes the
 // alignment does not block its channel, so a single-channel subtask never
-// blocks.
+// blocks. With feedback channels the trigger has input channel state: the
+// open feedback channels are captured until their barrier comes back.
 func (h *alignedHandler[T]) markAligned(ch int, now int64, block bool) {
 	h.aligned[ch] = true
 	h.count++
 	if h.count >= h.target {
 		h.aligning = false
-		h.c.trigger(h.barrier, now-h.startNow, h.delay)
+		h.c.trigger(h.barrier, h.c.hasFeedback, now-h.startNow, h.delay)
 		h.endAlignment()
+		if h.c.hasFeedback {
+			cp := h.newCapture(h.barrier, h.startNow)
+			for c, ended := range h.c.ended {
+				if !ended && h.c.feedback[c] && h.last[c] < h.barrier.ID {
+					cp.pending[c] = true
+					cp.npending++
+				}
+			}
+			h.addCapture(cp, now)
+		}
 		return
 	}
 	if block {
@@ -292,8 +319,8 @@ func (h *alignedHandler[T]) endAlignment() {
 
 // switchAlignment turns the alignment in progress into an unaligned
 // checkpoint: Trigger (switched) with the promoted barrier, Unblock, and on
-// every open channel that has not delivered the barrier (except except):
-// Promote and capture.
+// every open channel that has not delivered the barrier (except except),
+// feedback channels too: Promote and capture.
 func (h *alignedHandler[T]) switchAlignment(now int64, except int) {
 	b := h.barrier.AsUnaligned()
 	h.aligning = false
@@ -301,7 +328,7 @@ func (h *alignedHandler[T]) switchAlignment(now int64, except int) {
 	h.endAlignment()
 	cp := h.newCapture(b, h.startNow)
 	for ch, ended := range h.c.ended {
-		if !ended && !h.aligned[ch] && ch != except {
+		if !ended && !h.aligned[ch] && ch != except && h.last[ch] < b.ID {
 			cp.pending[ch] = true
 			cp.npending++
 			h.c.promote(ch, b.ID)

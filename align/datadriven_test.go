@@ -2,6 +2,7 @@ package align
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -16,13 +17,14 @@ import (
 //
 // The only command is
 //
-//	run channels=<n> mode=<m> [timeout=<ns>] [trace] [metrics] [abort-on-eoi] [timestamp=<ns>]
+//	run channels=<n> mode=<m> [timeout=<ns>] [feedback=<c>|feedback=(<c>,<c>...)] [trace] [metrics] [abort-on-eoi] [timestamp=<ns>]
 //	<tokens>
 //
 // with mode one of aligned, at-least-once (Config.Mode), unaligned
 // (Config.Mode marker.Unaligned; B tokens are unaligned barriers) and
 // aligned-timeout (Config.Mode marker.Aligned; B tokens are aligned barriers
-// with AlignedTimeout timeout=, which it needs). The tokens (separated by
+// with AlignedTimeout timeout=, which it needs). feedback= lists the
+// feedback channels (Config.Feedback). The tokens (separated by
 // white space, over any number of lines) are
 //
 //	bC        a record written to channel C
@@ -41,12 +43,14 @@ import (
 // output is
 //
 //	deliver: <indices of delivered records and ends of input, in order>
-//	trigger: <ids; (unaligned) or (switched) after unaligned ones>
+//	trigger: <ids; (unaligned) or (switched) after unaligned ones, (feedback)
+//	          after aligned ones with input channel state>
 //	abort: <id>(<reason>) ...
 //
 // With metrics, a line "metrics: <id>(align=<ns> delay=<ns>) ..." follows.
-// If a checkpoint triggered unaligned, "input-state-complete: <ids>" follows,
-// and for each such checkpoint, in trigger order,
+// If a checkpoint triggered with input channel state (unaligned, or with
+// feedback channels), "input-state-complete: <ids>" follows, and for each
+// such checkpoint, in trigger order,
 //
 //	inflight <id>: c0=[<indices>] c1=[...] ...
 //
@@ -101,6 +105,16 @@ func TestDataDriven(t *testing.T) {
 				}
 			}
 			cfg.AbortOnEndOfInput = d.HasArg("abort-on-eoi")
+			if arg, ok := d.Arg("feedback"); ok {
+				cfg.Feedback = make([]bool, max(cfg.Channels, 0))
+				for _, v := range arg.Vals {
+					ch, err := strconv.Atoi(strings.TrimSpace(v))
+					if err != nil || ch < 0 || ch >= cfg.Channels {
+						d.Fatalf(t, "feedback=%s: bad channel (have %d channels)", v, cfg.Channels)
+					}
+					cfg.Feedback[ch] = true
+				}
+			}
 			if d.HasArg("timestamp") {
 				d.ScanArgs(t, "timestamp", &o.ts)
 			}
@@ -137,6 +151,8 @@ func formatRun(sc script, res runResult, trace, metrics bool) string {
 					id += "(switched)"
 				case act.Unaligned:
 					id += "(unaligned)"
+				case act.HasInputState:
+					id += "(feedback)"
 				}
 				trigger = append(trigger, id)
 				mets = append(mets, fmt.Sprintf("%d(align=%d delay=%d)", act.ID, act.AlignmentNanos, act.StartDelayNanos))
@@ -168,13 +184,13 @@ func formatRun(sc script, res runResult, trace, metrics bool) string {
 	if metrics {
 		line("metrics", mets)
 	}
-	if len(res.unaligned) > 0 {
+	if len(res.withState) > 0 {
 		var complete []string
 		for _, id := range res.complete {
 			complete = append(complete, fmt.Sprint(id))
 		}
 		line("input-state-complete", complete)
-		for _, id := range res.unaligned {
+		for _, id := range res.withState {
 			var chans []string
 			for ch, idx := range res.inflight[id] {
 				chans = append(chans, fmt.Sprintf("c%d=[%s]", ch, joinInts(idx)))

@@ -18,8 +18,8 @@
 //			                           // state of the open checkpoints in a.PersistFrom..a.PersistTo
 //			case align.Block:          // stop reading a.Channel (but for priority events)
 //			case align.Unblock:        // read a.Channel again
-//			case align.Trigger:        // snapshot the operator for a.Barrier; a.Unaligned: open
-//			                           // its input channel state
+//			case align.Trigger:        // snapshot the operator for a.Barrier; a.HasInputState:
+//			                           // open its input channel state (ack after InputStateComplete)
 //			case align.Abort:          // decline checkpoint a.ID (a.Reason); drop its channel state
 //			case align.ForwardBarrier: // send a.Barrier to all outputs (overtaking if unaligned)
 //			case align.ForwardCancel:  // send a cancel marker for a.ID to all outputs
@@ -30,6 +30,9 @@
 //		}
 //		if d, ok := al.Deadline(); ok { /* (re)arm a timer for d that feeds a Tick */ }
 //	}
+//
+// Config.Feedback marks the feedback channels of a loop head (cyclic graphs;
+// see Feedback channels below).
 //
 // Config.Mode selects one of two handlers behind one interface: exactly-once
 // (marker.Aligned, or marker.Unaligned, which means the same; aligned.go),
@@ -44,7 +47,8 @@
 // aligned. One checkpoint is aligned at a time.
 //
 //   - Barrier N newer than every id seen starts an alignment; the
-//     target is the number of open channels at that moment. Its channel is
+//     target is the number of open channels at that moment (non-feedback
+//     ones: see Feedback channels). Its channel is
 //     blocked unless this barrier already completes the alignment (so a
 //     single-channel subtask never blocks).
 //   - Barrier N of the current alignment on a channel that has not delivered
@@ -150,6 +154,75 @@
 //     (Unaligned unset); Deadline reports nothing once no alignment with a
 //     timeout is in progress. Now decides nothing else.
 //
+// # Feedback channels (cyclic graphs)
+//
+// Config.Feedback marks the feedback channels of a loop head: its inputs
+// from the end of an iteration. Their writer, the loop's last subtask,
+// sends barrier N back only after this subtask forwarded N into the loop
+// (or, at parallelism > 1, after a loop subtask triggered N on another loop
+// head's barrier). Waiting for it would deadlock the loop, and ignoring the
+// records that come back would lose them, so the loop head does what
+// Chandy and Lamport's algorithm does with an incoming channel whose marker
+// is not in yet: it records the channel (the "Lightweight Asynchronous
+// Snapshots" paper's cyclic case). In every exactly-once mode:
+//
+//   - Barriers on feedback channels never count toward an alignment and
+//     never block: an alignment's target is the number of open
+//     non-feedback channels, and a feedback channel is never blocked, so
+//     it is always read. Checkpoint N triggers when the non-feedback
+//     channels are aligned (aligned; with timeout, or switched, as above),
+//     or on the first non-feedback barrier N (unaligned).
+//   - Every Trigger of a loop head has input channel state: HasInputState is
+//     set, aligned triggers too (Unaligned is not: the barrier is forwarded
+//     aligned and the statistics say aligned). From the Trigger on, every
+//     record delivered on a feedback channel until that channel's own
+//     barrier N comes back is input channel state of N (Deliver
+//     PersistFrom..PersistTo, as for unaligned captures); several
+//     checkpoints may be captured at once (a barrier that comes back after
+//     the next checkpoint triggered). InputStateComplete N follows when
+//     every feedback channel open at the trigger has returned barrier N,
+//     or ended, in the Trigger's Step if none is open. The driver opens
+//     channel state by HasInputState, never by Unaligned, and acknowledges
+//     N only after InputStateComplete N. With feedback channels every
+//     barrier id must be positive (Step panics otherwise).
+//   - A barrier N on a feedback channel of a checkpoint not triggered here
+//     yet (newer than every id seen, or the alignment in progress) means
+//     the loop cut N before this subtask's snapshot. Records that come back
+//     after it were sent after the loop's cut, so they must not be in this
+//     subtask's snapshot: Chandy-Lamport's marker rule, snapshot at once. An
+//     unaligned barrier (the normal case at parallelism > 1 in unaligned
+//     mode) triggers N unaligned at once, capturing every other channel,
+//     as a first unaligned barrier does anywhere; an aligned one (which a
+//     well-formed graph cannot produce: in aligned mode the loop cannot
+//     align N before this subtask forwarded it) switches N as a timeout
+//     does: Trigger (switched), Promote and capture of the other channels.
+//     An alignment of an older checkpoint is subsumed first, as by any
+//     newer barrier. (Ignoring the barrier, or treating it as stale, would
+//     put the loop's post-cut records into this snapshot: the random tests
+//     find that at once.) Barriers of older ids, and of checkpoints
+//     completed or aborted here, end the capture of their channel, or
+//     are ignored, as on any channel.
+//   - Cancel markers on a feedback channel follow the rules for any
+//     channel: a loop subtask declined that checkpoint, so it cannot
+//     complete; if it is captured here it is aborted after its Trigger
+//     (the driver drops its state, and the cancel marker follows the
+//     barrier downstream, where it is stale at the loop subtask that sent
+//     it), an alignment of it is aborted, a newer id is aborted ahead of
+//     its barriers. It ends the capture of older checkpoints on its
+//     channel too.
+//   - EndOfInput on a feedback channel counts as the barrier of every
+//     checkpoint captured on it (with Config.AbortOnEndOfInput it aborts
+//     them); it never touches an alignment. Finished comes after every
+//     channel ended, feedback channels too: terminating the loop is the
+//     runtime's job.
+//
+// In at-least-once mode barriers and cancel markers on feedback channels
+// are ignored (tracked checkpoints count the open non-feedback channels
+// only, and the end of a feedback channel counts for nothing), nothing is
+// captured and no Trigger has input channel state: the records the loop
+// sends back after the head's snapshot are simply delivered, and replayed
+// after a restore by the sources, like any record past a barrier there.
+//
 // # At-least-once
 //
 // This follows Flink's CheckpointBarrierTracker. Nothing is ever blocked,
@@ -182,25 +255,30 @@
 //     in the Step that feeds it, so the items of one channel are delivered
 //     in their arrival order. (What arrives on a blocked channel waits in
 //     the channel until Unblock.)
-//   - A2 (consistent cut): for each aligned Trigger N and each channel c: if
+//   - A2 (consistent cut): for each aligned Trigger N and each non-feedback
+//     channel c: if
 //     barrier N arrived on c, every item that arrived on c before it is
 //     delivered before Trigger N and no item that arrived on c after it is;
 //     otherwise c's EndOfInput was delivered before Trigger N. In
 //     at-least-once mode only the first half holds (records after the
 //     barrier may be delivered earlier; they are replayed after a restore).
-//   - A2u (consistent cut with channel state): for each unaligned (or
-//     switched) Trigger N, once InputStateComplete N, and each channel c
-//     whose writer sent barrier N: the records delivered before Trigger N,
-//     the records captured for N on c (Deliver), those persisted by Promote
-//     for N on c, and those that barrier N overtook in c (its writer's
-//     output channel state) are, without repetition, exactly the records
-//     written to c before barrier N (all of them if c ended first).
+//   - A2u (consistent cut with channel state): for each Trigger N with
+//     input channel state (unaligned, switched, or any at a loop head),
+//     once InputStateComplete N, and each channel c whose writer sent
+//     barrier N, feedback channels included: the records delivered before
+//     Trigger N, the records captured for N on c (Deliver), those persisted
+//     by Promote for N on c, and those that barrier N overtook in c (its
+//     writer's output channel state) are, without repetition, exactly the
+//     records written to c before barrier N (all of them if c ended
+//     first). For an aligned Trigger at a loop head that is A2 on the
+//     non-feedback channels and Chandy-Lamport's channel recording on the
+//     feedback ones.
 //   - A3 (outcome order): the first outcome (Trigger or Abort) of each id
 //     comes at most once and their ids strictly increase over the life of
 //     the aligner, so triggers increase. A second outcome is only an Abort
-//     after an unaligned Trigger, before InputStateComplete.
-//     InputStateComplete N follows an unaligned Trigger N, at most once,
-//     never after Abort N.
+//     after a Trigger with HasInputState, before InputStateComplete.
+//     InputStateComplete N follows a Trigger N with HasInputState, at most
+//     once, never after Abort N.
 //   - A4 (forwarding): every Trigger N is immediately followed by
 //     ForwardBarrier N with the same barrier (unaligned iff the Trigger is),
 //     and every Abort N by ForwardCancel N; nothing else is forwarded.
@@ -209,10 +287,10 @@
 //     marker (marker M2).
 //   - A5 (blocking): a channel is blocked only during an alignment and only
 //     after delivering that checkpoint's aligned barrier; Block and Unblock
-//     alternate per channel; unaligned barriers and at-least-once mode
-//     never block.
+//     alternate per channel; unaligned barriers, feedback channels and
+//     at-least-once mode never block.
 //   - A6 (resolution): every checkpoint that Pending reported gets an
-//     outcome before Finished, and every unaligned Trigger an
+//     outcome before Finished, and every Trigger with HasInputState an
 //     InputStateComplete or an Abort.
 //   - A7 (finish): Finished is returned exactly once, as the last action,
 //     after the EndOfInput of every channel was delivered.
@@ -224,6 +302,11 @@
 //     a checkpoint being captured; Capturing counts those.
 //   - A10 (deadline): Deadline is reported only while an alignment is
 //     pending, and is after the Now of the last input.
+//   - A11 (feedback): feedback channels never block and never delay a
+//     trigger: while checkpoint N is pending, some open non-feedback channel
+//     has not read its barrier N yet. HasInputState is set on a Trigger iff
+//     it is unaligned, or in exactly-once mode the subtask has feedback
+//     channels.
 //
 // # Differences from Flink
 //
@@ -261,9 +344,14 @@
 //   - An unaligned checkpoint aborted while captured (cancel marker, end of
 //     input with AbortOnEndOfInput) is declined after its trigger, and the
 //     cancel marker is forwarded after its barrier.
+//   - Flink has no exactly-once for cyclic jobs: checkpointing a streaming
+//     iteration must be forced, and then the records in flight on the loop
+//     edges are lost on failure. Here a loop head records its feedback
+//     channels (see Feedback channels), in aligned mode too.
 //   - Protocol violations by the driver (input after a channel's
 //     EndOfInput, input other than a priority barrier on a blocked channel,
-//     an unknown channel, an unaligned checkpoint id below 1) panic:
+//     an unknown channel, an unaligned checkpoint id below 1, any id below 1
+//     with feedback channels) panic:
 //     they are broken invariants of the caller (marker M3, channel CH6),
 //     not runtime errors.
 package align

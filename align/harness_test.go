@@ -185,10 +185,11 @@ type runResult struct {
 	// violations of the named invariants found by the checker.
 	violations []string
 	err        error // from New
-	// unaligned are the ids triggered unaligned, in order; inflight[id][ch]
-	// the token indices of their input channel state on ch (captured and
-	// promoted), sorted.
-	unaligned []int64
+	// withState are the ids triggered with input channel state
+	// (HasInputState: unaligned, switched, or aligned with feedback
+	// channels), in order; inflight[id][ch] the token indices of their
+	// input channel state on ch (captured and promoted), sorted.
+	withState []int64
 	inflight  map[int64][][]int
 	complete  []int64
 }
@@ -215,7 +216,7 @@ func runScript(cfg Config, sc script) runResult {
 	r.loop()
 	r.finish()
 	r.res.violations = r.violations
-	for _, id := range r.res.unaligned {
+	for _, id := range r.res.withState {
 		per := make([][]int, cfg.Channels)
 		for ch := range per {
 			per[ch] = append(append([]int(nil), r.captured[id][ch]...), r.promoted[id][ch]...)
@@ -233,6 +234,10 @@ type run struct {
 	a   *Aligner[int]
 	res runResult
 	now int64
+	// fb[ch] marks the feedback channels (cfg.Feedback); hasFb is set if
+	// there is one.
+	fb    []bool
+	hasFb bool
 
 	// Channel model.
 	queue, prio [][]scriptInput
@@ -241,7 +246,7 @@ type run struct {
 	maxWritten []int64
 
 	// Driver model: open[id] while the input channel state of id is open
-	// (Trigger unaligned to InputStateComplete or Abort); what went into
+	// (Trigger with HasInputState to InputStateComplete or Abort); what went into
 	// it per channel; the records overtaken by each priority barrier (its
 	// writer's output channel state).
 	open                          map[int64]bool
@@ -261,8 +266,8 @@ type run struct {
 	// outcomes are the first outcomes (Trigger or Abort), in order.
 	outcomes                 []int64
 	triggered, aborted, done map[int64]bool
-	unalignedTrig            map[int64]bool
-	triggerPos               map[int64]int // len(order) at an unaligned Trigger
+	stateTrig                map[int64]bool // triggered with HasInputState
+	triggerPos               map[int64]int  // len(order) at a Trigger with HasInputState
 	pendingSeen              map[int64]bool
 	finished                 bool
 	violations               []string
@@ -292,12 +297,17 @@ func newRun(cfg Config, sc script, a *Aligner[int]) *run {
 		triggered:     map[int64]bool{},
 		aborted:       map[int64]bool{},
 		done:          map[int64]bool{},
-		unalignedTrig: map[int64]bool{},
+		stateTrig:     map[int64]bool{},
+		fb:            make([]bool, cfg.Channels),
 		triggerPos:    map[int64]int{},
 		pendingSeen:   map[int64]bool{},
 	}
 	for i := range r.lastDelivered {
 		r.lastDelivered[i] = -1
+	}
+	for ch, fb := range cfg.Feedback {
+		r.fb[ch] = fb
+		r.hasFb = r.hasFb || fb
 	}
 	for _, si := range sc.inputs {
 		r.byIdx[si.idx] = si.in
@@ -468,6 +478,9 @@ func (r *run) check(si scriptInput, rec *stepRecord) {
 			if r.blocked[act.Channel] {
 				r.failf("A5: %s: Block of blocked channel %d", at, act.Channel)
 			}
+			if r.fb[act.Channel] {
+				r.failf("A11: %s: Block of feedback channel %d", at, act.Channel)
+			}
 			r.blocked[act.Channel] = true
 		case Unblock:
 			if !r.blocked[act.Channel] {
@@ -486,6 +499,9 @@ func (r *run) check(si scriptInput, rec *stepRecord) {
 			if act.Kind == Trigger && r.exactlyOnce() && act.Barrier.Priority() != act.Unaligned {
 				r.failf("A4: %s: trigger %d (unaligned %v) forwards %s", at, act.ID, act.Unaligned, act.Barrier)
 			}
+			if want := act.Unaligned || (r.exactlyOnce() && r.hasFb); act.Kind == Trigger && act.HasInputState != want {
+				r.failf("A11: %s: trigger %d (unaligned %v) has input state %v, want %v", at, act.ID, act.Unaligned, act.HasInputState, want)
+			}
 		case ForwardBarrier, ForwardCancel:
 			if i == 0 || (acts[i-1].Kind != Trigger && acts[i-1].Kind != Abort) {
 				r.failf("A4: %s: %s %d not right after its outcome", at, act.Kind, act.ID)
@@ -497,8 +513,8 @@ func (r *run) check(si scriptInput, rec *stepRecord) {
 			rec.notes[i] = r.promote(act.Channel, act.ID)
 		case InputStateComplete:
 			switch {
-			case !r.unalignedTrig[act.ID]:
-				r.failf("A3: %s: input-state-complete %d without an unaligned trigger", at, act.ID)
+			case !r.stateTrig[act.ID]:
+				r.failf("A3: %s: input-state-complete %d without a trigger with input state", at, act.ID)
 			case r.done[act.ID]:
 				r.failf("A3: %s: second input-state-complete %d", at, act.ID)
 			case r.aborted[act.ID]:
@@ -539,6 +555,9 @@ func (r *run) check(si scriptInput, rec *stepRecord) {
 	if anyBlocked && !ok {
 		r.failf("A5: %s: a channel is blocked but nothing is pending", at)
 	}
+	if ok {
+		r.checkNotDelayed(at, id)
+	}
 	if d, dok := r.a.Deadline(); dok && (!ok || d <= r.now) {
 		r.failf("A10: %s: Deadline() = %d at %d (pending %v)", at, d, r.now, ok)
 	}
@@ -571,8 +590,8 @@ func (r *run) outcome(at string, act Action[int]) {
 		r.failf("A3: %s: trigger %d after its outcome", at, id)
 	case act.Kind == Abort && r.aborted[id]:
 		r.failf("A3: %s: second abort %d", at, id)
-	case act.Kind == Abort && r.triggered[id] && (!r.unalignedTrig[id] || r.done[id]):
-		r.failf("A3: %s: abort %d after its trigger (unaligned %v, complete %v)", at, id, r.unalignedTrig[id], r.done[id])
+	case act.Kind == Abort && r.triggered[id] && (!r.stateTrig[id] || r.done[id]):
+		r.failf("A3: %s: abort %d after its trigger (input state %v, complete %v)", at, id, r.stateTrig[id], r.done[id])
 	}
 	if !second {
 		if n := len(r.outcomes); n > 0 && id <= r.outcomes[n-1] {
@@ -586,16 +605,41 @@ func (r *run) outcome(at string, act Action[int]) {
 		return
 	}
 	r.triggered[id] = true
-	if act.Unaligned {
-		r.unalignedTrig[id] = true
+	if act.HasInputState {
+		r.stateTrig[id] = true
 		r.open[id] = true
 		r.triggerPos[id] = len(r.order)
-		r.res.unaligned = append(r.res.unaligned, id)
+		r.res.withState = append(r.res.withState, id)
 		r.perChannel(r.captured, id)
 		r.perChannel(r.promoted, id)
-	} else {
+	}
+	if !act.Unaligned {
+		// Aligned (with feedback channels too: those are checked by
+		// checkChannelCut at InputStateComplete).
 		r.checkCut(at, id)
 	}
+}
+
+// checkNotDelayed checks A11 for pending checkpoint id: some open
+// non-feedback channel has not read its barrier yet, so nothing but such a
+// channel delays the trigger.
+func (r *run) checkNotDelayed(at string, id int64) {
+	for ch := 0; ch < r.cfg.Channels; ch++ {
+		if r.fb[ch] || r.ended[ch] {
+			continue
+		}
+		got := false
+		for _, si := range r.sc.inputs {
+			if si.in.Channel == ch && si.in.Kind == Barrier && si.in.Barrier.ID == id && r.arrived[si.idx] {
+				got = true
+				break
+			}
+		}
+		if !got {
+			return
+		}
+	}
+	r.failf("A11: %s: checkpoint %d pending with every open non-feedback channel aligned", at, id)
 }
 
 // promote carries out Promote(ch, id) on the channel model and says what it
@@ -668,9 +712,12 @@ func (r *run) deliver(at string, act Action[int]) {
 }
 
 // checkCut checks A2 for an aligned Trigger id at the current delivery
-// position.
+// position, on the non-feedback channels.
 func (r *run) checkCut(at string, id int64) {
 	for ch := 0; ch < r.cfg.Channels; ch++ {
+		if r.fb[ch] {
+			continue
+		}
 		// Find the first barrier id on ch among the inputs that arrived.
 		barrierIdx := -1
 		for _, si := range r.sc.inputs {
@@ -700,8 +747,9 @@ func (r *run) checkCut(at string, id int64) {
 	}
 }
 
-// checkChannelCut checks A2u for unaligned checkpoint id, whose input
-// channel state just completed: on every channel c, the records delivered
+// checkChannelCut checks A2u for checkpoint id (unaligned, switched, or
+// aligned with feedback channels), whose input channel state just
+// completed: on every channel c, the records delivered
 // before Trigger id, those captured for id on c, those persisted by Promote
 // and those its barrier overtook in c (the writer's output channel state)
 // are, without repetition, exactly the records written to c before barrier
@@ -785,7 +833,7 @@ func (r *run) finish() {
 			}
 		}
 		for id := range r.open {
-			r.failf("A6: unaligned checkpoint %d neither complete nor aborted at Finished", id)
+			r.failf("A6: checkpoint %d with input state neither complete nor aborted at Finished", id)
 		}
 	}
 }
@@ -823,6 +871,8 @@ func describe(act Action[int], metrics bool) string {
 			attrs = append(attrs, "switched")
 		case act.Unaligned:
 			attrs = append(attrs, "unaligned")
+		case act.HasInputState:
+			attrs = append(attrs, "feedback")
 		}
 		if metrics {
 			attrs = append(attrs, fmt.Sprintf("align=%d delay=%d", act.AlignmentNanos, act.StartDelayNanos))

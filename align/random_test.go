@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,13 @@ type genOpts struct {
 	// timed adds clock tokens (the clock advancing by up to tsStep/2 at a
 	// time), ticks and pauses of the channels, all resumed at the end.
 	timed bool
+	// feedback marks feedback channels (nil: none). In a clean script a
+	// feedback channel writes barrier n only once every other channel has
+	// written it, as in a cyclic graph, where the loop sends back what the
+	// head forwarded; otherwise feedback channels are merged like the
+	// others, so that barriers also come round first (the protocol
+	// oddities of doc.go, "Feedback channels").
+	feedback []bool
 }
 
 const tsStep = 100
@@ -37,6 +45,9 @@ const tsStep = 100
 // and nothing else happens (but clock, tick, pause and resume tokens).
 func genScript(r *rand.Rand, channels, k int, clean bool, o genOpts) string {
 	streams := make([][]string, channels)
+	// ids[ch][i] is the checkpoint id of barrier token streams[ch][i], 0
+	// for other tokens.
+	ids := make([][]int, channels)
 	// barrier writes barrier id; a duplicate or stale one (again) is never
 	// a priority event: a real writer sends each barrier once, in order,
 	// and only a priority one could overtake the original.
@@ -52,30 +63,46 @@ func genScript(r *rand.Rand, channels, k int, clean bool, o genOpts) string {
 	}
 	for ch := range streams {
 		var s []string
+		var sid []int
+		add := func(tok string, id int) {
+			s = append(s, tok)
+			sid = append(sid, id)
+		}
 		records := func() {
 			for n := r.IntN(4); n > 0; n-- {
-				s = append(s, fmt.Sprintf("b%d", ch))
+				add(fmt.Sprintf("b%d", ch), 0)
 			}
 		}
 		for id := 1; id <= k; id++ {
 			records()
 			switch p := r.IntN(100); {
 			case clean || p < 75:
-				s = append(s, barrier(id, ch, false))
+				add(barrier(id, ch, false), id)
 				if !clean && r.IntN(100) < 5 {
-					s = append(s, barrier(id, ch, true)) // duplicate
+					add(barrier(id, ch, true), id) // duplicate
 				}
 			case p < 85:
-				s = append(s, fmt.Sprintf("C%d/%d", id, ch))
+				add(fmt.Sprintf("C%d/%d", id, ch), 0)
 			case p < 90 && id > 1:
-				s = append(s, barrier(r.IntN(id-1)+1, ch, true)) // stale
+				stale := r.IntN(id-1) + 1
+				add(barrier(stale, ch, true), stale)
 			}
 		}
 		records()
 		if clean || r.IntN(100) < 90 {
-			s = append(s, fmt.Sprintf("E/%d", ch))
+			add(fmt.Sprintf("E/%d", ch), 0)
 		}
-		streams[ch] = s
+		streams[ch], ids[ch] = s, sid
+	}
+	isFb := func(ch int) bool { return o.feedback != nil && o.feedback[ch] }
+	// written[id] counts the non-feedback channels that wrote barrier id;
+	// others is their number.
+	written := make([]int, k+1)
+	others := 0
+	for ch := range streams {
+		if !isFb(ch) {
+			others++
+		}
 	}
 	var out []string
 	paused := make([]bool, channels)
@@ -83,7 +110,7 @@ func genScript(r *rand.Rand, channels, k int, clean bool, o genOpts) string {
 	for {
 		var live []int
 		for ch, s := range streams {
-			if len(s) > 0 {
+			if len(s) > 0 && (!clean || !isFb(ch) || ids[ch][0] == 0 || written[ids[ch][0]] == others) {
 				live = append(live, ch)
 			}
 		}
@@ -110,7 +137,10 @@ func genScript(r *rand.Rand, channels, k int, clean bool, o genOpts) string {
 		}
 		ch := live[r.IntN(len(live))]
 		out = append(out, streams[ch][0])
-		streams[ch] = streams[ch][1:]
+		if id := ids[ch][0]; id != 0 && !isFb(ch) {
+			written[id]++
+		}
+		streams[ch], ids[ch] = streams[ch][1:], ids[ch][1:]
 	}
 	for ch, p := range paused {
 		if p {
@@ -181,9 +211,25 @@ func TestRandomScripts(t *testing.T) {
 				return timedOrSwitched(r)
 			}},
 	}
+	var fbRuns, fbCaptured int
 	for _, m := range modes {
 		for i := 0; i < *itersFlag; i++ {
 			cfg := Config{Channels: 1 + r.IntN(4), Mode: m.cfg, AbortOnEndOfInput: r.IntN(10) == 0}
+			var fbArg []string
+			if r.IntN(3) == 0 {
+				// A loop head: 1 or 2 of 2..4 channels are feedback
+				// channels, at least one is not.
+				cfg.Channels = 2 + r.IntN(3)
+				cfg.Feedback = make([]bool, cfg.Channels)
+				for n := 1 + r.IntN(min(2, cfg.Channels-1)); n > 0; {
+					if ch := r.IntN(cfg.Channels); !cfg.Feedback[ch] {
+						cfg.Feedback[ch] = true
+						fbArg = append(fbArg, fmt.Sprint(ch))
+						n--
+					}
+				}
+				fbRuns++
+			}
 			k := 1 + r.IntN(6)
 			clean := r.IntN(4) == 0
 			var o genOpts
@@ -197,6 +243,7 @@ func TestRandomScripts(t *testing.T) {
 				}
 				o = genOpts{letter: func(id, ch int) byte { return letters[id][ch] }, timed: true}
 			}
+			o.feedback = cfg.Feedback
 			text := genScript(r, cfg.Channels, k, clean, o)
 			sc, err := parseScript(text, cfg.Channels, m.opts)
 			if err != nil {
@@ -204,6 +251,13 @@ func TestRandomScripts(t *testing.T) {
 			}
 			res := runScript(cfg, sc)
 			problems := append([]string(nil), res.violations...)
+			for id, per := range res.inflight {
+				for ch, recs := range per {
+					if cfg.Feedback != nil && cfg.Feedback[ch] && len(recs) > 0 && slices.Contains(res.complete, id) {
+						fbCaptured++
+					}
+				}
+			}
 			var triggers []int64
 			aborts, badAborts := 0, 0
 			for _, st := range res.steps {
@@ -241,10 +295,17 @@ func TestRandomScripts(t *testing.T) {
 				if cfg.AbortOnEndOfInput {
 					args += " abort-on-eoi"
 				}
+				if fbArg != nil {
+					args += " feedback=(" + strings.Join(fbArg, ",") + ")"
+				}
 				t.Fatalf("seed %d, script %d:\n%s\n\nrun channels=%d mode=%s%s trace\n%s\n----\n%s",
 					seed, i, strings.Join(problems, "\n"), cfg.Channels, m.name, args, text,
 					formatRun(sc, res, true, false))
 			}
 		}
+	}
+	t.Logf("%d scripts with feedback channels, %d completed captures of a feedback channel", fbRuns, fbCaptured)
+	if *itersFlag >= 100 && fbCaptured == 0 {
+		t.Error("no feedback channel state was ever captured")
 	}
 }

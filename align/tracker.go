@@ -4,7 +4,9 @@ import "github.com/snapflow/snapflow/marker"
 
 // tracker is at-least-once barrier tracking, after Flink's
 // CheckpointBarrierTracker: it never blocks a channel and delivers every
-// record at once; it only counts barriers per checkpoint.
+// record at once; it only counts barriers per checkpoint. Feedback channels
+// are not counted: their barriers and cancel markers are ignored, and their
+// end changes nothing but the delivery.
 type tracker[T any] struct {
 	c        *core[T]
 	channels int
@@ -22,8 +24,9 @@ type tracker[T any] struct {
 // entry is one tracked checkpoint (Flink's CheckpointBarrierCount).
 type entry struct {
 	barrier marker.Barrier
-	// target is the number of channels open when the first barrier came;
-	// count is the number of channels that delivered it or ended since.
+	// target is the number of non-feedback channels open when the first
+	// barrier came; count is the number of them that delivered it or
+	// ended since.
 	target, count int
 	seen          []bool
 	startNow      int64
@@ -65,10 +68,19 @@ func (t *tracker[T]) step(in Input[T]) {
 	case Record:
 		t.c.deliver(in)
 	case Barrier:
-		t.onBarrier(in)
+		if !t.c.feedback[in.Channel] {
+			t.onBarrier(in)
+		}
 	case Cancel:
-		t.onCancel(in)
+		if !t.c.feedback[in.Channel] {
+			t.onCancel(in)
+		}
 	case EndOfInput:
+		if t.c.feedback[in.Channel] {
+			t.c.endInput(in)
+			t.c.maybeFinish()
+			return
+		}
 		t.onEnd(in)
 	}
 }
@@ -107,7 +119,7 @@ func (t *tracker[T]) onBarrier(in Input[T]) {
 		clear(e.seen)
 	}
 	e.barrier = in.Barrier
-	e.target = t.c.open
+	e.target = t.c.openData
 	e.count = 1
 	e.seen[in.Channel] = true
 	e.startNow = in.Now
@@ -128,7 +140,7 @@ func (t *tracker[T]) complete(i int, now int64) {
 	}
 	e := t.at(0)
 	t.popFront()
-	t.c.trigger(e.barrier, now-e.startNow, e.delay)
+	t.c.trigger(e.barrier, false, now-e.startNow, e.delay)
 }
 
 func (t *tracker[T]) onCancel(in Input[T]) {

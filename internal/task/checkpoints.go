@@ -172,15 +172,16 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind    EventKind
 	Barrier marker.Barrier // OnTrigger, OnForwardBarrier
-	// Unaligned (OnTrigger): the checkpoint is unaligned here (its barrier
-	// is, or its alignment timed out); its ack waits for
+	// HasInputState (OnTrigger): the checkpoint records input channel
+	// state here (it is unaligned, its alignment timed out, or the subtask
+	// heads a loop: align.Action.HasInputState); its ack waits for
 	// OnInputStateComplete.
-	Unaligned bool
-	ID        int64                   // OnAbort, OnForwardCancel, OnSnapshotFailed, OnSnapshotDone, OnInputStateComplete
-	Reason    snapshot.DeclineReason  // OnAbort
-	Mail      Mail                    // OnMail
-	Metrics   snapshot.SubtaskMetrics // OnTrigger, OnMail (MailTrigger)
-	Err       error                   // OnSnapshotFailed, OnSnapshotDone
+	HasInputState bool
+	ID            int64                   // OnAbort, OnForwardCancel, OnSnapshotFailed, OnSnapshotDone, OnInputStateComplete
+	Reason        snapshot.DeclineReason  // OnAbort
+	Mail          Mail                    // OnMail
+	Metrics       snapshot.SubtaskMetrics // OnTrigger, OnMail (MailTrigger)
+	Err           error                   // OnSnapshotFailed, OnSnapshotDone
 }
 
 // ActionKind says what the subtask loop must do.
@@ -421,7 +422,7 @@ func (c *Checkpoints) onTrigger(dst []Action, ev Event) []Action {
 	}
 	c.held = id
 	dst = c.snapshot(dst, ev.Barrier, ev.Metrics, false)
-	c.acks[len(c.acks)-1].capturing = ev.Unaligned
+	c.acks[len(c.acks)-1].capturing = ev.HasInputState
 	if ev.Barrier.Options.Stop {
 		dst = c.suspend(dst, id)
 	}

@@ -245,7 +245,7 @@ func parseEvents(line string) ([]Event, error) {
 		if f[0] == "forward-barrier" {
 			kind = OnForwardBarrier
 		}
-		return one(Event{Kind: kind, Barrier: b, Unaligned: kind == OnTrigger && flag("unaligned")}, err)
+		return one(Event{Kind: kind, Barrier: b, HasInputState: kind == OnTrigger && flag("unaligned")}, err)
 	case "input-state-complete":
 		n, err := id(1)
 		return one(Event{Kind: OnInputStateComplete, ID: n}, err)
@@ -338,7 +338,7 @@ type protocolChecker struct {
 // event records what the checker needs to know of the event stepped next.
 func (p *protocolChecker) event(ev Event) {
 	switch {
-	case ev.Kind == OnTrigger && ev.Unaligned:
+	case ev.Kind == OnTrigger && ev.HasInputState:
 		p.capturing[ev.Barrier.ID] = true
 	case ev.Kind == OnInputStateComplete:
 		delete(p.capturing, ev.ID)
@@ -482,7 +482,7 @@ func TestCheckpointsRandom(t *testing.T) {
 				if r.IntN(6) == 0 {
 					b.Options = marker.Options{Kind: marker.Savepoint, Stop: true}
 				}
-				ev = Event{Kind: OnTrigger, Barrier: b, Unaligned: r.IntN(2) == 0}
+				ev = Event{Kind: OnTrigger, Barrier: b, HasInputState: r.IntN(2) == 0}
 				if cfg.Source || r.IntN(3) == 0 {
 					ev = Event{Kind: OnMail, Mail: Mail{Kind: MailTrigger, Barrier: b, Suspend: b.Options.Stop}}
 				}

@@ -1021,13 +1021,13 @@ func stepAligned[T any](ctx context.Context, r *runner, a *align.Action[T]) (don
 	var ev Event
 	switch a.Kind {
 	case align.Trigger:
-		ev = Event{Kind: OnTrigger, Barrier: a.Barrier, Unaligned: a.Unaligned, Metrics: snapshot.SubtaskMetrics{
+		ev = Event{Kind: OnTrigger, Barrier: a.Barrier, HasInputState: a.HasInputState, Metrics: snapshot.SubtaskMetrics{
 			AlignmentDuration: time.Duration(a.AlignmentNanos),
 			StartDelay:        time.Duration(a.StartDelayNanos),
 			Unaligned:         a.Unaligned,
 			Switched:          a.Switched,
 		}}
-		if a.Unaligned {
+		if a.HasInputState {
 			rec := r.channels.get(a.ID)
 			rec.input = true
 			if p := r.promoted; p != nil && p.id == a.ID {
