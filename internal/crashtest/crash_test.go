@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -30,9 +31,11 @@ import (
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/internal/crashtest"
+	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/state"
 )
@@ -41,6 +44,10 @@ var (
 	seedFlag    = flag.Uint64("crashtest.seed", 0, "seed of the crash tests' random moments (0: pick one from the clock)")
 	recordsFlag = flag.Int64("crashtest.records", 100_000, "input records per child job")
 	rateFlag    = flag.Int64("crashtest.rate", 40_000, "records per second per source subtask in the child")
+	// The channel-state scenarios throttle the keyed operator well below
+	// the sources' rate, so backpressure keeps the channels full and the
+	// barriers overtake (or, aligned, wait behind) queued buffers.
+	throttleFlag = flag.Int64("crashtest.throttle", 20_000, "records per second per keyed subtask in the channel-state scenarios' child")
 )
 
 // The child's environment.
@@ -52,7 +59,21 @@ const (
 	envRate          = "SNAPFLOW_CRASHTEST_RATE"
 	envRestorePath   = "SNAPFLOW_CRASHTEST_RESTORE_PATH"
 	envAllowFallback = "SNAPFLOW_CRASHTEST_ALLOW_FALLBACK"
+	// envMode is the checkpoint mode: "" (aligned), "unaligned", or
+	// "aligned-timeout" (aligned, switching to unaligned after
+	// alignedTimeout).
+	envMode = "SNAPFLOW_CRASHTEST_MODE"
+	// envThrottle caps the records per second of each keyed subtask (0 or
+	// unset: no cap).
+	envThrottle = "SNAPFLOW_CRASHTEST_THROTTLE"
+	// envUnchained runs every operator in its own subtask, so every edge
+	// carries in-flight data.
+	envUnchained = "SNAPFLOW_CRASHTEST_UNCHAINED"
 )
+
+// alignedTimeout is the alignment timeout of mode "aligned-timeout": short,
+// so that under backpressure the checkpoints switch to unaligned.
+const alignedTimeout = time.Millisecond
 
 // The child's exit codes (0: the job finished or stopped with a savepoint).
 const (
@@ -85,7 +106,8 @@ type counted struct {
 // TestMain runs the job of the crash tests when the test binary is started
 // as their child process (envChild set), and the tests otherwise. The child
 // prints one line per job event on stdout ("execution E", "restored N
-// path", "checkpoint N", "savepoint path", "finished", ...), logs on
+// path", "restored-channels N ...", "checkpoint N", "stats N ...",
+// "savepoint path", "finished", ...), logs on
 // stderr, stops on SIGTERM through signal.NotifyContext, stops with a
 // savepoint on SIGUSR1, takes a savepoint and goes on on SIGUSR2, and
 // exits with one of the exit codes above.
@@ -127,15 +149,34 @@ func runChild() int {
 	signal.Notify(usr1, syscall.SIGUSR1)
 	signal.Notify(usr2, syscall.SIGUSR2)
 
+	var throttle int64
+	if v := os.Getenv(envThrottle); v != "" {
+		if throttle, err = strconv.ParseInt(v, 10, 64); err != nil {
+			logf("bad %s: %v", envThrottle, err)
+			return exitFailed
+		}
+	}
+	cc := graph.CheckpointConfig{Interval: 5 * time.Millisecond, Dir: os.Getenv(envCheckpoints), Retain: 3}
+	switch m := os.Getenv(envMode); m {
+	case "":
+	case "unaligned":
+		cc.Mode = marker.Unaligned
+	case "aligned-timeout":
+		cc.Mode, cc.AlignedTimeout = marker.Aligned, alignedTimeout
+	default:
+		logf("bad %s: %q", envMode, m)
+		return exitFailed
+	}
 	rc := graph.RestoreConfig{Latest: true, AllowFallback: os.Getenv(envAllowFallback) != ""}
 	if p := os.Getenv(envRestorePath); p != "" {
 		rc = graph.RestoreConfig{Path: p, AllowFallback: rc.AllowFallback}
 	}
 	cfg := graph.Config{
-		Parallelism: 2,
-		Checkpoint:  graph.CheckpointConfig{Interval: 5 * time.Millisecond, Dir: os.Getenv(envCheckpoints), Retain: 3},
-		Restore:     rc,
-		Logf:        logf,
+		Parallelism:     2,
+		Checkpoint:      cc,
+		Restore:         rc,
+		DisableChaining: os.Getenv(envUnchained) != "",
+		Logf:            logf,
 		OnEvent: func(e graph.Event) {
 			switch {
 			case e.Kind == graph.CheckpointCompleted && e.Savepoint:
@@ -144,6 +185,7 @@ func runChild() int {
 				say("checkpoint %d", e.CheckpointID)
 			case e.Kind == graph.JobRestored:
 				say("restored %d %s", e.CheckpointID, e.Path)
+				sayChannelState(e.CheckpointID, e.Path)
 			case e.Kind == graph.JobFailed:
 				logf("attempt %d failed: %v", e.Attempt, e.Err)
 			}
@@ -153,7 +195,7 @@ func runChild() int {
 	src := graph.Source(job, "source", paced(rate, source.Generate(n, func(i int64) event { return event{ID: i, Key: i % numKeys} })))
 	mapped := graph.Map(src, "map", func(e event) event { return e })
 	counts := graph.ProcessKeyed(graph.KeyBy(mapped, func(e event) int64 { return e.Key }), "count",
-		func() graph.KeyedProcessFunc[int64, event, counted] { return &keyCounter{} })
+		func() graph.KeyedProcessFunc[int64, event, counted] { return &keyCounter{rate: throttle} })
 	graph.Sink(counts, "sink", sink.Publishing[counted](committer, sink.WithLogf(logf)))
 
 	e, err := job.Start(ctx)
@@ -162,6 +204,7 @@ func runChild() int {
 		return exitFailed
 	}
 	say("execution %s", e.ID())
+	go sayCheckpointStats(ctx, e)
 	go func() {
 		for {
 			select {
@@ -221,9 +264,80 @@ func runChild() int {
 	}
 }
 
-// keyCounter counts events per key in keyed value state.
+// sayChannelState prints, for the checkpoint the job restored (the event
+// comes before the attempt's subtasks start, so the directory is still
+// there), what channel state it holds: "restored-channels N mode=M in=I
+// out=O files=F", I and O the persisted in-flight bytes of input and output
+// channels per its _metadata, F the number of channels-* files in its
+// directory.
+func sayChannelState(id int64, path string) {
+	md, err := restore.Load(vfs.Default, path)
+	if err != nil {
+		logf("restored checkpoint %d: %v", id, err)
+		say("restored-channels %d error", id)
+		return
+	}
+	in, out := md.InFlightBytes()
+	files := 0
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		logf("restored checkpoint %d: %v", id, err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), checkpoint.ChannelStateFilePrefix) {
+			files++
+		}
+	}
+	say("restored-channels %d mode=%s in=%d out=%d files=%d", id, md.Options.Mode, in, out, files)
+}
+
+// sayCheckpointStats prints, for every completed checkpoint in the
+// statistics, "stats N A inflight=B": A its alignment (aligned, unaligned,
+// switched), B its persisted in-flight bytes. It polls, so a child killed
+// in between may not print its newest checkpoints.
+func sayCheckpointStats(ctx context.Context, e *graph.Execution) {
+	var last int64
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, cs := range e.Stats().History {
+			if cs.ID <= last || cs.Status != snapshot.StatusCompleted || cs.Kind != marker.Checkpoint {
+				continue
+			}
+			last = cs.ID
+			say("stats %d %s inflight=%d", cs.ID, cs.Alignment(), cs.InFlightSize)
+		}
+	}
+}
+
+// keyCounter counts events per key in keyed value state, at most rate
+// events per second if rate > 0.
 type keyCounter struct {
 	count *state.ValueState[int64, int64]
+
+	rate      int64
+	start     time.Time
+	processed int64
+}
+
+// throttle sleeps while the subtask is more than a millisecond ahead of
+// its rate.
+func (k *keyCounter) throttle() {
+	if k.rate <= 0 {
+		return
+	}
+	if k.start.IsZero() {
+		k.start = time.Now()
+	}
+	k.processed++
+	if ahead := time.Duration(k.processed*int64(time.Second)/k.rate) - time.Since(k.start); ahead > time.Millisecond {
+		time.Sleep(ahead)
+	}
 }
 
 func (k *keyCounter) InitializeState(ctx *graph.Context) error {
@@ -233,6 +347,7 @@ func (k *keyCounter) InitializeState(ctx *graph.Context) error {
 }
 
 func (k *keyCounter) Process(ctx *graph.KeyedContext[int64], e event, out graph.Collector[counted]) error {
+	k.throttle()
 	c, _ := k.count.Value()
 	c++
 	k.count.Update(c)
@@ -336,6 +451,9 @@ type run struct {
 	out  string // committed transactions
 	n    int64
 	runs int
+	// env is given to every child of the scenario (the checkpoint mode, the
+	// throttle).
+	env []string
 	// newest is the highest checkpoint id any child reported completed
 	// (in the current checkpoint root).
 	newest int64
@@ -364,6 +482,7 @@ func (r *run) start(extraEnv ...string) *child {
 		envRecords+"="+strconv.FormatInt(r.n, 10),
 		envRate+"="+strconv.FormatInt(*rateFlag, 10),
 	)
+	c.cmd.Env = append(c.cmd.Env, r.env...)
 	c.cmd.Env = append(c.cmd.Env, extraEnv...)
 	c.cmd.Stderr = &c.stderr
 	stdout, err := c.cmd.StdoutPipe()
@@ -828,6 +947,265 @@ func TestCrashes(t *testing.T) {
 		}
 		require.Empty(t, wrong, "id:published, want 1 before the savepoint and 2 after it (positions %v)", next)
 	})
+
+	channelStateScenarios(t, scenario)
+}
+
+// channelStateScenarios are the scenarios of issue 6 against real
+// processes: checkpoints that persist channel state (in-flight records),
+// taken while the channels are full, restored after SIGKILL with
+// Restore.Latest, and damaged.
+func channelStateScenarios(t *testing.T, scenario func(t *testing.T, stream uint64) *run) {
+	// (g) SIGKILL while the channels are full, for unaligned checkpoints
+	// and for aligned ones that switch to unaligned at a 1 ms alignment
+	// timeout, with every operator in its own subtask (in-flight data on
+	// every edge): exactly once. The records captured as channel state
+	// precede the sources' checkpointed positions (a restored source does
+	// not emit them again) and are in no transaction of the checkpoint, so
+	// a restore that dropped them would lose them, and one that replayed
+	// them twice would publish them twice. The scenario fails if no child
+	// restored a checkpoint with channel state of the kind its mode is sure
+	// to persist (output channel state for unaligned checkpoints, whose
+	// priority barriers reach the keyed operator's inputs almost together;
+	// input channel state for switched ones, which record what arrives on
+	// the inputs still aligning after the timeout): it would then prove
+	// nothing about it. Up to 4 more kills are spent to get one.
+	for i, mode := range []string{"unaligned", "aligned-timeout"} {
+		t.Run(mode+"-kill", func(t *testing.T) {
+			t.Parallel()
+			r := scenario(t, 7+uint64(i))
+			r.env = channelEnv(mode, true)
+			var restores []restoredChannels
+			alignments := map[string]int{}
+			account := func(c *child) {
+				lines := c.snapshot()
+				if rc, ok := restoredChannelState(t, lines); ok {
+					restores = append(restores, rc)
+				}
+				_, a := checkpointStats(lines)
+				for k, v := range a {
+					alignments[k] += v
+				}
+			}
+			// proven: a child restored channel state of the kind the mode
+			// is sure to persist.
+			proven := func() bool {
+				for _, rc := range restores {
+					if (mode == "unaligned" && rc.out > 0) || (mode == "aligned-timeout" && rc.in > 0) {
+						return true
+					}
+				}
+				return false
+			}
+			kills := 0
+			for i := 0; i < 4 || (i < 8 && !proven()); i++ {
+				c := r.start()
+				r.killWhileFull(c)
+				if c.wait() == -1 {
+					kills++
+				}
+				r.finish(c, false)
+				account(c)
+				r.requireAtMostOnce()
+			}
+			require.Positive(t, kills)
+			c := r.runToCompletion(false)
+			account(c)
+			id, _ := restoredFrom(c.snapshot())
+			require.Positive(t, id, "the last child restored a checkpoint")
+			r.requireExactlyOnce()
+
+			for _, rc := range restores {
+				if rc.in+rc.out > 0 {
+					require.Positive(t, rc.files, "checkpoint %d has %d+%d in-flight bytes but no channels-* file", rc.id, rc.in, rc.out)
+				}
+				if mode == "unaligned" {
+					require.Equal(t, "unaligned", rc.mode, "checkpoint %d", rc.id)
+				}
+			}
+			t.Logf("%s: %d kills; restored %+v; completed checkpoints by alignment %v", mode, kills, restores, alignments)
+			what := map[string]string{"unaligned": "output", "aligned-timeout": "input"}[mode]
+			require.True(t, proven(), "no child restored a checkpoint with %s channel state, so this run proved nothing about it: restores %+v", what, restores)
+			want := map[string]string{"unaligned": "unaligned", "aligned-timeout": "switched"}[mode]
+			require.Positive(t, alignments[want], "no checkpoint was %s: %v", want, alignments)
+		})
+	}
+
+	// (h) as (d), with the damage in channel state: after a kill, one
+	// channels-* file of each of the newest checkpoints down to the newest
+	// one the child reported completed gets a flipped byte or is truncated.
+	// The checkpoint cannot be restored, and falling back below it may
+	// publish records twice: the next child refuses to start, naming the
+	// damaged file, and publishes nothing; one that opts in with
+	// AllowFallback restores an older checkpoint and loses nothing. Chained
+	// operators here, so channel state is only on the keyed edge.
+	for i, damage := range []string{"flip", "truncate"} {
+		t.Run(damage+"-channels-newest", func(t *testing.T) {
+			t.Parallel()
+			r := scenario(t, 9+uint64(i))
+			r.env = channelEnv("unaligned", false)
+			var reported int64
+			var files map[int64]string // by checkpoint id, the channel-state file to damage
+			for attempt := 1; ; attempt++ {
+				c := r.start()
+				require.True(t, c.await("3 checkpoints with channel state", func(lines []string) bool {
+					n, _ := checkpointStats(lines)
+					return n >= 3 && len(checkpoints(lines)) >= 3
+				}), "the job ended before it was killed")
+				c.signal(syscall.SIGKILL)
+				require.Equal(t, -1, c.wait())
+				r.finish(c, false)
+				reported = r.newest
+				files = map[int64]string{}
+				var bare []int64
+				for _, id := range chkDirs(t, r.jobDir()) {
+					if id < reported {
+						continue
+					}
+					dir := filepath.Join(r.jobDir(), fmt.Sprintf("chk-%d", id))
+					if _, err := os.Stat(filepath.Join(dir, "_metadata")); err != nil {
+						continue // incomplete: the child was writing it
+					}
+					names := channelFiles(t, dir)
+					if len(names) == 0 {
+						bare = append(bare, id)
+						continue
+					}
+					files[id] = filepath.Join(dir, names[r.rng.IntN(len(names))])
+				}
+				if len(bare) == 0 {
+					break
+				}
+				// Rare with full channels: a checkpoint that captured nothing
+				// in flight cannot be damaged this way. Run on and kill again.
+				require.Less(t, attempt, 5, "checkpoints %v have no channel state after every kill", bare)
+				t.Logf("checkpoints %v (at or above %d) have no channel state; running and killing again", bare, reported)
+			}
+			require.Contains(t, files, reported, "checkpoint %d, reported complete, is on disk", reported)
+			for _, id := range slices.Sorted(maps.Keys(files)) { // in order: the seed replays the damage
+				f := files[id]
+				b, err := os.ReadFile(f)
+				require.NoError(t, err)
+				require.Greater(t, len(b), 24, "%s holds buffers", f)
+				if damage == "flip" {
+					pos := 20 + r.rng.IntN(len(b)-24) // in the payload
+					b[pos] ^= 0x5a
+					require.NoError(t, os.WriteFile(f, b, 0o644))
+					t.Logf("checkpoint %d: flipped byte %d of %d in %s", id, pos, len(b), f)
+				} else {
+					size := r.rng.IntN(len(b))
+					require.NoError(t, os.Truncate(f, int64(size)))
+					t.Logf("checkpoint %d: truncated %s from %d to %d bytes", id, f, len(b), size)
+				}
+			}
+			before := r.requireAtMostOnce()
+
+			refused := r.start()
+			require.Equal(t, exitRefused, refused.wait(), "the child refuses to fall back past checkpoint %d", reported)
+			msg := refused.stderr.String()
+			require.Contains(t, msg, "refused:")
+			horizon := completedIn(t, msg)
+			require.GreaterOrEqual(t, horizon, reported)
+			require.Contains(t, files, horizon)
+			require.Contains(t, msg, "its channel state is corrupt", "the refusal says what is wrong")
+			require.Contains(t, msg, files[horizon], "the refusal names the damaged file")
+			require.Contains(t, msg, "would publish again the records that sinks committed", "the refusal names the risk")
+			require.Contains(t, msg, "AllowFallback", "the refusal names the opt-in")
+			_, ok := lineWith(refused.snapshot(), "restored ")
+			require.False(t, ok, "nothing restored")
+			after := r.requireAtMostOnce()
+			require.Equal(t, before, after, "the refused child published nothing")
+
+			c := r.runToCompletion(true, envAllowFallback+"=1")
+			id, _ := restoredFrom(c.snapshot())
+			require.Less(t, id, reported, "fell back below checkpoint %d", reported)
+			warning := c.stderr.String()
+			require.Contains(t, warning, "WARNING")
+			require.Contains(t, warning, "because AllowFallback is set")
+			require.Equal(t, horizon, completedIn(t, warning), "the warning names the checkpoint fallen back past")
+			require.Contains(t, warning, files[horizon], "the warning names the damaged file")
+			r.requireNoLoss()
+		})
+	}
+}
+
+// channelEnv is the child environment of a channel-state scenario: the
+// checkpoint mode, the keyed operator throttled below the sources' rate
+// (-crashtest.throttle; backpressure: the channels stay full), and
+// unchained operators if asked.
+func channelEnv(mode string, unchained bool) []string {
+	env := []string{envMode + "=" + mode, envThrottle + "=" + strconv.FormatInt(*throttleFlag, 10)}
+	if unchained {
+		env = append(env, envUnchained+"=1")
+	}
+	return env
+}
+
+// killWhileFull SIGKILLs c at a random moment after 1 to 4 of its
+// checkpoints persisted in-flight data (the channels were full).
+func (r *run) killWhileFull(c *child) {
+	k := 1 + r.rng.IntN(4)
+	c.await(fmt.Sprintf("%d checkpoints with channel state", k), func(lines []string) bool {
+		n, _ := checkpointStats(lines)
+		return n >= k
+	})
+	time.Sleep(time.Duration(r.rng.IntN(20)) * time.Millisecond)
+	c.signal(syscall.SIGKILL)
+}
+
+// checkpointStats reads the "stats N alignment inflight=B" lines: the
+// number of checkpoints with persisted in-flight data, and the number of
+// checkpoints per alignment.
+func checkpointStats(lines []string) (withChannels int, alignments map[string]int) {
+	alignments = map[string]int{}
+	for _, l := range lines {
+		var id, b int64
+		var a string
+		if _, err := fmt.Sscanf(l, "stats %d %s inflight=%d", &id, &a, &b); err != nil {
+			continue
+		}
+		alignments[a]++
+		if b > 0 {
+			withChannels++
+		}
+	}
+	return withChannels, alignments
+}
+
+// restoredChannels is what a child said of the channel state of the
+// checkpoint it restored.
+type restoredChannels struct {
+	id      int64
+	mode    string
+	in, out int64 // persisted in-flight bytes of input and output channels
+	files   int   // channels-* files in the checkpoint directory
+}
+
+// restoredChannelState reads the "restored-channels" line.
+func restoredChannelState(t *testing.T, lines []string) (restoredChannels, bool) {
+	rest, ok := lineWith(lines, "restored-channels ")
+	if !ok {
+		return restoredChannels{}, false
+	}
+	var rc restoredChannels
+	_, err := fmt.Sscanf(rest, "%d mode=%s in=%d out=%d files=%d", &rc.id, &rc.mode, &rc.in, &rc.out, &rc.files)
+	require.NoError(t, err, "restored-channels %s", rest)
+	return rc, true
+}
+
+// channelFiles returns the names of the channel-state files in a
+// checkpoint directory, sorted.
+func channelFiles(t *testing.T, dir string) []string {
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), checkpoint.ChannelStateFilePrefix) {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // completedIn returns the id in the "checkpoint N completed at" of a

@@ -9,6 +9,20 @@
 // exactly once, or a child that refuses to start with an error naming the
 // risk. Never a silent loss or duplicate.
 //
+// The same checks run with checkpoints that persist channel state (issue
+// 6): unaligned ones, and aligned ones that switch to unaligned at a 1 ms
+// alignment timeout. The child's keyed operator is then throttled to half
+// the sources' rate (-crashtest.throttle), so backpressure keeps the
+// channels full and the barriers overtake, or wait behind, queued buffers;
+// the kills come after checkpoints that persisted in-flight data. The
+// child prints what the checkpoint it restored holds (in-flight bytes per
+// its _metadata, channels-* files in its directory), and a scenario fails
+// if no child restored the channel state its mode must persist, so it
+// cannot pass without testing the restore of channel state. A damaged
+// channels-* file (a flipped byte, a truncation) in the newest checkpoints
+// is refused like corrupt metadata: restore.ErrFallback, naming the file,
+// unless AllowFallback.
+//
 // The output goes through Dir, a durable Committer that is idempotent by
 // transaction id, as the sink.Committer contract asks of an external
 // system: one file per transaction, named after the whole sink.Txn,

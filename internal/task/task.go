@@ -795,11 +795,21 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			// deadline is promoted, so this subtask switches that
 			// checkpoint to unaligned without waiting for the queue.
 			if ch, id, ov, ok := gate.PromoteTimedOut(cfg.now().UnixNano()); ok {
-				p := &promotion{ch: ch, id: id}
-				for _, b := range ov {
-					p.bufs = append(p.bufs, newLazy(b.Records))
+				if rec := r.channels.find(id); rec != nil && rec.input {
+					// The checkpoint is unaligned here already (triggered
+					// from another input): what the barrier overtook is
+					// input channel state of this input, after what was
+					// recorded of it so far.
+					for _, b := range ov {
+						rec.add(checkpoint.InputChannel, 0, ch, newLazy(b.Records))
+					}
+				} else {
+					p := &promotion{ch: ch, id: id}
+					for _, b := range ov {
+						p.bufs = append(p.bufs, newLazy(b.Records))
+					}
+					r.promoted = p
 				}
-				r.promoted = p
 			}
 		}
 		ch, ev, ok := gate.PollPriority()

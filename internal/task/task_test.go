@@ -1447,3 +1447,35 @@ func TestRunInputPromotesTimedOutBarrier(t *testing.T) {
 		require.ErrorIs(t, h.wait(), context.Canceled)
 	})
 }
+
+// TestRunInputPromotesTimedOutBarriersOnTwoInputs: both inputs hold a
+// timed-out barrier behind data; the first promotion starts the checkpoint
+// unaligned, and the second one's overtaken data is input channel state of
+// its input (found by internal/crashtest: it was dropped).
+func TestRunInputPromotesTimedOutBarriersOnTwoInputs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 2)
+		chain, process := h.singleChain()
+		slow := func(recs []int) error {
+			if recs[0] == 1 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			return process(recs)
+		}
+		b := marker.Barrier{ID: 1, Timestamp: time.Now().UnixNano(),
+			Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: 50 * time.Millisecond}}
+		h.send(0, 1)
+		h.event(0, marker.NewBarrier(b))
+		h.send(0, 3)
+		h.send(1, 2)
+		h.event(1, marker.NewBarrier(b))
+		h.send(1, 4)
+		h.runInput(marker.Aligned, chain, slow)
+		ack := h.report()
+		require.Equal(t, ReportAck, ack.Kind)
+		st := channelState(t, ack)
+		require.Contains(t, st, "input 0/1: [2]", "%q", st)
+		h.cancel()
+		require.ErrorIs(t, h.wait(), context.Canceled)
+	})
+}
