@@ -19,6 +19,12 @@
 //
 //	go test -run '^$' -bench Ratios -benchtime 300000000x ./bench/
 //
+// BenchmarkBackpressure (backpressure.go) compares aligned, unaligned and
+// aligned-with-timeout checkpoints with the channels full behind a
+// throttled sink:
+//
+//	go test -run '^$' -bench Backpressure -benchtime 1x ./bench/
+//
 // Reproduce the other figures in BENCHMARKS.md with:
 //
 //	go test -run '^$' -bench . -benchtime 2000000x -count 3 ./bench/
