@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -546,4 +547,32 @@ func senders(cs []*channel.Chan[int]) []channel.Sender[int] {
 		out[i] = c
 	}
 	return out
+}
+
+// TestChannelStateRecordsRoundTrip: recorded buffers of structs (a hash
+// edge's Keyed records, a user struct with tags and nesting) decode back
+// to what was recorded.
+func TestChannelStateRecordsRoundTrip(t *testing.T) {
+	type inner struct {
+		A string
+		B []int
+	}
+	type rec struct {
+		ID    int64  `msgpack:"id"`
+		Name  string `msgpack:"name,omitempty"`
+		In    inner
+		Ptr   *inner
+		Stamp time.Time
+	}
+	recs := []Keyed[string, rec]{
+		{Rec: rec{ID: 1, Name: "a", In: inner{A: "x", B: []int{1, 2}}, Stamp: time.Unix(5, 6)}, Key: "k1", KeyGroup: 7},
+		{Rec: rec{ID: 2, Ptr: &inner{A: "p"}}, Key: "", KeyGroup: 0},
+	}
+	b, err := encodeRecords(recs)
+	require.NoError(t, err)
+	got, err := decodeRecords[Keyed[string, rec]](b, "test")
+	require.NoError(t, err)
+	require.Equal(t, recs, got)
+	_, err = decodeRecords[Keyed[string, rec]](b[:len(b)-3], "input channel state of x")
+	require.ErrorContains(t, err, "input channel state of x")
 }

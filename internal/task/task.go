@@ -714,7 +714,10 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			}
 			continue
 		}
-		if now := cfg.now(); now.Sub(lastFlush) >= cfg.FlushInterval {
+		// Partly filled buffers are flushed on the interval, but not into
+		// a full output: they would fill it with small buffers until Send
+		// blocks (and the downstream is busy anyway).
+		if now := cfg.now(); now.Sub(lastFlush) >= cfg.FlushInterval && r.chain.tail().Out.Available() {
 			if err := r.flushAll(); err != nil {
 				return err
 			}
@@ -831,7 +834,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		}
 		if !ok {
 			var flushC <-chan time.Time
-			if r.chain.pending() {
+			if r.chain.pending() && !backpressured {
 				if wait := cfg.FlushInterval - cfg.now().Sub(lastFlush); wait > 0 {
 					flushTimer.Reset(wait)
 					flushC = flushTimer.C
@@ -951,7 +954,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				return err
 			}
 		}
-		if now.Sub(lastFlush) >= cfg.FlushInterval {
+		if now.Sub(lastFlush) >= cfg.FlushInterval && r.chain.tail().Out.Available() {
 			if err := r.flushAll(); err != nil {
 				return err
 			}
