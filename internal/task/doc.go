@@ -13,6 +13,30 @@
 // and carry out the actions in order. Neither machine is consulted per
 // record.
 //
+// # Backpressure
+//
+// A loop takes new input (a source's next batch, a buffer from the gate)
+// only while its tail's output channels are available (below Capacity;
+// channel CH2). Otherwise it waits in the loop for space, serving mail,
+// priority barriers (Gate.PollPriority), timers and finished snapshots
+// meanwhile, and flushes no partly filled buffers into the full outputs.
+// The channels' overdraft absorbs what the batch being processed still
+// emits, so Send rarely blocks, and a backpressured subtask takes an
+// unaligned barrier at once.
+//
+// # Unaligned checkpoints and channel state
+//
+// See channelstate.go: the output channel state of a checkpoint is what
+// its barrier overtook in the tail's channels (Output.BroadcastOvertaking,
+// also for an aligned barrier forwarded after its alignment deadline), its
+// input channel state the buffers the aligner marks (Deliver PersistFrom..
+// PersistTo) plus those a promoted barrier overtook (the aligner's Promote,
+// or Gate.PromoteTimedOut at a deadline). Both are copies, encoded when the
+// checkpoint is acknowledged, and travel with the head's ack; the ack waits
+// for the aligner's InputStateComplete (T8). On restore the output state is
+// sent first, then the chain opens (operator state), then the input state
+// is processed before the gate is read.
+//
 // # The protocol with the job master (FLIP-147)
 //
 // Checkpoint barriers enter at the sources, by MailTrigger, and travel
