@@ -29,6 +29,28 @@
 // the job master: the thin driver of the pure internal/master state
 // machine, which drives the pure snapshot.Coordinator.
 //
+// # Checkpoint modes
+//
+// CheckpointConfig.Mode picks how barriers are handled. marker.Aligned (the
+// default) aligns every barrier: a subtask with several inputs holds back
+// the inputs whose barrier arrived until all did, then snapshots; under
+// backpressure the barrier waits behind everything queued. marker.Unaligned
+// lets barriers overtake queued data: a subtask snapshots on the first
+// barrier, and the records in flight across the cut (what the barrier
+// overtook, and what arrives on the other inputs before their barriers) are
+// persisted with the checkpoint as channel state and replayed on restore,
+// so checkpoints stay fast under backpressure at the price of persisting
+// in-flight data (MaxInflightBytes caps it per checkpoint). AlignedTimeout
+// (with Mode marker.Aligned) starts every checkpoint aligned and switches it
+// to unaligned where its alignment has not finished in time. In both
+// unaligned forms, the records on edges between chains must survive
+// msgpack (Validate names the edge and field that would not), and a restore
+// from a checkpoint with channel state keeps the parallelism. Savepoints
+// are always aligned. marker.AtLeastOnce never aligns: records after a
+// barrier may end up in the snapshot and are replayed after a restore.
+// Execution.Stats says per checkpoint how it was taken (Alignment) and how
+// much in-flight data it persisted (InFlightSize).
+//
 // # Lifecycle
 //
 // This is the one place that says what happens to a job and its
