@@ -38,6 +38,10 @@ type Chan[T any] struct {
 	// of the aligned barriers queued in data order, 0 if none: the reader
 	// checks it without the lock (Gate.PromoteTimedOut). Written under mu.
 	deadline atomic.Int64
+	// full mirrors nData >= capacity && !ended, for Available and the fast
+	// path of AwaitSpace, which run once per batch without the lock.
+	// Written under mu.
+	full atomic.Bool
 
 	mu sync.Mutex
 	// queue holds data buffers and non-priority events in send order (CH1).
@@ -154,15 +158,13 @@ func (c *Chan[T]) Send(ctx context.Context, b *Buffer[T]) error {
 }
 
 // Available implements Sender.
-func (c *Chan[T]) Available() bool {
-	c.mu.Lock()
-	ok := c.nData < c.capacity || c.ended
-	c.mu.Unlock()
-	return ok
-}
+func (c *Chan[T]) Available() bool { return !c.full.Load() }
 
 // AwaitSpace implements Sender.
 func (c *Chan[T]) AwaitSpace() (<-chan struct{}, bool) {
+	if !c.full.Load() {
+		return nil, false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.nData < c.capacity || c.ended {
@@ -242,6 +244,7 @@ func (c *Chan[T]) enqueueDataLocked(b *Buffer[T]) {
 	c.queue.pushBack(Item[T]{Buf: b})
 	c.avail.Add(1)
 	c.nData++
+	c.full.Store(c.nData >= c.capacity && !c.ended)
 	n := int64(len(b.Records))
 	c.queuedRecords += n
 	c.sentBuffers++
@@ -282,6 +285,7 @@ func (c *Chan[T]) sendEvent(ev marker.Event, copyOvertaken bool) ([]*Buffer[T], 
 	c.sentEvents++
 	if ev.Type == marker.EventEndOfInput {
 		c.ended = true
+		c.full.Store(false)
 	}
 	if !ev.Priority() {
 		wasEmpty := c.queue.len()+c.prio.len() == 0
@@ -418,6 +422,7 @@ func (c *Chan[T]) pollLocked() (Item[T], bool) {
 	}
 	if it.Buf != nil {
 		c.nData--
+		c.full.Store(c.nData >= c.capacity && !c.ended)
 		c.queuedRecords -= int64(len(it.Buf.Records))
 		if c.waiters > 0 {
 			postToken(c.space)

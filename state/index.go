@@ -93,9 +93,9 @@ func (t *cowTable[K, V]) find(k K) (cell uint64, s slot, ok bool) {
 // keyAt returns the key in slot s.
 func (t *cowTable[K, V]) keyAt(s slot) K { return t.pages[s>>pageShift].e[s&pageMask].key }
 
-// index records s, the slot of the new key k, at cell (from find), growing
-// the index first if it would be more than half full (I2).
-func (t *cowTable[K, V]) index(k K, cell uint64, s slot) {
+// indexAt records s, the slot of the new key k, at cell (from find),
+// growing the index first if it would be more than half full (I2).
+func (t *cowTable[K, V]) indexAt(k K, cell uint64, s slot) {
 	x := &t.idx
 	if 2*(t.n+1) > len(x.cells) {
 		t.grow()

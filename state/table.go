@@ -58,10 +58,11 @@ func newTable[K comparable, V any](b *KeyedBackend[K], name string, immutable bo
 				return nil, fmt.Errorf("state: decoding value of key %v of keyed state %q in key group %d as %s: %w",
 					e.key, name, e.kg, typeName[V](), err)
 			}
-			if _, _, dup := t.find(e.key); dup {
+			cell, _, dup := t.find(e.key)
+			if dup {
 				return nil, fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", name, e.key, e.kg)
 			}
-			t.insert(e.key, e.kg, v)
+			t.insert(e.key, e.kg, v, cell)
 		}
 		t.cgen = 0
 	}
@@ -152,20 +153,21 @@ func newCOWTable[K comparable, V any](n int, immutable bool, gen *uint64) *cowTa
 	return &cowTable[K, V]{idx: newIndex[K](n), epoch: 1, immutable: immutable, gen: gen}
 }
 
-// lookup returns the slot of the current key k.
-func (t *cowTable[K, V]) lookup(k K) (slot, bool) {
+// lookup returns the slot of the current key k, or the index cell where
+// it would go (see find).
+func (t *cowTable[K, V]) lookup(k K) (cell uint64, s slot, ok bool) {
 	if t.cgen == *t.gen {
-		return t.cslot, true
+		return 0, t.cslot, true
 	}
-	_, s, ok := t.find(k)
+	cell, s, ok = t.find(k)
 	if ok {
 		t.cgen, t.cslot = *t.gen, s
 	}
-	return s, ok
+	return cell, s, ok
 }
 
 func (t *cowTable[K, V]) get(k K, _ int) (V, bool) {
-	s, ok := t.lookup(k)
+	_, s, ok := t.lookup(k)
 	if !ok {
 		var zero V
 		return zero, false
@@ -174,11 +176,12 @@ func (t *cowTable[K, V]) get(k K, _ int) (V, bool) {
 }
 
 func (t *cowTable[K, V]) put(k K, kg int, v V) {
-	if s, ok := t.lookup(k); ok {
+	cell, s, ok := t.lookup(k)
+	if ok {
 		t.writable(int(s >> pageShift)).e[s&pageMask].val = v
 		return
 	}
-	t.insert(k, kg, v)
+	t.insert(k, kg, v, cell)
 }
 
 func (t *cowTable[K, V]) remove(k K, _ int) {
@@ -193,9 +196,9 @@ func (t *cowTable[K, V]) remove(k K, _ int) {
 	t.n--
 }
 
-// insert adds k, which is not in the table.
-func (t *cowTable[K, V]) insert(k K, kg int, v V) {
-	cell, _, _ := t.find(k)
+// insert adds k, which is not in the table and goes to index cell (from
+// find).
+func (t *cowTable[K, V]) insert(k K, kg int, v V, cell uint64) {
 	en := pageEntry[K, V]{key: k, val: v, kg: int32(kg), live: true}
 	var s slot
 	if n := len(t.free); n > 0 {
@@ -215,7 +218,7 @@ func (t *cowTable[K, V]) insert(k K, kg int, v V) {
 		s = slot(last<<pageShift | len(p.e))
 		p.e = append(p.e, en) // grows the page's own array (p is writable)
 	}
-	t.index(k, cell, s)
+	t.indexAt(k, cell, s)
 	t.n++
 	t.cgen, t.cslot = *t.gen, s
 }

@@ -793,11 +793,12 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		// Priority events (unaligned barriers) first, also from channels
 		// an aligned checkpoint blocks (one atomic load when there are
 		// none), then data.
-		if r.promoted == nil {
-			// A barrier stuck in an input queue past its alignment
-			// deadline is promoted, so this subtask switches that
-			// checkpoint to unaligned without waiting for the queue.
-			if ch, id, ov, ok := gate.PromoteTimedOut(cfg.now().UnixNano()); ok {
+		// A barrier stuck in an input queue past its alignment deadline is
+		// promoted, so this subtask switches that checkpoint to unaligned
+		// without waiting for the queue. (Gate.Deadline is one atomic load
+		// per input; the clock is read only when a deadline is queued.)
+		if dl, queued := gate.Deadline(); queued && r.promoted == nil && cfg.now().UnixNano() >= dl {
+			if ch, id, ov, ok := gate.PromoteTimedOut(dl); ok {
 				if rec := r.channels.find(id); rec != nil && rec.input {
 					// The checkpoint is unaligned here already (triggered
 					// from another input): what the barrier overtook is

@@ -615,6 +615,26 @@ func TestRunInputErrors(t *testing.T) {
 	}
 }
 
+// sleepAfter is process, sleeping d after processing a buffer that starts
+// with first (the subtask is busy meanwhile; under synctest the clock
+// moves only when every goroutine waits).
+func sleepAfter(process func([]int) error, first int, d time.Duration) func([]int) error {
+	return func(recs []int) error {
+		err := process(recs)
+		if recs[0] == first {
+			time.Sleep(d)
+		}
+		return err
+	}
+}
+
+// timedBarrier is an aligned barrier of checkpoint id, triggered now, that
+// switches to unaligned after timeout.
+func timedBarrier(id int64, timeout time.Duration) marker.Barrier {
+	return marker.Barrier{ID: id, Timestamp: time.Now().UnixNano(),
+		Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: timeout}}
+}
+
 func unalignedBarrier(id int64) marker.Event {
 	return marker.NewBarrier(marker.Barrier{ID: id, Options: marker.Options{Mode: marker.Unaligned}})
 }
@@ -648,13 +668,7 @@ func TestRunInputUnaligned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 2)
 		chain, process := h.singleChain()
-		slow := func(recs []int) error {
-			err := process(recs)
-			if recs[0] == 1 {
-				time.Sleep(time.Millisecond) // the test queues meanwhile
-			}
-			return err
-		}
+		slow := sleepAfter(process, 1, time.Millisecond) // the test queues meanwhile
 		h.send(0, 1, 2)
 		h.runInput(marker.Unaligned, chain, slow)
 		synctest.Wait()
@@ -725,15 +739,9 @@ func TestRunInputAlignedTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 2)
 		chain, process := h.singleChain()
-		slow := func(recs []int) error {
-			if recs[0] == 20 {
-				time.Sleep(100 * time.Millisecond) // busy past the deadline
-			}
-			return process(recs)
-		}
+		slow := sleepAfter(process, 20, 100*time.Millisecond) // busy past the deadline
 		h.runInput(marker.Aligned, chain, slow)
-		b := marker.Barrier{ID: 1, Timestamp: time.Now().UnixNano(),
-			Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: 50 * time.Millisecond}}
+		b := timedBarrier(1, 50*time.Millisecond)
 		h.event(0, marker.NewBarrier(b))
 		h.send(0, 5) // behind the block
 		h.send(1, 20)
@@ -1422,14 +1430,8 @@ func TestRunInputPromotesTimedOutBarrier(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 1)
 		chain, process := h.singleChain()
-		slow := func(recs []int) error {
-			if recs[0] == 1 {
-				time.Sleep(100 * time.Millisecond)
-			}
-			return process(recs)
-		}
-		b := marker.Barrier{ID: 1, Timestamp: time.Now().UnixNano(),
-			Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: 50 * time.Millisecond}}
+		slow := sleepAfter(process, 1, 100*time.Millisecond)
+		b := timedBarrier(1, 50*time.Millisecond)
 		h.send(0, 1)
 		h.send(0, 2)
 		h.event(0, marker.NewBarrier(b))
@@ -1456,14 +1458,8 @@ func TestRunInputPromotesTimedOutBarriersOnTwoInputs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 2)
 		chain, process := h.singleChain()
-		slow := func(recs []int) error {
-			if recs[0] == 1 {
-				time.Sleep(100 * time.Millisecond)
-			}
-			return process(recs)
-		}
-		b := marker.Barrier{ID: 1, Timestamp: time.Now().UnixNano(),
-			Options: marker.Options{Mode: marker.Aligned, AlignedTimeout: 50 * time.Millisecond}}
+		slow := sleepAfter(process, 1, 100*time.Millisecond)
+		b := timedBarrier(1, 50*time.Millisecond)
 		h.send(0, 1)
 		h.event(0, marker.NewBarrier(b))
 		h.send(0, 3)
