@@ -22,6 +22,22 @@ const (
 	// Tick carries only Now: the driver feeds it when the timer it set for
 	// Aligner.Deadline fires. Its Channel is ignored.
 	Tick
+	// Inject triggers checkpoint Input.Barrier at a loop head whose
+	// non-feedback channels have all ended (after the FeedbackOnly
+	// action): barriers can no longer arrive through a channel, so the
+	// driver takes them from its mailbox and feeds them as Inject. Its
+	// Channel is ignored. It is ignored unless Barrier.ID is newer than
+	// every id seen (a barrier that came back on a feedback channel first
+	// triggered it already), after EndLoop and after Finished; Step panics
+	// on it before FeedbackOnly (see "Feedback channels" in the package
+	// doc).
+	Inject
+	// EndLoop says that the driver ended this loop head's input because
+	// its loop terminated: from now on nothing triggers here, barriers and
+	// cancel markers on the feedback channels only end the captures of
+	// checkpoints triggered before, and Inject is ignored. Its Channel is
+	// ignored. Step panics on it before FeedbackOnly.
+	EndLoop
 )
 
 func (k InputKind) String() string {
@@ -36,11 +52,16 @@ func (k InputKind) String() string {
 		return "end-of-input"
 	case Tick:
 		return "tick"
+	case Inject:
+		return "inject"
+	case EndLoop:
+		return "end-loop"
 	}
 	return fmt.Sprintf("input(%d)", uint8(k))
 }
 
-// Input is one item read from one input channel, or a Tick.
+// Input is one item read from one input channel, or a Tick, Inject or
+// EndLoop from the driver.
 type Input[T any] struct {
 	Channel int
 	Kind    InputKind
@@ -48,8 +69,8 @@ type Input[T any] struct {
 	// records, tests an index). It is handed back unchanged in the Deliver
 	// action, also for EndOfInput.
 	Item T
-	// Barrier is the barrier of a Barrier input; for Cancel, Barrier.ID is the
-	// cancelled checkpoint id.
+	// Barrier is the barrier of a Barrier or Inject input; for Cancel,
+	// Barrier.ID is the cancelled checkpoint id.
 	Barrier marker.Barrier
 	// Now is the driver's clock in Unix nanoseconds (the clock of
 	// Barrier.Timestamp). It is used for metrics and for one decision
@@ -119,6 +140,16 @@ const (
 	// may it acknowledge ID. It follows Trigger ID, in the same Step or
 	// later.
 	InputStateComplete
+	// FeedbackOnly says that the last open non-feedback channel of a loop
+	// head (Config.Feedback) has ended while a feedback channel is still
+	// open: no barrier can arrive through a channel any more (the loop
+	// only sends back what the head forwarded). From now on the driver
+	// takes the checkpoint triggers from its mailbox and feeds them as
+	// Inject, and feeds EndLoop once the loop terminated. It is returned
+	// once, as the last action of the Step of that EndOfInput, in both
+	// modes, and never without feedback channels, nor if every feedback
+	// channel ended first (then Finished comes instead).
+	FeedbackOnly
 )
 
 func (k ActionKind) String() string {
@@ -143,6 +174,8 @@ func (k ActionKind) String() string {
 		return "promote"
 	case InputStateComplete:
 		return "input-state-complete"
+	case FeedbackOnly:
+		return "feedback-only"
 	}
 	return fmt.Sprintf("action(%d)", uint8(k))
 }
@@ -290,7 +323,9 @@ type Config struct {
 	// InputStateComplete), and every barrier id must be positive. In
 	// at-least-once mode barriers and cancel markers on them are ignored
 	// and nothing is captured. At least one channel must not be a
-	// feedback channel. See "Feedback channels" in the package doc.
+	// feedback channel. Once every non-feedback channel ended, the
+	// driver of a loop head triggers its checkpoints (FeedbackOnly,
+	// Inject, EndLoop). See "Feedback channels" in the package doc.
 	Feedback []bool
 }
 
@@ -315,6 +350,9 @@ type handler[T any] interface {
 	// deadline) is at or before in.Now, before in is handled.
 	timeout(in Input[T])
 	capturing() int
+	// inject handles an Inject that Step accepted: after FeedbackOnly,
+	// before EndLoop and Finished.
+	inject(in Input[T])
 }
 
 // New returns an aligner for cfg.
@@ -363,21 +401,37 @@ func New[T any](cfg Config) (*Aligner[T], error) {
 // an unknown input kind, input on a blocked channel other than a priority
 // barrier (the driver must stop reading it on Block, except with
 // Gate.PollPriority; channel.Gate does, CH6), any input on a channel after
-// its EndOfInput (marker M3), or an unaligned or timed barrier with an id
-// below 1. A Tick is accepted at any time.
+// its EndOfInput (marker M3), an unaligned or timed barrier with an id
+// below 1, an Inject or EndLoop before FeedbackOnly (A12), or an Inject
+// with an id below 1. A Tick is accepted at any time, and so are Inject and
+// EndLoop after FeedbackOnly.
 func (a *Aligner[T]) Step(in Input[T]) []Action[T] {
 	clear(a.c.acts) // drop references to delivered items
 	a.c.acts = a.c.acts[:0]
-	if in.Kind == Tick {
+	switch in.Kind {
+	case Tick:
 		if in.Now >= a.c.deadline {
 			a.h.timeout(in)
+		}
+		return a.c.acts
+	case Inject, EndLoop:
+		a.checkLoop(in)
+		switch {
+		case a.c.finished:
+			// Nothing is left to checkpoint (A7).
+		case in.Kind == EndLoop:
+			a.c.loopEnded = true
+		case !a.c.loopEnded:
+			// No alignment is in progress after FeedbackOnly, so there
+			// is no deadline to check.
+			a.h.inject(in)
 		}
 		return a.c.acts
 	}
 	if in.Channel < 0 || in.Channel >= len(a.c.ended) {
 		panic(fmt.Sprintf("align: input on channel %d, have channels 0..%d", in.Channel, len(a.c.ended)-1))
 	}
-	if in.Kind > Tick {
+	if in.Kind > EndLoop {
 		panic(fmt.Sprintf("align: unknown input kind %d on channel %d", uint8(in.Kind), in.Channel))
 	}
 	if a.c.ended[in.Channel] {
@@ -395,7 +449,27 @@ func (a *Aligner[T]) Step(in Input[T]) []Action[T] {
 		a.c.ended[in.Channel] = true
 	}
 	a.h.step(in)
+	if in.Kind == EndOfInput && a.c.hasFeedback && !a.c.feedbackOnly && a.c.openData == 0 && a.c.open > 0 {
+		// The last non-feedback channel ended, a feedback channel is
+		// open: from now on the driver triggers checkpoints (A12).
+		a.c.feedbackOnly = true
+		a.c.acts = append(a.c.acts, Action[T]{Kind: FeedbackOnly})
+	}
 	return a.c.acts
+}
+
+// checkLoop panics unless the Inject or EndLoop in may be fed now (A12).
+func (a *Aligner[T]) checkLoop(in Input[T]) {
+	switch {
+	case !a.c.hasFeedback:
+		panic(fmt.Sprintf("align: %s without feedback channels: only a loop head is fed Inject and EndLoop", in.Kind))
+	case a.c.openData > 0:
+		panic(fmt.Sprintf("align: %s while %d non-feedback channels are open: a loop head is fed Inject and EndLoop only after FeedbackOnly", in.Kind, a.c.openData))
+	case !a.c.feedbackOnly:
+		panic(fmt.Sprintf("align: %s after every channel ended without FeedbackOnly: a loop head is fed Inject and EndLoop only after FeedbackOnly", in.Kind))
+	case in.Kind == Inject && in.Barrier.ID < 1:
+		panic(fmt.Sprintf("align: inject of %s: checkpoint ids must be positive with feedback channels", in.Barrier))
+	}
 }
 
 // Blocked reports whether the driver must not read channel ch (except for
@@ -448,6 +522,10 @@ type core[T any] struct {
 	// alignment or a tracked checkpoint).
 	open, openData int
 	finished       bool
+	// feedbackOnly is set once FeedbackOnly was returned (every
+	// non-feedback channel ended, a feedback channel was open); loopEnded
+	// once EndLoop was fed (after FeedbackOnly).
+	feedbackOnly, loopEnded bool
 	// deadline is the switch time of the alignment in progress, noDeadline
 	// when there is none (always in at-least-once mode).
 	deadline int64

@@ -100,6 +100,83 @@ func TestFeedbackTrigger(t *testing.T) {
 	}
 }
 
+// TestLoopHeadPanics: Inject and EndLoop are accepted only after
+// FeedbackOnly (A12), and an injected id must be positive.
+func TestLoopHeadPanics(t *testing.T) {
+	inject := func(id int64) Input[int] { return Input[int]{Kind: Inject, Barrier: marker.Barrier{ID: id}} }
+	eoi := func(ch int) Input[int] { return Input[int]{Channel: ch, Kind: EndOfInput} }
+	for _, tc := range []struct {
+		name  string
+		feed  []Input[int]
+		in    Input[int]
+		want  string
+		modes []marker.Mode
+	}{
+		{"inject with a non-feedback channel open", []Input[int]{eoi(0)}, inject(1),
+			"align: inject while 1 non-feedback channels are open: a loop head is fed Inject and EndLoop only after FeedbackOnly", nil},
+		{"end-loop with a non-feedback channel open", nil, Input[int]{Kind: EndLoop},
+			"align: end-loop while 2 non-feedback channels are open: a loop head is fed Inject and EndLoop only after FeedbackOnly", nil},
+		{"inject after the feedback channel ended first", []Input[int]{eoi(2), eoi(0), eoi(1)}, inject(1),
+			"align: inject after every channel ended without FeedbackOnly: a loop head is fed Inject and EndLoop only after FeedbackOnly", nil},
+		{"inject of id 0", []Input[int]{eoi(0), eoi(1)}, inject(0),
+			"align: inject of barrier(0 checkpoint aligned): checkpoint ids must be positive with feedback channels", nil},
+	} {
+		for _, mode := range []marker.Mode{marker.Aligned, marker.AtLeastOnce} {
+			a := mustNew(t, Config{Channels: 3, Mode: mode, Feedback: []bool{false, false, true}})
+			for _, in := range tc.feed {
+				a.Step(in)
+			}
+			func() {
+				defer func() {
+					if got := fmt.Sprint(recover()); got != tc.want {
+						t.Errorf("%s, %s: panicked with %q; want %q", tc.name, mode, got, tc.want)
+					}
+				}()
+				a.Step(tc.in)
+			}()
+		}
+	}
+}
+
+// TestLoopHead: after the external inputs ended (FeedbackOnly, the last
+// action of that Step), an Inject triggers with feedback state, its
+// barrier coming back completes it; after EndLoop nothing triggers and the
+// end of the feedback channel finishes.
+func TestLoopHead(t *testing.T) {
+	a := mustNew(t, Config{Channels: 2, Mode: marker.Aligned, Feedback: []bool{false, true}})
+	acts := a.Step(Input[int]{Channel: 0, Kind: EndOfInput})
+	if !slices.Equal(actionKinds(acts), []ActionKind{Deliver, FeedbackOnly}) {
+		t.Fatalf("external end: %v; want deliver, feedback-only", acts)
+	}
+	acts = a.Step(Input[int]{Kind: Inject, Now: 50, Barrier: marker.Barrier{ID: 4, Timestamp: 20}})
+	if !slices.Equal(actionKinds(acts), []ActionKind{Trigger, ForwardBarrier}) || !acts[0].HasInputState || acts[0].Unaligned ||
+		acts[0].AlignmentNanos != 0 || acts[0].StartDelayNanos != 30 || a.Capturing() != 1 {
+		t.Fatalf("inject: %v, Capturing=%d; want an aligned trigger with input state, delay 30", acts, a.Capturing())
+	}
+	if acts := a.Step(Input[int]{Kind: Inject, Barrier: marker.Barrier{ID: 4}}); len(acts) != 0 {
+		t.Fatalf("inject again: %v; want nothing", acts)
+	}
+	if d := a.Step(rec(1, 3))[0]; d.PersistFrom != 4 || d.PersistTo != 4 {
+		t.Fatalf("feedback record: %v; want persist 4", d)
+	}
+	a.Step(Input[int]{Kind: EndLoop})
+	if acts := a.Step(Input[int]{Kind: Inject, Barrier: marker.Barrier{ID: 9}}); len(acts) != 0 {
+		t.Fatalf("inject after end-loop: %v; want nothing", acts)
+	}
+	if acts := a.Step(bar(1, 4)); !slices.Equal(actionKinds(acts), []ActionKind{InputStateComplete}) {
+		t.Fatalf("barrier back after end-loop: %v; want input-state-complete", acts)
+	}
+	if acts := a.Step(bar(1, 5)); len(acts) != 0 {
+		t.Fatalf("newer barrier after end-loop: %v; want nothing", acts)
+	}
+	if acts := a.Step(Input[int]{Channel: 1, Kind: EndOfInput}); !slices.Equal(actionKinds(acts), []ActionKind{Deliver, Finished}) {
+		t.Fatalf("feedback end: %v; want deliver, finished", acts)
+	}
+	if acts := a.Step(Input[int]{Kind: Inject, Barrier: marker.Barrier{ID: 10}}); len(acts) != 0 {
+		t.Fatalf("inject after finished: %v; want nothing", acts)
+	}
+}
+
 // TestAccessors checks Blocked, Pending and Open through an alignment (A5).
 func TestAccessors(t *testing.T) {
 	a := mustNew(t, Config{Channels: 2, Mode: marker.Aligned})
@@ -134,7 +211,9 @@ func TestPanics(t *testing.T) {
 		{rec(0, 0), "align: record on blocked channel 0: the driver must not read a channel between Block and Unblock"},
 		{bar(0, 2), "align: barrier on blocked channel 0: the driver must not read a channel between Block and Unblock"},
 		{Input[int]{Channel: 0, Kind: Cancel, Barrier: marker.Barrier{ID: 1}}, "align: cancel on blocked channel 0: the driver must not read a channel between Block and Unblock"},
-		{Input[int]{Channel: 0, Kind: Tick + 1}, "align: unknown input kind 5 on channel 0"},
+		{Input[int]{Channel: 0, Kind: EndLoop + 1}, "align: unknown input kind 7 on channel 0"},
+		{Input[int]{Kind: Inject, Barrier: marker.Barrier{ID: 1}}, "align: inject without feedback channels: only a loop head is fed Inject and EndLoop"},
+		{Input[int]{Kind: EndLoop}, "align: end-loop without feedback channels: only a loop head is fed Inject and EndLoop"},
 		{ubar(1, -3), "align: barrier(-3 checkpoint unaligned) on channel 1: unaligned checkpoint ids must be positive"},
 		{tbar(1, 0, 0, 5, 0), "align: barrier(0 checkpoint aligned timeout=5ns) on channel 1: unaligned checkpoint ids must be positive"},
 	} {
@@ -157,6 +236,10 @@ func TestStrings(t *testing.T) {
 	for _, tc := range []struct{ got, want string }{
 		{Record.String(), "record"},
 		{Tick.String(), "tick"},
+		{Inject.String(), "inject"},
+		{EndLoop.String(), "end-loop"},
+		{FeedbackOnly.String(), "feedback-only"},
+		{Action[int]{Kind: FeedbackOnly}.String(), "feedback-only"},
 		{Promote.String(), "promote"},
 		{InputStateComplete.String(), "input-state-complete"},
 		{EndOfInput.String(), "end-of-input"},
@@ -393,6 +476,33 @@ func TestNoAllocs(t *testing.T) {
 		}
 		if n := testing.AllocsPerRun(1000, cycle); n != 0 {
 			t.Errorf("feedback cycle: %v allocs; want 0", n)
+		}
+		if a.Capturing() != 1 {
+			t.Fatalf("Capturing() = %d; want 1", a.Capturing())
+		}
+	})
+	t.Run("inject", func(t *testing.T) {
+		// A loop head after its external input ended: each injected
+		// checkpoint comes back after the next one was injected, so two
+		// are captured at once.
+		a := mustNew(t, Config{Channels: 3, Mode: marker.Aligned, Feedback: []bool{false, true, true}})
+		a.Step(Input[int]{Channel: 0, Kind: EndOfInput})
+		id := int64(0)
+		cycle := func() {
+			id++
+			a.Step(Input[int]{Kind: Inject, Barrier: marker.Barrier{ID: id}})
+			a.Step(rec(1, 2))
+			a.Step(rec(2, 2))
+			if id > 1 {
+				a.Step(bar(1, id-1))
+				a.Step(bar(2, id-1))
+			}
+			a.Step(rec(2, 2))
+		}
+		cycle() // warm up
+		cycle()
+		if n := testing.AllocsPerRun(1000, cycle); n != 0 {
+			t.Errorf("inject cycle: %v allocs; want 0", n)
 		}
 		if a.Capturing() != 1 {
 			t.Fatalf("Capturing() = %d; want 1", a.Capturing())

@@ -141,6 +141,15 @@ func (h *alignedHandler[T]) onBarrier(in Input[T]) {
 		// settled.
 		return
 	}
+	if h.c.loopEnded {
+		// The loop terminated (EndLoop; ch is a feedback channel, no
+		// alignment is in progress): nothing triggers any more. The
+		// barrier only ends, on ch, the captures of the checkpoints
+		// triggered before; a newer id is just seen.
+		h.latest = max(h.latest, id)
+		h.pass(ch, id, true, in.Now)
+		return
+	}
 	// A barrier on a feedback channel of a checkpoint not triggered here
 	// yet means that the loop cut it without this subtask's snapshot (a
 	// loop subtask triggered it on another loop head's barrier):
@@ -190,6 +199,10 @@ func (h *alignedHandler[T]) onCancel(in Input[T]) {
 		h.abortAlignment(Subsumed)
 	}
 	switch i := h.find(id); {
+	case h.c.loopEnded && i < 0:
+		// After EndLoop a cancel marker only ends captures (and aborts
+		// its own, below): a newer id is just seen.
+		h.latest = max(h.latest, id)
 	case h.aligning && id == h.latest:
 		h.abortAlignment(CancelMarker)
 	case i >= 0:
@@ -247,6 +260,35 @@ func (h *alignedHandler[T]) onEnd(in Input[T]) {
 		h.refresh()
 	}
 	h.c.maybeFinish()
+}
+
+// inject triggers the checkpoint of an Inject (after FeedbackOnly, before
+// EndLoop): every non-feedback channel has ended, so there is nothing to
+// align or switch; the barrier is forwarded as it is (unaligned, or
+// aligned) and every open feedback channel is captured until its barrier
+// comes back, as after an aligned trigger at a loop head.
+func (h *alignedHandler[T]) inject(in Input[T]) {
+	b := in.Barrier
+	if b.ID <= h.latest {
+		// It came back on a feedback channel first and triggered then
+		// (the marker rule), or it is stale.
+		return
+	}
+	h.latest = b.ID
+	if b.Priority() {
+		h.c.triggerUnaligned(b, false, 0, startDelay(in.Now, b))
+	} else {
+		h.c.trigger(b, true, 0, startDelay(in.Now, b))
+	}
+	cp := h.newCapture(b, in.Now)
+	for c, ended := range h.c.ended {
+		// Only feedback channels are open; last[c] <= latest < b.ID.
+		if !ended {
+			cp.pending[c] = true
+			cp.npending++
+		}
+	}
+	h.addCapture(cp, in.Now)
 }
 
 // startAlignment starts aligning the aligned barrier of in.

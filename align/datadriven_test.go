@@ -36,8 +36,12 @@ import (
 //	@T        set the clock (Input.Now) to T for what follows
 //	tick      feed a Tick (at the clock)
 //	P/C, R/C  pause, resume reading channel C
+//	In        feed an Inject of barrier n in the mode of the script (as Bn);
+//	          IAn aligned, IUn unaligned, ISn an aligned savepoint
+//	endloop   feed an EndLoop
 //
-// A barrier token may end in @TS, its Timestamp (default timestamp=, or 0).
+// A barrier or Inject token may end in @TS, its Timestamp (default
+// timestamp=, or 0). Ticks, Injects and EndLoops are fed when written.
 // Every token has an index, counting from 0 in the order written (clock,
 // pause and resume tokens too). The Item of an input is its index. The
 // output is
@@ -48,6 +52,8 @@ import (
 //	abort: <id>(<reason>) ...
 //
 // With metrics, a line "metrics: <id>(align=<ns> delay=<ns>) ..." follows.
+// If FeedbackOnly was returned, "feedback-only: <index>" follows: the index
+// of the input whose Step returned it.
 // If a checkpoint triggered with input channel state (unaligned, or with
 // feedback channels), "input-state-complete: <ids>" follows, and for each
 // such checkpoint, in trigger order,
@@ -183,6 +189,9 @@ func formatRun(sc script, res runResult, trace, metrics bool) string {
 	line("abort", abort)
 	if metrics {
 		line("metrics", mets)
+	}
+	if res.feedbackOnly >= 0 {
+		fmt.Fprintf(&b, "feedback-only: %d\n", res.feedbackOnly)
 	}
 	if len(res.withState) > 0 {
 		var complete []string

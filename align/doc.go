@@ -10,7 +10,9 @@
 // for the alignment timeout only (a Tick input carries nothing but Now).
 //
 //	for {
-//		in := readSomeChannel() // Gate.PollPriority, then Gate.Poll; or a Tick
+//		in := readSomeChannel() // Gate.PollPriority, then Gate.Poll; or a Tick;
+//		                        // at a loop head after FeedbackOnly also an Inject
+//		                        // (a checkpoint trigger from the mailbox) or EndLoop
 //		for _, a := range al.Step(in) {
 //			switch a.Kind {
 //			case align.Deliver:        // give a.Item (record or end of input) to the operator;
@@ -25,6 +27,8 @@
 //			case align.ForwardCancel:  // send a cancel marker for a.ID to all outputs
 //			case align.Promote:        // pull barrier a.ID ahead in a.Channel, persisting what it overtakes
 //			case align.InputStateComplete: // close a.ID's input channel state; ack it
+//			case align.FeedbackOnly:   // loop head, external inputs ended: feed checkpoint
+//			                           // triggers as Inject from now on, EndLoop when the loop ends
 //			case align.Finished:       // all inputs ended
 //			}
 //		}
@@ -192,10 +196,13 @@
 //     subtask's snapshot: Chandy-Lamport's marker rule, snapshot at once. An
 //     unaligned barrier (the normal case at parallelism > 1 in unaligned
 //     mode) triggers N unaligned at once, capturing every other channel,
-//     as a first unaligned barrier does anywhere; an aligned one (which a
-//     well-formed graph cannot produce: in aligned mode the loop cannot
-//     align N before this subtask forwarded it) switches N as a timeout
-//     does: Trigger (switched), Promote and capture of the other channels.
+//     as a first unaligned barrier does anywhere; an aligned one switches N
+//     as a timeout does: Trigger (switched), Promote and capture of the
+//     other channels. (An aligned barrier does come back first at
+//     parallelism > 1: a loop subtask that reads only some heads, through
+//     a forward edge, say, aligns N without this head and sends it back
+//     to every head. So an aligned checkpoint of a loop may switch at its
+//     heads, and their other channels then carry channel state too.)
 //     An alignment of an older checkpoint is subsumed first, as by any
 //     newer barrier. (Ignoring the barrier, or treating it as stale, would
 //     put the loop's post-cut records into this snapshot: the random tests
@@ -220,8 +227,60 @@
 // are ignored (tracked checkpoints count the open non-feedback channels
 // only, and the end of a feedback channel counts for nothing), nothing is
 // captured and no Trigger has input channel state: the records the loop
-// sends back after the head's snapshot are simply delivered, and replayed
-// after a restore by the sources, like any record past a barrier there.
+// sends back after the head's snapshot are simply delivered. Nothing
+// replays them after a restore (they came from records before the
+// snapshot, which the sources do not emit again), so at-least-once
+// checkpoints lose them: package graph rejects at-least-once mode for
+// graphs with loops.
+//
+// When the external inputs of a loop head have ended, its loop may still
+// run (records circulating on the feedback channels), and it must go on
+// checkpointing and then terminate; but no barrier can arrive through a
+// channel any more: the loop only sends back what the head forwarded. So:
+//
+//   - FeedbackOnly is returned once, in both modes, as the last action of
+//     the Step whose EndOfInput ends the last open non-feedback channel
+//     while a feedback channel is still open (after the Deliver, and after
+//     the Trigger or Abort of an alignment that this end completes or
+//     aborts: no checkpoint is pending from then on). It is never returned
+//     without feedback channels, nor when every feedback channel ended
+//     first: then that end finishes, as before. From then on the driver
+//     takes the trigger of each checkpoint from its mailbox (as a source
+//     does) and feeds it as an Inject.
+//   - Inject (Input.Barrier; the Channel is ignored) is accepted only
+//     after FeedbackOnly (Step panics before, and without feedback
+//     channels; its id must be positive). It is ignored unless its id is
+//     newer than every id seen: the barrier may have come back on a
+//     feedback channel first (from another loop head, at parallelism > 1)
+//     and triggered the checkpoint by the marker rule, as above; an id
+//     cancelled ahead of its barriers is seen too. Otherwise, in
+//     exactly-once mode, it is an alignment that completes at once: an
+//     unaligned barrier (Priority) gives Trigger with Unaligned and
+//     HasInputState, an aligned one (with or without AlignedTimeout:
+//     there is nothing to align, so it never switches) Trigger with
+//     HasInputState, then ForwardBarrier with the barrier as it came;
+//     AlignmentNanos is 0, StartDelayNanos counts from its Now. Every open
+//     feedback channel is captured until its barrier comes back, exactly
+//     as after an aligned trigger at a loop head (InputStateComplete in
+//     the same Step if none were open; but one always is: once the last
+//     feedback channel ended the aligner has finished, and an Inject is
+//     ignored). In at-least-once mode it gives Trigger and ForwardBarrier
+//     if it is newer than every id seen (barriers of feedback channels are
+//     not seen, they are ignored), and nothing is captured.
+//   - EndLoop (the Channel is ignored) says that the driver ended this
+//     loop head's input because its loop terminated; it is accepted only
+//     after FeedbackOnly (Step panics before). From then on nothing
+//     triggers here: an Inject is ignored, and barriers and cancel markers
+//     on the feedback channels only end the captures of the checkpoints
+//     triggered before, by the usual rules (a barrier or cancel marker for
+//     X ends, on its channel, the capture of every id <= X, promoting an
+//     overtaken older barrier; a cancel marker for a captured id aborts
+//     it). A barrier or cancel marker of an id newer than every id seen
+//     neither triggers, nor captures, nor aborts: the id is only seen.
+//     Records are still delivered, captured as before (the driver reports
+//     them as an error: the loop was to be empty), and EndOfInput is as
+//     always: it ends the captures of its channel, and the last one
+//     finishes.
 //
 // # At-least-once
 //
@@ -307,6 +366,19 @@
 //     has not read its barrier N yet. HasInputState is set on a Trigger iff
 //     it is unaligned, or in exactly-once mode the subtask has feedback
 //     channels.
+//   - A12 (external inputs ended): FeedbackOnly is returned at most once,
+//     only with feedback channels, as the last action of the Step that
+//     delivers the EndOfInput of the last open non-feedback channel, and
+//     always then if a feedback channel is open; nothing is pending from
+//     then on. Inject and EndLoop are accepted only after FeedbackOnly; no
+//     Trigger after EndLoop, and no Abort but of a checkpoint whose input
+//     channel state is open.
+//   - A13 (loop triggers): after FeedbackOnly a checkpoint triggers only
+//     in the Step of an Inject or (exactly-once) of a barrier on a feedback
+//     channel, of its id, newer than every id seen; before EndLoop such an
+//     input always triggers. So every Trigger with HasInputState still
+//     gets exactly one InputStateComplete or Abort (by A3 and A6; the
+//     random tests check it on scripts with a loop phase).
 //
 // # Differences from Flink
 //
@@ -348,10 +420,15 @@
 //     iteration must be forced, and then the records in flight on the loop
 //     edges are lost on failure. Here a loop head records its feedback
 //     channels (see Feedback channels), in aligned mode too.
+//   - Flink's streaming iterations end the iteration head when its
+//     feedback queue stayed empty for a timeout (DataStream.iterate's
+//     maxWaitTime); here the driver decides and feeds EndLoop, and until
+//     then it injects the checkpoints of a loop head whose external
+//     inputs ended (Inject).
 //   - Protocol violations by the driver (input after a channel's
 //     EndOfInput, input other than a priority barrier on a blocked channel,
 //     an unknown channel, an unaligned checkpoint id below 1, any id below 1
-//     with feedback channels) panic:
+//     with feedback channels, Inject or EndLoop before FeedbackOnly) panic:
 //     they are broken invariants of the caller (marker M3, channel CH6),
 //     not runtime errors.
 package align

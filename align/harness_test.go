@@ -2,6 +2,7 @@ package align
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -93,11 +94,16 @@ func parseScript(s string, channels int, o scriptOpts) (script, error) {
 	return sc, nil
 }
 
-// parseToken parses tick, bC, Xn/C[@TS] (X one of B A U S C) or E/C.
+// parseToken parses tick, endloop, bC, Xn/C[@TS] (X one of B A U S C), E/C
+// or I[X]n[@TS] (X one of A U S).
 func parseToken(tok string, channels int, o scriptOpts) (Input[int], error) {
 	var in Input[int]
-	if tok == "tick" {
+	switch tok {
+	case "tick":
 		in.Kind = Tick
+		return in, nil
+	case "endloop":
+		in.Kind = EndLoop
 		return in, nil
 	}
 	if len(tok) < 2 {
@@ -109,21 +115,33 @@ func parseToken(tok string, channels int, o scriptOpts) (Input[int], error) {
 	case 'b':
 		in.Kind = Record
 		chStr = rest
+	case 'I':
+		// An Inject: no channel.
+		in.Kind = Inject
+		letter := byte('B')
+		if strings.IndexByte("AUS", rest[0]) >= 0 {
+			letter, rest = rest[0], rest[1:]
+		}
+		setBarrier(&in.Barrier, letter, o)
+		if id, ts, ok := strings.Cut(rest, "@"); ok {
+			t, err := strconv.ParseInt(ts, 10, 64)
+			if err != nil {
+				return in, fmt.Errorf("bad timestamp %q", ts)
+			}
+			rest, in.Barrier.Timestamp = id, t
+		}
+		id, err := strconv.ParseInt(rest, 10, 64)
+		if err != nil {
+			return in, fmt.Errorf("bad checkpoint id %q (want I[A|U|S]n[@TS])", rest)
+		}
+		in.Barrier.ID = id
+		return in, nil
 	case 'B', 'A', 'U', 'S', 'C':
 		in.Kind = Barrier
-		in.Barrier.Timestamp = o.ts
-		switch tok[0] {
-		case 'B':
-			in.Barrier.Options.Mode = o.mode
-			if o.mode == marker.Aligned {
-				in.Barrier.Options.AlignedTimeout = time.Duration(o.timeout)
-			}
-		case 'U':
-			in.Barrier.Options.Mode = marker.Unaligned
-		case 'S':
-			in.Barrier.Options.Kind = marker.Savepoint
-		case 'C':
+		if tok[0] == 'C' {
 			in.Kind = Cancel
+		} else {
+			setBarrier(&in.Barrier, tok[0], o)
 		}
 		var ok bool
 		if idStr, chStr, ok = strings.Cut(rest, "/"); !ok {
@@ -160,6 +178,24 @@ func parseToken(tok string, channels int, o scriptOpts) (Input[int], error) {
 	return in, nil
 }
 
+// setBarrier sets the options and default timestamp of a barrier of token
+// letter l: B (the script's mode), A (aligned), U (unaligned), S (aligned
+// savepoint).
+func setBarrier(b *marker.Barrier, l byte, o scriptOpts) {
+	b.Timestamp = o.ts
+	switch l {
+	case 'B':
+		b.Options.Mode = o.mode
+		if o.mode == marker.Aligned {
+			b.Options.AlignedTimeout = time.Duration(o.timeout)
+		}
+	case 'U':
+		b.Options.Mode = marker.Unaligned
+	case 'S':
+		b.Options.Kind = marker.Savepoint
+	}
+}
+
 // stepRecord is what one Step returned.
 type stepRecord struct {
 	input   scriptInput
@@ -192,6 +228,9 @@ type runResult struct {
 	withState []int64
 	inflight  map[int64][][]int
 	complete  []int64
+	// feedbackOnly is the token index of the input whose Step returned
+	// FeedbackOnly, -1 if none did.
+	feedbackOnly int
 }
 
 // runScript feeds the inputs to a fresh aligner as a driver behind
@@ -270,7 +309,14 @@ type run struct {
 	triggerPos               map[int64]int  // len(order) at a Trigger with HasInputState
 	pendingSeen              map[int64]bool
 	finished                 bool
-	violations               []string
+	// feedbackOnly once FeedbackOnly was returned, loopEnded once EndLoop
+	// was fed after it; seen is the newest checkpoint id fed so far, as
+	// the aligner counts them (Inject, barriers and cancel markers; in
+	// at-least-once mode not those of feedback channels, which it
+	// ignores).
+	feedbackOnly, loopEnded bool
+	seen                    int64
+	violations              []string
 }
 
 func newRun(cfg Config, sc script, a *Aligner[int]) *run {
@@ -278,7 +324,8 @@ func newRun(cfg Config, sc script, a *Aligner[int]) *run {
 		cfg:           cfg,
 		sc:            sc,
 		a:             a,
-		res:           runResult{inflight: map[int64][][]int{}},
+		res:           runResult{inflight: map[int64][][]int{}, feedbackOnly: -1},
+		seen:          math.MinInt64,
 		queue:         make([][]scriptInput, cfg.Channels),
 		prio:          make([][]scriptInput, cfg.Channels),
 		paused:        make([]bool, cfg.Channels),
@@ -380,7 +427,7 @@ func (r *run) loop() {
 		}
 		si := r.sc.inputs[op.in]
 		r.written[si.idx] = true
-		if si.in.Kind == Tick {
+		if k := si.in.Kind; k == Tick || k == Inject || k == EndLoop {
 			if !r.step(si, "") {
 				return
 			}
@@ -461,10 +508,42 @@ func (r *run) check(si scriptInput, rec *stepRecord) {
 	acts := rec.actions
 	r.arrived[si.idx] = true
 	at := fmt.Sprintf("after input %d (%s)", si.idx, r.sc.tokens[si.idx])
-	if r.finished && si.in.Kind != Tick {
+	if k := si.in.Kind; r.finished && k != Tick && k != Inject && k != EndLoop {
 		r.failf("A7: step %s after Finished", at)
 	}
+	if r.finished && len(acts) > 0 {
+		r.failf("A7: %s: actions after Finished", at)
+	}
+	loopInput := si.in.Kind == Inject || si.in.Kind == EndLoop
+	if loopInput && !r.feedbackOnly {
+		r.failf("A12: %s: %s accepted before FeedbackOnly", at, si.in.Kind)
+	}
+	// A trigger after FeedbackOnly (A13): the input must be an Inject or
+	// (exactly-once) a barrier on a feedback channel, of a newer id than
+	// every id seen, before EndLoop; and such an input must trigger.
+	fbBarrier := si.in.Kind == Barrier && r.fb[si.in.Channel] && r.exactlyOnce()
+	loopTrigger := r.feedbackOnly && !r.loopEnded && !r.finished &&
+		(si.in.Kind == Inject || fbBarrier) && si.in.Barrier.ID > r.seen
+	loopTriggered := false
+	if si.in.Kind == EndLoop && r.feedbackOnly {
+		r.loopEnded = true
+	}
 	for i, act := range acts {
+		switch act.Kind {
+		case Trigger:
+			switch {
+			case r.loopEnded:
+				r.failf("A12: %s: trigger %d after EndLoop", at, act.ID)
+			case r.feedbackOnly && (!loopTrigger || act.ID != si.in.Barrier.ID):
+				r.failf("A13: %s: trigger %d after FeedbackOnly, not by an Inject or feedback barrier of a new id (newest seen %d)", at, act.ID, r.seen)
+			case r.feedbackOnly:
+				loopTriggered = true
+			}
+		case Abort:
+			if r.loopEnded && !r.open[act.ID] {
+				r.failf("A12: %s: abort %d after EndLoop, which is not being captured", at, act.ID)
+			}
+		}
 		switch act.Kind {
 		case Deliver:
 			r.deliver(at, act)
@@ -537,7 +616,33 @@ func (r *run) check(si scriptInput, rec *stepRecord) {
 					r.failf("A7: %s: Finished before the end of channel %d was delivered", at, ch)
 				}
 			}
+		case FeedbackOnly:
+			switch {
+			case !r.hasFb:
+				r.failf("A12: %s: FeedbackOnly without feedback channels", at)
+			case r.feedbackOnly:
+				r.failf("A12: %s: second FeedbackOnly", at)
+			case i != len(acts)-1:
+				r.failf("A12: %s: FeedbackOnly is not the last action", at)
+			case si.in.Kind != EndOfInput || r.fb[si.in.Channel] || !r.externalEnded() || r.loopClosed():
+				r.failf("A12: %s: FeedbackOnly, not at the end of the last non-feedback channel with a feedback channel open", at)
+			}
+			r.feedbackOnly = true
+			r.res.feedbackOnly = si.idx
 		}
+	}
+	if k := si.in.Kind; k == EndOfInput && !r.fb[si.in.Channel] && r.hasFb && !r.feedbackOnly &&
+		r.externalEnded() && !r.loopClosed() {
+		r.failf("A12: %s: the last non-feedback channel ended with a feedback channel open, and no FeedbackOnly", at)
+	}
+	if loopTrigger && !loopTriggered {
+		r.failf("A13: %s: %d is newer than every id seen (%d) and did not trigger", at, si.in.Barrier.ID, r.seen)
+	}
+	if k := si.in.Kind; k == Inject || ((k == Barrier || k == Cancel) && (r.exactlyOnce() || !r.fb[si.in.Channel])) {
+		r.seen = max(r.seen, si.in.Barrier.ID)
+	}
+	if _, ok := r.a.Pending(); ok && r.feedbackOnly {
+		r.failf("A12: %s: a checkpoint is pending after FeedbackOnly", at)
 	}
 	for ch := range r.blocked {
 		if r.a.Blocked(ch) != r.blocked[ch] {
@@ -578,6 +683,28 @@ func (r *run) check(si scriptInput, rec *stepRecord) {
 			r.failf("A1: %s: not delivered at once", at)
 		}
 	}
+}
+
+// externalEnded reports whether the end of every non-feedback channel was
+// delivered.
+func (r *run) externalEnded() bool {
+	for ch, e := range r.ended {
+		if !e && !r.fb[ch] {
+			return false
+		}
+	}
+	return true
+}
+
+// loopClosed reports whether the end of every feedback channel was
+// delivered.
+func (r *run) loopClosed() bool {
+	for ch, e := range r.ended {
+		if !e && r.fb[ch] {
+			return false
+		}
+	}
+	return true
 }
 
 // outcome checks A3 for a Trigger or Abort and opens the channel state of

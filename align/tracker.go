@@ -85,6 +85,19 @@ func (t *tracker[T]) step(in Input[T]) {
 	}
 }
 
+// inject triggers the checkpoint of an Inject (after FeedbackOnly, before
+// EndLoop) if it is newer than every id seen. Nothing is tracked any more:
+// the last non-feedback channel's end completed or aborted every tracked
+// checkpoint.
+func (t *tracker[T]) inject(in Input[T]) {
+	b := in.Barrier
+	if b.ID <= t.latest {
+		return
+	}
+	t.latest = b.ID
+	t.c.trigger(b, false, 0, startDelay(in.Now, b))
+}
+
 func (t *tracker[T]) onBarrier(in Input[T]) {
 	id := in.Barrier.ID
 	for i := 0; i < t.n; i++ {

@@ -3,6 +3,7 @@ package channel
 import (
 	"context"
 	"fmt"
+	"math"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,8 @@ type Chan[T any] struct {
 	// path of AwaitSpace, which run once per batch without the lock.
 	// Written under mu.
 	full atomic.Bool
+	// queued mirrors nData, for Queued. Written under mu.
+	queued atomic.Int64
 
 	mu sync.Mutex
 	// queue holds data buffers and non-priority events in send order (CH1).
@@ -87,10 +90,14 @@ func New[T any](cfg Config) *Chan[T] {
 		var zero T
 		cfg.RecordBytes = int(unsafe.Sizeof(zero))
 	}
+	capacity, limit := cfg.Capacity, cfg.Capacity+cfg.Overdraft
+	if cfg.Unbounded {
+		capacity, limit = math.MaxInt, math.MaxInt
+	}
 	c := &Chan[T]{
 		name:         cfg.Name,
-		capacity:     cfg.Capacity,
-		limit:        cfg.Capacity + cfg.Overdraft,
+		capacity:     capacity,
+		limit:        limit,
 		bufferSize:   cfg.BufferSize,
 		recordBytes:  int64(cfg.RecordBytes),
 		clearRecords: hasPointers(reflect.TypeFor[T]()),
@@ -100,15 +107,20 @@ func New[T any](cfg Config) *Chan[T] {
 		// covers a few writers; beyond that, surplus buffers go to the GC.
 		free: make([]*Buffer[T], 0, cfg.Capacity+cfg.Overdraft+4),
 	}
-	c.queue.reserve(cfg.Capacity + cfg.Overdraft + 4)
+	c.queue.reserve(cfg.Capacity + cfg.Overdraft + 4) // grows beyond when Unbounded
 	return c
 }
 
 // Name returns Config.Name.
 func (c *Chan[T]) Name() string { return c.name }
 
-// Capacity returns the maximum number of queued data buffers.
+// Capacity returns the number of queued data buffers at which the channel
+// is no longer Available (math.MaxInt when Unbounded).
 func (c *Chan[T]) Capacity() int { return c.capacity }
+
+// Queued returns the number of queued data buffers, without the lock (a
+// point-in-time view for backlog checks).
+func (c *Chan[T]) Queued() int64 { return c.queued.Load() }
 
 // NewBuffer implements Sender.
 func (c *Chan[T]) NewBuffer() *Buffer[T] {
@@ -244,6 +256,7 @@ func (c *Chan[T]) enqueueDataLocked(b *Buffer[T]) {
 	c.queue.pushBack(Item[T]{Buf: b})
 	c.avail.Add(1)
 	c.nData++
+	c.queued.Store(int64(c.nData))
 	c.full.Store(c.nData >= c.capacity && !c.ended)
 	n := int64(len(b.Records))
 	c.queuedRecords += n
@@ -422,6 +435,7 @@ func (c *Chan[T]) pollLocked() (Item[T], bool) {
 	}
 	if it.Buf != nil {
 		c.nData--
+		c.queued.Store(int64(c.nData))
 		c.full.Store(c.nData >= c.capacity && !c.ended)
 		c.queuedRecords -= int64(len(it.Buf.Records))
 		if c.waiters > 0 {

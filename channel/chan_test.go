@@ -948,3 +948,71 @@ func TestPromoteTimedOut(t *testing.T) {
 		t.Fatalf("PollPriority = %v %v", ev, ok)
 	}
 }
+
+// An unbounded channel (a loop's feedback channel) never blocks Send and is
+// always Available, however much is queued; Queued follows the queue.
+func TestUnbounded(t *testing.T) {
+	c := New[int](Config{Capacity: 2, BufferSize: 1, Unbounded: true})
+	for i := range 1000 {
+		if !c.Available() {
+			t.Fatalf("not Available with %d buffers queued", i)
+		}
+		if _, busy := c.AwaitSpace(); busy {
+			t.Fatalf("AwaitSpace busy with %d buffers queued", i)
+		}
+		sendInts(t, c, i) // would block at 2+overdraft if bounded
+	}
+	if got := c.Queued(); got != 1000 {
+		t.Fatalf("Queued = %d, want 1000", got)
+	}
+	for i := range 1000 {
+		if got := mustPollData(t, c); !slices.Equal(got, []int{i}) {
+			t.Fatalf("poll %d: %v", i, got)
+		}
+	}
+	if got := c.Queued(); got != 0 {
+		t.Fatalf("Queued = %d after draining, want 0", got)
+	}
+}
+
+// Hold stops Poll from reading data of an input independently of Block;
+// releasing a non-empty input wakes the reader (CH3).
+func TestGateHold(t *testing.T) {
+	a, b := New[int](Config{}), New[int](Config{})
+	g := NewGate([]*Chan[int]{a, b})
+	sendInts(t, a, 1)
+	sendInts(t, b, 2)
+	g.Hold(0, true)
+	for range 2 {
+		ch, it, ok := g.Poll()
+		if ok && ch == 0 {
+			t.Fatalf("polled held input 0: %v", it)
+		}
+	}
+	if _, _, ok := g.Poll(); ok {
+		t.Fatal("Poll found an item with input 0 held and input 1 drained")
+	}
+	// Drain the wake-up tokens, then release: a token must be posted.
+	select {
+	case <-g.Ready():
+	default:
+	}
+	g.Hold(0, false)
+	select {
+	case <-g.Ready():
+	default:
+		t.Fatal("releasing a non-empty input posted no token")
+	}
+	if ch, it, ok := g.Poll(); !ok || ch != 0 || !slices.Equal(it.Buf.Records, []int{1}) {
+		t.Fatalf("after release: ch=%d ok=%v", ch, ok)
+	}
+	// Hold and Block are independent: a held, blocked, unheld input stays
+	// blocked.
+	sendInts(t, a, 3)
+	g.Block(0)
+	g.Hold(0, true)
+	g.Hold(0, false)
+	if _, _, ok := g.Poll(); ok {
+		t.Fatal("a blocked input was polled after Hold(false)")
+	}
+}

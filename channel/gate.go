@@ -27,6 +27,9 @@ import (
 type Gate[T any] struct {
 	inputs  []*Chan[T]
 	blocked []bool
+	// held[ch]: input ch is not polled for data (Hold), independently of
+	// blocked, which belongs to barrier alignment.
+	held []bool
 	// next is where the round-robin scan of Poll starts.
 	next int
 	// notify holds a wake-up token (capacity 1). Channels post to it on
@@ -46,6 +49,7 @@ func NewGate[T any](inputs []*Chan[T]) *Gate[T] {
 	g := &Gate[T]{
 		inputs:  append([]*Chan[T](nil), inputs...),
 		blocked: make([]bool, len(inputs)),
+		held:    make([]bool, len(inputs)),
 		notify:  make(chan struct{}, 1),
 	}
 	for i, c := range g.inputs {
@@ -91,7 +95,7 @@ func (g *Gate[T]) Poll() (ch int, it Item[T], ok bool) {
 	}
 	for i := 0; i < n; i++ {
 		ch := g.index(i)
-		if g.blocked[ch] || g.inputs[ch].avail.Load() == 0 {
+		if g.blocked[ch] || g.held[ch] || g.inputs[ch].avail.Load() == 0 {
 			continue
 		}
 		if it, ok := g.inputs[ch].TryPoll(); ok {
@@ -181,6 +185,23 @@ func (g *Gate[T]) Unblock(ch int) {
 	}
 	g.blocked[ch] = false
 	if g.inputs[ch].avail.Load() > 0 {
+		postToken(g.notify)
+	}
+}
+
+// Hold stops polling input ch, or resumes it (held false), like Block and
+// Unblock but independently of them: an input is polled only when it is
+// neither blocked nor held. Priority events of a held input are still
+// returned (by Poll only if it is not blocked, by PollPriority always). A
+// loop head holds its inputs from outside the loop while the loop's
+// feedback channels are backlogged, so that the loop drains before it
+// takes more input.
+func (g *Gate[T]) Hold(ch int, held bool) {
+	if g.held[ch] == held {
+		return
+	}
+	g.held[ch] = held
+	if !held && g.inputs[ch].avail.Load() > 0 {
 		postToken(g.notify)
 	}
 }

@@ -57,6 +57,14 @@ type Config struct {
 	// Name identifies the channel in errors and gauges, e.g.
 	// "map[0]->sink[1]".
 	Name string
+	// Unbounded makes Send never block and the channel always Available:
+	// Capacity and Overdraft are ignored (Capacity still sizes the free
+	// list). It is for the feedback channels of a loop, which must never
+	// push back on the loop's last subtask: that subtask would then wait on
+	// the loop head, which may be waiting on it (see the package doc); the
+	// head bounds them instead by reading no new input while they are
+	// backlogged (Gate.Hold).
+	Unbounded bool
 }
 
 // Gauges is a point-in-time view of a channel's counters. Queued* values

@@ -49,9 +49,13 @@ type vertex struct {
 	parallelismSet bool // set by the Parallelism option
 	maxParallelism int  // 0: job default
 	keyed          bool
-	inputs         []*edge
-	outputs        []*edge
-	noChain        bool
+	// loop is the loop the vertex belongs to (set by Validate): its
+	// strongly connected component closed by feedback edges, from 1; 0
+	// outside loops.
+	loop    int
+	inputs  []*edge
+	outputs []*edge
+	noChain bool
 	// member builds subtask i's operator as a chain member; next is the
 	// chained consumer's ProcessBatch (nil when v's output goes to
 	// channels). It also returns what the chain loop needs from a head: the
@@ -81,6 +85,9 @@ type edge struct {
 	// elem is the type of the records the edge's channels carry (T, or
 	// task.Keyed[K, T] on a hash edge).
 	elem reflect.Type
+	// feedback: the edge closes an iteration (Iteration.CloseWith). Its
+	// channels are unbounded and it is never chained.
+	feedback bool
 }
 
 // stream is one upstream of a Stream: a vertex and how to partition its
@@ -89,6 +96,10 @@ type stream struct {
 	v           *vertex
 	part        Partitioning
 	partitioner any // see edge.partitioner
+	// iter, with v nil, stands for the feedback of an iteration that is
+	// not closed yet (Iteration.Stream): connecting it registers the
+	// consumer, and CloseWith adds the feedback edges.
+	iter *iteration
 }
 
 // Stream is a typed stream of records produced by one or more operators.
@@ -193,15 +204,31 @@ func KeyBy[T any, K comparable](s *Stream[T], key func(T) K) *KeyedStream[K, T] 
 // connect adds the edges from every upstream of in to v.
 func connect[T any](in *Stream[T], v *vertex) {
 	for _, st := range in.parts {
-		e := &edge{
-			from: st.v, to: v, part: st.part, partitioner: st.partitioner,
-			newChan: func(cfg channel.Config) any { return channel.New[T](cfg) },
-			elem:    reflect.TypeFor[T](),
+		if st.v == nil {
+			// The feedback of an open iteration: its edges come with
+			// CloseWith, after v's other inputs.
+			st.iter.heads = append(st.iter.heads, feedbackHead{to: v, part: st.part, partitioner: st.partitioner})
+			continue
 		}
-		if m, ok := st.partitioner.(chanMaker); ok {
-			e.elem = m.elemType()
-		}
-		st.v.outputs = append(st.v.outputs, e)
-		v.inputs = append(v.inputs, e)
+		link(newEdge[T](st.v, v, st.part, st.partitioner))
 	}
+}
+
+func newEdge[T any](from, to *vertex, part Partitioning, partitioner any) *edge {
+	e := &edge{
+		from: from, to: to, part: part, partitioner: partitioner,
+		newChan: func(cfg channel.Config) any { return channel.New[T](cfg) },
+		elem:    reflect.TypeFor[T](),
+	}
+	if m, ok := partitioner.(chanMaker); ok {
+		e.elem = m.elemType()
+	}
+	return e
+}
+
+// link adds e to the outputs of its producer and the inputs of its
+// consumer.
+func link(e *edge) {
+	e.from.outputs = append(e.from.outputs, e)
+	e.to.inputs = append(e.to.inputs, e)
 }

@@ -125,7 +125,9 @@ type Job struct {
 	cfg      Config
 	vertices []*vertex
 	chains   [][]*vertex // set by Validate: the operators each subtask runs
-	errs     []error
+	// iterations are the loops started with Iterate.
+	iterations []*iteration
+	errs       []error
 }
 
 // NewJob returns an empty job.
@@ -259,17 +261,26 @@ func (j *Job) Validate() error {
 	if len(j.vertices) > 0 && sources == 0 {
 		add("graph: job %q has no source", j.name)
 	}
+	errs = append(errs, j.validateLoops()...)
 	if len(errs) == 0 {
 		j.buildChains()
-		if c.Checkpoint.Mode == marker.Unaligned || c.Checkpoint.AlignedTimeout > 0 {
-			for _, v := range j.vertices {
-				for _, e := range v.inputs {
-					if e.chained {
-						continue
-					}
-					if err := persistable(e.elem, e.elem.String()); err != nil {
-						add("graph: edge %s -> %s: unaligned checkpoints persist its in-flight records with msgpack, but %v", e.from, v, err)
-					}
+		// With loops, aligned checkpoints persist channel state too: what
+		// comes back on feedback edges, and, where a loop head switches a
+		// checkpoint (a barrier back on a feedback edge first, see
+		// align's doc), what is in flight on its other edges.
+		unaligned := c.Checkpoint.Mode == marker.Unaligned || c.Checkpoint.AlignedTimeout > 0 || j.hasLoops()
+		for _, v := range j.vertices {
+			for _, e := range v.inputs {
+				if e.chained || (!unaligned && !e.feedback) {
+					continue
+				}
+				err := persistable(e.elem, e.elem.String())
+				switch {
+				case err == nil:
+				case e.feedback || v.loop != 0 || e.from.loop != 0:
+					add("graph: edge %s -> %s: checkpoints of a loop persist its in-flight records with msgpack, but %v", e.from, v, err)
+				default:
+					add("graph: edge %s -> %s: unaligned checkpoints persist its in-flight records with msgpack, but %v", e.from, v, err)
 				}
 			}
 		}
@@ -341,7 +352,7 @@ func (j *Job) chainable(v *vertex) bool {
 		return false
 	}
 	e := v.inputs[0]
-	return e.part == Forward && len(e.from.outputs) == 1 && !e.from.noChain && e.from.parallelism == v.parallelism
+	return !e.feedback && e.part == Forward && len(e.from.outputs) == 1 && !e.from.noChain && e.from.parallelism == v.parallelism
 }
 
 // buildChains groups the vertices into chains (Flink's operator chaining):

@@ -214,6 +214,10 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 // called: that is an error, reported when the subtask opens.
 func inputEnder[OUT any](v *vertex, fn any) (InputEnder[OUT], error) {
 	if e, ok := fn.(InputEnder[OUT]); ok {
+		if v.loop != 0 {
+			// What it emitted would come back after the loop ended.
+			return nil, fmt.Errorf("graph: %s is inside a loop (Iterate) and implements EndInput, which runs only after the loop terminated: records it emitted would come back after the end; emit from ProcessElement instead", v)
+		}
 		return e, nil
 	}
 	var out OUT

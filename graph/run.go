@@ -181,7 +181,11 @@ func (j *Job) build(x *execution.Attempt) (*execution.Attempt, error) {
 				a.mails[tasks[k]] = mb
 			}
 			x.Mailboxes = append(x.Mailboxes, mb)
-			x.Boxes = append(x.Boxes, master.Box{Tasks: tasks, Source: chain[0].kind == kindSource})
+			bx := master.Box{Tasks: tasks, Source: chain[0].kind == kindSource, Loop: chain[0].loop}
+			for _, e := range chain[0].inputs {
+				bx.Head = bx.Head || e.feedback
+			}
+			x.Boxes = append(x.Boxes, bx)
 			x.Chains = append(x.Chains, execution.Chain{
 				Name: a.info(chain[0], i).String(),
 				Run:  func(ctx context.Context) error { return runChain(ctx, a, chain, i) },
@@ -213,8 +217,16 @@ func (a *attempt) info(v *vertex, i int) task.Info {
 // v.
 func (a *attempt) taskConfig(v *vertex, i int) *task.Config {
 	info := a.info(v, i)
-	return &task.Config{
+	cfg := &task.Config{
 		Info: info, Mail: a.mails[info.ID()], Reports: a.reports,
 		FlushInterval: a.job.cfg.FlushInterval, BatchSize: a.job.cfg.BufferSize,
 	}
+	if v.loop != 0 {
+		for _, chain := range a.job.chains {
+			if chain[0] == v {
+				cfg.Loop = a.loopFor(chain, i)
+			}
+		}
+	}
+	return cfg
 }

@@ -36,6 +36,7 @@ func (a *attempt) wireChannels() []interface{ Gauges() channel.Gauges } {
 					}
 					cfg := chCfg
 					cfg.Name = fmt.Sprintf("%s[%d]->%s[%d]", v.uid, i, ed.to.uid, k)
+					cfg.Unbounded = ed.feedback
 					chans[i][k] = newChan(cfg)
 					all = append(all, chans[i][k].(interface{ Gauges() channel.Gauges }))
 				}
@@ -60,14 +61,87 @@ func runChain(ctx context.Context, a *attempt, chain []*vertex, i int) error {
 // gateFor returns the input gate of subtask i of v.
 func gateFor[T any](a *attempt, v *vertex, i int) *channel.Gate[T] {
 	var chans []*channel.Chan[T]
+	a.gateInputs(v, i, func(_ *edge, c any) { chans = append(chans, c.(*channel.Chan[T])) })
+	return channel.NewGate(chans)
+}
+
+// gateInputs calls f for every input channel of subtask i of v, in gate
+// order, with its edge.
+func (a *attempt) gateInputs(v *vertex, i int, f func(e *edge, c any)) {
 	for _, e := range v.inputs {
 		for _, row := range a.chans[e] {
 			if c := row[i]; c != nil {
-				chans = append(chans, c.(*channel.Chan[T]))
+				f(e, c)
 			}
 		}
 	}
-	return channel.NewGate(chans)
+}
+
+// loopFor describes the place of subtask i of chain in its loop (nil
+// outside loops): which gate inputs come from inside it and which are
+// feedback inputs, how many records the subtask sent into the loop, and,
+// for a loop head, whether the loop's feedback channels are backlogged.
+func (a *attempt) loopFor(chain []*vertex, i int) *task.Loop {
+	head, tail := chain[0], chain[len(chain)-1]
+	if head.loop == 0 || head.kind == kindSource {
+		return nil
+	}
+	l := &task.Loop{}
+	hasFeedback := false
+	a.gateInputs(head, i, func(e *edge, _ any) {
+		l.Internal = append(l.Internal, e.from.loop == head.loop)
+		l.Feedback = append(l.Feedback, e.feedback)
+		hasFeedback = hasFeedback || e.feedback
+	})
+	if !hasFeedback {
+		l.Feedback = nil
+	}
+	type counted interface{ Gauges() channel.Gauges }
+	var out []counted
+	for _, e := range tail.outputs {
+		if e.to.loop != head.loop || e.chained {
+			continue
+		}
+		for _, c := range a.chans[e][i] {
+			if c != nil {
+				out = append(out, c.(counted))
+			}
+		}
+	}
+	l.Sent = func() int64 {
+		var n int64
+		for _, c := range out {
+			n += c.Gauges().SentRecords
+		}
+		return n
+	}
+	if hasFeedback {
+		type queued interface{ Queued() int64 }
+		var fb []queued
+		for _, v := range a.job.vertices {
+			for _, e := range v.inputs {
+				if !e.feedback || v.loop != head.loop {
+					continue
+				}
+				for _, row := range a.chans[e] {
+					for _, c := range row {
+						if c != nil {
+							fb = append(fb, c.(queued))
+						}
+					}
+				}
+			}
+		}
+		limit := int64(len(fb) * a.job.cfg.ChannelCapacity)
+		l.Backlogged = func() bool {
+			var n int64
+			for _, c := range fb {
+				n += c.Queued()
+			}
+			return n > limit
+		}
+	}
+	return l
 }
 
 // chanMaker makes the channels of an edge whose channel element type is

@@ -69,6 +69,9 @@ const (
 	// envUnchained runs every operator in its own subtask, so every edge
 	// carries in-flight data.
 	envUnchained = "SNAPFLOW_CRASHTEST_UNCHAINED"
+	// envLoop sends every event round a loop (graph.Iterate) ID%4 times
+	// before the keyed operator.
+	envLoop = "SNAPFLOW_CRASHTEST_LOOP"
 )
 
 // alignedTimeout is the alignment timeout of mode "aligned-timeout": short,
@@ -87,10 +90,12 @@ const (
 	numKeys = 37
 )
 
-// event is an input record: a unique id and its key.
+// event is an input record: a unique id and its key (Hops: the rounds it
+// still goes in the loop of envLoop).
 type event struct {
-	ID  int64 `msgpack:"id"`
-	Key int64 `msgpack:"k"`
+	ID   int64 `msgpack:"id"`
+	Key  int64 `msgpack:"k"`
+	Hops int64 `msgpack:"h"`
 }
 
 // counted is an output record: the event and the count of its key
@@ -192,8 +197,16 @@ func runChild() int {
 		},
 	}
 	job := graph.NewJob(jobName, cfg)
-	src := graph.Source(job, "source", paced(rate, source.Generate(n, func(i int64) event { return event{ID: i, Key: i % numKeys} })))
-	mapped := graph.Map(src, "map", func(e event) event { return e })
+	src := graph.Source(job, "source", paced(rate, source.Generate(n, func(i int64) event { return event{ID: i, Key: i % numKeys, Hops: i % 4} })))
+	var mapped *graph.Stream[event]
+	if os.Getenv(envLoop) != "" {
+		it := graph.Iterate(src)
+		hopped := graph.Map(it.Stream().Rebalance(), "hop", func(e event) event { e.Hops--; return e })
+		it.CloseWith(graph.Filter(hopped, "again", func(e event) bool { return e.Hops > 0 }))
+		mapped = graph.Filter(hopped, "out", func(e event) bool { return e.Hops <= 0 })
+	} else {
+		mapped = graph.Map(src, "map", func(e event) event { return e })
+	}
 	counts := graph.ProcessKeyed(graph.KeyBy(mapped, func(e event) int64 { return e.Key }), "count",
 		func() graph.KeyedProcessFunc[int64, event, counted] { return &keyCounter{rate: throttle} })
 	graph.Sink(counts, "sink", sink.Publishing[counted](committer, sink.WithLogf(logf)))
@@ -949,6 +962,59 @@ func TestCrashes(t *testing.T) {
 	})
 
 	channelStateScenarios(t, scenario)
+	loopScenarios(t, scenario)
+}
+
+// loopScenarios are the cyclic graphs of issue 6 against real processes:
+// every event goes round a loop up to three times (graph.Iterate) before
+// the keyed operator, which is throttled so that the channels stay full;
+// the child is SIGKILLed after 1 to 4 checkpoints that persisted channel
+// state, and restarted with Restore.Latest, until it finishes. In aligned
+// mode the channel state is what came back on the feedback edge after the
+// loop head's snapshot: a restore that dropped it would lose those events,
+// one that replayed it twice would publish them twice. Unaligned, the
+// barrier that comes back overtakes the feedback channel, so what was in
+// flight there is mostly the loop end's output channel state. The scenario
+// fails if no child restored a checkpoint with channel state of that kind.
+func loopScenarios(t *testing.T, scenario func(t *testing.T, stream uint64) *run) {
+	for i, mode := range []string{"", "unaligned"} {
+		name := map[string]string{"": "aligned", "unaligned": "unaligned"}[mode]
+		t.Run("loop-"+name+"-kill", func(t *testing.T) {
+			t.Parallel()
+			r := scenario(t, 11+uint64(i))
+			r.env = append(channelEnv(mode, true), envLoop+"=1")
+			var restores []restoredChannels
+			proven := func() bool {
+				for _, rc := range restores {
+					if (mode == "" && rc.in > 0) || (mode == "unaligned" && rc.out > 0) {
+						return true
+					}
+				}
+				return false
+			}
+			kills := 0
+			for i := 0; i < 3 || (i < 8 && !proven()); i++ {
+				c := r.start()
+				r.killWhileFull(c)
+				if c.wait() == -1 {
+					kills++
+				}
+				r.finish(c, false)
+				if rc, ok := restoredChannelState(t, c.snapshot()); ok {
+					restores = append(restores, rc)
+				}
+				r.requireAtMostOnce()
+			}
+			require.Positive(t, kills)
+			c := r.runToCompletion(false)
+			id, _ := restoredFrom(c.snapshot())
+			require.Positive(t, id, "the last child restored a checkpoint")
+			r.requireExactlyOnce()
+			t.Logf("loop %s: %d kills; restored %+v", name, kills, restores)
+			what := map[string]string{"": "input", "unaligned": "output"}[mode]
+			require.True(t, proven(), "no child restored a checkpoint with %s channel state, so this run proved nothing about it: restores %+v", what, restores)
+		})
+	}
 }
 
 // channelStateScenarios are the scenarios of issue 6 against real

@@ -35,6 +35,34 @@
 //     without ending their input, so no EndInput output is produced that
 //     the savepoint does not hold. If the savepoint is aborted, the sources
 //     get MailResume and the request its error.
+//   - Loop heads. A job graph may contain loops: strongly connected
+//     components with feedback edges from the end of an iteration back to
+//     a loop head (Box.Loop, Box.Head). When a head's non-feedback inputs
+//     have all ended (LoopInputEnded after handling checkpoint h),
+//     barriers can no longer reach it through its channels: like a box
+//     whose input ended it is mailed every pending checkpoint above h and
+//     every later one, and injects the barrier into the loop. It does not
+//     count as ended (the final checkpoint waits for its InputEnded), and
+//     its InputEnded mails nothing: it already has every pending
+//     checkpoint (MS6).
+//   - Loop termination, by Mattern's double counting. Once every source
+//     reported InputEnded or Finished, no record can enter a loop from
+//     outside, and each loop is probed on its own: a wave (a number unique
+//     in the master) mails MailProbe to every box of the loop, and each
+//     answers with its loop counters: records sent into and received from
+//     the loop's channels, and whether it is passive. A complete wave that
+//     looks quiescent (all passive, Σ sent = Σ received) is confirmed by
+//     the next wave at once; any other is followed after ProbeInterval, at
+//     a Tick. The loop has terminated when two consecutive complete waves
+//     were both quiescent with the same sums: counters only grow, so
+//     received(first) <= received at its end <= sent then <= sent(second),
+//     and equality means nothing was in flight and no box was activated at
+//     the end of the first wave. Its heads then get MailEndLoop and end
+//     their input once their other inputs ended. Replies to other waves,
+//     duplicates and strangers are ignored; probing stops at Shutdown and
+//     once the job finishes, stops or is done. A loop downstream of
+//     another can only terminate after it did, so loops never wait for
+//     each other.
 //   - Disk and coordinator agree. A metadata write whose outcome is unknown
 //     (snapshot.ErrIndeterminate: the checkpoint may be on disk) fails the
 //     attempt as unrecoverable instead of counting a failed checkpoint that
@@ -50,4 +78,12 @@
 //     only after the MailComplete of the stop-with-savepoint. Never both.
 //   - MS3: every savepoint or stop request gets exactly one Reply.
 //   - MS4: Done comes once, after every chain subtask reported Finished.
+//   - MS5: MailEndLoop is sent to a loop's heads (and no other box) at most
+//     once, and only after two consecutive complete waves of the loop that
+//     were all passive with all four sums (Σ Sent and Σ Received of each)
+//     equal.
+//   - MS6 (MS1 for loop heads): a looping head gets each checkpoint
+//     triggered while it runs exactly once, through its channels before
+//     its LoopInputEnded or by mail after it, and nothing more when its
+//     input ends later.
 package master

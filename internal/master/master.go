@@ -22,6 +22,13 @@ type Box struct {
 	// Source is set when the chain's head is a source: it gets the barriers
 	// of new checkpoints.
 	Source bool
+	// Loop is k >= 1 when the chain belongs to loop k (a strongly connected
+	// component with feedback edges; all chains of one loop share k), 0
+	// when it is in no loop.
+	Loop int
+	// Head marks a loop head: its head operator has feedback inputs. It
+	// reports LoopInputEnded and gets MailEndLoop. Only with Loop != 0.
+	Head bool
 }
 
 // Config configures a Master for one job attempt.
@@ -40,7 +47,12 @@ type Config struct {
 	Checkpointing bool
 	// Storage is set when checkpoints can be written (savepoints need it).
 	Storage bool
+	// ProbeInterval is how long after the last reply to a busy probe wave
+	// of a loop the next wave starts; zero (or less) means 5ms.
+	ProbeInterval time.Duration
 }
+
+const defaultProbeInterval = 5 * time.Millisecond
 
 // Event is an input to Master.Step.
 type Event interface{ isEvent() }
@@ -51,8 +63,10 @@ type Tick struct{ Now time.Time }
 // Reported is a report of a subtask: an ack or decline of a checkpoint;
 // InputEnded, when a chain subtask (named by its head) has ended its input
 // (end of input, EndInput and the timers) and keeps serving its mailbox,
-// with ID the highest checkpoint id it had handled then; or Finished, when
-// it has stopped.
+// with ID the highest checkpoint id it had handled then; LoopInputEnded,
+// when a loop head's non-feedback inputs have ended (ID as for InputEnded);
+// Probe, a loop subtask's answer to MailProbe for wave ID; or Finished,
+// when it has stopped.
 type Reported struct{ Report task.Report }
 
 // SavepointRequest asks for a savepoint; Stop asks for a stop-with-savepoint
@@ -169,6 +183,7 @@ type Master struct {
 	running int
 	ended   []bool // box has reported InputEnded
 	nEnded  int
+	looping []bool // box has reported LoopInputEnded
 	// triggered holds the barriers of checkpoints that are neither
 	// completed nor aborted, by id (for subtasks whose input ends later).
 	triggered map[int64]marker.Barrier
@@ -183,6 +198,15 @@ type Master struct {
 	stopPath string
 	stopped  bool // MailStop sent
 	done     bool
+	shut     bool // the coordinator was shut down
+
+	// Loop termination: probing starts once every source's input ended.
+	srcLeft int    // sources that reported neither InputEnded nor Finished
+	srcOut  []bool // source box has reported InputEnded or Finished
+	probing bool   // probing has started
+	loops   []*loop
+	inLoop  []*loop // by box; nil: in no loop
+	wave    int64   // the last wave number used
 
 	queue []snapshot.Action
 	now   time.Time // the latest event time
@@ -197,13 +221,40 @@ func New(cfg Config, now time.Time) (*Master, error) {
 	m := &Master{
 		cfg: cfg, coord: coord, box: map[checkpoint.TaskID]int{},
 		running: len(cfg.Boxes), ended: make([]bool, len(cfg.Boxes)),
+		looping:   make([]bool, len(cfg.Boxes)),
 		triggered: map[int64]marker.Barrier{}, waiting: map[int64]savepointRequest{},
+		srcOut: make([]bool, len(cfg.Boxes)), inLoop: make([]*loop, len(cfg.Boxes)),
 	}
+	if m.cfg.ProbeInterval <= 0 {
+		m.cfg.ProbeInterval = defaultProbeInterval
+	}
+	byK := map[int]*loop{}
 	for i, b := range cfg.Boxes {
 		if len(b.Tasks) == 0 {
 			return nil, fmt.Errorf("master: box %d has no tasks", i)
 		}
+		if b.Loop < 0 || b.Head && b.Loop == 0 {
+			return nil, fmt.Errorf("master: box %d: loop %d, head %t", i, b.Loop, b.Head)
+		}
 		m.box[b.Tasks[0]] = i
+		if b.Source {
+			m.srcLeft++
+		}
+		if b.Loop != 0 {
+			l := byK[b.Loop]
+			if l == nil {
+				l = &loop{got: map[int]task.LoopCounts{}}
+				byK[b.Loop] = l
+			}
+			l.boxes = append(l.boxes, i)
+			m.inLoop[i] = l
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(byK)) {
+		if !slices.ContainsFunc(byK[k].boxes, func(i int) bool { return cfg.Boxes[i].Head }) {
+			return nil, fmt.Errorf("master: loop %d has no head", k)
+		}
+		m.loops = append(m.loops, byK[k])
 	}
 	return m, nil
 }
@@ -213,7 +264,15 @@ func (m *Master) NextDeadline() (time.Time, bool) {
 	if m.finishing || m.stopped || m.done {
 		return time.Time{}, false
 	}
-	return m.coord.NextDeadline()
+	at, ok := m.coord.NextDeadline()
+	if m.probeLive() {
+		for _, l := range m.loops {
+			if !l.due.IsZero() && (!ok || l.due.Before(at)) {
+				at, ok = l.due, true
+			}
+		}
+	}
+	return at, ok
 }
 
 // NextID is the id the next checkpoint would get; the driver carries it
@@ -242,6 +301,10 @@ func (m *Master) Step(dst []Action, ev Event) []Action {
 			dst = m.feed(dst, snapshot.Decline{Now: r.At, ID: r.ID, Task: r.Task, Reason: r.Reason, Err: r.Err})
 		case task.ReportInputEnded:
 			dst = m.inputEnded(dst, r)
+		case task.ReportLoopInputEnded:
+			dst = m.loopInputEnded(dst, r)
+		case task.ReportProbe:
+			dst = m.probed(dst, r)
 		case task.ReportFinished:
 			m.finished(r)
 		default:
@@ -254,19 +317,20 @@ func (m *Master) Step(dst []Action, ev Event) []Action {
 			// The disk may hold the checkpoint although the write failed:
 			// neither completing nor failing it would agree with it.
 			m.coord.Step(snapshot.Shutdown{Now: e.Now, Reason: "metadata write indeterminate"})
-			m.queue = m.queue[:0]
+			m.queue, m.shut = m.queue[:0], true
 			dst = m.answerAll(dst)
 			return append(dst, Fail{Err: fmt.Errorf("master: checkpoint %d: %w", e.ID, e.Err), Unrecoverable: true})
 		}
 		dst = m.feed(dst, snapshot.Persisted{Now: e.Now, ID: e.ID, Path: e.Path, Err: e.Err})
 	case Shutdown:
 		m.coord.Step(snapshot.Shutdown{Now: e.Now, Reason: e.Reason})
-		m.queue = m.queue[:0]
+		m.queue, m.shut = m.queue[:0], true
 		return m.answerAll(dst)
 	default:
 		panic(fmt.Sprintf("master: unknown event %T", ev))
 	}
-	return m.after(dst)
+	_, tick := ev.(Tick)
+	return m.after(dst, tick)
 }
 
 // feed steps the coordinator and carries out its actions, including those
@@ -288,8 +352,10 @@ func (m *Master) feed(dst []Action, ev snapshot.Event) []Action {
 
 // after sends the end-of-job mail that the step made due: MailFinish once
 // the final checkpoint completed, MailStop once the stop-with-savepoint
-// completed. Every MailComplete of the step is queued before (T4).
-func (m *Master) after(dst []Action) []Action {
+// completed. Every MailComplete of the step is queued before (T4). Then it
+// starts the probe waves that are due: every loop's first once the last
+// source ended, and on a tick the waves whose interval has passed.
+func (m *Master) after(dst []Action, tick bool) []Action {
 	if m.finalDone && !m.finishing && !m.stopped {
 		m.finishing = true
 		dst = m.mailAll(dst, task.Mail{Kind: task.MailFinish})
@@ -301,6 +367,18 @@ func (m *Master) after(dst []Action) []Action {
 	if m.running == 0 && !m.done {
 		m.done = true
 		dst = append(dst, Done{Stopped: m.stopped, Path: m.stopPath})
+	}
+	if !m.probing && m.srcLeft == 0 && m.probeLive() {
+		m.probing = true
+		for _, l := range m.loops {
+			dst = m.startWave(dst, l)
+		}
+	} else if tick && m.probeLive() {
+		for _, l := range m.loops {
+			if !l.due.IsZero() && !m.now.Before(l.due) {
+				dst = m.startWave(dst, l)
+			}
+		}
 	}
 	return dst
 }
@@ -319,16 +397,38 @@ func (m *Master) inputEnded(dst []Action, r task.Report) []Action {
 	}
 	m.ended[i] = true
 	m.nEnded++
-	// The subtask can no longer get these barriers through its channels.
-	for _, id := range sortedIDs(m.triggered) {
-		if id > r.ID {
-			dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailTrigger, Barrier: m.triggered[id]}})
-		}
+	m.sourceOut(i)
+	if !m.looping[i] {
+		// A looping head already got every pending barrier by mail (MS6).
+		dst = m.mailPending(dst, i, r.ID)
 	}
 	if m.nEnded == len(m.cfg.Boxes) && m.cfg.Checkpointing && m.finalID == 0 && m.stopping == nil && !m.stopped {
 		// Every subtask ended its input: the final checkpoint covers all
 		// output, including what EndInput and timers emitted.
 		dst = m.requestFinal(dst)
+	}
+	return dst
+}
+
+// loopInputEnded handles a loop head whose non-feedback inputs ended: from
+// now on it gets every checkpoint by mail, like a box whose input ended,
+// but it does not count as ended.
+func (m *Master) loopInputEnded(dst []Action, r task.Report) []Action {
+	i, ok := m.box[r.Task]
+	if !ok || m.ended[i] || m.looping[i] {
+		return dst
+	}
+	m.looping[i] = true
+	return m.mailPending(dst, i, r.ID)
+}
+
+// mailPending mails box i the pending checkpoints above handled: it can no
+// longer get their barriers through its channels.
+func (m *Master) mailPending(dst []Action, i int, handled int64) []Action {
+	for _, id := range sortedIDs(m.triggered) {
+		if id > handled {
+			dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailTrigger, Barrier: m.triggered[id]}})
+		}
 	}
 	return dst
 }
@@ -339,8 +439,21 @@ func (m *Master) requestFinal(dst []Action) []Action {
 }
 
 func (m *Master) finished(r task.Report) {
-	if _, ok := m.box[r.Task]; ok && m.running > 0 {
+	i, ok := m.box[r.Task]
+	if !ok {
+		return
+	}
+	m.sourceOut(i)
+	if m.running > 0 {
 		m.running--
+	}
+}
+
+// sourceOut notes that box i, if a source, will emit no more records.
+func (m *Master) sourceOut(i int) {
+	if m.cfg.Boxes[i].Source && !m.srcOut[i] {
+		m.srcOut[i] = true
+		m.srcLeft--
 	}
 }
 
@@ -396,7 +509,7 @@ func (m *Master) do(dst []Action, act snapshot.Action) ([]Action, bool) {
 		}
 		for i, bx := range m.cfg.Boxes {
 			switch {
-			case m.ended[i]:
+			case m.ended[i] || m.looping[i]:
 				dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailTrigger, Barrier: b}})
 			case bx.Source:
 				dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailTrigger, Barrier: b, Suspend: suspend}})
@@ -475,6 +588,83 @@ func (m *Master) do(dst []Action, act snapshot.Action) ([]Action, bool) {
 func (m *Master) queueFinal() {
 	m.finalID = -1
 	m.queue = append(m.queue, m.coord.Step(snapshot.TriggerRequest{Now: m.now, Kind: marker.Checkpoint, Forced: true, Reply: finalRequest{}})...)
+}
+
+// loop is the termination detection of one loop, by Mattern's double
+// counting: waves of probes collect every box's counters, and the loop has
+// terminated when two consecutive complete waves were all passive with
+// Σ Sent and Σ Received all equal. The counters only grow, so Received of
+// the first wave <= received at its end <= sent then <= Sent of the
+// second: equality means nothing was in flight and no box was activated
+// at the end of the first wave (MS5).
+type loop struct {
+	boxes []int
+	wave  int64                   // the wave in progress; 0: none
+	got   map[int]task.LoopCounts // replies to wave, by box
+	prev  *tally                  // the previous complete wave
+	due   time.Time               // when the next wave starts, if set
+}
+
+// tally sums one complete wave.
+type tally struct {
+	sent, received int64
+	passive        bool
+}
+
+// probeLive says whether probe waves may still start or count.
+func (m *Master) probeLive() bool {
+	return !m.shut && !m.finishing && !m.stopped && !m.done
+}
+
+func (m *Master) startWave(dst []Action, l *loop) []Action {
+	m.wave++
+	l.wave, l.due = m.wave, time.Time{}
+	clear(l.got)
+	for _, i := range l.boxes {
+		dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailProbe, ID: l.wave}})
+	}
+	return dst
+}
+
+// probed takes one reply to a probe wave and, when the wave is complete,
+// ends the loop or schedules the next wave: at once if the wave looked
+// quiescent (to confirm it), else one ProbeInterval after its last reply.
+func (m *Master) probed(dst []Action, r task.Report) []Action {
+	i, ok := m.box[r.Task]
+	if !ok || m.inLoop[i] == nil || !m.probeLive() {
+		return dst
+	}
+	l := m.inLoop[i]
+	if _, dup := l.got[i]; l.wave == 0 || r.ID != l.wave || dup {
+		return dst
+	}
+	l.got[i] = r.Loop
+	if len(l.got) < len(l.boxes) {
+		return dst
+	}
+	cur := tally{passive: true}
+	for _, c := range l.got {
+		cur.sent += c.Sent
+		cur.received += c.Received
+		cur.passive = cur.passive && c.Passive
+	}
+	prev := l.prev
+	l.wave, l.prev = 0, &cur
+	quiet := cur.passive && cur.sent == cur.received
+	switch {
+	case quiet && prev != nil && prev.passive && prev.sent == prev.received && prev.received == cur.sent:
+		// Neither wave nor due is set any more: the loop is done.
+		for _, i := range l.boxes {
+			if m.cfg.Boxes[i].Head {
+				dst = append(dst, Mail{Box: i, Mail: task.Mail{Kind: task.MailEndLoop}})
+			}
+		}
+	case quiet:
+		dst = m.startWave(dst, l)
+	default:
+		l.due = r.At.Add(m.cfg.ProbeInterval)
+	}
+	return dst
 }
 
 func eventTime(ev Event) time.Time {

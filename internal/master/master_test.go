@@ -21,15 +21,18 @@ import (
 // real coordinator inside it) with a fake clock. Times (t=...) are Go
 // durations since the epoch. Commands:
 //
-//	init [interval=D] [timeout=D] [tolerable=N] [next-id=N] [no-checkpointing] [no-storage]
-//	     boxes=(src/0:source, sum/0+sink/0, ...)
+//	init [interval=D] [timeout=D] [tolerable=N] [next-id=N] [probe=D] [no-checkpointing] [no-storage]
+//	     boxes=(src/0:source, sum/0+sink/0, head/0:loop=1:head, body/0:loop=1, ...)
 //	    One box per chain subtask: its operator subtasks joined by "+",
-//	    head first; ":source" marks a source chain. Operators and their
-//	    parallelism follow from the tasks.
+//	    head first; ":source" marks a source chain, ":loop=K" a chain of
+//	    loop K and ":head" a loop head. Operators and their parallelism
+//	    follow from the tasks. probe is Config.ProbeInterval.
 //	tick t=D
 //	ack t=D id=N task=uid/i
 //	decline t=D id=N task=uid/i [reason=task-error|subsumed|cancel-marker|end-of-input]
 //	ended t=D task=uid/i handled=N     (InputEnded of the box headed by task)
+//	loop-ended t=D task=uid/i handled=N   (LoopInputEnded of a loop head)
+//	probe t=D task=uid/i wave=N sent=N recv=N [passive]   (ReportProbe)
 //	finished t=D task=uid/i
 //	savepoint t=D token=S [stop]
 //	persisted t=D id=N [path=P] [err=S] [indeterminate]
@@ -38,13 +41,19 @@ import (
 //
 // Every event prints the actions of its Step, one per line:
 //
-//	mail <box head> <kind> [<barrier>] [suspend] [id]
+//	mail <box head> <kind> [<barrier>] [suspend] [id | wave]
 //	write <id> <kind>
 //	reply <token> path=P | err=E
 //	completed <id> <kind> [stop] path=P
 //	aborted <id>: <reason>
 //	fail [unrecoverable]: <error>
 //	done [stopped path=P]
+//
+// Every Step is also checked against the invariants the harness can see
+// alone: no box but a source gets two trigger mails for one checkpoint
+// (MS1, MS6; a running source is mailed a checkpoint to inject and again,
+// to ack it, if its input ends before it did), and MailEndLoop goes only
+// to loop heads, at most once each (MS5).
 func TestMaster(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		h := &harness{}
@@ -54,9 +63,38 @@ func TestMaster(t *testing.T) {
 
 var epoch = time.Unix(0, 0).UTC()
 
+// TestNewLoops checks that New rejects loop boxes it could not probe or
+// end, and takes a well-formed loop.
+func TestNewLoops(t *testing.T) {
+	ops := []snapshot.OperatorInfo{{UID: "src", Name: "src", Parallelism: 1, Source: true}, {UID: "a", Name: "a", Parallelism: 1}}
+	src := Box{Tasks: []checkpoint.TaskID{{Operator: "src"}}, Source: true}
+	for _, tc := range []struct {
+		box Box
+		err string
+	}{
+		{Box{Loop: 1, Head: true}, ""},
+		{Box{Head: true}, "master: box 1: loop 0, head true"},
+		{Box{Loop: -1}, "master: box 1: loop -1, head false"},
+		{Box{Loop: 1}, "master: loop 1 has no head"},
+	} {
+		tc.box.Tasks = []checkpoint.TaskID{{Operator: "a"}}
+		cfg := Config{NextID: 1, Boxes: []Box{src, tc.box}, Coordinator: snapshot.Config{JobID: "job", Timeout: time.Minute, Operators: ops}}
+		_, err := New(cfg, epoch)
+		if tc.err == "" {
+			require.NoError(t, err)
+		} else {
+			require.EqualError(t, err, tc.err)
+		}
+	}
+}
+
 type harness struct {
 	m     *Master
 	boxes []Box
+	// mailed records, by box, the trigger mails (by checkpoint id) and
+	// end-loop mails sent so far, for check.
+	triggers map[int]map[int64]bool
+	endLoop  map[int]bool
 }
 
 func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
@@ -72,11 +110,38 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		return "none\n"
 	}
 	ev := h.event(t, d)
-	return h.format(h.m.Step(nil, ev))
+	acts := h.m.Step(nil, ev)
+	h.check(t, d, acts)
+	return h.format(acts)
+}
+
+func (h *harness) check(t *testing.T, d *datadriven.TestData, acts []Action) {
+	for _, a := range acts {
+		mail, ok := a.(Mail)
+		if !ok {
+			continue
+		}
+		switch mail.Mail.Kind {
+		case task.MailTrigger:
+			if h.boxes[mail.Box].Source {
+				break
+			}
+			id := mail.Mail.Barrier.ID
+			if h.triggers[mail.Box] == nil {
+				h.triggers[mail.Box] = map[int64]bool{}
+			}
+			require.False(t, h.triggers[mail.Box][id], "%s: MS1: box %d got checkpoint %d twice", d.Pos, mail.Box, id)
+			h.triggers[mail.Box][id] = true
+		case task.MailEndLoop:
+			require.True(t, h.boxes[mail.Box].Head, "%s: MS5: end-loop to box %d, not a head", d.Pos, mail.Box)
+			require.False(t, h.endLoop[mail.Box], "%s: MS5: end-loop to box %d twice", d.Pos, mail.Box)
+			h.endLoop[mail.Box] = true
+		}
+	}
 }
 
 func (h *harness) init(t *testing.T, d *datadriven.TestData) {
-	h.boxes = nil
+	h.boxes, h.triggers, h.endLoop = nil, map[int]map[int64]bool{}, map[int]bool{}
 	cfg := Config{NextID: 1, Checkpointing: true, Storage: true}
 	cc := snapshot.Config{JobID: "job", JobName: "job", Timeout: time.Minute, TolerableFailures: snapshot.UnlimitedFailures}
 	var ops []snapshot.OperatorInfo
@@ -95,12 +160,26 @@ func (h *harness) init(t *testing.T, d *datadriven.TestData) {
 			cfg.Checkpointing = false
 		case "no-storage":
 			cfg.Storage = false
+		case "probe":
+			cfg.ProbeInterval = dur(t, arg.Vals[0])
 		case "boxes":
 			for _, spec := range arg.Vals {
-				spec = strings.TrimSpace(spec)
 				var b Box
-				spec, b.Source = strings.CutSuffix(spec, ":source")
-				for _, ts := range strings.Split(spec, "+") {
+				tasks, flags, _ := strings.Cut(strings.TrimSpace(spec), ":")
+				for f := range strings.SplitSeq(flags, ":") {
+					switch k, v, _ := strings.Cut(f, "="); k {
+					case "":
+					case "source":
+						b.Source = true
+					case "loop":
+						b.Loop = atoi(t, v)
+					case "head":
+						b.Head = true
+					default:
+						t.Fatalf("%s: unknown box flag %q", d.Pos, f)
+					}
+				}
+				for _, ts := range strings.Split(tasks, "+") {
 					task := parseTask(t, ts)
 					b.Tasks = append(b.Tasks, task)
 					i, ok := index[task.Operator]
@@ -137,6 +216,7 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData) Event {
 		handled int64
 		stop    bool
 		indet   bool
+		counts  task.LoopCounts
 	)
 	for _, arg := range d.CmdArgs {
 		v := ""
@@ -158,6 +238,14 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData) Event {
 			errS = v
 		case "handled":
 			handled = int64(atoi(t, v))
+		case "wave":
+			id = int64(atoi(t, v))
+		case "sent":
+			counts.Sent = int64(atoi(t, v))
+		case "recv":
+			counts.Received = int64(atoi(t, v))
+		case "passive":
+			counts.Passive = true
 		case "stop":
 			stop = true
 		case "indeterminate":
@@ -192,6 +280,10 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData) Event {
 		return Reported{task.Report{Kind: task.ReportDecline, At: now, ID: id, Task: tid, Reason: reason, Err: err}}
 	case "ended":
 		return Reported{task.Report{Kind: task.ReportInputEnded, At: now, Task: tid, ID: handled}}
+	case "loop-ended":
+		return Reported{task.Report{Kind: task.ReportLoopInputEnded, At: now, Task: tid, ID: handled}}
+	case "probe":
+		return Reported{task.Report{Kind: task.ReportProbe, At: now, Task: tid, ID: id, Loop: counts}}
 	case "finished":
 		return Reported{task.Report{Kind: task.ReportFinished, At: now, Task: tid}}
 	case "savepoint":
@@ -226,7 +318,7 @@ func (h *harness) format(acts []Action) string {
 				if m.Suspend {
 					b.WriteString(" suspend")
 				}
-			case task.MailComplete, task.MailAborted:
+			case task.MailComplete, task.MailAborted, task.MailProbe:
 				fmt.Fprintf(&b, " %d", m.ID)
 			}
 		case Write:

@@ -51,6 +51,11 @@ type Checkpoints struct {
 	suspendID int64
 	// endPending: the input ended while suspended; it is ended on resume.
 	endPending bool
+	// looping: a loop head whose non-feedback inputs all ended (the
+	// aligner's FeedbackOnly); it gets checkpoints by trigger mail and
+	// injects them (DoInject). endLoop: MailEndLoop came (the loop
+	// terminated); loopEnded: the input was ended for it (DoEndLoop).
+	looping, endLoop, loopEnded bool
 	// acks are the snapshots taken whose acknowledgement is not sent yet,
 	// in id order: each waits for its barrier to be forwarded (a subtask
 	// with inputs) and for its asynchronous part (OnSnapshotDone). The
@@ -82,6 +87,10 @@ type CheckpointsConfig struct {
 	// Checkpointing is set when the job takes checkpoints: a subtask whose
 	// input ended then waits for MailFinish instead of stopping at once.
 	Checkpointing bool
+	// LoopHead is set for a subtask with feedback inputs (a loop head):
+	// its input ends on MailEndLoop, once its non-feedback inputs ended
+	// (OnFeedbackOnly), not when the aligner finishes.
+	LoopHead bool
 }
 
 // Phase is where a subtask is in its life.
@@ -141,6 +150,9 @@ const (
 	// input channel state of the unaligned checkpoint ID is recorded (every
 	// input delivered its barrier or ended).
 	OnInputStateComplete
+	// OnFeedbackOnly is the aligner's FeedbackOnly (a loop head): every
+	// non-feedback input ended, only feedback inputs are open.
+	OnFeedbackOnly
 )
 
 func (k EventKind) String() string {
@@ -163,6 +175,8 @@ func (k EventKind) String() string {
 		return "snapshot-done"
 	case OnInputStateComplete:
 		return "input-state-complete"
+	case OnFeedbackOnly:
+		return "feedback-only"
 	}
 	return fmt.Sprintf("event(%d)", uint8(k))
 }
@@ -226,6 +240,17 @@ const (
 	// master aborted the checkpoint); OnSnapshotDone follows as usual, and
 	// nothing is reported for ID.
 	DoCancelSnapshot
+	// DoReportLoopInputEnded: report LoopInputEnded with ID = h (a loop
+	// head whose non-feedback inputs ended: its barriers come by mail).
+	DoReportLoopInputEnded
+	// DoInject: feed Barrier, from trigger mail, to the aligner as an
+	// Inject (a looping loop head), with the start delay in Metrics.
+	DoInject
+	// DoEndLoop: feed EndLoop to the aligner (the loop terminated: nothing
+	// triggers any more at this head); DoEndInput follows.
+	DoEndLoop
+	// DoReportProbe: report the loop counters for wave ID (MailProbe).
+	DoReportProbe
 	// DoExit: return from the subtask loop with Err (nil: a normal stop).
 	// It is the last action Checkpoints ever returns.
 	DoExit
@@ -259,6 +284,14 @@ func (k ActionKind) String() string {
 		return "resume"
 	case DoCancelSnapshot:
 		return "cancel-snapshot"
+	case DoReportLoopInputEnded:
+		return "report-loop-input-ended"
+	case DoInject:
+		return "inject"
+	case DoEndLoop:
+		return "end-loop"
+	case DoReportProbe:
+		return "report-probe"
 	case DoExit:
 		return "exit"
 	}
@@ -269,16 +302,16 @@ func (k ActionKind) String() string {
 // on Kind.
 type Action struct {
 	Kind    ActionKind
-	Barrier marker.Barrier          // DoSnapshot, DoForwardBarrier
-	ID      int64                   // every kind naming a checkpoint, DoReportInputEnded
+	Barrier marker.Barrier          // DoSnapshot, DoForwardBarrier, DoInject
+	ID      int64                   // every kind naming a checkpoint, DoReportInputEnded, DoReportLoopInputEnded, DoReportProbe (the wave)
 	Reason  snapshot.DeclineReason  // DoDecline
-	Metrics snapshot.SubtaskMetrics // DoSnapshot
+	Metrics snapshot.SubtaskMetrics // DoSnapshot, DoInject
 	Err     error                   // DoDecline, DoExit
 }
 
 func (a Action) String() string {
 	switch a.Kind {
-	case DoSnapshot, DoForwardBarrier:
+	case DoSnapshot, DoForwardBarrier, DoInject:
 		if a.Err != nil {
 			return fmt.Sprintf("%s(%d) failed", a.Kind, a.Barrier.ID)
 		}
@@ -288,7 +321,8 @@ func (a Action) String() string {
 			return fmt.Sprintf("decline(%d %s: %v)", a.ID, a.Reason, a.Err)
 		}
 		return fmt.Sprintf("decline(%d %s)", a.ID, a.Reason)
-	case DoForwardCancel, DoAck, DoNotifyComplete, DoNotifyAborted, DoReportInputEnded, DoCancelSnapshot:
+	case DoForwardCancel, DoAck, DoNotifyComplete, DoNotifyAborted, DoReportInputEnded, DoCancelSnapshot,
+		DoReportLoopInputEnded, DoReportProbe:
 		return fmt.Sprintf("%s(%d)", a.Kind, a.ID)
 	case DoExit:
 		if a.Err != nil {
@@ -312,6 +346,10 @@ func (c *Checkpoints) Phase() Phase { return c.phase }
 // Suspended reports whether the subtask must not emit records (a source)
 // or fire timers.
 func (c *Checkpoints) Suspended() bool { return c.suspended }
+
+// LoopEnded reports whether a loop head's input was ended because its loop
+// terminated (DoEndLoop).
+func (c *Checkpoints) LoopEnded() bool { return c.loopEnded }
 
 // Handled is h, the highest checkpoint id the subtask snapshotted, declined
 // or skipped.
@@ -356,6 +394,16 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		}
 		return c.exit(dst, fmt.Errorf("task: barrier %d forwarded without a snapshot", id))
 	case OnAbort:
+		if c.loopEnded && c.phase == Ended {
+			// A cancel marker came back on a feedback channel after the
+			// loop ended: it matters only to a checkpoint still captured.
+			if i := c.findAck(ev.ID); i >= 0 {
+				c.acks[i].capturing = false
+				dst = c.cancelAck(dst, i)
+				return append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: ev.Reason})
+			}
+			return dst
+		}
 		if c.phase != Running || c.cfg.Source {
 			return c.violation(dst, ev)
 		}
@@ -370,6 +418,9 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		}
 		return append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: ev.Reason})
 	case OnForwardCancel:
+		if c.loopEnded && c.phase == Ended {
+			return dst // the outputs ended: nothing downstream waits for it
+		}
 		if c.phase != Running || c.cfg.Source {
 			return c.violation(dst, ev)
 		}
@@ -377,7 +428,12 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 	case OnMail:
 		return c.onMail(dst, ev)
 	case OnInputEnded:
-		if c.phase != Running || c.endPending {
+		if c.loopEnded {
+			return dst // the feedback inputs ended after the loop's end
+		}
+		if c.phase != Running || c.endPending || c.cfg.LoopHead {
+			// A loop head's input ends on MailEndLoop, before its
+			// feedback inputs can end (they end after its own end).
 			return c.violation(dst, ev)
 		}
 		if c.suspended {
@@ -396,7 +452,7 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 	case OnSnapshotDone:
 		return c.onSnapshotDone(dst, ev)
 	case OnInputStateComplete:
-		if c.phase != Running || c.cfg.Source {
+		if (c.phase != Running && !c.loopEnded) || c.cfg.Source {
 			return c.violation(dst, ev)
 		}
 		i := c.findAck(ev.ID)
@@ -405,6 +461,15 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		}
 		c.acks[i].capturing = false
 		return c.settle(dst, i)
+	case OnFeedbackOnly:
+		if c.phase != Running || !c.cfg.LoopHead || c.looping {
+			return c.violation(dst, ev)
+		}
+		c.looping = true
+		if c.endLoop && !c.suspended {
+			return c.endLoopNow(dst)
+		}
+		return append(dst, Action{Kind: DoReportLoopInputEnded, ID: c.h})
 	}
 	return c.exit(dst, fmt.Errorf("task: unknown checkpoint event %v", ev.Kind))
 }
@@ -471,6 +536,24 @@ func (c *Checkpoints) onMail(dst []Action, ev Event) []Action {
 			dst = c.resume(dst)
 		}
 		return dst
+	case MailProbe:
+		return append(dst, Action{Kind: DoReportProbe, ID: m.ID})
+	case MailEndLoop:
+		if !c.cfg.LoopHead {
+			return c.violation(dst, ev)
+		}
+		if c.phase != Running || c.endLoop {
+			return dst
+		}
+		c.endLoop = true
+		if c.looping && !c.suspended {
+			return c.endLoopNow(dst)
+		}
+		// Its non-feedback inputs have not ended yet (a loop nested in
+		// another: they end when the outer loop does), or a
+		// stop-with-savepoint is in flight: end on OnFeedbackOnly or on
+		// resume.
+		return dst
 	}
 	return c.exit(dst, fmt.Errorf("task: unknown mail kind %d", m.Kind))
 }
@@ -480,11 +563,17 @@ func (c *Checkpoints) onMail(dst []Action, ev Event) []Action {
 // channels are closed, FLIP-147).
 func (c *Checkpoints) onTriggerMail(dst []Action, ev Event) []Action {
 	b := ev.Mail.Barrier
-	if c.phase == Running && !c.cfg.Source {
+	if c.phase == Running && !c.cfg.Source && !c.looping {
 		return c.violation(dst, ev)
 	}
 	if b.ID <= c.h {
 		return dst // already handled (T2)
+	}
+	if c.phase == Running && c.looping {
+		// A looping head: the aligner triggers it (and captures the
+		// feedback inputs) unless the barrier came back on a feedback
+		// input first; OnTrigger follows.
+		return append(dst, Action{Kind: DoInject, Barrier: b, ID: b.ID, Metrics: ev.Metrics})
 	}
 	c.h = b.ID
 	running := c.phase == Running
@@ -600,11 +689,24 @@ func (c *Checkpoints) suspend(dst []Action, id int64) []Action {
 func (c *Checkpoints) resume(dst []Action) []Action {
 	c.suspended, c.suspendID = false, 0
 	dst = append(dst, Action{Kind: DoResume})
-	if c.endPending {
+	switch {
+	case c.endPending:
 		c.endPending = false
 		dst = c.endInput(dst)
+	case c.endLoop && c.looping:
+		dst = c.endLoopNow(dst)
 	}
 	return dst
+}
+
+// endLoopNow ends a looping head's input because its loop terminated: the
+// aligner stops triggering (DoEndLoop), then the input ends as usual. The
+// feedback inputs stay open until the loop's end of input comes back; what
+// arrives on them meanwhile only completes captures.
+func (c *Checkpoints) endLoopNow(dst []Action) []Action {
+	c.loopEnded = true
+	dst = append(dst, Action{Kind: DoEndLoop})
+	return c.endInput(dst)
 }
 
 // stop reports Finished and exits (MailFinish, MailStop, or the end of the

@@ -73,7 +73,7 @@ func TestCheckpointsDataDriven(t *testing.T) {
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			switch d.Cmd {
 			case "new":
-				cfg := CheckpointsConfig{Source: d.HasArg("source"), Checkpointing: !d.HasArg("no-checkpointing")}
+				cfg := CheckpointsConfig{Source: d.HasArg("source"), Checkpointing: !d.HasArg("no-checkpointing"), LoopHead: d.HasArg("loop-head")}
 				c = NewCheckpoints(cfg)
 				chk = newProtocolChecker()
 				return "ok\n"
@@ -186,6 +186,16 @@ func describeState(c *Checkpoints) string {
 	if c.endPending {
 		s += " end-pending"
 	}
+	switch {
+	case c.loopEnded:
+		s += " loop-ended"
+	case c.looping && c.endLoop:
+		s += " looping end-loop"
+	case c.looping:
+		s += " looping"
+	case c.endLoop:
+		s += " end-loop"
+	}
 	var async, capturing []string
 	for _, a := range c.acks {
 		if a.capturing {
@@ -267,6 +277,8 @@ func parseEvents(line string) ([]Event, error) {
 		return one(Event{Kind: OnForwardCancel, ID: n}, err)
 	case "input-ended":
 		return one(Event{Kind: OnInputEnded}, nil)
+	case "feedback-only":
+		return one(Event{Kind: OnFeedbackOnly}, nil)
 	case "snapshot-failed":
 		n, err := id(1)
 		return one(Event{Kind: OnSnapshotFailed, ID: n, Err: errSnapshot}, err)
@@ -314,6 +326,11 @@ func parseEvents(line string) ([]Event, error) {
 			return one(Event{Kind: OnMail, Mail: Mail{Kind: MailStop}}, nil)
 		case "resume":
 			return one(Event{Kind: OnMail, Mail: Mail{Kind: MailResume}}, nil)
+		case "probe":
+			n, err := id(2)
+			return one(Event{Kind: OnMail, Mail: Mail{Kind: MailProbe, ID: n}}, err)
+		case "end-loop":
+			return one(Event{Kind: OnMail, Mail: Mail{Kind: MailEndLoop}}, nil)
 		}
 	}
 	return nil, fmt.Errorf("unknown event")
@@ -327,6 +344,8 @@ type protocolChecker struct {
 	handled     int64            // highest id snapshotted or declined
 	ended       bool             // DoEndInput seen
 	reported    bool             // DoReportInputEnded seen
+	looping     bool             // DoReportLoopInputEnded seen
+	loopEnded   bool             // DoEndLoop seen
 	finished    bool             // DoReportFinished seen
 	exited      bool
 	// capturing holds the unaligned checkpoints triggered whose input
@@ -398,6 +417,26 @@ func (p *protocolChecker) check(c *Checkpoints, acts []Action) {
 			p.reported = true
 			if a.ID != p.handled || a.ID != c.Handled() {
 				bad("InputEnded{%d}, but the highest handled id is %d", a.ID, p.handled)
+			}
+		case DoReportLoopInputEnded:
+			if p.looping || p.ended {
+				bad("LoopInputEnded reported twice, or after the end of input")
+			}
+			p.looping = true
+			if a.ID != p.handled || a.ID != c.Handled() {
+				bad("LoopInputEnded{%d}, but the highest handled id is %d", a.ID, p.handled)
+			}
+		case DoInject:
+			if !p.looping || p.ended {
+				bad("%v by a subtask that is not a looping loop head", a)
+			}
+		case DoEndLoop:
+			if p.loopEnded || p.ended {
+				bad("%v twice, or after the end of input", a)
+			}
+			p.loopEnded = true
+			if i+1 >= len(acts) || acts[i+1].Kind != DoEndInput {
+				bad("%v not followed by end-input", a)
 			}
 		case DoReportFinished:
 			if p.finished {

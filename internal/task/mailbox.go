@@ -32,6 +32,14 @@ const (
 	// MailResume tells a source suspended by a stop-with-savepoint that the
 	// savepoint failed: it emits again.
 	MailResume
+	// MailProbe asks a subtask of a loop (a cyclic graph's strongly
+	// connected component) for its loop counters: it answers with a
+	// ReportProbe for wave ID, taken between two records.
+	MailProbe
+	// MailEndLoop tells a loop head that its loop has terminated (no record
+	// is left in it and none can appear): it ends its input as soon as its
+	// non-feedback inputs have ended.
+	MailEndLoop
 )
 
 func (k MailKind) String() string {
@@ -48,6 +56,10 @@ func (k MailKind) String() string {
 		return "stop"
 	case MailResume:
 		return "resume"
+	case MailProbe:
+		return "probe"
+	case MailEndLoop:
+		return "end-loop"
 	}
 	return fmt.Sprintf("mail(%d)", uint8(k))
 }
@@ -60,7 +72,7 @@ type Mail struct {
 	// running source emits nothing after its barrier (as does a barrier
 	// with Options.Stop).
 	Suspend bool
-	ID      int64 // MailComplete, MailAborted
+	ID      int64 // MailComplete, MailAborted, MailProbe (the wave)
 }
 
 // Mailbox is an unbounded multi-producer, single-consumer queue of control

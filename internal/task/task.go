@@ -121,6 +121,16 @@ const (
 	// ReportFinished: the subtask has stopped (after MailFinish or
 	// MailStop, or at the end of its input without checkpointing).
 	ReportFinished
+	// ReportLoopInputEnded: a loop head's non-feedback inputs have all
+	// ended, so barriers can no longer reach it through its channels. ID is
+	// h, as for InputEnded: the master sends it trigger mail for every
+	// pending checkpoint above h, and for every later one; the head
+	// snapshots and injects the barrier into the loop, as a source does.
+	// It keeps running (its feedback inputs are open) until MailEndLoop.
+	ReportLoopInputEnded
+	// ReportProbe answers MailProbe for wave ID with the subtask's loop
+	// counters (Loop).
+	ReportProbe
 )
 
 func (k ReportKind) String() string {
@@ -133,6 +143,10 @@ func (k ReportKind) String() string {
 		return "input-ended"
 	case ReportFinished:
 		return "finished"
+	case ReportLoopInputEnded:
+		return "loop-input-ended"
+	case ReportProbe:
+		return "probe"
 	}
 	return fmt.Sprintf("report(%d)", uint8(k))
 }
@@ -147,6 +161,19 @@ type Report struct {
 	Reason  snapshot.DeclineReason
 	Err     error
 	At      time.Time
+	Loop    LoopCounts // ReportProbe
+}
+
+// LoopCounts are a loop subtask's answer to MailProbe, taken between two
+// records: the records it sent into channels of its loop (edges whose both
+// ends are in the loop, feedback edges included; records still buffered in
+// its output count as sent) and the records it read from such channels,
+// since the attempt started, and whether it is passive: every input from
+// outside the loop has ended and no timer is pending, so that only a
+// record from the loop can make it emit again.
+type LoopCounts struct {
+	Sent, Received int64
+	Passive        bool
 }
 
 // Config holds what every subtask loop needs besides its operator.
@@ -162,7 +189,35 @@ type Config struct {
 	BatchSize int
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// Loop places a subtask with inputs in a loop of a cyclic graph; nil
+	// when it is in none.
+	Loop *Loop
 }
+
+// Loop describes a subtask's place in a loop (a strongly connected
+// component of the job graph, closed by feedback edges).
+type Loop struct {
+	// Feedback marks the gate's feedback inputs of a loop head
+	// (align.Config.Feedback); nil for the loop's other subtasks.
+	Feedback []bool
+	// Internal marks the gate's inputs from inside the loop, feedback
+	// inputs included: records read from them count as received
+	// (LoopCounts), and the others are the inputs from outside.
+	Internal []bool
+	// Sent returns the number of records this subtask has sent into the
+	// channels of its outputs inside the loop (it is their only writer, so
+	// the count is exact between two records).
+	Sent func() int64
+	// Backlogged, for a loop head, reports whether the loop's feedback
+	// channels hold more buffers than they should; while it does, the head
+	// reads only its feedback inputs (Gate.Hold on the others), so that
+	// the loop drains before it takes more input. Nil: never.
+	Backlogged func() bool
+}
+
+// HoldWait is how often a loop head that holds its inputs (Loop.Backlogged)
+// looks at the backlog again when nothing else wakes it.
+const HoldWait = time.Millisecond
 
 func (c *Config) now() time.Time {
 	if c.Now != nil {
@@ -193,12 +248,33 @@ type runner struct {
 	// channels are the channel states of unaligned checkpoints being
 	// recorded (channelstate.go).
 	channels recorders
+	// loop is the subtask's loop bookkeeping (nil outside loops).
+	loop *loopState
 	// promoted is a barrier the loop promoted at its alignment deadline
 	// (channel.Gate.PromoteTimedOut) before the aligner saw it: the buffers
 	// it overtook become input channel state of its checkpoint on its
 	// input when the aligner triggers that checkpoint (the promoted
 	// barrier is read next), and are dropped otherwise.
 	promoted *promotion
+}
+
+// loopState is what the driver of a loop subtask counts and defers.
+type loopState struct {
+	cfg *Loop
+	// recv counts the records read from inputs inside the loop; extOpen
+	// the inputs from outside that have not ended.
+	recv    int64
+	extOpen int
+	// injects are trigger barriers (DoInject) and endLoop a DoEndLoop not
+	// yet fed to the aligner: they are fed after the step that yielded
+	// them, never inside it (the aligner's and the bookkeeping's action
+	// slices are reused by their next step).
+	injects []Action
+	endLoop bool
+	// feed feeds the deferred inputs to the aligner (set by RunInput).
+	feed func(ctx context.Context) (done bool, err error)
+	// holding: the inputs from outside are held (Loop.Backlogged).
+	holding bool
 }
 
 type promotion struct {
@@ -225,9 +301,19 @@ type snap struct {
 }
 
 func newRunner(cfg *Config, chain *Chain, source bool) *runner {
-	return &runner{cfg: cfg, chain: chain, cp: NewCheckpoints(CheckpointsConfig{
+	r := &runner{cfg: cfg, chain: chain, cp: NewCheckpoints(CheckpointsConfig{
 		Source: source, Checkpointing: cfg.Info.CheckpointingEnabled,
+		LoopHead: cfg.Loop != nil && cfg.Loop.Feedback != nil,
 	})}
+	if cfg.Loop != nil && !source {
+		r.loop = &loopState{cfg: cfg.Loop}
+		for _, in := range cfg.Loop.Internal {
+			if !in {
+				r.loop.extOpen++
+			}
+		}
+	}
+	return r
 }
 
 // report sends rep to the master; Task defaults to the head's id.
@@ -272,6 +358,11 @@ func (r *runner) serveMail(ctx context.Context) (done bool, err error) {
 		}
 		if done, err := r.step(ctx, ev); done || err != nil {
 			return true, err
+		}
+		if lp := r.loop; lp != nil && (len(lp.injects) > 0 || lp.endLoop) {
+			if done, err := lp.feed(ctx); done || err != nil {
+				return true, err
+			}
 		}
 	}
 	return false, nil
@@ -336,6 +427,18 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				if s.id == a.ID {
 					s.cancel()
 				}
+			}
+		case DoReportLoopInputEnded:
+			if err := r.report(ctx, Report{Kind: ReportLoopInputEnded, ID: a.ID}); err != nil {
+				return true, err
+			}
+		case DoInject:
+			r.loop.injects = append(r.loop.injects, a)
+		case DoEndLoop:
+			r.loop.endLoop = true
+		case DoReportProbe:
+			if err := r.report(ctx, Report{Kind: ReportProbe, ID: a.ID, Loop: r.loopCounts()}); err != nil {
+				return true, err
 			}
 		case DoSuspend, DoResume:
 			// The loops ask r.cp.Suspended().
@@ -571,6 +674,21 @@ func (r *runner) forwardBarrier(b marker.Barrier) error {
 	})
 }
 
+// loopCounts are the answer to MailProbe, between two records.
+func (r *runner) loopCounts() LoopCounts {
+	lp := r.loop
+	if lp == nil {
+		return LoopCounts{}
+	}
+	_, timers := r.chain.nextTimer()
+	return LoopCounts{
+		Sent:     lp.cfg.Sent(),
+		Received: lp.recv,
+		// Records still buffered will be sent: not passive until they are.
+		Passive: lp.extOpen == 0 && !timers && !r.chain.pending(),
+	}
+}
+
 // restoreOutputs sends the restored output channel state into the tail's
 // channels (before anything new is emitted).
 func (r *runner) restoreOutputs(ctx context.Context) error {
@@ -734,7 +852,11 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], mode marker.Mode, process func([]IN) error, chain *Chain) (err error) {
 	defer guard(cfg.Info, chain, &err)
 	r := newRunner(cfg, chain, false)
-	al, err := align.New[*channel.Buffer[IN]](align.Config{Channels: gate.Len(), Mode: mode})
+	acfg := align.Config{Channels: gate.Len(), Mode: mode}
+	if cfg.Loop != nil {
+		acfg.Feedback = cfg.Loop.Feedback
+	}
+	al, err := align.New[*channel.Buffer[IN]](acfg)
 	if err != nil {
 		return fmt.Errorf("task: %v: %w", cfg.Info, err)
 	}
@@ -779,6 +901,31 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		}
 		return nil
 	}
+	holdTimer := time.NewTimer(time.Hour)
+	holdTimer.Stop()
+	defer holdTimer.Stop()
+	lp := r.loop
+	if lp != nil {
+		// Deferred loop inputs of the aligner: the barriers of trigger
+		// mail (a looping head) and the end of the loop.
+		lp.feed = func(ctx context.Context) (bool, error) {
+			for len(lp.injects) > 0 || lp.endLoop {
+				in := align.Input[*channel.Buffer[IN]]{Now: cfg.now().UnixNano()}
+				if len(lp.injects) > 0 {
+					a := lp.injects[0]
+					lp.injects = lp.injects[1:]
+					in.Kind, in.Barrier = align.Inject, a.Barrier
+				} else {
+					lp.endLoop = false
+					in.Kind = align.EndLoop
+				}
+				if done, err := stepAligner(ctx, r, al, gate, in, process, persist); done || err != nil {
+					return true, err
+				}
+			}
+			return false, nil
+		}
+	}
 	for {
 		if len(r.running) > 0 {
 			if done, err := r.pollAsync(ctx); done || err != nil {
@@ -788,6 +935,18 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		if cfg.Mail.Pending() {
 			if done, err := r.serveMail(ctx); done || err != nil {
 				return err
+			}
+		}
+		if lp != nil && lp.cfg.Backlogged != nil && !r.cp.LoopEnded() {
+			// A backlogged loop takes no input from outside until it
+			// drains (feedback inputs are never held).
+			if held := lp.cfg.Backlogged(); held != lp.holding {
+				lp.holding = held
+				for ch, fb := range lp.cfg.Feedback {
+					if !fb {
+						gate.Hold(ch, held)
+					}
+				}
 			}
 		}
 		// Priority events (unaligned barriers) first, also from channels
@@ -874,6 +1033,12 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					continue
 				}
 			}
+			var holdC <-chan time.Time
+			if lp != nil && lp.holding {
+				// The backlog may drain at another head: look again soon.
+				holdTimer.Reset(HoldWait)
+				holdC = holdTimer.C
+			}
 			var space <-chan struct{}
 			var waiter SpaceWaiter
 			var waitStart time.Time
@@ -889,6 +1054,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			select {
 			case <-gate.Ready():
 			case <-space:
+			case <-holdC:
 			case <-cfg.Mail.Ready():
 			case <-r.asyncReady():
 			case <-alignC:
@@ -912,6 +1078,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			flushTimer.Stop()
 			userTimer.Stop()
 			alignTimer.Stop()
+			holdTimer.Stop()
 			if waiter != nil {
 				waiter.DoneAwaiting(waitStart)
 			}
@@ -972,6 +1139,15 @@ func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*chan
 	for _, a := range al.Step(in) {
 		switch a.Kind {
 		case align.Deliver:
+			if lp := r.loop; lp != nil {
+				n := 0
+				if a.Input == align.Record {
+					n = len(a.Item.Records)
+				}
+				if err := lp.delivered(r, a.Channel, a.Input, n); err != nil {
+					return true, err
+				}
+			}
 			if a.Input == align.Record {
 				if a.PersistTo != 0 {
 					if err := persist(a.Channel, a.PersistFrom, a.PersistTo, a.Item.Records); err != nil {
@@ -1003,7 +1179,31 @@ func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*chan
 			}
 		}
 	}
+	if lp := r.loop; lp != nil && (len(lp.injects) > 0 || lp.endLoop) {
+		// A FeedbackOnly of this step ended the loop (MailEndLoop came
+		// first): feed EndLoop now that the aligner's actions are done.
+		return lp.feed(ctx)
+	}
 	return false, nil
+}
+
+// delivered counts a delivery of the aligner on input ch of a loop
+// subtask: records from inside the loop for the probes, the end of inputs
+// from outside for passivity. A record after the loop ended is an error:
+// the loop was found quiescent, so none can come unless a user function
+// emitted into the loop from EndInput or a timer at the end of input.
+func (lp *loopState) delivered(r *runner, ch int, kind align.InputKind, records int) error {
+	switch {
+	case kind == align.EndOfInput:
+		if !lp.cfg.Internal[ch] {
+			lp.extOpen--
+		}
+	case r.cp.LoopEnded():
+		return fmt.Errorf("task: %v: a record came back on feedback input %d after the loop terminated (did an operator in the loop emit at the end of its input?)", r.cfg.Info, ch)
+	case lp.cfg.Internal[ch]:
+		lp.recv += int64(records)
+	}
+	return nil
 }
 
 // replayInputs processes the restored input channel state, channel by
@@ -1064,6 +1264,8 @@ func stepAligned[T any](ctx context.Context, r *runner, a *align.Action[T]) (don
 		ev = Event{Kind: OnForwardCancel, ID: a.ID}
 	case align.Finished:
 		ev = Event{Kind: OnInputEnded}
+	case align.FeedbackOnly:
+		ev = Event{Kind: OnFeedbackOnly}
 	default:
 		return true, fmt.Errorf("task: %v: unknown aligner action %v", r.cfg.Info, a.Kind)
 	}
