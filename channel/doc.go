@@ -51,7 +51,9 @@
 // Because events are never a wait edge, the only waits are writers waiting on
 // readers that drain every unblocked channel, and a reader blocks a channel
 // only after that channel delivered its barrier; so aligned checkpoints on an
-// acyclic graph cannot deadlock. It also lets an unaligned barrier overtake a
+// acyclic graph cannot deadlock. (A cyclic graph closes its loops with
+// Unbounded channels, package graph's Iterate: no writer waits on them, so
+// every wait edge still points downstream.) It also lets an unaligned barrier overtake a
 // full queue, which is the point of unaligned checkpoints, and keeps the
 // subtask goroutine free to serve its mailbox. (Flink does the same: in its
 // credit-based flow control event buffers need no credit.) The event queue is
@@ -89,6 +91,8 @@
 //     Available, and a subtask loop then takes no new input (package
 //     internal/task), so the overdraft only absorbs the end of the batch
 //     being processed. Events do not count.
+//     An Unbounded channel (a loop's feedback edge) never blocks and is
+//     always Available; its reader bounds it instead (Gate.Hold).
 //   - CH3 (no lost wake-ups): reader side, if an item is queued on an
 //     unblocked input, or a priority event on any input, after the reader's
 //     last Poll that found nothing, then a token is pending on Ready or will

@@ -37,6 +37,27 @@
 // sent first, then the chain opens (operator state), then the input state
 // is processed before the gate is read.
 //
+// # Loops (cyclic graphs)
+//
+// A subtask in a loop has Config.Loop. A loop head (feedback inputs) gives
+// them to its aligner as Config.Feedback: every trigger then records what
+// comes back on them (input channel state, T8). When its other inputs have
+// all ended (FeedbackOnly) it reports LoopInputEnded{h} and takes its
+// checkpoints by mail: Checkpoints answers trigger mail with DoInject, and
+// the driver feeds the barrier to the aligner as an Inject, after the step
+// (the aligner's and the bookkeeping's action slices are reused by their
+// next step, so neither is stepped from inside the other's actions). On
+// MailEndLoop it ends the loop (DoEndLoop: the aligner's EndLoop, after
+// which nothing triggers there) and then its input; the aligner's Finished,
+// which follows once its end of input has gone round the loop, is ignored,
+// and a record that still comes back is an error. Every loop subtask
+// answers MailProbe with its loop counters (LoopCounts: records sent into
+// and read from channels inside the loop, and whether it is passive),
+// taken between two records, for the master's termination detection. While
+// Loop.Backlogged says the loop's unbounded feedback channels hold too
+// much, a head holds its other inputs (channel.Gate.Hold) and reads only
+// the feedback.
+//
 // # The protocol with the job master (FLIP-147)
 //
 // Checkpoint barriers enter at the sources, by MailTrigger, and travel
@@ -159,4 +180,10 @@
 //     cancels its snapshot; a master's abort cancels it and forgets it at
 //     its InputStateComplete. The channel state of a cancelled or declined
 //     checkpoint is dropped.
+//   - T9 (loop heads): a loop head's input ends on MailEndLoop only, once
+//     its non-feedback inputs ended (never on the aligner's Finished); it
+//     reports LoopInputEnded{h} before, at most once, and injects trigger
+//     mail only in between; after the loop's end a checkpoint still
+//     recording feedback input state is acked (or declined, on a cancel
+//     marker) as before, and nothing else comes from the aligner.
 package task
