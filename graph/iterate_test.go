@@ -263,3 +263,68 @@ func TestIterateExactlyOnceWithFailures(t *testing.T) {
 		})
 	}
 }
+
+// nested is a record of the nested loops: Outer rounds of the outer loop,
+// each with Inner rounds of the inner one.
+type nested struct {
+	ID    int64 `msgpack:"i"`
+	Outer int64 `msgpack:"o"`
+	Inner int64 `msgpack:"n"`
+	Left  int64 `msgpack:"l"` // inner rounds left in this outer round
+}
+
+// TestIterateNested: a loop inside a loop is one strongly connected
+// component with two heads; it checkpoints (with failures) and ends once
+// quiescent: the inner head's input ends when the outer loop's end of input
+// reaches it.
+func TestIterateNested(t *testing.T) {
+	const n = 20_000
+	for _, mode := range []marker.Mode{marker.Aligned, marker.Unaligned} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := newFailer(300)
+			cfg := graph.Config{Parallelism: 2, Logf: t.Logf, ChannelCapacity: 4, BufferSize: 64,
+				Restart: graph.FixedDelay(2, time.Millisecond),
+				Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir(), Mode: mode, TolerableFailures: -1},
+				OnEvent: func(e graph.Event) {
+					if e.Kind == graph.CheckpointCompleted && e.Attempt == 0 {
+						f.completed[0].Store(true)
+					}
+				},
+			}
+			job := graph.NewJob("nested", cfg)
+			src := graph.Source(job, "source", source.Generate(n, func(i int64) nested {
+				return nested{ID: i, Outer: i % 3, Inner: i % 4, Left: i % 4}
+			}))
+			outer := graph.Iterate(src)
+			start := graph.Map(outer.Stream().Rebalance(), "outer-head", func(r nested) nested { r.Left = r.Inner; return r })
+			inner := graph.Iterate(start)
+			step := graph.Process(inner.Stream(), "inner-head", func() graph.ProcessFunc[nested, nested] { return failingStep{f} })
+			inner.CloseWith(graph.Filter(step, "inner-again", func(r nested) bool { return r.Left > 0 }))
+			round := graph.Map(graph.Filter(step, "inner-done", func(r nested) bool { return r.Left <= 0 }), "outer-step",
+				func(r nested) nested { r.Outer--; return r })
+			outer.CloseWith(graph.Filter(round, "outer-again", func(r nested) bool { return r.Outer >= 0 }))
+			ids := graph.Map(graph.Filter(round, "outer-done", func(r nested) bool { return r.Outer < 0 }), "id", func(r nested) int64 { return r.ID })
+			c := sink.NewMemory[int64]()
+			graph.Sink(ids, "sink", sink.Publishing[int64](c, sink.WithLogf(t.Logf)))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			e, err := job.Start(ctx)
+			require.NoError(t, err)
+			require.NoError(t, e.Wait())
+			requireEachOnce(t, n, c.Published())
+			require.True(t, f.fired[0].Load(), "the first attempt failed")
+			require.Positive(t, e.Stats().Counts.Restored)
+		})
+	}
+}
+
+type failingStep struct{ f *failer }
+
+func (s failingStep) Process(ctx *graph.Context, r nested, out graph.Collector[nested]) error {
+	if err := s.f.check(ctx.Task().Attempt); err != nil {
+		return err
+	}
+	r.Left--
+	out.Collect(r)
+	return nil
+}

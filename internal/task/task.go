@@ -210,7 +210,7 @@ type Loop struct {
 	Sent func() int64
 	// Backlogged, for a loop head, reports whether the loop's feedback
 	// channels hold more buffers than they should; while it does, the head
-	// reads only its feedback inputs (Gate.Hold on the others), so that
+	// reads none of its inputs from outside the loop (Gate.Hold), so that
 	// the loop drains before it takes more input. Nil: never.
 	Backlogged func() bool
 }
@@ -942,8 +942,11 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			// drains (feedback inputs are never held).
 			if held := lp.cfg.Backlogged(); held != lp.holding {
 				lp.holding = held
-				for ch, fb := range lp.cfg.Feedback {
-					if !fb {
+				for ch, in := range lp.cfg.Internal {
+					if !in {
+						// Only inputs from outside: holding one from
+						// inside the loop (a loop nested in another)
+						// would hold what the backlog drains through.
 						gate.Hold(ch, held)
 					}
 				}
