@@ -283,7 +283,7 @@ func TestIterateNested(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			f := newFailer(300)
 			cfg := graph.Config{Parallelism: 2, Logf: t.Logf, ChannelCapacity: 4, BufferSize: 64,
-				Restart: graph.FixedDelay(2, time.Millisecond),
+				Restart:    graph.FixedDelay(2, time.Millisecond),
 				Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir(), Mode: mode, TolerableFailures: -1},
 				OnEvent: func(e graph.Event) {
 					if e.Kind == graph.CheckpointCompleted && e.Attempt == 0 {
