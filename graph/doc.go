@@ -46,8 +46,11 @@
 // (with Mode marker.Aligned) starts every checkpoint aligned and switches it
 // to unaligned where its alignment has not finished in time. In both
 // unaligned forms, the records on edges between chains must survive
-// msgpack (Validate names the edge and field that would not), and a restore
-// from a checkpoint with channel state keeps the parallelism. Savepoints
+// msgpack (Validate names the edge and field that would not). A restore
+// from a checkpoint with channel state may change parallelism: in-flight
+// records of hash edges go to the subtask owning their key group, the rest
+// from old subtask k to new subtask k modulo the parallelism, routed anew;
+// one with in-flight data on a broadcast edge fails, naming it. Savepoints
 // are always aligned. marker.AtLeastOnce never aligns: records after a
 // barrier may end up in the snapshot and are replayed after a restore.
 // Execution.Stats says per checkpoint how it was taken (Alignment) and how

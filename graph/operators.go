@@ -652,3 +652,7 @@ func (nopEmitter) RestoreChannel(_ context.Context, edge, ch int, _ [][]byte, wh
 func nilFunction(v *vertex) error {
 	return unrecoverable(fmt.Errorf("graph: %s: its factory returned a nil function", v))
 }
+
+func (nopEmitter) RestoreRouted(_ context.Context, edge int, _ [][]byte, where string) error {
+	return fmt.Errorf("graph: %s: output channel state (edge %d) for an operator without outputs", where, edge)
+}

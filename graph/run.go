@@ -2,6 +2,7 @@ package graph
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/internal/execution"
@@ -137,6 +138,27 @@ func (j *Job) spec() *execution.Spec {
 			UID: v.uid, Name: v.name, Parallelism: v.parallelism, MaxParallelism: v.maxParallelism,
 			Source: v.kind == kindSource, Keyed: v.keyed,
 		})
+	}
+	// A chain head holds the channel state of its chain: in-flight data of
+	// its input edges and of its tail's output edges.
+	for _, chain := range j.chains {
+		op := &s.Operators[chain[0].id]
+		var edges []*edge
+		for _, e := range chain[0].inputs {
+			op.Upstream = append(op.Upstream, e.from.uid)
+			edges = append(edges, e)
+		}
+		for _, e := range chain[len(chain)-1].outputs {
+			if !e.chained {
+				op.Downstream = append(op.Downstream, e.to.uid)
+				edges = append(edges, e)
+			}
+		}
+		for _, e := range edges {
+			if e.part == Broadcast && op.Unmovable == "" {
+				op.Unmovable = fmt.Sprintf("edge %s -> %s is a broadcast edge, whose in-flight records are copies for one receiver each", e.from, e.to)
+			}
+		}
 	}
 	return s
 }

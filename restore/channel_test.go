@@ -265,9 +265,10 @@ func withChannels(s checkpoint.SubtaskState, uid, tag string) checkpoint.Subtask
 }
 
 // TestAssignChannelState checks R8: with unchanged parallelism every
-// subtask gets back its own channel state, as copies (R6); a change of
-// parallelism with channel state anywhere in the checkpoint fails, naming
-// the operators and parallelisms.
+// subtask gets back its own channel state, as copies (R6); where the
+// channels of an operator's channel state change (its parallelism, or a
+// neighbour's) every new subtask gets all of it (RescaledChannels), unless
+// the operator says it cannot move, which fails naming the cause.
 func TestAssignChannelState(t *testing.T) {
 	md := func() *checkpoint.Metadata {
 		return metadata(
@@ -319,24 +320,81 @@ func TestAssignChannelState(t *testing.T) {
 		}
 	})
 
+	// With a change of parallelism the channel state of every operator on
+	// an edge whose channels changed moves: each new subtask gets the
+	// channel state of all old subtasks (RescaledChannels), as copies, and
+	// nothing in Channels.
+	requireMoved := func(t *testing.T, plan *Plan, m *checkpoint.Metadata, op int, newP int) {
+		t.Helper()
+		old := m.Operators[op]
+		for i := range newP {
+			got := plan.Tasks[checkpoint.TaskID{Operator: old.UID, Subtask: i}]
+			if got.Channels != nil || got.ChannelState != nil {
+				t.Fatalf("%s/%d: kept its own channel state %+v %+v", old.UID, i, got.Channels, got.ChannelState)
+			}
+			if len(got.RescaledChannels) != old.Parallelism {
+				t.Fatalf("%s/%d: %d rescaled channel states, want %d", old.UID, i, len(got.RescaledChannels), old.Parallelism)
+			}
+			for k := range old.Subtasks {
+				if !reflect.DeepEqual(got.RescaledChannels[k], old.Subtasks[k].Channels) {
+					t.Fatalf("%s/%d: rescaled channel state of old subtask %d is %+v, want %+v", old.UID, i, k, got.RescaledChannels[k], old.Subtasks[k].Channels)
+				}
+				if c := got.RescaledChannels[k]; c != nil && c == old.Subtasks[k].Channels {
+					t.Fatalf("%s/%d: shares the channel state of old subtask %d with the metadata", old.UID, i, k)
+				}
+			}
+		}
+	}
+	wired := func(src, count, sink int) []Operator {
+		o := ops(src, count, sink)
+		o[0].Downstream = []string{"count"}
+		o[1].Upstream, o[1].Downstream = []string{"src"}, []string{"sink"}
+		o[2].Upstream = []string{"count"}
+		return o
+	}
+
 	t.Run("the operator with channel state rescales", func(t *testing.T) {
-		_, err := Assign(md(), "/p", ops(2, 3, 1), false, nil)
-		want := `restore: checkpoint 5 (/p): operator uid "count": its parallelism changes from 2 to 3, but its subtask 1 ` +
-			"holds in-flight data of an unaligned checkpoint (channel state), which cannot be redistributed to another " +
-			"parallelism yet; restore it at parallelism 2, or from an aligned checkpoint or savepoint"
-		if !errors.Is(err, ErrUnrecoverable) || err.Error() != want {
-			t.Fatalf("got  %v\nwant %s", err, want)
+		m := md()
+		plan, err := Assign(m, "/p", wired(2, 3, 1), false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireMoved(t, plan, m, 1, 3) // count
+		requireMoved(t, plan, m, 0, 2) // src: its edge to count has 3 channels now
+		if s := plan.Tasks[checkpoint.TaskID{Operator: "sink", Subtask: 0}]; s.RescaledChannels != nil {
+			t.Fatalf("sink holds no channel state, got %+v", s.RescaledChannels)
 		}
 	})
 
-	t.Run("another operator rescales", func(t *testing.T) {
-		_, err := Assign(md(), "/p", ops(2, 2, 4), false, nil)
-		want := `restore: checkpoint 5 (/p): operator uid "sink": its parallelism changes from 1 to 4, but operator uid "src" ` +
-			"subtask 0 holds in-flight data of an unaligned checkpoint (channel state), whose channels depend on the " +
-			"parallelism of the operators it flows between and which cannot be redistributed yet; restore at the " +
-			"checkpoint's parallelism, or from an aligned checkpoint or savepoint"
+	t.Run("a neighbour rescales", func(t *testing.T) {
+		m := md()
+		plan, err := Assign(m, "/p", wired(2, 2, 4), false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireMoved(t, plan, m, 1, 2) // count: its edge to sink has 4 channels now
+		// src's channels (to count) did not change: it keeps its own.
+		got := plan.Tasks[checkpoint.TaskID{Operator: "src", Subtask: 0}]
+		if got.RescaledChannels != nil || !reflect.DeepEqual(got.Channels, m.Operators[0].Subtasks[0].Channels) {
+			t.Fatalf("src/0: %+v, %+v", got.Channels, got.RescaledChannels)
+		}
+	})
+
+	t.Run("channel state that cannot move", func(t *testing.T) {
+		o := wired(2, 3, 1)
+		o[1].Unmovable = `edge "count" -> "sink" is a broadcast edge`
+		_, err := Assign(md(), "/p", o, false, nil)
+		want := `restore: checkpoint 5 (/p): operator uid "count": its parallelism changes from 2 to 3, but its subtask 1 ` +
+			"holds in-flight data of an unaligned checkpoint (channel state) that cannot be redistributed: " +
+			`edge "count" -> "sink" is a broadcast edge; restore at the checkpoint's parallelism, or from an aligned checkpoint or savepoint`
 		if !errors.Is(err, ErrUnrecoverable) || err.Error() != want {
 			t.Fatalf("got  %v\nwant %s", err, want)
+		}
+		o = wired(2, 2, 4)
+		o[1].Unmovable = "x"
+		_, err = Assign(md(), "/p", o, false, nil)
+		if err == nil || !strings.Contains(err.Error(), `operator uid "sink", which its in-flight data flows between, is new or changes its parallelism`) {
+			t.Fatalf("got %v", err)
 		}
 	})
 

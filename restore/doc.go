@@ -89,25 +89,25 @@
 // intersects the old subtask's range; files of a non-keyed subtask cannot be
 // split, so rescaling an operator that has them fails.
 //
-// Channel state (the in-flight data of an unaligned checkpoint,
-// SubtaskState.ChannelState and Channels) is handed back only at unchanged
-// parallelism: every subtask gets its own, which the runtime replays
-// (output channels first, then operator state, then input channels before
-// any new input). If any restored operator changes its parallelism while
-// any restored operator holds channel state, Assign fails with an error
-// naming the rescaled operator, its old and new parallelism, and the
-// operator holding in-flight data that cannot be redistributed yet (R8).
-// The rule is coarser than necessary on purpose: output channel state is
-// indexed by the channels of an edge, whose number is the downstream
-// parallelism, input channel state by the channels of the input gate,
-// whose number follows the upstream parallelism, and Assign does not know
-// the edges. Rescaling with channel state (re-partitioning the channel
-// state of hash-partitioned edges by key group, redistributing that of
-// forward and rebalance edges, and failing by edge where neither applies)
-// comes later, with the edges passed to Assign; until then, rescale from a
-// savepoint (always aligned) or an aligned checkpoint. (Flink 1.11 and
-// 1.12 did not support rescaling from unaligned checkpoints either; 1.13
-// added it.)
+// Channel state (the in-flight data of an unaligned checkpoint, or of a
+// loop's feedback edges, SubtaskState.ChannelState and Channels) is indexed
+// by channels: output channel state by the channels of an edge, whose
+// number is the parallelism downstream, input channel state by the channels
+// of the input gate, whose number follows the parallelism upstream. So it
+// stays with its subtask only while the operator and every operator it
+// flows between (Operator.Upstream, Downstream: the job's edges) keep their
+// parallelism. Otherwise every new subtask of the operator gets the channel
+// state of all its old subtasks (RescaledChannels) and the runtime takes its
+// share, as Flink 1.13 does for rescaled unaligned checkpoints: the
+// in-flight records of keyed inputs go to the subtask that owns their key
+// group (every record carries it), the rest, input and output, goes from
+// old subtask k to new subtask k modulo the new parallelism, and output
+// records are routed anew through their edge (by key group on hash edges,
+// round robin on rebalance edges). Where that would be wrong (a broadcast
+// edge, whose in-flight copies belong to one receiver each), the job says
+// so in Operator.Unmovable and Assign fails with that reason, naming the
+// edge (R8). (Flink 1.11 and 1.12 could not rescale unaligned checkpoints
+// at all.)
 //
 // Deliberate differences from Flink: Split chunks always start at subtask
 // 0 (Flink rotates the start between state names for balance); a changed
@@ -139,13 +139,14 @@
 //     unless allowFallback is set, and then only with a warning that names
 //     the checkpoints at risk.
 //   - R8: channel state is never dropped or handed to another subtask
-//     silently: with unchanged parallelism every subtask of a restored
-//     operator gets exactly its own ChannelState and Channels (copies, R6);
-//     if any restored operator changes parallelism while any restored
-//     operator holds channel state (a reference, or Channels with a
-//     buffer), Assign fails, naming both, instead of restoring. Channel
-//     state of an operator not in the job fails Assign like other state,
-//     unless allowNonRestored.
+//     silently: while an operator and those it flows between keep their
+//     parallelism every subtask gets exactly its own ChannelState and
+//     Channels (copies, R6); otherwise every new subtask gets the channel
+//     state of every old one in RescaledChannels (copies) and nothing in
+//     Channels, unless the operator's Unmovable says it cannot move, which
+//     fails Assign naming the operator and the reason. Channel state of an
+//     operator not in the job fails Assign like other state, unless
+//     allowNonRestored.
 //   - R9: a checkpoint is only returned with all of its channel state (by
 //     snapshot.ReadMetadata, ST9); a missing, truncated or damaged
 //     channel-state file makes Latest treat the checkpoint exactly as one

@@ -244,6 +244,17 @@ type Operator struct {
 	MaxParallelism int
 	// Keyed is set for operators with keyed state.
 	Keyed bool
+	// Upstream and Downstream name, for an operator that heads a chain,
+	// the operators its input gate reads from and those its chain's
+	// outputs go to: its channel state is in-flight data on those edges,
+	// so it moves (RescaledChannels) when the parallelism of any of them,
+	// or its own, changes.
+	Upstream, Downstream []string
+	// Unmovable, when set, says why the operator's channel state cannot
+	// follow such a change (it names the edge, e.g. a broadcast edge,
+	// whose in-flight copies cannot be re-partitioned): restoring it then
+	// fails.
+	Unmovable string
 }
 
 // Plan is the state handed to each subtask of the new job.
@@ -293,7 +304,8 @@ func assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestor
 		}
 		byUID[op.UID] = op
 	}
-	if err := checkChannelStateRescaling(md, byUID, where); err != nil {
+	moved, err := movedChannels(md, byUID, where)
+	if err != nil {
 		return nil, err
 	}
 	plan := &Plan{
@@ -306,7 +318,7 @@ func assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestor
 		op, ok := byUID[old.UID]
 		switch {
 		case ok:
-			if err := assignOperator(plan.Tasks, old, op, where); err != nil {
+			if err := assignOperator(plan.Tasks, old, op, moved[old.UID], where); err != nil {
 				return nil, err
 			}
 		case !hasState(old):
@@ -362,18 +374,22 @@ func channelStateSubtask(op *checkpoint.OperatorState) int {
 	return found
 }
 
-// checkChannelStateRescaling fails if a restored operator changes its
-// parallelism while a restored operator holds channel state (R8). In-flight
-// data cannot be redistributed yet. Not only that of the rescaled operator
-// itself is at stake: output channel state is indexed by the channels of an
-// edge, whose number is the parallelism of the operator downstream, and
-// input channel state by the channels of the gate, whose number follows the
-// parallelism upstream. Assign does not know the edges, so any channel
-// state in the checkpoint forbids any change of parallelism.
-func checkChannelStateRescaling(md *checkpoint.Metadata, byUID map[string]*Operator, where string) error {
-	var rescaled *checkpoint.OperatorState
-	var holder *checkpoint.OperatorState
-	holderSub := -1
+// movedChannels returns the restored operators whose channel state must
+// move to other channels (R8): those whose parallelism changes, or that of
+// an operator upstream or downstream of them (their channel state is
+// indexed by the channels of those edges). It fails for one that holds
+// channel state the runtime cannot redistribute (Operator.Unmovable).
+func movedChannels(md *checkpoint.Metadata, byUID map[string]*Operator, where string) (map[string]bool, error) {
+	oldP := make(map[string]int, len(md.Operators))
+	for i := range md.Operators {
+		oldP[md.Operators[i].UID] = md.Operators[i].Parallelism
+	}
+	changed := func(uid string) bool {
+		p, ok := oldP[uid]
+		op := byUID[uid]
+		return !ok || op == nil || p != op.Parallelism
+	}
+	moved := map[string]bool{}
 	for i := range md.Operators {
 		old := &md.Operators[i]
 		op, ok := byUID[old.UID]
@@ -381,29 +397,32 @@ func checkChannelStateRescaling(md *checkpoint.Metadata, byUID map[string]*Opera
 			continue // not restored (AllowNonRestoredState, or an error later)
 		}
 		sub := channelStateSubtask(old)
-		if old.Parallelism != op.Parallelism {
-			if sub >= 0 {
-				return fmt.Errorf("restore: %s: operator uid %q: its parallelism changes from %d to %d, but its subtask %d "+
-					"holds in-flight data of an unaligned checkpoint (channel state), which cannot be redistributed to "+
-					"another parallelism yet; restore it at parallelism %d, or from an aligned checkpoint or savepoint",
-					where, old.UID, old.Parallelism, op.Parallelism, sub, old.Parallelism)
-			}
-			if rescaled == nil {
-				rescaled = old
+		if sub < 0 {
+			continue
+		}
+		why := ""
+		switch {
+		case changed(old.UID):
+			why = fmt.Sprintf("its parallelism changes from %d to %d", old.Parallelism, op.Parallelism)
+		default:
+			for _, u := range append(slices.Clone(op.Upstream), op.Downstream...) {
+				if changed(u) {
+					why = fmt.Sprintf("operator uid %q, which its in-flight data flows between, is new or changes its parallelism", u)
+					break
+				}
 			}
 		}
-		if sub >= 0 && holder == nil {
-			holder, holderSub = old, sub
+		if why == "" {
+			continue
 		}
+		if op.Unmovable != "" {
+			return nil, fmt.Errorf("restore: %s: operator uid %q: %s, but its subtask %d holds in-flight data of an "+
+				"unaligned checkpoint (channel state) that cannot be redistributed: %s; restore at the checkpoint's "+
+				"parallelism, or from an aligned checkpoint or savepoint", where, old.UID, why, sub, op.Unmovable)
+		}
+		moved[old.UID] = true
 	}
-	if rescaled != nil && holder != nil {
-		return fmt.Errorf("restore: %s: operator uid %q: its parallelism changes from %d to %d, but operator uid %q "+
-			"subtask %d holds in-flight data of an unaligned checkpoint (channel state), whose channels depend on the "+
-			"parallelism of the operators it flows between and which cannot be redistributed yet; restore at the "+
-			"checkpoint's parallelism, or from an aligned checkpoint or savepoint",
-			where, rescaled.UID, rescaled.Parallelism, byUID[rescaled.UID].Parallelism, holder.UID, holderSub)
-	}
-	return nil
+	return moved, nil
 }
 
 // cloneChannelState copies the channel state of s into n (R6, R8): the
@@ -424,7 +443,7 @@ func cloneChannelState(n, s *checkpoint.SubtaskState) {
 
 // assignOperator adds the new subtask states of one restored operator to
 // tasks.
-func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *checkpoint.OperatorState, op *Operator, where string) error {
+func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *checkpoint.OperatorState, op *Operator, moved bool, where string) error {
 	newP := op.Parallelism
 	olds := make([]*checkpoint.SubtaskState, len(old.Subtasks))
 	oldKeyed := false
@@ -477,14 +496,26 @@ func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *c
 	if err := assignFiles(olds, news, samePar, old.Parallelism, where, op.UID); err != nil {
 		return err
 	}
-	// Channel state stays with its subtask; checkChannelStateRescaling
-	// made sure that the parallelism is unchanged if there is any (R8).
-	for _, s := range olds {
-		switch {
-		case samePar:
+	// Channel state stays with its subtask, unless its channels changed:
+	// then every new subtask gets all of it and takes its share (R8).
+	if moved {
+		all := make([]*checkpoint.ChannelState, old.Parallelism)
+		for _, s := range olds {
+			if s.HasChannelState() && s.Channels == nil {
+				return fmt.Errorf("restore: %s: operator uid %q subtask %d: channel state %v not loaded", where, op.UID, s.Subtask, s.ChannelState)
+			}
+			if s.Subtask >= 0 && s.Subtask < len(all) && s.Channels != nil {
+				var c checkpoint.SubtaskState
+				cloneChannelState(&c, s)
+				all[s.Subtask] = c.Channels
+			}
+		}
+		for _, s := range news {
+			s.RescaledChannels = all
+		}
+	} else if samePar {
+		for _, s := range olds {
 			cloneChannelState(news[s.Subtask], s)
-		case s.HasChannelState(): // unreachable
-			return fmt.Errorf("restore: %s: operator uid %q: channel state at a changed parallelism", where, op.UID)
 		}
 	}
 	for _, s := range news {

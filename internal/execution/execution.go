@@ -88,6 +88,10 @@ type Operator struct {
 	UID, Name                   string
 	Parallelism, MaxParallelism int
 	Source, Keyed               bool
+	// Upstream, Downstream and Unmovable are restore.Operator's: where an
+	// operator heading a chain has its channel state.
+	Upstream, Downstream []string
+	Unmovable            string
 }
 
 // RestoreConfig says where the first attempt starts from (see
@@ -424,7 +428,8 @@ func (e *Execution) restorePlan(n int, storage *snapshot.Storage) (*restore.Plan
 	}
 	ops := make([]restore.Operator, len(s.Operators))
 	for i, op := range s.Operators {
-		ops[i] = restore.Operator{UID: op.UID, Name: op.Name, Parallelism: op.Parallelism, MaxParallelism: op.MaxParallelism, Keyed: op.Keyed}
+		ops[i] = restore.Operator{UID: op.UID, Name: op.Name, Parallelism: op.Parallelism, MaxParallelism: op.MaxParallelism, Keyed: op.Keyed,
+			Upstream: op.Upstream, Downstream: op.Downstream, Unmovable: op.Unmovable}
 	}
 	plan, err := restore.Assign(c.md, c.path, ops, s.Restore.AllowNonRestoredState, e.logf)
 	if err != nil {

@@ -35,7 +35,12 @@
 // checkpoint is acknowledged, and travel with the head's ack; the ack waits
 // for the aligner's InputStateComplete (T8). On restore the output state is
 // sent first, then the chain opens (operator state), then the input state
-// is processed before the gate is read.
+// is processed before the gate is read. Restored at another parallelism
+// (Restored.RescaledChannels: the state of every old subtask), a subtask
+// routes the output records of the old subtasks k with k modulo its
+// parallelism equal to its index anew (Output.RestoreRouted), and replays
+// the input records of its key groups from every old subtask (keyed) or
+// those of the same old subtasks (otherwise).
 //
 // # Loops (cyclic graphs)
 //

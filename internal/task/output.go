@@ -38,6 +38,9 @@ type Keyed[K comparable, T any] struct {
 	KeyGroup uint16
 }
 
+// group is the key group, for the restore of rescaled channel state.
+func (k *Keyed[K, T]) group() int { return int(k.KeyGroup) }
+
 // KeyedEdge returns a hash-partitioned edge: for each record it calls key
 // once, computes the key group once (keygroup.Of with max parallelism
 // maxP), and appends the record, with its key and key group, to the buffer
@@ -291,6 +294,30 @@ func (o *Output[T]) RestoreChannel(ctx context.Context, edge, ch int, bufs [][]b
 	return o.edges[edge].restore(ctx, ch, bufs, where)
 }
 
+// RestoreRouted sends the records of restored output channel state of
+// edge whose channels changed (a restore at another parallelism) through
+// the edge's routing, in order, before anything else is emitted: a
+// record of a hash edge goes to the subtask that owns its key group now,
+// one of a forward or rebalance edge where the edge sends it. It fails for
+// a broadcast edge (the job refuses that restore before, restore.Operator
+// Unmovable).
+func (o *Output[T]) RestoreRouted(ctx context.Context, edge int, bufs [][]byte, where string) error {
+	if o.local != nil {
+		return fmt.Errorf("task: %s: output channel state for a chained output", where)
+	}
+	if o.single != nil {
+		if edge != 0 {
+			return fmt.Errorf("task: %s: output channel state of edge %d, but the output has one channel", where, edge)
+		}
+		l := newLanes([]channel.Sender[T]{o.single})
+		return l.restore(ctx, 0, bufs, where)
+	}
+	if edge < 0 || edge >= len(o.edges) {
+		return fmt.Errorf("task: %s: output channel state of edge %d, but the output has %d edges", where, edge, len(o.edges))
+	}
+	return o.edges[edge].reroute(ctx, bufs, where)
+}
+
 // Available reports whether every output channel is available (below its
 // capacity): the subtask loops take new input only then, so that a
 // subtask under backpressure waits in its loop, where it still handles
@@ -369,6 +396,9 @@ type edgeWriter[T any] interface {
 	sendOvertaking(ev marker.Event, rec func(ch int, b *ChannelBuffer)) error
 	// restore sends restored output channel state on channel ch.
 	restore(ctx context.Context, ch int, bufs [][]byte, where string) error
+	// reroute sends restored output channel state whose channels changed
+	// (a rescaled restore), routing every record anew.
+	reroute(ctx context.Context, bufs [][]byte, where string) error
 	// available and awaitSpace are Output.Available and AwaitSpace for the
 	// edge's channels.
 	available() bool
@@ -511,6 +541,22 @@ type routeEdge[T any] struct {
 	route func(T) int
 }
 
+func (e *routeEdge[T]) reroute(ctx context.Context, bufs [][]byte, where string) error {
+	if e.route == nil && len(e.chans) > 1 {
+		return fmt.Errorf("task: %s: in-flight records of a broadcast edge cannot be routed to another parallelism", where)
+	}
+	for _, b := range bufs {
+		recs, err := decodeRecords[T](b, where)
+		if err != nil {
+			return err
+		}
+		if err := e.write(ctx, recs); err != nil {
+			return err
+		}
+	}
+	return e.flush(ctx)
+}
+
 func (e *routeEdge[T]) write(ctx context.Context, recs []T) error {
 	if e.route == nil || len(e.chans) == 1 {
 		for c := range e.chans {
@@ -540,6 +586,27 @@ type keyedEdge[K comparable, T any] struct {
 	assign *keygroup.Assigner
 }
 
+// reroute sends every restored record to the channel of the subtask that
+// owns its key group now; key and key group travel with it.
+func (e *keyedEdge[K, T]) reroute(ctx context.Context, bufs [][]byte, where string) error {
+	for _, b := range bufs {
+		recs, err := decodeRecords[Keyed[K, T]](b, where)
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			if int(r.KeyGroup) >= e.assign.MaxParallelism() {
+				return fmt.Errorf("task: %s: a record of key group %d, but the edge has %d key groups", where, r.KeyGroup, e.assign.MaxParallelism())
+			}
+			c := e.assign.Owner(int(r.KeyGroup))
+			if err := e.appendAll(ctx, c, []Keyed[K, T]{r}); err != nil {
+				return err
+			}
+		}
+	}
+	return e.flush(ctx)
+}
+
 func (e *keyedEdge[K, T]) write(ctx context.Context, recs []T) error {
 	for i := range recs {
 		k := e.key(recs[i])
@@ -565,6 +632,7 @@ type Emitter interface {
 	BroadcastEvent(ev marker.Event) error
 	BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, b *ChannelBuffer)) error
 	RestoreChannel(ctx context.Context, edge, ch int, bufs [][]byte, where string) error
+	RestoreRouted(ctx context.Context, edge int, bufs [][]byte, where string) error
 	Available() bool
 	AwaitSpace() (space <-chan struct{}, w SpaceWaiter, ok bool)
 	Err() error

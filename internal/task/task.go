@@ -690,9 +690,28 @@ func (r *runner) loopCounts() LoopCounts {
 }
 
 // restoreOutputs sends the restored output channel state into the tail's
-// channels (before anything new is emitted).
+// channels (before anything new is emitted). Rescaled channel state
+// (restore moved it: its channels changed) comes from the old subtasks k
+// with k modulo the parallelism equal to this subtask, routed anew.
 func (r *runner) restoreOutputs(ctx context.Context) error {
 	head := &r.chain.Members[0].Info
+	if head.Restored != nil && head.Restored.RescaledChannels != nil {
+		for k, cs := range head.Restored.RescaledChannels {
+			if cs == nil || k%head.Parallelism != head.Subtask {
+				continue
+			}
+			for _, c := range cs.Channels {
+				if c.Kind != checkpoint.OutputChannel {
+					continue
+				}
+				where := fmt.Sprintf("output channel state of %v from old subtask %d (edge %d, channel %d), at a new parallelism", head, k, c.Edge, c.Channel)
+				if err := r.chain.tail().Out.RestoreRouted(ctx, c.Edge, c.Buffers, where); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
 	for _, c := range restoredChannels(head, checkpoint.OutputChannel) {
 		where := fmt.Sprintf("output channel state of %v (edge %d, channel %d)", head, c.Edge, c.Channel)
 		if err := r.chain.tail().Out.RestoreChannel(ctx, c.Edge, c.Channel, c.Buffers, where); err != nil {
@@ -1216,6 +1235,9 @@ func (lp *loopState) delivered(r *runner, ch int, kind align.InputKind, records 
 // everything that followed the barrier).
 func replayInputs[IN any](r *runner, process func([]IN) error) error {
 	head := &r.chain.Members[0].Info
+	if head.Restored != nil && head.Restored.RescaledChannels != nil {
+		return replayRescaled(r, head, process)
+	}
 	for _, c := range restoredChannels(head, checkpoint.InputChannel) {
 		where := fmt.Sprintf("input channel state of %v (input %d)", head, c.Channel)
 		for _, b := range c.Buffers {
@@ -1229,6 +1251,61 @@ func replayInputs[IN any](r *runner, process func([]IN) error) error {
 		}
 	}
 	return r.chain.err()
+}
+
+// replayRescaled replays the input channel state of a restore at another
+// parallelism: a keyed subtask takes, from every old subtask, the records
+// of its key groups (they carry their key group), in old subtask order and
+// recorded order, so every key's records keep their order; another takes
+// all records of the old subtasks k with k modulo its parallelism equal to
+// its index.
+func replayRescaled[IN any](r *runner, head *Info, process func([]IN) error) error {
+	keyed := head.KeyGroups.Len() > 0
+	for k, cs := range head.Restored.RescaledChannels {
+		if cs == nil || (!keyed && k%head.Parallelism != head.Subtask) {
+			continue
+		}
+		for _, c := range cs.Channels {
+			if c.Kind != checkpoint.InputChannel {
+				continue
+			}
+			where := fmt.Sprintf("input channel state of %v from old subtask %d (input %d), at a new parallelism", head, k, c.Channel)
+			for _, b := range c.Buffers {
+				recs, err := decodeRecords[IN](b, where)
+				if err != nil {
+					return err
+				}
+				if keyed {
+					if recs, err = ownKeyGroups(recs, head.KeyGroups, where); err != nil {
+						return err
+					}
+				}
+				if len(recs) == 0 {
+					continue
+				}
+				if err := process(recs); err != nil {
+					return fmt.Errorf("task: %v: replaying %s: %w", r.cfg.Info, where, err)
+				}
+			}
+		}
+	}
+	return r.chain.err()
+}
+
+// ownKeyGroups keeps the records of recs (Keyed records) whose key group
+// is in rg.
+func ownKeyGroups[IN any](recs []IN, rg keygroup.Range, where string) ([]IN, error) {
+	out := recs[:0]
+	for i := range recs {
+		g, ok := any(&recs[i]).(interface{ group() int })
+		if !ok {
+			return nil, fmt.Errorf("task: %s: records of type %T carry no key group", where, recs[i])
+		}
+		if rg.Contains(g.group()) {
+			out = append(out, recs[i])
+		}
+	}
+	return out, nil
 }
 
 // stepAligned feeds an aligner outcome (everything but Deliver, Block,

@@ -1387,6 +1387,7 @@ func (nopOut) BroadcastOvertaking(marker.Event, func(edge, ch int, b *ChannelBuf
 	return nil
 }
 func (nopOut) RestoreChannel(context.Context, int, int, [][]byte, string) error { return nil }
+func (nopOut) RestoreRouted(context.Context, int, [][]byte, string) error       { return nil }
 func (nopOut) Available() bool                                                  { return true }
 func (nopOut) AwaitSpace() (<-chan struct{}, SpaceWaiter, bool)                 { return nil, nil, false }
 

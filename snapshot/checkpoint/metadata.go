@@ -72,6 +72,16 @@ type SubtaskState struct {
 	// file ChannelState names) and by snapshot.ReadMetadata when it reads a
 	// checkpoint (from that file). DecodeMetadata leaves it nil.
 	Channels *ChannelState `msgpack:"-"`
+	// RescaledChannels, in memory only, is set by restore.Assign instead of
+	// ChannelState and Channels when the channels of this subtask's
+	// channel state changed (its operator's parallelism, or that of an
+	// operator its in-flight data flows from or to): the channel state of
+	// every subtask of the operator in the checkpoint, by old subtask index
+	// (nil where it had none). The runtime takes its share: the in-flight
+	// records of keyed inputs whose key group it owns, those of other
+	// inputs and of its outputs from the old subtasks with index modulo
+	// the new parallelism equal to its own, which it routes anew.
+	RescaledChannels []*ChannelState `msgpack:"-"`
 }
 
 // Size is the approximate number of state bytes held by s: list and keyed
