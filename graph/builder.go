@@ -207,6 +207,10 @@ func connect[T any](in *Stream[T], v *vertex) {
 		if st.v == nil {
 			// The feedback of an open iteration: its edges come with
 			// CloseWith, after v's other inputs.
+			if st.iter.closed {
+				in.job.errorf("graph: %s: %s reads its Stream after CloseWith; read it before closing the loop", st.iter, v)
+				continue
+			}
 			st.iter.heads = append(st.iter.heads, feedbackHead{to: v, part: st.part, partitioner: st.partitioner})
 			continue
 		}

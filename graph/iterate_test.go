@@ -169,6 +169,15 @@ func TestIterateValidation(t *testing.T) {
 	sinkTo(body, "sink")
 	require.ErrorContains(t, job.Validate(), `feedback edge operator "outside" (outside) -> operator "body" (body) closes no loop`)
 
+	// A head added after CloseWith would get no feedback.
+	job, src = newJob(graph.CheckpointConfig{})
+	it = graph.Iterate(src)
+	body = graph.Map(it.Stream(), "body", pass)
+	it.CloseWith(graph.Filter(body, "again", func(h hop) bool { return h.Hops > 0 }))
+	sinkTo(graph.Map(it.Stream(), "late", pass), "late-sink")
+	sinkTo(body, "sink")
+	require.ErrorContains(t, job.Validate(), `iteration 1 (over "source"): operator "late" (late) reads its Stream after CloseWith`)
+
 	// At-least-once checkpoints would lose what is in flight on the
 	// feedback edge.
 	job, src = newJob(graph.CheckpointConfig{Interval: time.Second, Dir: t.TempDir(), Mode: marker.AtLeastOnce})
