@@ -70,9 +70,14 @@
 //
 // Invariants (tested by the scripts in testdata):
 //
-//   - MS1: every subtask gets exactly one barrier or trigger mail for each
-//     checkpoint triggered while it runs, through its channels or its
-//     mailbox, and none for checkpoints it handled before its input ended.
+//   - MS1: every subtask with inputs gets exactly one barrier or trigger
+//     mail for each checkpoint triggered while it runs, through its
+//     channels or its mailbox, and none for checkpoints it handled before
+//     its input ended. A source gets the trigger mail of every checkpoint
+//     triggered while it runs, and again, if its input ended before it
+//     handled that mail (InputEnded{h} with h below it), the mail of each
+//     such checkpoint once more; the subtask takes the first it handles
+//     and ignores the other (task T2).
 //   - MS2: MailFinish is sent once, to every mailbox, after the MailComplete
 //     of a checkpoint triggered after every subtask's input ended; MailStop
 //     only after the MailComplete of the stop-with-savepoint. Never both.
