@@ -20,8 +20,9 @@ import (
 // sizes. Per mode it reports the median and the maximum checkpoint
 // end-to-end duration, the median longest alignment, the median persisted
 // in-flight bytes per checkpoint, and the bytes the channels can hold (the
-// bound on what an unaligned checkpoint may persist). b.N is ignored: one
-// run per mode.
+// bound on what an unaligned checkpoint may persist), and, for the other
+// modes, the ratio of their median end-to-end duration to aligned mode's
+// in the same run. b.N is ignored: one run per mode.
 //
 //	go test -run '^$' -bench Backpressure -benchtime 1x ./bench/
 func BenchmarkBackpressure(b *testing.B) {
@@ -33,6 +34,7 @@ func BenchmarkBackpressure(b *testing.B) {
 		interval = 200 * time.Millisecond
 	)
 	for _, bufSize := range []int{1024, 4096} {
+		alignedMedian := 0.0 // of this buffer size, for the paired ratio
 		for _, m := range []struct {
 			name    string
 			mode    marker.Mode
@@ -68,8 +70,8 @@ func BenchmarkBackpressure(b *testing.B) {
 					if c.Status != snapshot.StatusCompleted || c.Kind != marker.Checkpoint {
 						continue
 					}
-					e2e = append(e2e, float64(c.EndToEnd.Milliseconds()))
-					align = append(align, float64(c.MaxAlignment().Milliseconds()))
+					e2e = append(e2e, float64(c.EndToEnd.Microseconds())/1000)
+					align = append(align, float64(c.MaxAlignment().Microseconds())/1000)
 					persisted = append(persisted, float64(c.InFlightSize))
 				}
 				if len(e2e) == 0 {
@@ -85,6 +87,12 @@ func BenchmarkBackpressure(b *testing.B) {
 				b.ReportMetric(median(persisted), "persisted-median-B")
 				b.ReportMetric(inFlight, "channels-hold-B")
 				b.ReportMetric(float64(len(e2e)), "completed")
+				if m.name == "aligned" {
+					alignedMedian = median(e2e)
+				} else if alignedMedian > 0 {
+					// The ratio to aligned mode, measured in the same run.
+					b.ReportMetric(median(e2e)/alignedMedian, "e2e-vs-aligned-x")
+				}
 			})
 		}
 	}

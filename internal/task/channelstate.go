@@ -1,9 +1,9 @@
 package task
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -154,15 +154,15 @@ func (rs *recorders) drop(id int64) { rs.take(id) }
 
 // encodeRecords is the encoding of one recorded buffer: msgpack, structs as
 // arrays of their fields (half the size and about 1.7x faster to write than
-// maps of field names; the decoder reads either).
+// maps of field names; the decoder reads either). Flat element types take
+// the fast path of flatenc.go, which writes the same bytes.
 func encodeRecords[E any](recs []E) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
-	enc.UseArrayEncodedStructs(true)
-	if err := enc.Encode(recs); err != nil {
-		return nil, err
+	if p := flatPlanFor[E](); p != nil {
+		if b, ok := p.encodeFlat(unsafe.Pointer(unsafe.SliceData(recs)), len(recs), recs == nil); ok {
+			return b, nil
+		}
 	}
-	return buf.Bytes(), nil
+	return encodeMsgpack(recs)
 }
 
 // decodeRecords decodes one recorded buffer; where names it in errors.
