@@ -87,7 +87,9 @@
 //     chose, or nothing): never a checkpoint another execution left behind
 //     (bug 2 of issue 5). Errors that a restart cannot cure fail the job at
 //     once: state for a uid not in the job, a changed max parallelism, an
-//     explicit path that does not decode (restore.ErrUnrecoverable), a
+//     explicit path that does not decode (restore.ErrUnrecoverable; also a
+//     malformed input record or an input file that changed under a
+//     restore, from package source), a
 //     restore that would publish committed records again
 //     (restore.ErrFallback), a metadata write of unknown outcome
 //     (snapshot.ErrIndeterminate), subtasks that did not stop.

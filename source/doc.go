@@ -5,12 +5,128 @@
 // entered checkpoint N; together with a two-phase-commit sink this gives
 // end-to-end exactly-once output.
 //
-// Invariant SRC1: the position saved by SnapshotState is the index of the next
-// record Next will return; every record before it was emitted before the
-// checkpoint barrier.
+// Invariant SRC1: the position saved by SnapshotState is the position of
+// the next record the source will return; every record before it was
+// emitted before the checkpoint barrier, and none after it.
 //
-// Subtask i of p reads the records i, i+p, i+2p, ... Positions are per
-// subtask, so restoring these sources at another parallelism is not
-// supported yet (the restore fails with a clear error instead of losing or
-// duplicating records).
+// # Indexed sources
+//
+// Generate, GenerateRate and Slice build sources over records 0..n-1
+// (Indexed). Subtask i of p reads the records i, i+p, i+2p, ... Positions
+// are per subtask (split list state OffsetState), so restoring these
+// sources at another parallelism is not supported (the restore fails with a
+// clear error instead of losing or duplicating records). GenerateRate
+// paces the records with a token bucket.
+//
+// # File sources: the split contract
+//
+// NDJSON, NDJSONFunc, JSONArray, CSV and CSVFunc read files into records
+// of a user type, streaming, and rescale: a checkpoint taken at one
+// parallelism restores at any other. They return a *Files, whose New
+// method is the source factory for graph.Source and whose Stats counts
+// what its subtasks did. The pattern is a glob, a directory (the regular
+// files directly in it; sub-directories are not read) or one file;
+// directories a glob matches are not read, nor the files of the DeadLetter
+// prefix (prefix-<n>). A pattern that finds no file fails the job.
+//
+// SRC2 (splits): a split is a whole file or a byte range [Start, End) of a
+// file; a file larger than SplitSize is cut into ranges of SplitSize
+// bytes, so the splits of a file tile [0, size). A split's id is its path
+// and range, stable across runs. A record belongs to the split in which
+// its first byte lies: the reader of a range starting at 0 begins at the
+// file start, the reader of any other range at the first line start at or
+// after Start (it seeks to Start-1 and skips through the next '\n'), and
+// each reads every record that starts before End, even one that ends
+// beyond it. Every record is therefore read by exactly one split. For CSV
+// the rule needs records of one line; a reader of a file cut into ranges
+// fails on a record with a quoted newline (read such files whole,
+// SplitSize(0)). JSON array files are always whole splits: a range reader
+// could not find an element boundary without reading from the start.
+//
+// SRC3 (discovery and assignment): discovery expands the pattern and sorts
+// the files by path; the splits are those of the restored state for the
+// files it names (SRC4) and, for every other file, the file cut anew at
+// the current SplitSize; sorted by (path, start). Split k of that list
+// belongs to subtask k mod parallelism. Discovery runs once per attempt
+// (the first subtask to initialize) and the subtasks of the attempt share
+// it, so all of them plan from the same files even if a file appears
+// meanwhile. Files that appear later are read by the next attempt or
+// restore that discovers them, from offset 0; the sources do not watch for
+// new files while they run.
+//
+// SRC4 (progress in union state): each subtask keeps one SplitProgress
+// per assigned split, done splits included: split id, the byte offset and
+// line number of the next record, Started and Done flags, counts of the
+// records emitted and bad records dead-lettered before the offset, and the
+// file's identity. SnapshotState saves exactly those elements into the
+// union list state SplitState. On restore every subtask sees the elements
+// of all old subtasks, plans the split list from them (SRC3), and takes
+// the elements of the splits assigned to it: each split is read by exactly
+// one subtask, from its checkpointed offset, which the reader seeks to; no
+// record before it is read or decoded again. (CSV re-reads the header at
+// the file start first.) The union of the subtasks' elements always holds
+// every split of every file the source ever discovered; restored splits of
+// a file must tile it, or the restore fails.
+//
+// SRC5 (identity): a file's identity is its size at discovery and the
+// CRC-32C (Castagnoli) of its first min(size, IdentityBytes = 64 KiB)
+// bytes. A restore whose state holds a split of a file the pattern does
+// not find fails InitializeState (ErrInputMissing), and so does one whose
+// file's current size or checksum differs from the checkpointed ones
+// (ErrInputChanged); the error names the file, the checkpointed size and
+// checksum and, for a changed file, the current ones; both wrap
+// restore.ErrUnrecoverable, so the job fails at once instead of
+// restarting. A change past the first 64 KiB that keeps the size is not
+// detected: the checksum covers only the head, so that a restore need not
+// read the file. Identities are computed once per attempt for every
+// discovered file (64 KiB read per file). While reading, a file that ends before its discovered
+// size or goes on after it fails the source (ErrInputChanged); files must
+// not change while a job reads them. A restore with another format under
+// the same uid fails too.
+//
+// SRC6 (nothing skipped silently): every record a reader frames is
+// emitted, or fails the source, or is dead-lettered and counted. The
+// skipped bytes are exactly: blank lines (NDJSON: whitespace only; CSV:
+// empty, as encoding/csv skips them), counted as lines; and JSON
+// whitespace and separators. With the default policy a record that does
+// not decode fails ReadBatch with a *RecordError naming the file, the line
+// and byte offset of the record's first byte, and the cause; the position
+// stays at that record. With DeadLetter(path) its raw bytes (without the
+// line terminator), file, line, offset and cause go as one JSON line to
+// path-<subtask>, it is counted (Files.Stats, SplitProgress.Bad) and
+// logged (the first ten per subtask one by one, then in the split's
+// summary), and reading goes on. A record the reader cannot frame (a
+// broken JSON array, a record longer than MaxRecordSize, a multi-line CSV
+// record in a range) fails under either policy: what follows cannot be
+// found reliably. Record errors wrap ErrBadRecord and
+// restore.ErrUnrecoverable. The dead-letter file is written at least once:
+// it is synced when a checkpoint is taken, and a restore writes the
+// entries after the checkpointed offsets again (deduplicate by file and
+// offset); SplitProgress.Bad counts each bad record once.
+//
+// SRC7 (bounded memory): a subtask holds one open file, one 64 KiB
+// bufio.Reader and one record, which may grow to MaxRecordSize (default
+// 16 MiB) and no further, whatever the file size.
+//
+// Line numbers count from 1 at the file start in splits starting at byte
+// 0; in other ranges they count from 1 at the range's first line (the
+// lines before it are never read), and errors say so; byte offsets are
+// always the file's. Formats:
+//
+//   - NDJSON: one JSON value per line, decoded with encoding/json (or the
+//     NDJSONFunc decoder); LF or CRLF, a final newline or none.
+//   - JSONArray: one top-level JSON array per file. A framing scanner
+//     tracks strings, escapes and nesting depth to find each element, whose
+//     bytes go to json.Unmarshal; the offset saved is the next element's
+//     first byte.
+//   - CSV: encoding/csv (RFC 4180), a header line, records mapped to
+//     struct fields by `csv:"name"` tag or case-insensitive field name (see
+//     CSV), or handed to the CSVFunc decoder. The reader finds each
+//     record's extent as encoding/csv does (FuzzCSVFraming checks it
+//     against encoding/csv), so a bad record never swallows good ones.
+//
+// Options: SplitSize, MaxRecordSize, DeadLetter, RateLimit (records per
+// second per subtask, a token bucket; an exhausted bucket returns
+// graph.ErrNoRecord, so checkpoints go on), FromFS (an fs.FS whose files
+// implement io.Seeker) and WithLogf.
 package source
