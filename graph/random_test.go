@@ -13,15 +13,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/state"
 )
 
-// event is a record of the random topologies: a unique id and its key.
+// event is a record of the random topologies: a unique id and its key,
+// and the rounds it still goes in the loop, if the topology has one.
 type event struct {
-	ID  int64 `msgpack:"id"`
-	Key int64 `msgpack:"k"`
+	ID   int64 `msgpack:"id"`
+	Key  int64 `msgpack:"k"`
+	Hops int64 `msgpack:"h"`
 }
 
 // counted is what the keyed counter emits: the event and the count of its
@@ -59,7 +62,9 @@ func (k *keyCounter) Process(ctx *graph.KeyedContext[int64], e event, out graph.
 
 // TestRandomTopologiesExactlyOnce builds random graphs (one or two sources
 // of random parallelism, union, map, filter, rebalance or forward, chaining
-// on or off, a keyed counter, a two-phase-commit sink), injects failures at
+// on or off, sometimes a loop that sends events round up to three times,
+// a keyed counter, a two-phase-commit sink) with random checkpoint modes
+// (aligned, unaligned, aligned with a short timeout), injects failures at
 // random records and checks exactly-once end to end: every surviving event
 // is published once, and for every key the published counts are exactly
 // 1..n (keyed state restored with the sources' positions).
@@ -76,17 +81,24 @@ func TestRandomTopologiesExactlyOnce(t *testing.T) {
 		chaining := rng.IntN(2) == 0
 		rebalance := rng.IntN(2) == 0
 		pKeyed := 1 + rng.IntN(3)
+		loop := rng.IntN(2) == 0
+		mode, timeout := []marker.Mode{marker.Aligned, marker.Unaligned, marker.Aligned}[rng.IntN(3)], time.Duration(0)
+		if mode == marker.Aligned && rng.IntN(2) == 0 {
+			timeout = time.Millisecond
+		}
 		var failAt []int64
 		for range rng.IntN(3) {
 			failAt = append(failAt, 1+rng.Int64N(int64(sources*perSource)/2))
 		}
-		name := fmt.Sprintf("round=%d/sources=%d/keys=%d/chaining=%v/rebalance=%v/p=%d/fail=%v", round, sources, keys, chaining, rebalance, pKeyed, failAt)
+		name := fmt.Sprintf("round=%d/sources=%d/keys=%d/chaining=%v/rebalance=%v/p=%d/loop=%v/mode=%v/timeout=%v/fail=%v",
+			round, sources, keys, chaining, rebalance, pKeyed, loop, mode, timeout, failAt)
 		t.Run(name, func(t *testing.T) {
 			committer := sink.NewMemory[counted]()
 			cfg := graph.Config{
 				Parallelism:     1 + rng.IntN(3),
 				DisableChaining: !chaining,
-				Checkpoint:      graph.CheckpointConfig{Interval: time.Duration(1+rng.IntN(5)) * time.Millisecond, Dir: t.TempDir(), TolerableFailures: -1},
+				Checkpoint: graph.CheckpointConfig{Interval: time.Duration(1+rng.IntN(5)) * time.Millisecond, Dir: t.TempDir(), TolerableFailures: -1,
+					Mode: mode, AlignedTimeout: timeout},
 				Restart:         graph.FixedDelay(len(failAt), time.Millisecond),
 				BufferSize:      1 << rng.IntN(9),
 				ChannelCapacity: 1 + rng.IntN(8),
@@ -97,7 +109,7 @@ func TestRandomTopologiesExactlyOnce(t *testing.T) {
 			for s := range sources {
 				base := int64(s) * perSource
 				src := graph.Source(j, fmt.Sprintf("src%d", s), source.Generate(perSource, func(i int64) event {
-					return event{ID: base + i, Key: (base + i) % keys}
+					return event{ID: base + i, Key: (base + i) % keys, Hops: (base + i) % 4}
 				}), graph.Parallelism(1+rng.IntN(3)))
 				streams = append(streams, src)
 			}
@@ -109,6 +121,12 @@ func TestRandomTopologiesExactlyOnce(t *testing.T) {
 				in = in.Rebalance()
 			}
 			m := graph.Map(in, "map", func(e event) event { return e })
+			if loop {
+				it := graph.Iterate(m)
+				hopped := graph.Map(it.Stream().Rebalance(), "hop", func(e event) event { e.Hops--; return e })
+				it.CloseWith(graph.Filter(hopped, "again", func(e event) bool { return e.Hops > 0 }))
+				m = graph.Filter(hopped, "out", func(e event) bool { return e.Hops <= 0 })
+			}
 			f := graph.Filter(m, "filter", func(e event) bool { return e.ID%7 != 3 })
 			counters := make([]atomic.Int64, len(failAt))
 			c := graph.ProcessKeyed(graph.KeyBy(f, func(e event) int64 { return e.Key }), "count",
