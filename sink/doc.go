@@ -1,14 +1,27 @@
 // Package sink provides exactly-once sinks built on two-phase commit.
 //
-// Publishing is the minimal two-phase-commit sink: records written between
-// two checkpoints form one transaction. On checkpoint N the open transaction
-// is pre-committed (moved into the sink's checkpointed state under id N) and
-// a new one begins; only when N completes (NotifyCheckpointComplete(N)) are
-// the pending transactions with id <= N committed, through a Committer that
+// Two sinks run the protocol of Flink's TwoPhaseCommitSinkFunction:
+//
+//   - TwoPhaseCommit drives a TwoPhaseCommitter, an external system with
+//     transactions. The system holds the records of the open and the
+//     pre-committed transactions; the checkpoint holds only their handles.
+//     TxnFiles (transactional NDJSON files) is its reference
+//     implementation. See "Two-phase commit with handles" below.
+//   - Publishing is the in-memory form: it keeps the records of open and
+//     pre-committed transactions itself, in memory and in its checkpointed
+//     state, and hands them to a Committer at commit time. It suits
+//     modest volumes between checkpoints and systems with no transactions
+//     of their own (an idempotent upsert keyed by Txn).
+//
+// In Publishing, the records written between two checkpoints form one
+// transaction. On checkpoint N the open transaction is pre-committed
+// (moved into the sink's checkpointed state under id N) and a new one
+// begins. Only when N completes (NotifyCheckpointComplete(N)) are the
+// pending transactions with id <= N committed, through a Committer that
 // must be idempotent. After a restore, every pending transaction found in
 // the restored state is committed again with its original Txn (its
-// checkpoint completed, but the notification may have been lost), and
-// records after the checkpoint are replayed by the sources and land in new
+// checkpoint completed, but the notification may have been lost). Records
+// after the checkpoint are replayed by the sources and land in new
 // transactions.
 //
 // Invariants:
@@ -23,23 +36,158 @@
 //   - P4: one Txn never names two different contents. New transactions
 //     carry the execution id (graph.TaskInfo.Execution, random per
 //     Job.Start), and checkpoint ids strictly increase within an execution
-//     (graph G3), so checkpoint ids that repeat across executions (a
+//     (graph G3). So checkpoint ids that repeat across executions (a
 //     savepoint restored into a new checkpoint directory, a lost newest
-//     checkpoint, a fork) give new ids; a transaction restored from a
+//     checkpoint, a fork) give new ids. A transaction restored from a
 //     checkpoint keeps its Txn and its records.
+//
+// P1 and P3 hold for TwoPhaseCommit too; P5 to P7 below are its own.
+//
+// # Two-phase commit with handles
+//
+// TwoPhaseCommit(c) returns a sink factory. Each sink subtask keeps one
+// open transaction and drives c through these steps:
+//
+//   - Begin: when the subtask initializes, and after each pre-commit,
+//     named by a TxnID (see below).
+//   - Write (or WriteBatch, if c is a BatchWriter): every record goes to
+//     the open transaction.
+//   - Pre-commit, at checkpoint N (SnapshotState, before the barrier goes
+//     on): the open transaction is pre-committed (PreCommit: durable, not
+//     visible) and kept as pending under N, and the next one begins. An
+//     open transaction with no records stays open across the checkpoint
+//     instead.
+//   - Commit, on NotifyCheckpointComplete(N): every pending transaction
+//     with checkpoint <= N is committed (Commit), in checkpoint order, and
+//     dropped only once its commit succeeded. Notifications can be lost,
+//     and completing N subsumes them. Aborted checkpoints change nothing:
+//     their pending transactions wait for a later completion.
+//   - Recover, on a restore: every pending transaction in the restored
+//     state belongs to a checkpoint up to the restored one, which
+//     completed. So each is committed with RecoverAndCommit, in checkpoint
+//     order, whether or not it was committed before. The open
+//     transactions in the state began after the barrier; their records
+//     are replayed, so they are aborted (RecoverAndAbort). If c is a
+//     LingeringAborter, a restarted attempt then aborts what the failed
+//     attempts of its execution began after those (see Lingering). Then a
+//     new transaction begins.
+//   - Close: the open transaction (never a pending one) is aborted (Abort)
+//     when the subtask closes, normally or after a failure.
+//
+// # State
+//
+// The operator list state TwoPhaseState ("two-phase-transactions") holds
+// one element per transaction the subtask holds. A pending element is
+// {txn: TxnID, checkpoint: N, handle: H}; the open one is {txn: TxnID,
+// open: true, handle: H}. The records themselves stay in the external
+// system, so a sink's state and memory do not grow with the volume written
+// between checkpoints. The state is split-distributed, so after a change
+// of parallelism a subtask may recover the transactions of others: a
+// handle must name its transaction on its own. The commit user is kept as
+// Publishing keeps it (CommitUserState, below).
+//
+// # Transaction identity
+//
+// A transaction is named when it begins, before the checkpoint that will
+// pre-commit it is known. So a TxnID carries the commit user, the
+// execution, the sink uid, the subtask, the attempt that began the
+// transaction and a sequence number within the attempt; TxnID.Name is the
+// same as a string safe for file names and system identifiers (a temporary
+// file, a PostgreSQL prepared-transaction gid). Attempts count restarts
+// within an execution, and executions have random ids.
+//
+// # Retries and failures
+//
+// Commit, RecoverAndCommit, RecoverAndAbort, the abort at the end of input
+// and AbortLingering are retried with exponential backoff (Retry; by
+// default 5 attempts from 10ms, doubling, capped at 1s; set it with
+// TwoPhaseCommitWithRetry). An error wrapping restore.ErrUnrecoverable is
+// not retried. If the last attempt fails, the hook returns a *TxnError
+// naming the operation, the TxnID, the checkpoint and the handle. The job
+// fails, and the restart strategy decides what follows. A pre-commit that
+// fails fails the checkpoint's snapshot, and the job with it.
+//
+// Invariants:
+//
+//   - P5: a pre-committed transaction is never dropped. It stays in the
+//     sink's state until its commit succeeded. If a checkpoint covering it
+//     completes, it is committed exactly once (the committer's commits are
+//     idempotent, so repeats after a failure or a lost acknowledgement
+//     take no effect). If not, it is aborted: by the restore whose state
+//     names it as open, or by the lingering abort of the restarted attempt
+//     of its execution. It stays an orphan only when no attempt of its
+//     execution runs again (see Orphans).
+//   - P6: a commit that fails every retry fails the job with a TxnError
+//     naming the transaction. The transaction stays pending in the newest
+//     checkpoint, so the attempt (or the later execution) that restores it
+//     commits it before it writes anything.
+//   - P7: one TxnID, and one Name, never names two transactions. The
+//     execution is random per Job.Start, the attempt distinguishes the
+//     restarts of an execution, and the sequence number distinguishes the
+//     transactions of an attempt. TxnFiles refuses to begin a name that
+//     exists.
+//
+// # The committer contract
+//
+// See TwoPhaseCommitter. In short, PreCommit must make the commit certain
+// to succeed eventually. Commit and RecoverAndCommit must be idempotent,
+// and succeed without effect on a transaction committed before. Aborts
+// must be idempotent and leave committed transactions alone. Handles must
+// survive msgpack: exported fields only are checkpointed.
+//
+// # Files: TxnFiles
+//
+// TxnFiles writes each transaction to Dir/.pending/<name>.ndjson
+// (buffered). Its steps are:
+//
+//   - PreCommit: flush, fsync and close the file, then fsync the
+//     directory.
+//   - Commit: rename the file to Dir/<name>.ndjson, then fsync both
+//     directories. A transaction whose pending file is gone and whose
+//     committed file exists committed before.
+//   - Abort: delete the pending file.
+//
+// ReadCommitted reads every committed record, and CommittedFiles lists the
+// committed files. A commit that finds neither file fails with
+// ErrTxnMissing (unrecoverable) unless MissingIsCommitted is set, because
+// consumers remove committed files.
+//
+// Orphans lists old pending files. It is for a transaction that no live
+// execution will abort: a process crash between a Begin and the next
+// checkpoint, after which a new execution restores (lingering aborts stay
+// within one execution, since another execution may still be running), or
+// an abort that failed at a close.
+//
+// # Limitations
+//
+// Exactly-once holds across restores of the newest completed checkpoint,
+// which is what restarts and Restore.Latest do. A restore of an older
+// checkpoint or savepoint replays, and so commits again, what was committed
+// after it (graph's AllowFallback warns of the same).
+//
+// A savepoint (not a stop-with-savepoint) is committed by the next
+// checkpoint's completion. If the job restarts before then, from an older
+// checkpoint, that restore aborts what the savepoint pre-committed, and a
+// later restore of the savepoint fails with ErrTxnMissing, naming the
+// transaction. Restore a savepoint taken by a job that restarted before
+// its next checkpoint completed only if you accept that.
+//
+// Commit retries block the subtask (up to 150ms with the default Retry):
+// it takes no record and no barrier meanwhile.
 //
 // # The commit user
 //
 // Every transaction id carries the sink's commit user (CommitUserState): a
-// random id chosen when the job is first built, kept in union list state so
-// that every subtask, every restart and every restore into a new job (a new
-// job id) uses the same one, as Paimon's committer does. Each checkpoint
-// ends one transaction, possibly empty.
+// random id chosen when the job is first built. It is kept in union list
+// state, so every subtask, every restart and every restore into a new job
+// (a new job id) uses the same one, as Paimon's committer does. Each
+// checkpoint ends one transaction, possibly empty (Publishing; a
+// TwoPhaseCommit sink keeps an empty transaction open instead).
 //
 // A savepoint restored into a second job (a fork) hands the fork the same
 // commit user. That is safe for a Committer idempotent by the whole Txn,
-// as the contract requires: the two jobs' new transactions differ in their
-// execution ids (P4), so neither is taken for the other's, and the
+// as the contract requires. The two jobs' new transactions differ in their
+// execution ids (P4, P7), so neither is taken for the other's. The
 // pre-committed transactions both restore are the same transactions with
 // the same records, published once. A committer that dedupes by commit
 // user and checkpoint id only must key by execution too (see Committer).
@@ -49,19 +197,21 @@
 //
 // # End of input and stopping
 //
-// With checkpointing enabled, EndInput keeps the open transaction: the
+// With checkpointing enabled, EndInput keeps the open transaction. The
 // engine takes the final checkpoint after the end of input (after EndInput
 // and the output of timers), so its snapshot pre-commits the last records
-// and its completion commits them before the job ends. A job stopped with
-// a savepoint (graph.Execution.Stop) does not end its input: the savepoint
-// pre-commits everything written before its barrier, and its completion is
-// notified, so the sink commits it. Without checkpointing there is no
-// exactly-once: the open transaction is committed at end of input, under
-// checkpoint id math.MaxInt64.
+// and its completion commits them before the job ends. A TwoPhaseCommit
+// sink begins no transaction after the end of input, and aborts an open
+// one with no records there.
 //
-// Publishing keeps the records of open and pre-committed transactions in
-// memory and in its checkpointed state, which bounds it to modest volumes
-// between checkpoints; sinks for real systems keep them in the external
-// system's transaction and checkpoint only its handle (Flink's
-// TwoPhaseCommitSinkFunction, Paimon's committables).
+// A job stopped with a savepoint (graph.Execution.Stop) does not end its
+// input. The savepoint pre-commits everything written before its barrier,
+// and its completion is notified, so the sink commits it. The transaction
+// a TwoPhaseCommit sink began after the savepoint's barrier is aborted
+// when the subtask closes, and again by a restore of the savepoint, which
+// names it as open.
+//
+// Without checkpointing there is no exactly-once: the open transaction is
+// committed at end of input (Publishing: under checkpoint id
+// math.MaxInt64).
 package sink

@@ -133,7 +133,6 @@ type publishing[T any] struct {
 	c       Committer[T]
 	opts    options
 	user    string // the commit user: initial, then restored
-	users   *state.List[string]
 	info    graph.TaskInfo
 	ckpt    bool
 	current []T
@@ -143,26 +142,12 @@ type publishing[T any] struct {
 
 func (p *publishing[T]) InitializeState(ctx *graph.Context) error {
 	p.info, p.ckpt = ctx.Task(), ctx.CheckpointingEnabled()
-	users, err := state.UnionListState[string](ctx.OperatorState(), CommitUserState)
+	user, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user,
+		"; committers must dedupe by the whole Txn: sink.Committer")
 	if err != nil {
 		return err
 	}
-	p.users = users
-	if restored := users.Get(); len(restored) > 0 && restored[0] != p.user {
-		if p.opts.fixed {
-			if p.info.Subtask == 0 && p.info.Attempt == 0 {
-				p.opts.logf("sink %q: commit user %s (WithCommitUser) replaces the restored commit user %s", p.info.UID, p.user, restored[0])
-			}
-		} else {
-			p.user = restored[0]
-			if p.info.Subtask == 0 && p.info.Attempt == 0 {
-				p.opts.logf("sink %q: restored commit user %s, shared by every job restored from the same state; "+
-					"new transactions are told apart by execution %s (a fork may set its own: sink.WithCommitUser; "+
-					"committers must dedupe by the whole Txn: sink.Committer)", p.info.UID, p.user, p.info.Execution)
-			}
-		}
-	}
-	users.Update([]string{p.user})
+	p.user = user
 	l, err := state.ListState[pendingTxn[T]](ctx.OperatorState(), PendingState)
 	if err != nil {
 		return err
@@ -279,4 +264,30 @@ func (m *Memory[T]) Commits() (commits, recommits int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.commits, m.recommits
+}
+
+// restoreCommitUser registers the commit user's union list state and
+// returns the commit user to use: the restored one, unless fixed by
+// WithCommitUser; it logs the choice once per job (subtask 0, attempt 0),
+// with hint appended to the message about a restored one.
+func restoreCommitUser(ops *state.OperatorStore, o options, info graph.TaskInfo, user, hint string) (string, error) {
+	users, err := state.UnionListState[string](ops, CommitUserState)
+	if err != nil {
+		return "", err
+	}
+	if restored := users.Get(); len(restored) > 0 && restored[0] != user {
+		if o.fixed {
+			if info.Subtask == 0 && info.Attempt == 0 {
+				o.logf("sink %q: commit user %s (WithCommitUser) replaces the restored commit user %s", info.UID, user, restored[0])
+			}
+		} else {
+			user = restored[0]
+			if info.Subtask == 0 && info.Attempt == 0 {
+				o.logf("sink %q: restored commit user %s, shared by every job restored from the same state; "+
+					"new transactions are told apart by execution %s (a fork may set its own: sink.WithCommitUser%s)", info.UID, user, info.Execution, hint)
+			}
+		}
+	}
+	users.Update([]string{user})
+	return user, nil
 }
