@@ -13,9 +13,10 @@
 // Rebalance, Broadcast, or by key (KeyBy routes key -> key group -> owning
 // subtask, see package state/keygroup), Auto choosing Forward at equal
 // parallelism. User functions optionally implement Initializer (register
-// and restore state), Snapshotter, CheckpointListener, InputEnder (emit at
-// the end of the input), SinkEnder, Closer, and, for keyed functions,
-// TimerHandler.
+// and restore state), Snapshotter, CheckpointListener, BarrierPreparer
+// (emit before every checkpoint's barrier, e.g. a writer's committables),
+// InputEnder (emit at the end of the input), SinkEnder, Closer, and, for
+// keyed functions, TimerHandler.
 //
 // # Running a job
 //

@@ -99,6 +99,19 @@ type InputEnder[OUT any] interface {
 	EndInput(ctx *Context, out Collector[OUT]) error
 }
 
+// BarrierPreparer is implemented by a Process or ProcessKeyed function
+// value that emits records at every checkpoint, before its barrier (Flink's
+// prepareSnapshotPreBarrier, what a writer of a two-phase-commit topology
+// does with its committables). PrepareBarrier runs before the subtask's
+// snapshot of checkpoint ctx.CheckpointID, head of a chain first; what it
+// emits reaches the next operator before the barrier does (in unaligned
+// mode it may be overtaken, and is then in the checkpoint's channel
+// state). It is not called for checkpoints taken after the end of the
+// input (emit at EndInput instead); no key is current.
+type BarrierPreparer[OUT any] interface {
+	PrepareBarrier(ctx *SnapshotContext, out Collector[OUT]) error
+}
+
 // SinkEnder is implemented by a sink function value that wants to know when
 // its input ends: EndInput is called once, when every input of the subtask
 // has ended. A sink that commits on checkpoints need not commit here when

@@ -135,7 +135,9 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
 		}
-		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op}, op.ProcessBatch
+		m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op}
+		m.PreBarrier = preBarrier[OUT](&op.hooks, op.fn, out)
+		return m, op.ProcessBatch
 	}
 	// The input channels are hash-partitioned: they carry each record with
 	// its key and key group (see hashPartitioner).
@@ -203,10 +205,23 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		if ender != nil {
 			op.endInput = func() error { return ender.EndInput(op.ctx, out) }
 		}
-		return task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}, op.ProcessBatch
+		m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}
+		m.PreBarrier = preBarrier[OUT](&op.hooks, fn, out)
+		return m, op.ProcessBatch
 	}
 	v.run = runInput[IN](v)
 	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
+}
+
+// preBarrier returns the task hook that calls fn's PrepareBarrier, or nil.
+func preBarrier[OUT any](h *hooks, fn any, out Collector[OUT]) func(marker.Barrier) error {
+	p, ok := fn.(BarrierPreparer[OUT])
+	if !ok {
+		return nil
+	}
+	return func(b marker.Barrier) error {
+		return p.PrepareBarrier(&SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}, out)
+	}
 }
 
 // inputEnder returns fn's InputEnder[OUT], if any. An EndInput method of

@@ -20,6 +20,13 @@ type Member struct {
 	EndInput func() error
 	// Timers are the member's processing-time timers; nil if it has none.
 	Timers Timers
+	// PreBarrier, if set, runs when the chain snapshots for a barrier
+	// while its input runs, before any member's snapshot, in chain order,
+	// each member's output flushed into the next: what it emits precedes
+	// the barrier downstream (Flink's prepareSnapshotPreBarrier). It does
+	// not run for snapshots after the end of input (nothing can be
+	// emitted then).
+	PreBarrier func(b marker.Barrier) error
 }
 
 // Chain is the operators one subtask runs: the head reads the subtask's
@@ -30,7 +37,9 @@ type Member struct {
 // Invariant T5: records move through a chain in order, and every local
 // output is flushed, head first, before the chain snapshots, ends its input
 // or forwards an event; so a snapshot of member k reflects exactly the
-// records that members before it emitted before the barrier.
+// records that members before it emitted before the barrier, including
+// what their PreBarrier hooks emitted, and a member's PreBarrier runs after
+// every record emitted before it reached that member.
 type Chain struct {
 	Members []Member
 	// active is the index of the member whose code runs (or ran last): the
@@ -120,10 +129,17 @@ func (c *Chain) flushLocal() error {
 	return nil
 }
 
-// snapshot flushes the local outputs and takes the synchronous part of
-// every member's snapshot. parts holds the members' asynchronous parts
-// (nil entries for members without one), or is nil if none has one.
-func (c *Chain) snapshot(b marker.Barrier) (acks []Report, parts []AsyncPart, err error) {
+// snapshot runs the members' PreBarrier hooks (unless ended), flushes the
+// local outputs and takes the synchronous part of every member's snapshot.
+// parts holds the members' asynchronous parts (nil entries for members
+// without one), or is nil if none has one.
+func (c *Chain) snapshot(b marker.Barrier, ended bool) (acks []Report, parts []AsyncPart, err error) {
+	if !ended {
+		if err := c.preBarrier(b); err != nil {
+			c.reset()
+			return nil, nil, err
+		}
+	}
 	acks, parts, err = c.snapshotMembers(b)
 	if err != nil {
 		for _, p := range parts {
@@ -135,6 +151,41 @@ func (c *Chain) snapshot(b marker.Barrier) (acks []Report, parts []AsyncPart, er
 	}
 	c.reset()
 	return acks, parts, err
+}
+
+// preBarrier runs the PreBarrier hooks head first. Every record emitted
+// before reaches a member before its hook runs: the local outputs are
+// flushed first (T5), and each hook's output is flushed into the next
+// member after it. (Without the first flush, a batch still in a local
+// output would reach its member after that member's hook and count for
+// the next checkpoint, although the snapshot upstream covers it.)
+func (c *Chain) preBarrier(b marker.Barrier) error {
+	hooked := false
+	for i := range c.Members {
+		hooked = hooked || c.Members[i].PreBarrier != nil
+	}
+	if !hooked {
+		return nil
+	}
+	if err := c.flushLocal(); err != nil {
+		return err
+	}
+	for i := range c.Members {
+		m := &c.Members[i]
+		if m.PreBarrier == nil {
+			continue
+		}
+		c.active = i
+		if err := m.PreBarrier(b); err != nil {
+			return fmt.Errorf("task: %v: before the barrier of checkpoint %d: %w", m.Info, b.ID, err)
+		}
+		if i < len(c.Members)-1 {
+			if err := m.Out.Flush(); err != nil {
+				return c.outErr(i, err)
+			}
+		}
+	}
+	return nil
 }
 
 func (c *Chain) snapshotMembers(b marker.Barrier) ([]Report, []AsyncPart, error) {

@@ -461,7 +461,7 @@ func (r *runner) snapshot(ctx context.Context, a Action) error {
 	if err := r.makeRoom(ctx); err != nil {
 		return err
 	}
-	acks, parts, err := r.chain.snapshot(a.Barrier)
+	acks, parts, err := r.chain.snapshot(a.Barrier, r.cp.Phase() != Running)
 	if err != nil {
 		return err
 	}
