@@ -992,24 +992,11 @@ func loopScenarios(t *testing.T, scenario func(t *testing.T, stream uint64) *run
 				}
 				return false
 			}
-			kills := 0
-			for i := 0; i < 3 || (i < 8 && !proven()); i++ {
-				c := r.start()
-				r.killWhileFull(c)
-				if c.wait() == -1 {
-					kills++
-				}
-				r.finish(c, false)
+			kills := r.killWhileFullUntil(3, proven, func(c *child) {
 				if rc, ok := restoredChannelState(t, c.snapshot()); ok {
 					restores = append(restores, rc)
 				}
-				r.requireAtMostOnce()
-			}
-			require.Positive(t, kills)
-			c := r.runToCompletion(false)
-			id, _ := restoredFrom(c.snapshot())
-			require.Positive(t, id, "the last child restored a checkpoint")
-			r.requireExactlyOnce()
+			})
 			t.Logf("loop %s: %d kills; restored %+v", name, kills, restores)
 			what := map[string]string{"": "input", "unaligned": "output"}[mode]
 			require.True(t, proven(), "no child restored a checkpoint with %s channel state, so this run proved nothing about it: restores %+v", what, restores)
@@ -1063,23 +1050,7 @@ func channelStateScenarios(t *testing.T, scenario func(t *testing.T, stream uint
 				}
 				return false
 			}
-			kills := 0
-			for i := 0; i < 4 || (i < 8 && !proven()); i++ {
-				c := r.start()
-				r.killWhileFull(c)
-				if c.wait() == -1 {
-					kills++
-				}
-				r.finish(c, false)
-				account(c)
-				r.requireAtMostOnce()
-			}
-			require.Positive(t, kills)
-			c := r.runToCompletion(false)
-			account(c)
-			id, _ := restoredFrom(c.snapshot())
-			require.Positive(t, id, "the last child restored a checkpoint")
-			r.requireExactlyOnce()
+			kills := r.killWhileFullUntil(4, proven, account)
 
 			for _, rc := range restores {
 				if rc.in+rc.out > 0 {
@@ -1217,6 +1188,33 @@ func (r *run) killWhileFull(c *child) {
 	})
 	time.Sleep(time.Duration(r.rng.IntN(20)) * time.Millisecond)
 	c.signal(syscall.SIGKILL)
+}
+
+// killWhileFullUntil runs children of r and SIGKILLs each while its
+// channels are full (killWhileFull): at least min of them, and up to 8
+// until proven says the run showed what it is for; account sees every
+// child. Then a last child runs to completion, which must have restored a
+// checkpoint, and the output must be exactly once. It returns the number
+// of children that were killed (not finished first).
+func (r *run) killWhileFullUntil(min int, proven func() bool, account func(c *child)) (kills int) {
+	r.t.Helper()
+	for i := 0; i < min || (i < 8 && !proven()); i++ {
+		c := r.start()
+		r.killWhileFull(c)
+		if c.wait() == -1 {
+			kills++
+		}
+		r.finish(c, false)
+		account(c)
+		r.requireAtMostOnce()
+	}
+	require.Positive(r.t, kills)
+	c := r.runToCompletion(false)
+	account(c)
+	id, _ := restoredFrom(c.snapshot())
+	require.Positive(r.t, id, "the last child restored a checkpoint")
+	r.requireExactlyOnce()
+	return kills
 }
 
 // checkpointStats reads the "stats N alignment inflight=B" lines: the

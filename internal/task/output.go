@@ -278,20 +278,11 @@ func sendOvertaking[E any](c channel.Sender[E], ev marker.Event, rec func(b *Cha
 // encoded by BroadcastOvertaking) on channel ch of edge, in order, before
 // anything else is emitted; where names the state in errors.
 func (o *Output[T]) RestoreChannel(ctx context.Context, edge, ch int, bufs [][]byte, where string) error {
-	if o.local != nil {
-		return fmt.Errorf("task: %s: output channel state for a chained output", where)
+	w, err := o.restoreEdge(edge, ch, where)
+	if err != nil {
+		return err
 	}
-	if o.single != nil {
-		if edge != 0 || ch != 0 {
-			return fmt.Errorf("task: %s: output channel state of edge %d channel %d, but the output has one channel", where, edge, ch)
-		}
-		l := newLanes([]channel.Sender[T]{o.single})
-		return l.restore(ctx, 0, bufs, where)
-	}
-	if edge < 0 || edge >= len(o.edges) {
-		return fmt.Errorf("task: %s: output channel state of edge %d, but the output has %d edges", where, edge, len(o.edges))
-	}
-	return o.edges[edge].restore(ctx, ch, bufs, where)
+	return w.restore(ctx, ch, bufs, where)
 }
 
 // RestoreRouted sends the records of restored output channel state of
@@ -302,20 +293,29 @@ func (o *Output[T]) RestoreChannel(ctx context.Context, edge, ch int, bufs [][]b
 // a broadcast edge (the job refuses that restore before, restore.Operator
 // Unmovable).
 func (o *Output[T]) RestoreRouted(ctx context.Context, edge int, bufs [][]byte, where string) error {
-	if o.local != nil {
-		return fmt.Errorf("task: %s: output channel state for a chained output", where)
+	w, err := o.restoreEdge(edge, 0, where)
+	if err != nil {
+		return err
 	}
-	if o.single != nil {
-		if edge != 0 {
-			return fmt.Errorf("task: %s: output channel state of edge %d, but the output has one channel", where, edge)
+	return w.reroute(ctx, bufs, where)
+}
+
+// restoreEdge returns the writer of edge for restored channel state (a
+// route edge over the one channel of a single output), checking edge and,
+// for a single output, ch.
+func (o *Output[T]) restoreEdge(edge, ch int, where string) (edgeWriter[T], error) {
+	switch {
+	case o.local != nil:
+		return nil, fmt.Errorf("task: %s: output channel state for a chained output", where)
+	case o.single != nil:
+		if edge != 0 || ch != 0 {
+			return nil, fmt.Errorf("task: %s: output channel state of edge %d channel %d, but the output has one channel", where, edge, ch)
 		}
-		l := newLanes([]channel.Sender[T]{o.single})
-		return l.restore(ctx, 0, bufs, where)
+		return &routeEdge[T]{lanes: newLanes([]channel.Sender[T]{o.single})}, nil
+	case edge < 0 || edge >= len(o.edges):
+		return nil, fmt.Errorf("task: %s: output channel state of edge %d, but the output has %d edges", where, edge, len(o.edges))
 	}
-	if edge < 0 || edge >= len(o.edges) {
-		return fmt.Errorf("task: %s: output channel state of edge %d, but the output has %d edges", where, edge, len(o.edges))
-	}
-	return o.edges[edge].reroute(ctx, bufs, where)
+	return o.edges[edge], nil
 }
 
 // Available reports whether every output channel is available (below its
@@ -599,8 +599,12 @@ func (e *keyedEdge[K, T]) reroute(ctx context.Context, bufs [][]byte, where stri
 				return fmt.Errorf("task: %s: a record of key group %d, but the edge has %d key groups", where, r.KeyGroup, e.assign.MaxParallelism())
 			}
 			c := e.assign.Owner(int(r.KeyGroup))
-			if err := e.appendAll(ctx, c, []Keyed[K, T]{r}); err != nil {
-				return err
+			b := e.buffer(c)
+			b.Records = append(b.Records, r)
+			if len(b.Records) == cap(b.Records) {
+				if err := e.send(ctx, c); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -1240,17 +1240,34 @@ func replayInputs[IN any](r *runner, process func([]IN) error) error {
 	}
 	for _, c := range restoredChannels(head, checkpoint.InputChannel) {
 		where := fmt.Sprintf("input channel state of %v (input %d)", head, c.Channel)
-		for _, b := range c.Buffers {
-			recs, err := decodeRecords[IN](b, where)
-			if err != nil {
-				return err
-			}
-			if err := process(recs); err != nil {
-				return fmt.Errorf("task: %v: replaying %s: %w", r.cfg.Info, where, err)
-			}
+		if err := replayBuffers(r, c.Buffers, nil, where, process); err != nil {
+			return err
 		}
 	}
 	return r.chain.err()
+}
+
+// replayBuffers decodes and processes restored input buffers in order,
+// keeping only the records of key groups in *own when own is set.
+func replayBuffers[IN any](r *runner, bufs [][]byte, own *keygroup.Range, where string, process func([]IN) error) error {
+	for _, b := range bufs {
+		recs, err := decodeRecords[IN](b, where)
+		if err != nil {
+			return err
+		}
+		if own != nil {
+			if recs, err = ownKeyGroups(recs, *own, where); err != nil {
+				return err
+			}
+		}
+		if len(recs) == 0 {
+			continue
+		}
+		if err := process(recs); err != nil {
+			return fmt.Errorf("task: %v: replaying %s: %w", r.cfg.Info, where, err)
+		}
+	}
+	return nil
 }
 
 // replayRescaled replays the input channel state of a restore at another
@@ -1260,9 +1277,12 @@ func replayInputs[IN any](r *runner, process func([]IN) error) error {
 // all records of the old subtasks k with k modulo its parallelism equal to
 // its index.
 func replayRescaled[IN any](r *runner, head *Info, process func([]IN) error) error {
-	keyed := head.KeyGroups.Len() > 0
+	var own *keygroup.Range
+	if head.KeyGroups.Len() > 0 {
+		own = &head.KeyGroups
+	}
 	for k, cs := range head.Restored.RescaledChannels {
-		if cs == nil || (!keyed && k%head.Parallelism != head.Subtask) {
+		if cs == nil || (own == nil && k%head.Parallelism != head.Subtask) {
 			continue
 		}
 		for _, c := range cs.Channels {
@@ -1270,22 +1290,8 @@ func replayRescaled[IN any](r *runner, head *Info, process func([]IN) error) err
 				continue
 			}
 			where := fmt.Sprintf("input channel state of %v from old subtask %d (input %d), at a new parallelism", head, k, c.Channel)
-			for _, b := range c.Buffers {
-				recs, err := decodeRecords[IN](b, where)
-				if err != nil {
-					return err
-				}
-				if keyed {
-					if recs, err = ownKeyGroups(recs, head.KeyGroups, where); err != nil {
-						return err
-					}
-				}
-				if len(recs) == 0 {
-					continue
-				}
-				if err := process(recs); err != nil {
-					return fmt.Errorf("task: %v: replaying %s: %w", r.cfg.Info, where, err)
-				}
+			if err := replayBuffers(r, c.Buffers, own, where, process); err != nil {
+				return err
 			}
 		}
 	}
