@@ -146,11 +146,12 @@ func (t TaskInfo) String() string {
 // Context is handed to functions of one subtask. It is owned by the
 // subtask's goroutine.
 type Context struct {
-	info      TaskInfo
-	restored  bool
-	ckpt      bool
-	operators *state.OperatorStore
-	keyed     any // *state.KeyedBackend[K] for keyed operators
+	info       TaskInfo
+	restored   bool
+	restoredID int64
+	ckpt       bool
+	operators  *state.OperatorStore
+	keyed      any // *state.KeyedBackend[K] for keyed operators
 }
 
 func newContext(in task.Info) (*Context, error) {
@@ -167,9 +168,10 @@ func newContext(in task.Info) (*Context, error) {
 			UID: in.UID, Name: in.Name, Subtask: in.Subtask, Parallelism: in.Parallelism,
 			MaxParallelism: in.MaxParallelism, Attempt: in.Attempt, Execution: in.Execution,
 		},
-		restored:  in.IsRestore,
-		ckpt:      in.CheckpointingEnabled,
-		operators: ops,
+		restored:   in.IsRestore,
+		restoredID: in.RestoredCheckpoint,
+		ckpt:       in.CheckpointingEnabled,
+		operators:  ops,
 	}, nil
 }
 
@@ -179,6 +181,10 @@ func (c *Context) Task() TaskInfo { return c.info }
 // Restored reports whether the job was restored from a checkpoint or
 // savepoint (the subtask may still have received no state).
 func (c *Context) Restored() bool { return c.restored }
+
+// RestoredCheckpoint returns the id of the checkpoint or savepoint the
+// attempt restored, if it restored one.
+func (c *Context) RestoredCheckpoint() (id int64, ok bool) { return c.restoredID, c.restored }
 
 // CheckpointingEnabled reports whether the job takes periodic checkpoints.
 func (c *Context) CheckpointingEnabled() bool { return c.ckpt }

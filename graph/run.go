@@ -229,7 +229,7 @@ func (a *attempt) info(v *vertex, i int) task.Info {
 		info.KeyGroups = keygroup.RangeFor(v.maxParallelism, v.parallelism, i)
 	}
 	if a.plan != nil {
-		info.IsRestore = true
+		info.IsRestore, info.RestoredCheckpoint = true, a.plan.CheckpointID
 		info.Restored = a.plan.Tasks[info.ID()]
 	}
 	return info

@@ -1,6 +1,7 @@
 // Package sink provides exactly-once sinks built on two-phase commit.
 //
-// Two sinks run the protocol of Flink's TwoPhaseCommitSinkFunction:
+// Three sinks give exactly-once output. Two run the protocol of Flink's
+// TwoPhaseCommitSinkFunction:
 //
 //   - TwoPhaseCommit drives a TwoPhaseCommitter, an external system with
 //     transactions. The system holds the records of the open and the
@@ -12,6 +13,11 @@
 //     state, and hands them to a Committer at commit time. It suits
 //     modest volumes between checkpoints and systems with no transactions
 //     of their own (an idempotent upsert keyed by Txn).
+//
+// The third, WriteAndCommit, is Paimon's writer/committer topology: writer
+// subtasks write records where they stay, and one global committer
+// publishes them once per checkpoint, atomically (see "Writers and a
+// global committer" below; sink/filetable is its file table).
 //
 // In Publishing, the records written between two checkpoints form one
 // transaction. On checkpoint N the open transaction is pre-committed
@@ -134,6 +140,69 @@
 // and succeed without effect on a transaction committed before. Aborts
 // must be idempotent and leave committed transactions alone. Handles must
 // survive msgpack: exported fields only are checkpointed.
+//
+// A committer whose pre-committed transactions hold resources until they
+// are resolved, across process deaths (a PostgreSQL prepared transaction
+// holds its row locks), implements StaleAborter: a restored or restarted
+// subtask aborts every transaction of its commit user and sink that another
+// attempt or execution pre-committed for a checkpoint after the restored
+// one. Those never completed (a restore of the newest checkpoint), and no
+// restored state names them.
+//
+// # Writers and a global committer
+//
+// WriteAndCommit(in, uid, newWriter, c) builds writer subtasks (a Writer
+// each) and one committer subtask (uid-committer, parallelism 1) over a
+// GlobalCommitter, connected by a rebalancing edge:
+//
+//   - Before every checkpoint's barrier, each writer prepares what it wrote
+//     since the previous one (Writer.Prepare: flush and fsync a data file)
+//     and emits its committables tagged with the checkpoint
+//     (graph.BarrierPreparer). The writer keeps no state: what it wrote
+//     after the restored checkpoint's barrier is replayed, and its files
+//     are orphans.
+//   - The committer files the committables by checkpoint; its snapshot
+//     stores them (CommittablesState). When checkpoint N completes it
+//     commits each checkpoint up to N in order as (commit user,
+//     checkpoint) and forgets it. In an unaligned checkpoint a committable
+//     may be overtaken by the barrier and so be channel state, not operator
+//     state: the committer still has it when N completes, because an
+//     unaligned checkpoint is acknowledged only after every barrier
+//     arrived (task T8).
+//   - On a restore it asks the GlobalCommitter for the newest checkpoint
+//     its user committed, drops the restored committables up to it
+//     (Paimon's filterCommitted), and commits the rest before it takes any
+//     input. The file table is append-only, so unlike Paimon's default
+//     (RestoreAndFailCommittableStateManager) the job does not fail once
+//     more after that: no writer state depends on the table's snapshot.
+//   - At the end of the input, writers prepare with EndOfInput; the
+//     committer files those committables under its next snapshot, the
+//     final checkpoint, whose completion commits them before the job ends.
+//     Without checkpointing it commits them as (user, EndOfInput) at its
+//     own end of input.
+//
+// Invariants:
+//
+//   - CM1: a checkpoint is committed at most once per commit user.
+//     Committables of a checkpoint at or below the newest commit are
+//     dropped (replays of channel state after a restore), and a commit at
+//     or below it fails with ErrCommitted in the GlobalCommitter.
+//   - CM2: a commit of unknown outcome is not repeated blindly: before a
+//     retry, the committer asks LatestCommitted whether it took effect.
+//     A commit that fails every retry fails the job with a CommitError
+//     naming the user and checkpoint; the committables stay in the newest
+//     checkpoint's state, so the restore commits them (P6's counterpart).
+//   - CM3: completing N commits every checkpoint up to N, in order
+//     (notifications can be lost); aborted checkpoints change nothing.
+//   - CM4: a committer whose user committed a checkpoint after the one the
+//     job restored refuses to start (ErrCommittedAhead, unrecoverable): the
+//     job restored an older checkpoint or savepoint, is a fork of a job
+//     that kept running, or was given a used commit user. Its commits
+//     would publish again what was committed after the restored
+//     checkpoint. A deliberate reprocessing passes WithCommitUser.
+//
+// The bookkeeping (commitBook) is a pure state machine, tested by the
+// scripts in testdata/committer.
 //
 // # Files: TxnFiles
 //

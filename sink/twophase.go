@@ -37,7 +37,10 @@ import (
 //     use txn.Name() for anything the external system needs to name it.
 //   - PreCommit makes the transaction durable and ready to commit, not
 //     visible: after it returns, Commit and RecoverAndCommit must succeed
-//     eventually (a flush and fsync, a PREPARE TRANSACTION).
+//     eventually (a flush and fsync, a PREPARE TRANSACTION). checkpoint is
+//     the checkpoint that pre-commits it (EndOfInput at the end of the
+//     input of a job without checkpointing); a system may record it with
+//     the transaction (see StaleAborter).
 //   - Commit makes it visible. It must be idempotent: it is retried after
 //     an error, possibly after it took effect.
 //   - RecoverAndCommit commits a transaction restored from a checkpoint.
@@ -57,7 +60,7 @@ import (
 type TwoPhaseCommitter[T, H any] interface {
 	Begin(txn TxnID) (H, error)
 	Write(h H, rec T) error
-	PreCommit(h H) error
+	PreCommit(h H, checkpoint int64) error
 	Commit(h H) error
 	Abort(h H) error
 	RecoverAndCommit(h H) error
@@ -80,6 +83,49 @@ type LingeringAborter interface {
 	// committed, as RecoverAndAbort would. It must not touch committed
 	// transactions.
 	AbortLingering(l Lingering) error
+}
+
+// StaleAborter is an optional interface of a TwoPhaseCommitter whose
+// system keeps pre-committed transactions, and the locks they hold, until
+// they are resolved, across process deaths (PostgreSQL's prepared
+// transactions): a transaction a killed process pre-committed for a
+// checkpoint that never completed would block the replayed rows forever,
+// and no restored state names it. A subtask calls AbortStale once, when
+// the job was restored or restarted (Stale.Restored or Stale.Attempt not
+// zero), after it recovered the restored transactions and before it
+// begins one.
+type StaleAborter interface {
+	// AbortStale aborts every uncommitted transaction s contains. It must
+	// not touch committed transactions, nor those of the current attempt
+	// (another subtask of it may have pre-committed one already).
+	AbortStale(s Stale) error
+}
+
+// Stale describes the pre-committed transactions a restored or restarted
+// sink subtask may find that no restored state names: those of its commit
+// user and sink pre-committed for a checkpoint after Restored by any other
+// attempt or execution than the current one. With Restored the newest
+// completed checkpoint (a restart, Restore.Latest), those checkpoints
+// never completed, so their records are replayed. Every pre-committed
+// transaction of a checkpoint up to Restored is pending in the restored
+// state (P5) or committed. A fork of a running job that keeps its commit
+// user would abort what the running job pre-committed: a fork passes
+// WithCommitUser.
+type Stale struct {
+	CommitUser, Sink string
+	// Restored is the restored checkpoint, 0 if the attempt restored none.
+	Restored int64
+	// Execution and Attempt are the current ones, whose transactions are
+	// never stale.
+	Execution string
+	Attempt   int
+}
+
+// Contains reports whether a transaction id pre-committed for checkpoint
+// is stale.
+func (s Stale) Contains(id TxnID, checkpoint int64) bool {
+	return id.CommitUser == s.CommitUser && id.Sink == s.Sink && checkpoint > s.Restored &&
+		(id.Execution != s.Execution || id.Attempt != s.Attempt)
 }
 
 // Lingering describes the transactions a restarted subtask may find that
@@ -353,10 +399,11 @@ type twoPhase[T, H any] struct {
 }
 
 func (p *twoPhase[T, H]) InitializeState(ctx *graph.Context) error {
-	return p.initialize(ctx.Task(), ctx.CheckpointingEnabled(), ctx.OperatorState())
+	id, _ := ctx.RestoredCheckpoint()
+	return p.initialize(ctx.Task(), ctx.CheckpointingEnabled(), id, ctx.OperatorState())
 }
 
-func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, ops *state.OperatorStore) error {
+func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, restoredID int64, ops *state.OperatorStore) error {
 	p.info, p.ckpt = info, ckpt
 	user, err := restoreCommitUser(ops, p.opts, info, p.user, "")
 	if err != nil {
@@ -402,6 +449,13 @@ func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, ops *state.O
 	if la, ok := p.c.(LingeringAborter); ok && info.Attempt > 0 {
 		if err := p.abortLingering(la, restored); err != nil {
 			return err
+		}
+	}
+	if sa, ok := p.c.(StaleAborter); ok && (restoredID > 0 || info.Attempt > 0) {
+		s := Stale{CommitUser: p.user, Sink: info.UID, Restored: restoredID, Execution: info.Execution, Attempt: info.Attempt}
+		what := "the stale transactions of " + info.String()
+		if n, err := p.withRetry("abort", what, func() error { return sa.AbortStale(s) }); err != nil {
+			return fmt.Errorf("sink: abort of %s (%+v) failed after %d attempt(s): %w", what, s, n, err)
 		}
 	}
 	return p.begin()
@@ -488,7 +542,7 @@ func (p *twoPhase[T, H]) WriteBatch(ctx *graph.Context, recs []T) error {
 func (p *twoPhase[T, H]) SnapshotState(ctx *graph.SnapshotContext) error {
 	if p.open != nil && p.written > 0 {
 		e := *p.open
-		if err := p.c.PreCommit(e.Handle); err != nil {
+		if err := p.c.PreCommit(e.Handle, ctx.CheckpointID); err != nil {
 			return &TxnError{Op: "pre-commit", Txn: e.Txn, Checkpoint: ctx.CheckpointID, Handle: e.Handle, Attempts: 1, Err: err}
 		}
 		e.Open, e.Checkpoint = false, ctx.CheckpointID
@@ -543,8 +597,8 @@ func (p *twoPhase[T, H]) EndInput(*graph.Context) error {
 	if p.ckpt {
 		return nil
 	}
-	if err := p.c.PreCommit(e.Handle); err != nil {
-		return &TxnError{Op: "pre-commit", Txn: e.Txn, Handle: e.Handle, Attempts: 1, Err: err}
+	if err := p.c.PreCommit(e.Handle, EndOfInput); err != nil {
+		return &TxnError{Op: "pre-commit", Txn: e.Txn, Checkpoint: EndOfInput, Handle: e.Handle, Attempts: 1, Err: err}
 	}
 	p.open = nil
 	return p.try("commit", e, p.c.Commit)
@@ -575,23 +629,30 @@ func (p *twoPhase[T, H]) try(op string, e txnEntry[H], f func(H) error) error {
 	return nil
 }
 
-// withRetry runs f up to Retry.Attempts times with exponential backoff,
-// logging each failure it retries, and returns the number of attempts and
-// the last error. An error wrapping restore.ErrUnrecoverable is not
-// retried.
+// withRetry runs f with p's Retry, logging each failure it retries, and
+// returns the number of attempts and the last error.
 func (p *twoPhase[T, H]) withRetry(op, what string, f func() error) (int, error) {
-	delay := p.retry.Backoff
+	return p.retry.do(f, func(attempt int, delay time.Duration, err error) {
+		p.opts.logf("sink %v: %s of %s failed (attempt %d of %d), retrying in %v: %v",
+			p.info, op, what, attempt, p.retry.Attempts, delay, err)
+	})
+}
+
+// do runs f up to r.Attempts times with exponential backoff, calling
+// onRetry before each retry, and returns the number of attempts and the
+// last error. An error wrapping restore.ErrUnrecoverable is not retried.
+func (r Retry) do(f func() error, onRetry func(attempt int, delay time.Duration, err error)) (int, error) {
+	delay := r.Backoff
 	for attempt := 1; ; attempt++ {
 		err := f()
 		if err == nil {
 			return attempt, nil
 		}
-		if attempt >= p.retry.Attempts || errors.Is(err, restore.ErrUnrecoverable) {
+		if attempt >= r.Attempts || errors.Is(err, restore.ErrUnrecoverable) {
 			return attempt, err
 		}
-		p.opts.logf("sink %v: %s of %s failed (attempt %d of %d), retrying in %v: %v",
-			p.info, op, what, attempt, p.retry.Attempts, delay, err)
-		p.retry.Sleep(delay)
-		delay = min(2*delay, p.retry.MaxBackoff)
+		onRetry(attempt, delay, err)
+		r.Sleep(delay)
+		delay = min(2*delay, r.MaxBackoff)
 	}
 }

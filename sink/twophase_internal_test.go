@@ -75,7 +75,7 @@ func (f *fake) Write(h fakeTxn, rec int) error {
 	return nil
 }
 
-func (f *fake) PreCommit(h fakeTxn) error {
+func (f *fake) PreCommit(h fakeTxn, _ int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err, _ := f.call("precommit", h.Name); err != nil {
@@ -177,7 +177,7 @@ func start(t *testing.T, c TwoPhaseCommitter[int, fakeTxn], ti graph.TaskInfo, c
 	ops, err := state.NewOperatorStore(restored, restored != nil)
 	require.NoError(t, err)
 	h.ops = ops
-	return h, h.p.initialize(ti, ckpt, ops)
+	return h, h.p.initialize(ti, ckpt, 0, ops)
 }
 
 func mustStart(t *testing.T, c TwoPhaseCommitter[int, fakeTxn], ti graph.TaskInfo, restored []checkpoint.NamedList) *harness {
@@ -661,7 +661,7 @@ func TestTwoPhaseWriteBatch(t *testing.T) {
 	p := TwoPhaseCommit[int, fakeTxn](bf, WithCommitUser("u"))().(*twoPhase[int, fakeTxn])
 	ops, err := state.NewOperatorStore(nil, false)
 	require.NoError(t, err)
-	require.NoError(t, p.initialize(info(0, 0), true, ops))
+	require.NoError(t, p.initialize(info(0, 0), true, 0, ops))
 	require.NoError(t, p.WriteBatch(nil, []int{1, 2}))
 	require.NoError(t, p.WriteBatch(nil, nil))
 	require.Equal(t, 1, bf.batches)
@@ -676,7 +676,7 @@ func TestTwoPhaseCommitUser(t *testing.T) {
 	p := TwoPhaseCommit[int, fakeTxn](f, WithLogf(t.Logf))().(*twoPhase[int, fakeTxn])
 	ops, err := state.NewOperatorStore(nil, false)
 	require.NoError(t, err)
-	require.NoError(t, p.initialize(info(0, 0), true, ops))
+	require.NoError(t, p.initialize(info(0, 0), true, 0, ops))
 	user := p.open.Txn.CommitUser
 	require.Len(t, user, 32)
 	require.NoError(t, p.SnapshotState(&graph.SnapshotContext{CheckpointID: 1}))
@@ -690,7 +690,7 @@ func TestTwoPhaseCommitUser(t *testing.T) {
 	require.NoError(t, err)
 	ti := info(0, 0)
 	ti.Execution = "e2"
-	require.NoError(t, p2.initialize(ti, true, ops2))
+	require.NoError(t, p2.initialize(ti, true, 0, ops2))
 	require.Equal(t, user, p2.open.Txn.CommitUser)
 	require.Equal(t, "e2", p2.open.Txn.Execution)
 	require.Len(t, logs, 1)
@@ -700,7 +700,7 @@ func TestTwoPhaseCommitUser(t *testing.T) {
 	ops3, err := state.NewOperatorStore(lists, true)
 	require.NoError(t, err)
 	ti.Execution = "e3"
-	require.NoError(t, p3.initialize(ti, true, ops3))
+	require.NoError(t, p3.initialize(ti, true, 0, ops3))
 	require.Equal(t, "fork", p3.open.Txn.CommitUser)
 	require.Contains(t, logs[1], "commit user fork (WithCommitUser) replaces the restored commit user "+user)
 }
@@ -797,4 +797,62 @@ func TestParseTxnName(t *testing.T) {
 		_, err := ParseTxnName(bad)
 		require.Error(t, err, bad)
 	}
+}
+
+// staleFake records AbortStale calls.
+type staleFake struct {
+	*fake
+	calls []Stale
+}
+
+func (s *staleFake) AbortStale(x Stale) error {
+	s.calls = append(s.calls, x)
+	return nil
+}
+
+// TestTwoPhaseAbortStale: a subtask of a restored or restarted job asks the
+// committer to abort the transactions pre-committed after the restored
+// checkpoint by other attempts and executions; a fresh one does not.
+func TestTwoPhaseAbortStale(t *testing.T) {
+	sf := &staleFake{fake: newFake()}
+	h := mustStart(t, sf, info(0, 0), nil)
+	require.Empty(t, sf.calls, "a fresh job has nothing stale")
+	h.write(1)
+	restored := h.snap(4)
+
+	init := func(ti graph.TaskInfo, id int64) {
+		p := TwoPhaseCommitWithRetry[int, fakeTxn](sf, Retry{}, WithCommitUser("u"))().(*twoPhase[int, fakeTxn])
+		ops, err := state.NewOperatorStore(restored, true)
+		require.NoError(t, err)
+		require.NoError(t, p.initialize(ti, true, id, ops))
+	}
+	ti := info(1, 0)
+	ti.Execution = "e2"
+	init(ti, 4)
+	require.Equal(t, []Stale{{CommitUser: "u", Sink: "out", Restored: 4, Execution: "e2"}}, sf.calls)
+	s := sf.calls[0]
+	for _, c := range []struct {
+		id   TxnID
+		ckpt int64
+		want bool
+	}{
+		{TxnID{CommitUser: "u", Execution: "e1", Sink: "out", Seq: 3}, 5, true},             // another execution, after 4
+		{TxnID{CommitUser: "u", Execution: "e1", Sink: "out", Subtask: 2, Seq: 3}, 9, true}, // any subtask
+		{TxnID{CommitUser: "u", Execution: "e1", Sink: "out", Seq: 3}, 4, false},            // pending in the restored state
+		{TxnID{CommitUser: "u", Execution: "e2", Sink: "out", Seq: 0}, 5, false},            // the current attempt's
+		{TxnID{CommitUser: "u", Execution: "e2", Sink: "out", Attempt: 1}, 5, true},         // another attempt of it
+		{TxnID{CommitUser: "v", Execution: "e1", Sink: "out"}, 5, false},
+		{TxnID{CommitUser: "u", Execution: "e1", Sink: "other"}, 5, false},
+	} {
+		require.Equal(t, c.want, s.Contains(c.id, c.ckpt), "%v at %d", c.id, c.ckpt)
+	}
+
+	// A restart that restored nothing: everything other attempts
+	// pre-committed is stale.
+	sf.calls = nil
+	p := TwoPhaseCommitWithRetry[int, fakeTxn](sf, Retry{}, WithCommitUser("u"))().(*twoPhase[int, fakeTxn])
+	ops, err := state.NewOperatorStore(nil, false)
+	require.NoError(t, err)
+	require.NoError(t, p.initialize(info(0, 2), true, 0, ops))
+	require.Equal(t, []Stale{{CommitUser: "u", Sink: "out", Execution: "e1", Attempt: 2}}, sf.calls)
 }

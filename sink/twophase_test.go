@@ -129,11 +129,11 @@ func (f chaosFiles) WriteBatch(h *sink.FileTxn, rs []rec) error {
 	return f.TxnFiles.WriteBatch(h, rs)
 }
 
-func (f chaosFiles) PreCommit(h *sink.FileTxn) error {
+func (f chaosFiles) PreCommit(h *sink.FileTxn, ckpt int64) error {
 	if err := f.c.hit("precommit"); err != nil {
 		return err
 	}
-	return f.TxnFiles.PreCommit(h)
+	return f.TxnFiles.PreCommit(h, ckpt)
 }
 
 func (f chaosFiles) commit(site string, h *sink.FileTxn, commit func(*sink.FileTxn) error) error {

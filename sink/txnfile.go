@@ -153,7 +153,7 @@ func (f *TxnFiles[T]) WriteBatch(t *FileTxn, recs []T) error {
 }
 
 // PreCommit flushes the file, syncs it and its directory and closes it.
-func (f *TxnFiles[T]) PreCommit(t *FileTxn) error {
+func (f *TxnFiles[T]) PreCommit(t *FileTxn, _ int64) error {
 	if t.f == nil {
 		return fmt.Errorf("sink: transaction %s is not open", t.Name)
 	}
@@ -176,7 +176,7 @@ func (f *TxnFiles[T]) PreCommit(t *FileTxn) error {
 // and whose committed file exists committed before.
 func (f *TxnFiles[T]) Commit(t *FileTxn) error {
 	if t.f != nil {
-		if err := f.PreCommit(t); err != nil {
+		if err := f.PreCommit(t, EndOfInput); err != nil {
 			return err
 		}
 	}

@@ -37,7 +37,8 @@ type Info struct {
 	// Restored is the state handed to this subtask by the restore plan; nil
 	// when the subtask starts empty.
 	Restored             *checkpoint.SubtaskState
-	IsRestore            bool // the job was restored from a checkpoint
+	IsRestore            bool  // the job was restored from a checkpoint
+	RestoredCheckpoint   int64 // its id, when IsRestore
 	CheckpointingEnabled bool
 	// Execution is the id of the job execution (one per Job.Start).
 	Execution string
