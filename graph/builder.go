@@ -192,6 +192,9 @@ func KeyBy[T any, K comparable](s *Stream[T], key func(T) K) *KeyedStream[K, T] 
 	if key == nil {
 		s.job.errorf("graph: KeyBy with a nil key function")
 	}
+	if err := stableKey(reflect.TypeFor[K](), "the key"); err != nil {
+		s.job.errorf("graph: KeyBy: %v: its key group and its identity in keyed state would differ between processes, so a restore would lose its state; key by a value (a string, a number, a struct of them)", err)
+	}
 	parts := make([]stream, len(s.parts))
 	for i, st := range s.parts {
 		st.part = Hash
@@ -199,6 +202,27 @@ func KeyBy[T any, K comparable](s *Stream[T], key func(T) K) *KeyedStream[K, T] 
 		parts[i] = st
 	}
 	return &KeyedStream[K, T]{s: &Stream[T]{job: s.job, parts: parts}, key: key}
+}
+
+// stableKey reports why keys of type t have no identity that survives a
+// process (nil if they do): a pointer, interface, channel or unsafe
+// pointer, anywhere inside t, compares by address or dynamic type, and
+// keygroup.Hash hashes what it points to, so two equal-looking keys are
+// different keys and a restored key matches no live one.
+func stableKey(t reflect.Type, path string) error {
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Chan, reflect.UnsafePointer:
+		return fmt.Errorf("%s has type %s, which compares by address or dynamic type", path, t)
+	case reflect.Array:
+		return stableKey(t.Elem(), path+"[]")
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if err := stableKey(t.Field(i).Type, path+"."+t.Field(i).Name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // connect adds the edges from every upstream of in to v.

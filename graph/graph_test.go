@@ -60,6 +60,14 @@ func collector[T any]() (func() graph.SinkFunc[T], func() []T) {
 
 func quiet(t *testing.T) graph.Config { return graph.Config{Logf: t.Logf} }
 
+// passKeyed emits its input.
+type passKeyed[K comparable] struct{}
+
+func (passKeyed[K]) Process(_ *graph.KeyedContext[K], v int64, out graph.Collector[int64]) error {
+	out.Collect(v)
+	return nil
+}
+
 func TestValidateRejectsBadGraphs(t *testing.T) {
 	newSink, _ := collector[int64]()
 	for _, tc := range []struct {
@@ -94,6 +102,20 @@ func TestValidateRejectsBadGraphs(t *testing.T) {
 			graph.Sink(s, "sink", newSink)
 		}, `source "src" has a nil function`},
 		{"no operators", func(j *graph.Job) {}, `has no operators`},
+		{"pointer key", func(j *graph.Job) {
+			s := graph.Source(j, "src", source.Slice(ints(3)))
+			k := graph.KeyBy(s, func(v int64) *int64 { return &v })
+			graph.Sink(graph.ProcessKeyed(k, "p", func() graph.KeyedProcessFunc[*int64, int64, int64] { return passKeyed[*int64]{} }), "sink", newSink)
+		}, `KeyBy: the key has type *int64, which compares by address or dynamic type`},
+		{"key with an interface inside", func(j *graph.Job) {
+			type key struct {
+				Device string
+				Tag    any
+			}
+			s := graph.Source(j, "src", source.Slice(ints(3)))
+			k := graph.KeyBy(s, func(v int64) key { return key{Device: "d", Tag: v} })
+			graph.Sink(graph.ProcessKeyed(k, "p", func() graph.KeyedProcessFunc[key, int64, int64] { return passKeyed[key]{} }), "sink", newSink)
+		}, `KeyBy: the key.Tag has type interface {}, which compares by address or dynamic type: its key group and its identity in keyed state would differ between processes`},
 		{"checkpoints without dir", func(j *graph.Job) {
 			s := graph.Source(j, "src", source.Slice(ints(3)))
 			graph.Sink(s, "sink", newSink)
