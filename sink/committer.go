@@ -78,8 +78,9 @@ const CommittablesState = "committables"
 //   - Before every checkpoint's barrier each writer prepares what it wrote
 //     and emits the committables (graph.BarrierPreparer), tagged with the
 //     checkpoint. They reach the committer before the barrier (aligned),
-//     or are in the checkpoint's channel state (unaligned): either way the
-//     committer has them when the checkpoint completes (task T8).
+//     or may be overtaken by it and be in the checkpoint's channel state
+//     (unaligned): those arrive after the committer's snapshot and are
+//     committed with the next checkpoint (CM1).
 //   - The committer keeps them by checkpoint in its state and, when
 //     checkpoint N completes, commits each checkpoint up to N in order, as
 //     (commit user, checkpoint), after checking that it was not committed
@@ -330,11 +331,16 @@ type commitBook[C any] struct {
 	committed int64
 	// pending holds uncommitted committables by checkpoint, ascending.
 	pending []pendingCommit[C]
-	// ended are committables prepared at the end of the input, held for
-	// the next snapshot.
+	// snapshotted is the id of the newest snapshot taken (or restored):
+	// the committables of a checkpoint up to it that arrive now were not
+	// in its state.
+	snapshotted int64
+	// ended are committables held for the next snapshot: those prepared
+	// at the end of the input, and those that arrived after the
+	// committer's snapshot of their checkpoint (CM1).
 	ended []C
-	// dropped counts committables received for a committed checkpoint:
-	// replays of an unaligned checkpoint's channel state after a restore.
+	// dropped counts restored committables of checkpoints committed
+	// already (Paimon's filterCommitted).
 	dropped int
 }
 
@@ -348,32 +354,36 @@ func (b *commitBook[C]) restore(entries []Committable[C], latest int64, ok bool,
 		return fmt.Errorf("it committed checkpoint %s, the job restored checkpoint %d (an older checkpoint or savepoint, or a fork: pass sink.WithCommitUser to publish as a new user): %w",
 			checkpointName(latest), restored, ErrCommittedAhead)
 	}
-	*b = commitBook[C]{}
+	*b = commitBook[C]{snapshotted: restored}
 	if ok {
 		b.committed = latest
 	}
 	for _, e := range entries {
-		if e.Checkpoint > restored || e.Checkpoint == EndOfInput {
+		switch {
+		case e.Checkpoint > restored || e.Checkpoint == EndOfInput || e.Checkpoint <= 0:
 			return fmt.Errorf("sink: restored committable of checkpoint %s in the state of checkpoint %d", checkpointName(e.Checkpoint), restored)
-		}
-		if err := b.receive(e); err != nil {
-			return err
+		case e.Checkpoint <= b.committed:
+			b.dropped++
+		default:
+			b.add(e.Checkpoint, e.Value)
 		}
 	}
 	return nil
 }
 
-// receive files a committable under its checkpoint. One of a committed
-// checkpoint is dropped (CM1).
+// receive files a committable under its checkpoint, or holds it for the
+// next snapshot if the committer's snapshot of that checkpoint was taken
+// (or restored) already (CM1): in an unaligned checkpoint the barrier may
+// overtake a committable, which is then in the checkpoint's channel state,
+// not in its operator state, and arrives after the snapshot (live, or
+// replayed after a restore). Its checkpoint's commit, made from the state,
+// does not hold it, so it is committed with the next one.
 func (b *commitBook[C]) receive(c Committable[C]) error {
 	switch {
-	case c.Checkpoint == EndOfInput:
-		b.ended = append(b.ended, c.Value)
-		return nil
 	case c.Checkpoint <= 0:
 		return fmt.Errorf("sink: committable of writer %d names checkpoint %d", c.Writer, c.Checkpoint)
-	case c.Checkpoint <= b.committed:
-		b.dropped++
+	case c.Checkpoint == EndOfInput || c.Checkpoint <= b.snapshotted:
+		b.ended = append(b.ended, c.Value)
 		return nil
 	}
 	b.add(c.Checkpoint, c.Value)
@@ -391,13 +401,15 @@ func (b *commitBook[C]) add(id int64, v C) {
 	b.pending[i].Committables = append(b.pending[i].Committables, v)
 }
 
-// snapshot files the end-of-input committables under checkpoint id and
-// returns the state to store: every uncommitted committable.
+// snapshot files the held committables under checkpoint id and returns
+// the state to store: every uncommitted committable. From now on a
+// committable of a checkpoint up to id is held for the next snapshot.
 func (b *commitBook[C]) snapshot(id int64) []Committable[C] {
 	for _, v := range b.ended {
 		b.add(id, v)
 	}
 	b.ended = nil
+	b.snapshotted = max(b.snapshotted, id)
 	var out []Committable[C]
 	for _, p := range b.pending {
 		for _, v := range p.Committables {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,7 +196,26 @@ type commitJob struct {
 	crashJob
 	Unchained bool
 	User      string
+	// Chunks, if set, paces the source by checkpoints instead of Rate: the
+	// records span at least Chunks completed checkpoints, however slow the
+	// machine, so the faults of the matrix fire.
+	Chunks    int
 	table     *memTable
+	completed atomic.Int64
+}
+
+// checkpointPaced emits record i only after i/chunk checkpoints completed.
+type checkpointPaced struct {
+	*source.Indexed[rec]
+	n, chunk  int64
+	completed *atomic.Int64
+}
+
+func (s *checkpointPaced) Next(ctx *graph.Context) (rec, error) {
+	if p := s.Position(); p < s.n && p/s.chunk > s.completed.Load() {
+		return rec{}, graph.ErrNoRecord
+	}
+	return s.Indexed.Next(ctx)
 }
 
 func (cj *commitJob) build(t testing.TB) *graph.Job {
@@ -222,15 +242,25 @@ func (cj *commitJob) build(t testing.TB) *graph.Job {
 		Parallelism: cj.Parallelism, Checkpoint: ck, Restart: graph.FixedDelay(cj.Restarts, 0), Restore: cj.Restore,
 		DisableChaining: cj.Unchained, Logf: logf,
 		OnEvent: func(e graph.Event) {
-			if e.Kind == graph.JobFailed {
+			switch e.Kind {
+			case graph.JobFailed:
 				cj.chaos.jobFailed()
+			case graph.CheckpointCompleted:
+				cj.completed.Add(1)
 			}
 			cj.mu.Lock()
 			cj.events = append(cj.events, e)
 			cj.mu.Unlock()
 		},
 	})
-	src := graph.Source(j, "src", source.GenerateRate(cj.Records, cj.Rate, func(i int64) rec { return rec{ID: i} }))
+	newSource := source.GenerateRate(cj.Records, cj.Rate, func(i int64) rec { return rec{ID: i} })
+	if cj.Chunks > 0 && cj.Interval > 0 && cj.Interval < time.Second {
+		chunk := max(cj.Records/int64(cj.Chunks), 1) // positions are global indexes
+		newSource = func() graph.SourceFunc[rec] {
+			return &checkpointPaced{Indexed: source.NewIndexed(cj.Records, func(i int64) rec { return rec{ID: i} }), n: cj.Records, chunk: chunk, completed: &cj.completed}
+		}
+	}
+	src := graph.Source(j, "src", newSource)
 	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing{cj.chaos} })
 	opts := []sink.Option{sink.WithLogf(logf)}
 	if cj.User != "" {
@@ -281,7 +311,7 @@ func commitMatrixJob(t *testing.T, faults ...fault) *commitJob {
 	return &commitJob{crashJob: crashJob{
 		Name: t.Name(), Records: 4000, Parallelism: 3, Rate: 40_000, Interval: 3 * time.Millisecond,
 		Restarts: 5, Retry: sink.Retry{Attempts: 2, Backoff: time.Millisecond}, Faults: faults, Logf: t.Logf,
-	}}
+	}, Chunks: 16}
 }
 
 // TestCommitterFailureMatrix runs the seeds' timelines with a failure at

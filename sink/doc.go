@@ -164,11 +164,15 @@
 //   - The committer files the committables by checkpoint; its snapshot
 //     stores them (CommittablesState). When checkpoint N completes it
 //     commits each checkpoint up to N in order as (commit user,
-//     checkpoint) and forgets it. In an unaligned checkpoint a committable
-//     may be overtaken by the barrier and so be channel state, not operator
-//     state: the committer still has it when N completes, because an
-//     unaligned checkpoint is acknowledged only after every barrier
-//     arrived (task T8).
+//     checkpoint) and forgets it. In an unaligned checkpoint the barrier
+//     may overtake a committable, which is then channel state of N, not
+//     operator state: it reaches the committer after the committer's
+//     snapshot of N, live or replayed after a restore of N, and possibly
+//     after N's commit (task T8 waits for the channel state to be
+//     recorded, not processed). The committer files such a committable
+//     under its next snapshot, so it is committed with the next
+//     checkpoint instead (CM1). In an aligned checkpoint every committable
+//     of N arrives before the committer's snapshot of N.
 //   - On a restore it asks the GlobalCommitter for the newest checkpoint
 //     its user committed, drops the restored committables up to it
 //     (Paimon's filterCommitted), and commits the rest before it takes any
@@ -183,10 +187,13 @@
 //
 // Invariants:
 //
-//   - CM1: a checkpoint is committed at most once per commit user.
-//     Committables of a checkpoint at or below the newest commit are
-//     dropped (replays of channel state after a restore), and a commit at
-//     or below it fails with ErrCommitted in the GlobalCommitter.
+//   - CM1: a committable is committed once, with the first checkpoint
+//     whose committer snapshot holds it: the one it was prepared for, or,
+//     if it arrived after the committer's snapshot of that one (unaligned),
+//     the next. A checkpoint is committed at most once per commit user:
+//     restored committables of checkpoints at or below the newest commit
+//     are dropped (Paimon's filterCommitted), and a commit at or below it
+//     fails with ErrCommitted in the GlobalCommitter.
 //   - CM2: a commit of unknown outcome is not repeated blindly: before a
 //     retry, the committer asks LatestCommitted whether it took effect.
 //     A commit that fails every retry fails the job with a CommitError

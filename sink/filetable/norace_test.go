@@ -1,0 +1,5 @@
+//go:build !race
+
+package filetable_test
+
+const raceEnabled = false
