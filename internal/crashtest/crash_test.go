@@ -26,15 +26,18 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/internal/crashtest"
+	"github.com/snapflow/snapflow/internal/pgtest"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/sink/filetable"
+	"github.com/snapflow/snapflow/sink/postgres"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/source"
@@ -75,8 +78,17 @@ const (
 	envLoop = "SNAPFLOW_CRASHTEST_LOOP"
 	// envSink picks the sink: "" (sink.Publishing into a Dir), "filetable"
 	// (sink.WriteAndCommit into a filetable.Table at the output
-	// directory).
-	envSink = "SNAPFLOW_CRASHTEST_SINK"
+	// directory), "postgres" (postgres.Sink, exactly once by prepared
+	// transactions, into table pgTable of envPGDSN's database).
+	envSink  = "SNAPFLOW_CRASHTEST_SINK"
+	envPGDSN = "SNAPFLOW_CRASHTEST_PG_DSN"
+)
+
+// pgTable is the PostgreSQL table of the "postgres" sink: no primary key,
+// so a duplicate commit shows as a duplicate row.
+const (
+	pgTable       = "crash_out"
+	pgCreateTable = "CREATE TABLE IF NOT EXISTS " + pgTable + " (id bigint NOT NULL, key bigint NOT NULL, count bigint NOT NULL)"
 )
 
 // alignedTimeout is the alignment timeout of mode "aligned-timeout": short,
@@ -224,6 +236,17 @@ func runChild() int {
 			return exitFailed
 		}
 		sink.WriteAndCommitWith(counts, "sink", filetable.NewWriter[counted](tbl), tbl, sink.Retry{}, []sink.Option{sink.WithLogf(logf)})
+	case "postgres":
+		pg, err := postgres.Open(ctx, os.Getenv(envPGDSN), postgres.Config[counted]{
+			Table: pgTable, Columns: []string{"id", "key", "count"},
+			Row: func(c counted) []any { return []any{c.ID, c.Key, c.Count} },
+		})
+		if err != nil {
+			logf("%v", err)
+			return exitFailed
+		}
+		defer pg.Close()
+		graph.Sink(counts, "sink", pg.SinkFunc(sink.WithLogf(logf)))
 	default:
 		logf("bad %s: %q", envSink, kind)
 		return exitFailed
@@ -688,6 +711,9 @@ func (r *run) output() (ids map[int64]int, perKey map[int64][]int64) {
 	if slices.Contains(r.env, envSink+"=filetable") {
 		return r.tableOutput()
 	}
+	if slices.Contains(r.env, envSink+"=postgres") {
+		return r.pgOutput()
+	}
 	txns, err := crashtest.Read[counted](r.out)
 	if errors.Is(err, fs.ErrNotExist) {
 		return map[int64]int{}, map[int64][]int64{}
@@ -723,6 +749,32 @@ func (r *run) tableOutput() (ids map[int64]int, perKey map[int64][]int64) {
 		perKey[rec.Key] = append(perKey[rec.Key], rec.Count)
 		return nil
 	}))
+	return ids, perKey
+}
+
+// pgOutput is output for PostgreSQL: the committed rows of pgTable.
+func (r *run) pgOutput() (ids map[int64]int, perKey map[int64][]int64) {
+	r.t.Helper()
+	ids, perKey = map[int64]int{}, map[int64][]int64{}
+	var dsn string
+	for _, e := range r.env {
+		if v, ok := strings.CutPrefix(e, envPGDSN+"="); ok {
+			dsn = v
+		}
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(r.t, err)
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT id, key, count FROM "+pgTable)
+	require.NoError(r.t, err)
+	for rows.Next() {
+		var rec counted
+		require.NoError(r.t, rows.Scan(&rec.ID, &rec.Key, &rec.Count))
+		ids[rec.ID]++
+		perKey[rec.Key] = append(perKey[rec.Key], rec.Count)
+	}
+	require.NoError(r.t, rows.Err())
 	return ids, perKey
 }
 
@@ -863,6 +915,46 @@ func TestCrashes(t *testing.T) {
 			r.requireExactlyOnce()
 		})
 	}
+
+	// (a'') The same into PostgreSQL (postgres.Sink: prepared transactions),
+	// a dozen kills: a killed child leaves prepared transactions behind,
+	// which hold their locks until resolved; the next child commits those
+	// its checkpoint names and rolls back the others (AbortStale). Every id
+	// exactly once in the table, and no prepared transaction left.
+	t.Run("kill-postgres", func(t *testing.T) {
+		t.Parallel()
+		dsn, _ := pgtest.Start(t)
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, dsn)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, pgCreateTable)
+		require.NoError(t, err)
+		r := scenario(t, 22)
+		r.env = append(r.env, envSink+"=postgres", envPGDSN+"="+dsn)
+		kills, leftovers := 0, 0
+		for i := range 12 {
+			c := r.start()
+			r.killAtRandom(c, i > 0)
+			if c.wait() == -1 {
+				kills++
+			}
+			r.finish(c, false)
+			r.requireAtMostOnce()
+			var prepared int
+			require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_xacts").Scan(&prepared))
+			leftovers += prepared
+		}
+		require.GreaterOrEqual(t, kills, 8)
+		c := r.runToCompletion(false)
+		id, _ := restoredFrom(c.snapshot())
+		require.Positive(t, id, "the last child restored a checkpoint")
+		r.requireExactlyOnce()
+		var prepared int
+		require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_xacts").Scan(&prepared))
+		require.Zero(t, prepared, "prepared transactions left")
+		t.Logf("%d kills; %d prepared transactions found after kills, resolved by the next child", kills, leftovers)
+	})
 
 	// (b) SIGTERM: the context is cancelled, the checkpoints are kept, and
 	// the next run resumes from the newest one: exactly once.
