@@ -194,8 +194,10 @@ func (c *Context) CheckpointingEnabled() bool { return c.ckpt }
 func (c *Context) OperatorState() *state.OperatorStore { return c.operators }
 
 // KeyedState returns the keyed-state backend of a keyed subtask, for
-// registering state with state.Value. It returns nil for unkeyed subtasks or
-// a key type other than K.
+// registering state with state.Value, state.KeyedList, state.Map,
+// state.Reducing and state.Aggregating. It returns nil for unkeyed subtasks
+// or a key type other than K. The operator sets the backend's time for
+// state TTL (see StateClock).
 func KeyedState[K comparable](c *Context) *state.KeyedBackend[K] {
 	b, _ := c.keyed.(*state.KeyedBackend[K])
 	return b

@@ -121,7 +121,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	j := s.s.job
 	v := j.addVertex(kindOperator, uid, opts)
 	v.keyed = true
-	policy, _ := timerPolicies.take(v)
+	kopts, _ := keyedOptions.take(v)
 	if newFn == nil {
 		j.errorf("graph: operator %q has a nil function", uid)
 	}
@@ -129,7 +129,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	key := s.key
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[OUT](ctx, a, v, i, next)
-		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: policy, logf: a.job.logf, verify: verifyKeys()}
+		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock}
 		op.onTimer, _ = op.fn.(TimerHandler[K, OUT])
 		op.ender, op.openErr = inputEnder[OUT](v, op.fn)
 		if op.fn == nil {
@@ -255,11 +255,15 @@ func strayEndInput(v *vertex, fn any, want string) error {
 	return nil
 }
 
-// rejectTimerPolicy reports EndOfInputTimers on an operator without keyed
-// timers.
+// rejectTimerPolicy reports EndOfInputTimers and StateClock on an operator
+// without keyed state and timers.
 func rejectTimerPolicy(j *Job, v *vertex) {
-	if _, ok := timerPolicies.take(v); ok {
+	o, _ := keyedOptions.take(v)
+	if o.hasPolicy {
 		j.errorf("graph: %s: EndOfInputTimers applies to ProcessKeyed operators only", v)
+	}
+	if o.clock != nil {
+		j.errorf("graph: %s: StateClock applies to ProcessKeyed operators only", v)
 	}
 }
 
@@ -448,6 +452,20 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	ender   InputEnder[OUT]      // nil when fn has no EndInput
 	policy  TimerPolicy
 	logf    func(format string, args ...any)
+	// clock is the StateClock, nil for the default (see setTime).
+	clock func() time.Time
+}
+
+// setTime hands the keyed-state backend the processing time (state TTL):
+// the StateClock's if set, else now. It runs once per buffer of records,
+// before timers fire, before snapshots and before the other calls into the
+// function that may use keyed state (state S12: the backend reads no clock
+// itself).
+func (o *keyedOp[K, IN, OUT]) setTime(now time.Time) {
+	if o.clock != nil {
+		now = o.clock()
+	}
+	o.backend.SetTime(now)
 }
 
 func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
@@ -470,7 +488,22 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 	}
 	o.kctx = &KeyedContext[K]{Context: o.ctx, backend: b, timers: ts}
 	o.maxP, o.kgs = info.MaxParallelism, info.KeyGroups
+	o.setTime(time.Now())
 	return o.initialize()
+}
+
+// Snapshot and SnapshotAsync set the backend's time first, so that the
+// snapshot skips the TTL state that expired by now (state S12), also when
+// no record came for a while.
+func (o *keyedOp[K, IN, OUT]) Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error) {
+	o.setTime(time.Now())
+	return o.hooks.Snapshot(b)
+}
+
+// SnapshotAsync implements task.AsyncSnapshotter (see Snapshot).
+func (o *keyedOp[K, IN, OUT]) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.AsyncPart, error) {
+	o.setTime(time.Now())
+	return o.hooks.SnapshotAsync(b)
 }
 
 // NextTimer implements task.Timers.
@@ -478,6 +511,7 @@ func (o *keyedOp[K, IN, OUT]) NextTimer() (time.Time, bool) { return o.kctx.time
 
 // FireTimers implements task.Timers.
 func (o *keyedOp[K, IN, OUT]) FireTimers(now time.Time) error {
+	o.setTime(now)
 	return o.kctx.timers.fire(now, func(at time.Time) error {
 		if o.onTimer == nil {
 			return fmt.Errorf("a timer for key %v fired but the function (%T) does not implement graph.TimerHandler", o.backend.CurrentKey(), o.fn)
@@ -505,12 +539,14 @@ func (o *keyedOp[K, IN, OUT]) EndInput() error {
 		}
 	}
 	if o.ender != nil {
+		o.setTime(time.Now())
 		return o.ender.EndInput(o.ctx, o.out)
 	}
 	return nil
 }
 
 func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []task.Keyed[K, IN]) error {
+	o.setTime(time.Now())
 	if o.verify {
 		return o.processVerified(recs)
 	}

@@ -57,32 +57,54 @@ func (p TimerPolicy) String() string {
 // processing-time timers at the end of its input (default FireTimers).
 // Validation rejects it on other operators.
 func EndOfInputTimers(p TimerPolicy) Option {
-	return func(v *vertex) { timerPolicies.set(v, p) }
+	return func(v *vertex) { keyedOptions.set(v, func(o *keyedOpts) { o.policy, o.hasPolicy = p, true }) }
 }
 
-// timerPolicies holds the policies set by EndOfInputTimers until the
-// operator's builder function takes them into its closure (the Option
-// runs inside addVertex, before the builder knows the vertex).
-var timerPolicies = policyMap{m: map[*vertex]TimerPolicy{}}
+// StateClock sets the clock a ProcessKeyed operator reads the processing
+// time of its keyed state from (state TTL, state.WithTTL): the operator
+// reads it once per buffer of records, at every snapshot and when its
+// timers fire, and hands it to the backend (state.KeyedBackend.SetTime). The default is
+// time.Now for records and snapshots, and the time timers fire at for
+// timers. Timers
+// still fire by the subtask's own clock. It is meant for tests, which need
+// state to expire at given points. Validation rejects it on other
+// operators.
+func StateClock(now func() time.Time) Option {
+	return func(v *vertex) { keyedOptions.set(v, func(o *keyedOpts) { o.clock = now }) }
+}
 
-type policyMap struct {
+// keyedOpts are the options of a ProcessKeyed operator.
+type keyedOpts struct {
+	policy    TimerPolicy
+	hasPolicy bool
+	clock     func() time.Time
+}
+
+// keyedOptions holds the options set by EndOfInputTimers and StateClock
+// until the operator's builder function takes them into its closure (the
+// Option runs inside addVertex, before the builder knows the vertex).
+var keyedOptions = optionMap{m: map[*vertex]keyedOpts{}}
+
+type optionMap struct {
 	mu sync.Mutex
-	m  map[*vertex]TimerPolicy
+	m  map[*vertex]keyedOpts
 }
 
-func (p *policyMap) set(v *vertex, tp TimerPolicy) {
+func (p *optionMap) set(v *vertex, f func(*keyedOpts)) {
 	p.mu.Lock()
-	p.m[v] = tp
+	o := p.m[v]
+	f(&o)
+	p.m[v] = o
 	p.mu.Unlock()
 }
 
-// take removes and returns v's policy.
-func (p *policyMap) take(v *vertex) (TimerPolicy, bool) {
+// take removes and returns v's options.
+func (p *optionMap) take(v *vertex) (keyedOpts, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	tp, ok := p.m[v]
+	o, ok := p.m[v]
 	delete(p.m, v)
-	return tp, ok
+	return o, ok
 }
 
 // TimerState is the name of the keyed list state that holds the timers

@@ -20,21 +20,45 @@
 // A KeyedBackend holds the keyed state of one keyed subtask, that is, the
 // state of the key groups in its keygroup.Range. The runtime calls
 // SetCurrentKey before each record with the record's key and its key group,
-// which the partitioner has already computed. ValueState and KeyedListState
-// then read and write the entry of that key. This backend keeps state on the
-// heap, in a copy-on-write paged table per registered state (cowTable): the
-// entries live in pages of 1024 slots, found through an open-addressing
-// index of 4-byte slots that only the subtask goroutine uses (index.go: a
-// Go map from key to slot holds every key twice, and index plus pages then
-// no longer fit a core's cache at 10,000 keys). A read or an update of an
-// existing key is one index lookup (the slot of the current key is
-// remembered between a record's read and its write) and no encoding or
-// allocation.
+// which the partitioner has already computed, and SetTime once per batch
+// of records (and before timers fire) with the processing time. The state
+// handles then read and write the entries of that key:
 //
-// Snapshot encodes every state as checkpoint.KeyGroupState records: key and
-// value are each one msgpack encoding, and the records are grouped by key
-// group. Restore hands whole key groups to new owners, so keyed state can be
-// rescaled without touching the keys (see package keygroup).
+//   - ValueState (Value): one value per key;
+//   - KeyedListState (KeyedList): one list per key;
+//   - MapState (Map): a map from user keys to values per key, every entry
+//     stored, snapshotted and restored on its own (S10);
+//   - ReducingState (Reducing) and AggregatingState (Aggregating): one
+//     value per key that Add folds values into, with a reduce function or
+//     a Flink-style AggregateFunction; stored as value states of the value
+//     or accumulator.
+//
+// Registration takes Options: WithTTL (a time-to-live, see "State TTL")
+// and WithCodec (a caller-supplied Codec for the values instead of
+// msgpack, see "Encoding"). Existing calls without options are unchanged.
+//
+// This backend keeps state on the heap, in a copy-on-write paged table per
+// registered state (cowTable): the entries live in pages of 1024 slots,
+// found through an open-addressing index of 4-byte slots that only the
+// subtask goroutine uses (index.go: a Go map from key to slot holds every
+// key twice, and index plus pages then no longer fit a core's cache at
+// 10,000 keys). A read or an update of an existing key is one index lookup
+// (the slot of the current key is remembered between a record's read and
+// its write) and no encoding or allocation.
+//
+// A map state is one cowTable of all its entries, keyed by the composite
+// MapKey (key, user key), so it freezes in O(pages) like any other state
+// and a Get or Put is one index lookup (the slot of the last user key of
+// the current key is remembered too). Per-key iteration, Len and Clear walk
+// a doubly linked chain of the key's entries through their slots: links
+// by slot and chain heads by key, beside the pages and never snapshotted,
+// so linking an entry copies no page. The body of an iteration over a
+// key's entries may put entries (new ones are not visited) and remove the
+// visited one; removing others panics instead of visiting freed slots.
+//
+// Snapshot encodes every state as checkpoint.KeyGroupState records, grouped
+// by key group. Restore hands whole key groups to new owners, so keyed state
+// can be rescaled without touching the keys (see package keygroup).
 //
 // # Snapshots: synchronous freeze, asynchronous encoding
 //
@@ -45,7 +69,7 @@
 // is O(states + keys/1024): about 10µs for 1,000,000 keys
 // (BenchmarkSnapshotSync). KeyedSnapshot.Encode is the asynchronous part:
 // it encodes the frozen pages, on any goroutine, while the subtask goes on
-// (about 0.4s for 1,000,000 keys, BenchmarkSnapshotEncode). Meanwhile a
+// (about 0.5s for 1,000,000 keys, BenchmarkSnapshotEncode). Meanwhile a
 // write to a page that a live view holds copies the page first, once per
 // page and view; a write to a copied page, and every read, touch no copy.
 // Deletes clear their slot, which is reused. Release (on the subtask
@@ -55,13 +79,15 @@
 //
 // Copy-on-write copies values shallowly, so it is used only for states
 // whose values cannot change in place behind the backend's back: values
-// (list elements, for KeyedListState) without pointers, maps, slices,
+// (list elements, for KeyedListState; user keys and values, for MapState;
+// accumulators, for AggregatingState) without pointers, maps, slices,
 // channels, functions or interfaces, strings and time.Time allowed. The
 // lists of KeyedListState are safe: their backing arrays are only ever
-// appended to past what any view holds (Update copies, Clear drops). A
-// state of other values (a struct with a slice field, any, a pointer) is
-// encoded at Freeze, on the subtask goroutine, in time proportional to its
-// size, because a user may change such a value in place after Update.
+// appended to past what any view holds (Update copies, Clear drops, and
+// the TTL cleanup of a list writes a new one). A state of other values (a
+// struct with a slice field, any, a pointer) is encoded at Freeze, on the
+// subtask goroutine, in time proportional to its size, because a user may
+// change such a value in place after Update.
 //
 // # Encoding
 //
@@ -81,12 +107,74 @@
 // map-based backend that preceded the copy-on-write one, pins the bytes of
 // a keyed snapshot (S1).
 //
+// The newer states add to that format and never change it (valuecodec.go):
+//
+//   - A map entry is one checkpoint.KeyedEntry whose Key is the key's and
+//     whose UserKey is the user key's msgpack encoding (user keys are
+//     encoded as keys are, never by a codec). Entries without a user key
+//     omit it, so value and list states encode as before.
+//   - A state with a TTL stores every value (list element, map entry)
+//     behind an 8-byte big-endian timestamp, the Unix nanoseconds it was
+//     written (or last read, under OnReadAndWrite).
+//   - With WithCodec, the value bytes are the codec's Encode output, as is:
+//     restoring them needs a codec that decodes them (a codec that changes
+//     its format must version its bytes itself). A list with a codec or a
+//     TTL is a msgpack array of bin elements, each holding one element's
+//     bytes (timestamp first, with a TTL).
+//   - A state with any of these (a map state, a TTL, a codec) opens each of
+//     its key groups with a descriptor entry: an empty Key and, as Value,
+//     the msgpack map {kind: value|list|map, ttl, codec} (desc.go, S11).
+//     Restore checks it against the registration, so a map state is never
+//     restored as a value state, a TTL state never without its TTL, codec
+//     bytes never as msgpack, and the other way round: each is an error
+//     naming the state. Value and list states with none of these have no
+//     descriptor (their bytes are those of the golden file); restoring one
+//     as a list (or the other way round) still fails only when the values
+//     decode, as before.
+//
+// # State TTL
+//
+// WithTTL gives a state Flink's StateTtlConfig semantics (TTLConfig): a
+// value expires TTL after its timestamp, which every write sets
+// (OnCreateAndWrite) and, with OnReadAndWrite, every read that returns it.
+// List elements and map entries expire one by one; a reducing or
+// aggregating state's value as a whole. NeverReturnExpired hides an expired
+// value at once; ReturnExpiredIfNotCleanedUp returns it from the read that
+// finds it, which removes it (Flink's behaviour). Iteration over all keys
+// (All, AllEntries) is read-only: it hides or shows expired values by the
+// visibility, refreshing and removing none; iteration over a key's map
+// (MapState.All, Len, Keys) is a read of each entry, as in Flink.
+//
+// Time is an input, never read from a clock: the backend holds the last
+// SetTime (graph's keyed operator sets it once per batch, before timers
+// fire and at every snapshot; graph.StateClock replaces its clock in
+// tests). A TTL state used
+// before the first SetTime panics.
+//
+// Expired values are removed in four ways. (1) Lazily, by the read that
+// finds them. (2) Incrementally: every access of a TTL state checks the
+// next IncrementalCleanup (default 5) stored entries after the previous
+// check, in slot order, and removes the expired ones (Flink's incremental
+// cleanup of the heap backend; no check runs during an iteration over a
+// key's map). (3) In snapshots: a view skips what is expired at the
+// backend's time at Freeze (and writes lists without their expired
+// elements), so a snapshot never holds an expired value, whatever the
+// visibility, and Encode does not depend on when it runs. (4) On Pebble,
+// compaction-time cleanup will replace (2): see the seam below.
+//
+// Whether a state has a TTL is in its descriptor: a state written with a
+// TTL must be restored with one and the other way round (as in Flink,
+// turning TTL on or off for existing state is not supported); the TTL
+// itself may change, and applies to the stored timestamps.
+//
 // # Invariants
 //
 // S1: Snapshot is a pure function of the registered state plus the
-// carried-over restored state (S3). It changes no content, and equal contents
-// give equal snapshots in a fixed order: operator lists by name; keyed
-// records by (state name, key group, encoded key bytes). The output is
+// carried-over restored state (S3) and, for TTL states, the backend's time
+// at Freeze. It changes no content, and equal contents give equal
+// snapshots in a fixed order: operator lists by name; keyed records by
+// (state name, key group), each record's entries by (encoded key bytes,
+// encoded user key bytes) after its descriptor entry, if any. The output is
 // byte-identical for equal contents, except for values that contain maps
 // other than map[string]string, map[string]bool and map[string]any. msgpack
 // writes those in Go map order. Keys cannot contain maps, so the order of
@@ -105,10 +193,12 @@
 // unchanged into every snapshot. An operator that registers its state lazily
 // therefore keeps it across checkpoints.
 //
-// S4: A name keeps one kind, one element type and (for lists) one
-// distribution for the life of a store. Registering it again with the same
-// ones returns the same handle. Any other registration is an error, and so is
-// registering a restored list under another distribution (as in Flink).
+// S4: A name keeps one kind, one element type, one set of options (TTL
+// configuration, codec) and (for lists) one distribution for the life of a
+// store. Registering it again with the same ones returns the same handle
+// (with the first registration's reduce or aggregate function). Any other
+// registration is an error, and so is registering a restored list under
+// another distribution (as in Flink).
 //
 // S5: Restore is the inverse of snapshot. Building a store from a snapshot
 // and registering the same states gives the same contents, and list elements
@@ -116,11 +206,13 @@
 //
 // S6: Decoding restored bytes never panics. Every failure is an error that
 // names the state, the element index or key group, and the cause. That
-// includes a key that decodes into a dynamic type that is not comparable
-// (K = any holding a map), which would otherwise panic as a map key.
+// includes a key (or user key) that decodes into a dynamic type that is not
+// comparable (K = any holding a map), which would otherwise panic as a map
+// key, and a panic of a caller-supplied codec, which becomes an error.
 //
 // S7: SetCurrentKey, and ValueState.Value and Update on an existing key, do
-// not allocate, also while a view is live, once the key's page was copied.
+// not allocate, also while a view is live, once the key's page was copied
+// (S13 extends this to map, reducing and aggregating states).
 //
 // S8: Freeze holds no lock and does not depend on the number of keys of a
 // copy-on-write state: it copies one pointer per page.
@@ -132,6 +224,34 @@
 // the backend's goroutine after Encode returned (the caller orders the
 // two); a view never released costs one extra copy per page, nothing else.
 //
+// S10: Per-entry map operations touch only their entry. MapState.Get, Put,
+// Remove and Contains name the key and the user key all the way down to
+// the storage (mapTable), cost one index lookup on the heap, and neither
+// read nor write other entries of the key; All, Keys, Values, Len, IsEmpty
+// and Clear touch only the current key's entries. A map state's snapshot
+// holds one entry per map entry, with its user key.
+//
+// S11: A restored state is registered only as what wrote it. Every key
+// group of a map state, a TTL state or a state with a codec opens with the
+// same descriptor entry (empty key), and only a map state's entries have
+// user keys (both checked when the backend is built); registration checks
+// kind, TTL and codec use against it (or, without one, against a plain
+// value or list state) and fails with an error naming the state and a key
+// group on any difference, keeping the state carried over (S3).
+//
+// S12: A value of a TTL state stamped ts is expired at time now iff
+// ts + TTL <= now, now being the backend's last SetTime. Under
+// NeverReturnExpired no read returns an expired value; under
+// ReturnExpiredIfNotCleanedUp only the read that removes it does. No
+// snapshot holds a value expired at its Freeze. Cleanup (lazy, incremental,
+// in snapshots) removes only expired values, so it never changes what a
+// NeverReturnExpired read returns.
+//
+// S13: MapState.Get, Put and Contains of an existing entry, and
+// ReducingState.Add and AggregatingState.Add on an existing key (with
+// values without pointers), do not allocate, also while a view is live,
+// once the page was copied.
+//
 // # Differences from Flink
 //
 // Flink's heap backend (CopyOnWriteStateMap) versions single entries and
@@ -140,21 +260,90 @@
 // entries and copies them shallowly, so states whose values could change
 // in place are encoded at the barrier instead. Value state has no null:
 // Update stores the zero value like any other value, and Clear removes the
-// entry. A restored keyed state does not record its kind. Restoring a value
-// state as a list state (or the other way round) fails when the values are
-// decoded, not on a recorded type.
+// entry. A restored keyed state records its kind only when it has a
+// descriptor (S11): restoring a plain value state as a list state (or the
+// other way round) fails when the values are decoded, not on a recorded
+// type, while a reducing or aggregating state restores a value state's
+// snapshot and the other way round (one layout). Flink's heap snapshots
+// write a map state's map per key as one value; here every map entry is a
+// snapshot entry of its own, as in Flink's RocksDB backend. TTL timestamps
+// are nanoseconds, not milliseconds, and the TTL's time comes from SetTime
+// rather than a TtlTimeProvider. Incremental cleanup runs per state access
+// only (Flink's runCleanupForEveryRecord has no counterpart), and
+// full-snapshot cleanup is always on.
+//
+// # Timers
+//
+// The processing-time timers of package graph are already keyed state of
+// this backend: the keyed list state graph.TimerState ("_timers") of int64
+// Unix nanoseconds per key, frozen and snapshotted with the rest (the
+// timer service's in-memory heap and set are rebuilt from it on restore).
+// A Pebble backend stores them like any list state, with nothing to change
+// in graph. What remains for large timer counts: the timer service still
+// holds every timer in memory (a min-heap and a set), and deleting a timer
+// rewrites its key's list. Flink's RocksDB backend keeps timers in a
+// time-ordered column family instead; here that would be a map state per
+// key (user key: the time, so a delete touches one entry, S10) plus a
+// backend-level index ordered by [time][key group][key] that the service
+// scans for due timers instead of the heap. The heap backend needs
+// neither.
 //
 // # Seam for the Pebble backend
 //
-// The typed handles (ValueState, KeyedListState) do not touch the storage.
-// They go through the internal table[K, V] interface: get, put and remove by
-// (key, key group), iteration, restore from raw entries, and freeze into a
-// frozen view that encodes KeyGroupState records and is released. newTable
-// is the one place that picks the implementation. Today that is cowTable. A
-// Pebble table will keep values encoded under [key group][state][key] byte
-// keys, build those keys in a reused buffer, freeze by taking a Pebble
-// snapshot (its own copy-on-write) and encode to files instead of inline
-// records. The backend-level parts (key-group range, current key, restored
-// entries and their S2 checks, registration, S3 carry-over, KeyedSnapshot)
-// stay shared.
+// The typed handles (ValueState, KeyedListState, MapState, ReducingState,
+// AggregatingState) do not touch the storage. They go through two internal
+// interfaces, and the TTL decorators (ttl.go) sit between the handles and
+// them, so TTL needs nothing from an engine but to store what it is given
+// and to know, through the spec, what has expired:
+//
+//   - table[K, V] (table.go), for value, list, reducing and aggregating
+//     states: get, put and remove of the current key (with its key group),
+//     all (every entry), sweep (incremental TTL cleanup), freeze.
+//   - mapTable[K, UK, V] (maptable.go), for map states: get, put and
+//     remove of one (key, user key); entries, count and clear of one key;
+//     all (every entry of every key); sweep; freeze.
+//
+// Each table gets a spec at registration: how keys, user keys and values
+// encode (valueCodec: msgpack, the caller's Codec, the TTL timestamp in
+// front, lists of bin elements), the descriptor entry, and, with a TTL,
+// which values are expired at a given time (live, prune). newTable and
+// newMapTable are the one place each that picks the implementation; today
+// that is cowTable and cowMapTable.
+//
+// A Pebble table keeps values encoded, under byte keys built in a reused
+// buffer: [key group, 2 bytes big-endian][state id, a varint assigned at
+// registration and recorded under a metadata key with the state's name and
+// descriptor][encoded key] for the one-value states, plus [encoded user
+// key] for map entries. Keys and user keys are msgpack values, which are
+// self-delimiting, so no encoded key is a proper prefix of another, and
+// the prefix [key group][state id][encoded key] holds exactly one key's
+// map entries. The operations map onto Pebble one to one: get is a point
+// Get of the entry's key, put a Set, remove a Delete (S10: one entry each,
+// never the key's whole map); entries iterates the key's prefix
+// (LowerBound the prefix, UpperBound its successor) and count does the
+// same; clear is a DeleteRange of the prefix; all iterates
+// [key group][state id] for each key group of the backend's range, which
+// yields entries in the order S1 wants (key group, key, user key), so the
+// frozen view encodes without sorting. freeze takes a Pebble snapshot (its
+// own copy-on-write, S8 and S9) that the view iterates; release closes it.
+// Restore writes the restored entries (the descriptor, S2 and S3 checks
+// stay in the backend) in a batch or by ingesting a built sstable, and on
+// rescaling deletes the key-group ranges the subtask lost with DeleteRange
+// (keys start with the key group).
+//
+// TTL on Pebble: values carry the same 8-byte timestamp, and the
+// decorators do the lazy cleanup as on the heap. Snapshots skip expired
+// entries while iterating the Pebble snapshot, at the time of Freeze.
+// Pebble has no compaction filter (RocksDB's FlinkCompactionFilter), so
+// compaction-time cleanup will be: a block-property collector that records
+// the smallest TTL timestamp of each data block in the TTL states' key
+// ranges, and a background sweep (sweep's Pebble implementation, driven by
+// time rather than by accesses) that iterates those ranges with a
+// block-property filter skipping the blocks with nothing expired and
+// deletes the expired entries it finds, in batches; the compactions that
+// follow drop them. The per-access sweep of the heap is then a no-op.
+//
+// The backend-level parts (key-group range, current key, time, restored
+// entries with their S2 and S11 checks, registration, S3 carry-over,
+// KeyedSnapshot) stay shared.
 package state

@@ -3,6 +3,7 @@ package state_test
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state"
@@ -122,4 +123,49 @@ func ExampleListState() {
 	}
 	fmt.Println(restored.Restored(), offsets.Get())
 	// Output: true [42]
+}
+
+// A map state with a TTL: per device, the last reading of each sensor,
+// forgotten an hour after it was written. The runtime sets the time once
+// per batch (graph's keyed operator does); here the example does.
+func ExampleMap() {
+	const maxP = 128
+	b, err := state.NewKeyedBackend[string](keygroup.RangeFor(maxP, 1, 0), maxP, nil)
+	if err != nil {
+		panic(err)
+	}
+	last, err := state.Map[string, string, float64](b, "last", state.WithTTL(state.TTLConfig{TTL: time.Hour}))
+	if err != nil {
+		panic(err)
+	}
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	b.SetTime(t0)
+	b.SetCurrentKey("D1", keygroup.Of("D1", maxP))
+	last.Put("temp", 21.5)
+	last.Put("humidity", 40)
+	b.SetTime(t0.Add(30 * time.Minute))
+	last.Put("temp", 22)
+	fmt.Println(last.Len())
+
+	b.SetTime(t0.Add(75 * time.Minute)) // humidity expired, temp did not
+	snap, err := b.Snapshot()           // skips what expired
+	if err != nil {
+		panic(err)
+	}
+	restored, err := state.NewKeyedBackend[string](keygroup.RangeFor(maxP, 1, 0), maxP, snap)
+	if err != nil {
+		panic(err)
+	}
+	last, err = state.Map[string, string, float64](restored, "last", state.WithTTL(state.TTLConfig{TTL: time.Hour}))
+	if err != nil {
+		panic(err)
+	}
+	restored.SetTime(t0.Add(75 * time.Minute))
+	restored.SetCurrentKey("D1", keygroup.Of("D1", maxP))
+	for sensor, v := range last.All() {
+		fmt.Println(sensor, v)
+	}
+	// Output:
+	// 2
+	// temp 22
 }

@@ -5,8 +5,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
+	"time"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
@@ -25,26 +27,46 @@ type KeyedBackend[K comparable] struct {
 	// gen counts SetCurrentKey calls, so a table can remember the slot of
 	// the current key between a read and a write of the same record.
 	gen uint64
+	// now is the processing time (Unix nanoseconds) the runtime last set
+	// with SetTime; TTL states stamp and expire values with it (S12).
+	now     int64
+	timeSet bool
 
 	states map[string]keyedState[K]
-	// restored holds the restored entries of states not registered yet (S3),
-	// each sorted by (key group, raw key). An entry moves into a table when
-	// its name is registered.
-	restored map[string][]restoredEntry[K]
+	// restored holds the restored state of names not registered yet (S3),
+	// its entries sorted by (key group, raw key, raw user key). It moves
+	// into a table when its name is registered.
+	restored map[string]*restoredState[K]
 }
 
 // keyedState is a registered state handle as the backend sees it.
 type keyedState[K comparable] interface {
 	describe() string
+	// registration is what the state was registered with (S4).
+	registration() *stateInfo
 	freeze() (frozen, error)
 }
 
-// restoredEntry is one restored key/value pair. The key is decoded and
-// checked (S2). The value stays encoded until its state is registered.
+// restoredState is the restored content of one keyed state name.
+type restoredState[K comparable] struct {
+	// desc is the raw descriptor entry value shared by every key group of
+	// the state (S11), d its decoded form; nil for a state without one (a
+	// value or list state without TTL or codec).
+	desc []byte
+	d    *stateDesc
+	// descKG and plainKG are a key group that has the descriptor and one
+	// with entries that has none (-1: none seen).
+	descKG, plainKG int
+	es              []restoredEntry[K]
+}
+
+// restoredEntry is one restored entry. The key is decoded and checked
+// (S2). User key and value stay encoded until their state is registered.
 type restoredEntry[K comparable] struct {
 	kg     int
 	key    K
 	rawKey []byte
+	rawUK  []byte // the user key of a map entry, nil otherwise
 	rawVal []byte
 }
 
@@ -64,7 +86,7 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		maxP:     maxParallelism,
 		kg:       -1,
 		states:   make(map[string]keyedState[K]),
-		restored: make(map[string][]restoredEntry[K]),
+		restored: make(map[string]*restoredState[K]),
 	}
 	dec := newDecoder()
 	for _, g := range restored {
@@ -73,8 +95,39 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 				"Unless restored state was assigned to the wrong subtask, this is most likely caused by a "+
 				"non-deterministic key (its hash or encoding differs between runs)", g.KeyGroup, r, g.State)
 		}
-		es := b.restored[g.State]
-		for i, e := range g.Entries {
+		rs := b.restored[g.State]
+		if rs == nil {
+			rs = &restoredState[K]{descKG: -1, plainKG: -1}
+			b.restored[g.State] = rs
+		}
+		first := 0 // the first entry that is not the descriptor
+		isMap := false
+		if len(g.Entries) > 0 && len(g.Entries[0].Key) == 0 {
+			// The descriptor entry (S11).
+			raw := g.Entries[0].Value
+			if len(g.Entries[0].UserKey) > 0 {
+				return nil, fmt.Errorf("state: the descriptor entry of keyed state %q in key group %d has a user key", g.State, g.KeyGroup)
+			}
+			if rs.desc == nil {
+				d, err := decodeDesc(raw)
+				if err != nil {
+					return nil, fmt.Errorf("state: decoding the descriptor of keyed state %q in key group %d: %w", g.State, g.KeyGroup, err)
+				}
+				rs.desc, rs.d = raw, d
+			} else if !bytes.Equal(raw, rs.desc) {
+				return nil, fmt.Errorf("state: keyed state %q has descriptor %x in key group %d but %x in key group %d",
+					g.State, raw, g.KeyGroup, rs.desc, rs.descKG)
+			}
+			first = 1
+			isMap = rs.d.Kind == kindMap
+			if rs.descKG < 0 {
+				rs.descKG = g.KeyGroup
+			}
+		} else if len(g.Entries) > 0 && rs.plainKG < 0 {
+			rs.plainKG = g.KeyGroup
+		}
+		for i := first; i < len(g.Entries); i++ {
+			e := &g.Entries[i]
 			var k K
 			if err := decodeInto(dec, e.Key, &k); err != nil {
 				return nil, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: %w",
@@ -92,19 +145,39 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 					"or the state was written with another max parallelism",
 					k, g.State, g.KeyGroup, kg, maxParallelism)
 			}
-			es = append(es, restoredEntry[K]{kg: g.KeyGroup, key: k, rawKey: e.Key, rawVal: e.Value})
+			switch hasUK := len(e.UserKey) > 0; {
+			case isMap && !hasUK:
+				return nil, fmt.Errorf("state: entry %d (key %v) of map state %q in key group %d has no user key", i, k, g.State, g.KeyGroup)
+			case !isMap && hasUK:
+				return nil, fmt.Errorf("state: entry %d (key %v) of keyed state %q in key group %d has a user key, but the state is not a map state", i, k, g.State, g.KeyGroup)
+			}
+			var uk []byte
+			if isMap {
+				uk = e.UserKey
+			}
+			rs.es = append(rs.es, restoredEntry[K]{kg: g.KeyGroup, key: k, rawKey: e.Key, rawUK: uk, rawVal: e.Value})
 		}
-		b.restored[g.State] = es
 	}
-	for name, es := range b.restored {
+	for _, name := range slices.Sorted(maps.Keys(b.restored)) {
+		rs := b.restored[name]
+		if rs.descKG >= 0 && rs.plainKG >= 0 {
+			return nil, fmt.Errorf("state: keyed state %q has a descriptor in key group %d but none in key group %d", name, rs.descKG, rs.plainKG)
+		}
+		es := rs.es
 		slices.SortStableFunc(es, func(x, y restoredEntry[K]) int {
 			if c := cmp.Compare(x.kg, y.kg); c != 0 {
 				return c
 			}
-			return bytes.Compare(x.rawKey, y.rawKey)
+			if c := bytes.Compare(x.rawKey, y.rawKey); c != 0 {
+				return c
+			}
+			return bytes.Compare(x.rawUK, y.rawUK)
 		})
 		for i := 1; i < len(es); i++ {
-			if es[i].kg == es[i-1].kg && bytes.Equal(es[i].rawKey, es[i-1].rawKey) {
+			if es[i].kg == es[i-1].kg && bytes.Equal(es[i].rawKey, es[i-1].rawKey) && bytes.Equal(es[i].rawUK, es[i-1].rawUK) {
+				if es[i].rawUK != nil {
+					return nil, fmt.Errorf("state: restored map state %q holds user key %x of key %v twice in key group %d", name, es[i].rawUK, es[i].key, es[i].kg)
+				}
 				return nil, fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", name, es[i].key, es[i].kg)
 			}
 		}
@@ -144,6 +217,37 @@ func (b *KeyedBackend[K]) CurrentKey() K { return b.key }
 // first SetCurrentKey.
 func (b *KeyedBackend[K]) CurrentKeyGroup() int { return b.kg }
 
+// SetTime sets the processing time that TTL states stamp written values
+// with and expire stored ones by (S12). The runtime calls it once per batch
+// of records, before timers fire and before a snapshot, never per record;
+// the backend never reads a clock itself. Time may go backwards (a wall clock): a value is
+// expired iff its timestamp plus the TTL is not after the time of the
+// access. Snapshots skip the values expired at the time of Freeze.
+func (b *KeyedBackend[K]) SetTime(now time.Time) {
+	b.now, b.timeSet = now.UnixNano(), true
+}
+
+// Time returns the time of the last SetTime (the zero time.Time before
+// the first).
+func (b *KeyedBackend[K]) Time() time.Time {
+	if !b.timeSet {
+		return time.Time{}
+	}
+	return time.Unix(0, b.now)
+}
+
+// clock returns the current time for a TTL state. It panics if SetTime
+// was never called: every value would be stamped with a made-up time.
+func (b *KeyedBackend[K]) clock() int64 {
+	if !b.timeSet {
+		panic(errNoTime)
+	}
+	return b.now
+}
+
+// errNoTime is the panic value of a TTL state access before SetTime.
+var errNoTime = fmt.Errorf("state: TTL state accessed before the backend's time was set (KeyedBackend.SetTime)")
+
 // errNoKey is the panic value of a state access before any SetCurrentKey; a
 // variable so that the check costs no allocation.
 var errNoKey = fmt.Errorf("state: keyed state accessed before SetCurrentKey")
@@ -155,26 +259,89 @@ func (b *KeyedBackend[K]) mustKey() {
 	}
 }
 
+// stateInfo is what a keyed state was registered with: its layout, its
+// options and its description (S4, S11).
+type stateInfo struct {
+	kind stateKind
+	opts options
+	// what describes the state without its options ("value state of
+	// int").
+	what string
+}
+
+// describe is the state's description with its options.
+func (i *stateInfo) describe() string { return i.what + describeOptions(&i.opts) }
+
 // register returns the handle registered under name. If there is none, it
-// creates the state's table (restoring the entries of name), builds the
-// handle with mk and registers it. The restored entries stay carried over
-// if the restore fails (S3). immutable says the table's values cannot be
-// changed in place (see cowTable).
-func register[K comparable, V any, H keyedState[K]](b *KeyedBackend[K], name, want string, immutable bool, mk func(table[K, V]) H) (H, error) {
+// checks the restored state of that name against the registration (S11),
+// builds the handle with mk (which creates its table, restoring the
+// entries of name) and registers it. The restored entries stay carried
+// over if the restore fails (S3).
+func register[K comparable, H keyedState[K]](b *KeyedBackend[K], name string, info stateInfo, mk func() (H, error)) (H, error) {
 	var zero H
 	if s, ok := b.states[name]; ok {
-		if h, ok := s.(H); ok {
+		if h, ok := s.(H); ok && sameOptions(&s.registration().opts, &info.opts) {
 			return h, nil
 		}
-		return zero, fmt.Errorf("state: keyed state %q already registered as %s; requested %s", name, s.describe(), want)
+		return zero, fmt.Errorf("state: keyed state %q already registered as %s; requested %s", name, s.describe(), info.describe())
 	}
-	t, err := newTable[K, V](b, name, immutable)
+	if err := b.checkRestored(name, &info); err != nil {
+		return zero, err
+	}
+	h, err := mk()
 	if err != nil {
 		return zero, err
 	}
-	h := mk(t)
 	b.states[name] = h
 	return h, nil
+}
+
+// checkRestored checks that the restored state of name, if any, was
+// written by a state of the same layout, TTL and codec use as info
+// (S11): otherwise it could only be decoded into a mix of both.
+func (b *KeyedBackend[K]) checkRestored(name string, info *stateInfo) error {
+	rs := b.restored[name]
+	if rs == nil || len(rs.es) == 0 {
+		return nil
+	}
+	kg := rs.es[0].kg
+	want := info.desc()
+	if rs.d == nil {
+		switch {
+		case want.Kind == kindMap:
+			return fmt.Errorf("state: keyed state %q in key group %d was written as a value or list state; it cannot be restored as %s", name, kg, info.what)
+		case want.TTL:
+			return fmt.Errorf("state: keyed state %q in key group %d was written without a TTL; it cannot be restored with one "+
+				"(turning TTL on for existing state is not supported, as in Flink)", name, kg)
+		case want.Codec:
+			return fmt.Errorf("state: keyed state %q in key group %d was written with msgpack; it cannot be restored with a codec", name, kg)
+		}
+		return nil
+	}
+	got := rs.d
+	switch {
+	case got.Kind != want.Kind:
+		return fmt.Errorf("state: keyed state %q in key group %d was written as a %s state; it cannot be restored as %s", name, kg, got.Kind, info.what)
+	case got.TTL && !want.TTL:
+		return fmt.Errorf("state: keyed state %q in key group %d was written with a TTL; it cannot be restored without one "+
+			"(turning TTL off for existing state is not supported, as in Flink)", name, kg)
+	case !got.TTL && want.TTL:
+		return fmt.Errorf("state: keyed state %q in key group %d was written without a TTL; it cannot be restored with one "+
+			"(turning TTL on for existing state is not supported, as in Flink)", name, kg)
+	case got.Codec && !want.Codec:
+		return fmt.Errorf("state: keyed state %q in key group %d was written with a caller-supplied codec; restore it with one (WithCodec)", name, kg)
+	case !got.Codec && want.Codec:
+		return fmt.Errorf("state: keyed state %q in key group %d was written with msgpack; it cannot be restored with a codec", name, kg)
+	}
+	return nil
+}
+
+// restoredEntries returns the restored entries of name (nil if none).
+func (b *KeyedBackend[K]) restoredEntries(name string) []restoredEntry[K] {
+	if rs := b.restored[name]; rs != nil {
+		return rs.es
+	}
+	return nil
 }
 
 // Snapshot returns every keyed state, registered or carried over (S3),
@@ -218,9 +385,9 @@ func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 			continue
 		}
 		// Restored entries are never written, so the view shares them.
-		es := b.restored[name]
-		s.parts = append(s.parts, restoredView[K]{name: name, es: es})
-		s.n += len(es)
+		rs := b.restored[name]
+		s.parts = append(s.parts, restoredView[K]{name: name, rs: rs})
+		s.n += len(rs.es)
 	}
 	return s, nil
 }
@@ -270,54 +437,68 @@ func (s *KeyedSnapshot) Release() {
 // restoredView is the view of a carried-over restored state (S3).
 type restoredView[K comparable] struct {
 	name string
-	es   []restoredEntry[K]
+	rs   *restoredState[K]
 }
 
 func (v restoredView[K]) encode(_ context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
-	rs := make([]encodedEntry, len(v.es))
-	for i, re := range v.es {
-		rs[i] = encodedEntry{kg: re.kg, key: re.rawKey, val: re.rawVal}
+	es := v.rs.es
+	h := 0
+	if v.rs.desc != nil {
+		h = 1
 	}
-	return appendGroups(out, v.name, rs), nil
-}
-
-func (v restoredView[K]) entries() int { return len(v.es) }
-func (v restoredView[K]) release()     {}
-
-// encodedEntry is one entry on its way into a snapshot.
-type encodedEntry struct {
-	kg       int
-	key, val []byte
-}
-
-// sortGroup sorts the entries of key group kg by key and reports an error
-// if two share a key encoding. That happens when distinct keys encode
-// alike, for example keys that differ only in unexported fields.
-func sortGroup(name string, kg int, es []checkpoint.KeyedEntry) error {
-	slices.SortFunc(es, func(x, y checkpoint.KeyedEntry) int { return bytes.Compare(x.Key, y.Key) })
-	for i := 1; i < len(es); i++ {
-		if bytes.Equal(es[i].Key, es[i-1].Key) {
-			return fmt.Errorf("state: two keys of keyed state %q in key group %d have the same encoding %x; "+
-				"keys must encode injectively (msgpack skips unexported fields)", name, kg, es[i].Key)
+	groups := 0
+	for i := range es {
+		if i == 0 || es[i].kg != es[i-1].kg {
+			groups++
 		}
 	}
-	return nil
-}
-
-// appendGroups appends es, sorted by (key group, key), to out as one
-// KeyGroupState per key group.
-func appendGroups(out []checkpoint.KeyGroupState, name string, es []encodedEntry) []checkpoint.KeyGroupState {
-	all := make([]checkpoint.KeyedEntry, len(es))
-	for i, e := range es {
-		all[i] = checkpoint.KeyedEntry{Key: e.key, Value: e.val}
-	}
+	all := make([]checkpoint.KeyedEntry, 0, len(es)+h*groups)
 	for i := 0; i < len(es); {
 		j := i + 1
 		for j < len(es) && es[j].kg == es[i].kg {
 			j++
 		}
-		out = append(out, checkpoint.KeyGroupState{State: name, KeyGroup: es[i].kg, Entries: all[i:j:j]})
+		from := len(all)
+		if h > 0 {
+			all = append(all, checkpoint.KeyedEntry{Value: v.rs.desc})
+		}
+		for _, re := range es[i:j] {
+			all = append(all, checkpoint.KeyedEntry{Key: re.rawKey, UserKey: re.rawUK, Value: re.rawVal})
+		}
+		out = append(out, checkpoint.KeyGroupState{State: v.name, KeyGroup: es[i].kg, Entries: all[from:len(all):len(all)]})
 		i = j
 	}
-	return out
+	return out, nil
+}
+
+func (v restoredView[K]) entries() int { return len(v.rs.es) }
+func (v restoredView[K]) release()     {}
+
+// sortGroup sorts the entries of key group kg by (key, user key; by key
+// alone unless userKeys, when there are none) and
+// reports an error if two share their encodings. That happens when distinct
+// keys encode alike, for example keys that differ only in unexported
+// fields.
+func sortGroup(name string, kg int, es []checkpoint.KeyedEntry, userKeys bool) error {
+	if userKeys {
+		slices.SortFunc(es, func(x, y checkpoint.KeyedEntry) int {
+			if c := bytes.Compare(x.Key, y.Key); c != 0 {
+				return c
+			}
+			return bytes.Compare(x.UserKey, y.UserKey)
+		})
+	} else {
+		slices.SortFunc(es, func(x, y checkpoint.KeyedEntry) int { return bytes.Compare(x.Key, y.Key) })
+	}
+	for i := 1; i < len(es); i++ {
+		if bytes.Equal(es[i].Key, es[i-1].Key) && bytes.Equal(es[i].UserKey, es[i-1].UserKey) {
+			if es[i].UserKey != nil {
+				return fmt.Errorf("state: two entries of map state %q in key group %d have the same key and user key encodings %x, %x; "+
+					"keys must encode injectively (msgpack skips unexported fields)", name, kg, es[i].Key, es[i].UserKey)
+			}
+			return fmt.Errorf("state: two keys of keyed state %q in key group %d have the same encoding %x; "+
+				"keys must encode injectively (msgpack skips unexported fields)", name, kg, es[i].Key)
+		}
+	}
+	return nil
 }

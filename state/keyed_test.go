@@ -376,8 +376,9 @@ func TestKeyedCarryOver(t *testing.T) {
 	require.Equal(t, 7, v)
 }
 
-// checkSorted checks the S1 order: (state, key group, key bytes), with one
-// record per (state, key group).
+// checkSorted checks the S1 order: (state, key group, key bytes, user key
+// bytes), with one record per (state, key group), which opens with the
+// state's descriptor entry (empty key) if it has one (S11).
 func checkSorted(t *testing.T, snap []checkpoint.KeyGroupState) {
 	t.Helper()
 	for i := 1; i < len(snap); i++ {
@@ -386,8 +387,21 @@ func checkSorted(t *testing.T, snap []checkpoint.KeyGroupState) {
 	}
 	for _, g := range snap {
 		require.NotEmpty(t, g.Entries)
-		for i := 1; i < len(g.Entries); i++ {
-			require.Negative(t, bytes.Compare(g.Entries[i-1].Key, g.Entries[i].Key))
+		es := g.Entries
+		if len(es[0].Key) == 0 {
+			require.Empty(t, es[0].UserKey)
+			es = es[1:]
+			require.NotEmpty(t, es, "a key group of %q with only a descriptor", g.State)
+		}
+		for i := range es {
+			require.NotEmpty(t, es[i].Key)
+			if i > 0 {
+				c := bytes.Compare(es[i-1].Key, es[i].Key)
+				if c == 0 {
+					c = bytes.Compare(es[i-1].UserKey, es[i].UserKey)
+				}
+				require.Negative(t, c, "entries %d and %d of %q in key group %d", i-1, i, g.State, g.KeyGroup)
+			}
 		}
 	}
 }

@@ -9,23 +9,76 @@ import (
 
 // KeyedListState is a keyed state that holds a list of V per key. Its
 // methods act on the backend's current key, and they panic if no key is set.
-// A key's list is one snapshot value (the msgpack array of its elements).
-// Clear and Update with an empty list remove the key's entry.
+// A key's list is one snapshot value (the msgpack array of its elements; of
+// bin elements with a TTL or a codec). Clear and Update with an empty list
+// remove the key's entry. With a TTL, every element expires on its own
+// (Flink's list state TTL).
 type KeyedListState[K comparable, V any] struct {
 	b    *KeyedBackend[K]
 	name string
-	t    table[K, []V]
+	info stateInfo
+	st   listStore[K, V]
+}
+
+// listStore is how a KeyedListState keeps its lists: plainList without
+// TTL, ttlList with.
+type listStore[K comparable, V any] interface {
+	get(k K, kg int) []V
+	add1(k K, kg int, v V)
+	add(k K, kg int, vs []V)
+	update(k K, kg int, vs []V)
+	clear(k K, kg int)
+	all(yield func(K, []V) bool)
+	freeze(name string) (frozen, error)
 }
 
 // KeyedList registers the keyed list state name with elements of type V, or
-// returns it if it is already registered. On first registration it decodes
-// the restored lists of that name.
-func KeyedList[K comparable, V any](b *KeyedBackend[K], name string) (*KeyedListState[K, V], error) {
+// returns it if it is already registered (with equal options). On first
+// registration it decodes the restored lists of that name. Options:
+// WithTTL, WithCodec (a Codec[V] for the elements).
+func KeyedList[K comparable, V any](b *KeyedBackend[K], name string, opts ...Option) (*KeyedListState[K, V], error) {
+	info := stateInfo{kind: kindList, opts: collect(opts), what: describeKeyedList[V]()}
+	return register(b, name, info, func() (*KeyedListState[K, V], error) {
+		st, err := newListStore[K, V](b, name, &info)
+		if err != nil {
+			return nil, err
+		}
+		return &KeyedListState[K, V]{b: b, name: name, info: info, st: st}, nil
+	})
+}
+
+func newListStore[K comparable, V any](b *KeyedBackend[K], name string, info *stateInfo) (listStore[K, V], error) {
+	c, err := codecFor[V](&info.opts, name)
+	if err != nil {
+		return nil, err
+	}
+	var elems valueCodec[V] = msgpackCodec[V]{}
+	if c != nil {
+		elems = userCodec[V]{c}
+	}
 	// The lists themselves are safe to share with a frozen view (see
 	// cowTable); their elements must be too.
-	return register(b, name, describeKeyedList[V](), immutableType(reflect.TypeFor[V]()), func(t table[K, []V]) *KeyedListState[K, V] {
-		return &KeyedListState[K, V]{b: b, name: name, t: t}
-	})
+	desc, imm := info.descBytes(), immutableType(reflect.TypeFor[V]())
+	if !info.opts.hasTTL {
+		var vals valueCodec[[]V] = msgpackCodec[[]V]{}
+		if c != nil {
+			vals = listCodec[V]{elems}
+		}
+		t, err := newTable(b, name, &spec[K, []V]{key: plainKey[K], vals: vals, valName: typeName[[]V](), desc: desc, immutable: imm})
+		if err != nil {
+			return nil, err
+		}
+		return plainList[K, V]{t}, nil
+	}
+	s, err := info.opts.ttl.settings(name)
+	if err != nil {
+		return nil, err
+	}
+	t, err := newTable(b, name, ttlListSpec[K](s, elems, desc, imm))
+	if err != nil {
+		return nil, err
+	}
+	return &ttlList[K, V]{in: t, b: b, s: s}, nil
 }
 
 func describeKeyedList[V any]() string { return fmt.Sprintf("list state of %s", typeName[V]()) }
@@ -38,15 +91,13 @@ func (s *KeyedListState[K, V]) Name() string { return s.name }
 // in place.
 func (s *KeyedListState[K, V]) Get() []V {
 	s.b.mustKey()
-	l, _ := s.t.get(s.b.key, s.b.kg)
-	return slices.Clip(l)
+	return s.st.get(s.b.key, s.b.kg)
 }
 
 // Add appends v to the current key's list.
 func (s *KeyedListState[K, V]) Add(v V) {
 	s.b.mustKey()
-	l, _ := s.t.get(s.b.key, s.b.kg)
-	s.t.put(s.b.key, s.b.kg, append(l, v))
+	s.st.add1(s.b.key, s.b.kg, v)
 }
 
 // AddAll appends vs to the current key's list.
@@ -55,8 +106,7 @@ func (s *KeyedListState[K, V]) AddAll(vs ...V) {
 	if len(vs) == 0 {
 		return
 	}
-	l, _ := s.t.get(s.b.key, s.b.kg)
-	s.t.put(s.b.key, s.b.kg, append(l, vs...))
+	s.st.add(s.b.key, s.b.kg, vs)
 }
 
 // Update replaces the current key's list with a copy of vs. An empty vs
@@ -64,27 +114,150 @@ func (s *KeyedListState[K, V]) AddAll(vs ...V) {
 func (s *KeyedListState[K, V]) Update(vs []V) {
 	s.b.mustKey()
 	if len(vs) == 0 {
-		s.t.remove(s.b.key, s.b.kg)
+		s.st.clear(s.b.key, s.b.kg)
 		return
 	}
-	s.t.put(s.b.key, s.b.kg, slices.Clone(vs))
+	s.st.update(s.b.key, s.b.kg, vs)
 }
 
 // Clear removes the current key's list.
 func (s *KeyedListState[K, V]) Clear() {
 	s.b.mustKey()
-	s.t.remove(s.b.key, s.b.kg)
+	s.st.clear(s.b.key, s.b.kg)
 }
 
 // All iterates over every key with a non-empty list, in unspecified order,
 // under the same rules as ValueState.All. Callers must not modify the
 // yielded elements in place.
-func (s *KeyedListState[K, V]) All() iter.Seq2[K, []V] {
-	return func(yield func(K, []V) bool) {
-		s.t.all(func(k K, l []V) bool { return yield(k, slices.Clip(l)) })
-	}
+func (s *KeyedListState[K, V]) All() iter.Seq2[K, []V] { return s.st.all }
+
+func (s *KeyedListState[K, V]) describe() string         { return s.info.describe() }
+func (s *KeyedListState[K, V]) registration() *stateInfo { return &s.info }
+func (s *KeyedListState[K, V]) freeze() (frozen, error)  { return s.st.freeze(s.name) }
+
+// plainList keeps each key's list as one table value.
+type plainList[K comparable, V any] struct{ t table[K, []V] }
+
+func (p plainList[K, V]) get(k K, kg int) []V {
+	l, _ := p.t.get(k, kg)
+	return slices.Clip(l)
 }
 
-func (s *KeyedListState[K, V]) describe() string { return describeKeyedList[V]() }
+func (p plainList[K, V]) add1(k K, kg int, v V) {
+	l, _ := p.t.get(k, kg)
+	p.t.put(k, kg, append(l, v))
+}
 
-func (s *KeyedListState[K, V]) freeze() (frozen, error) { return s.t.freeze(s.name) }
+func (p plainList[K, V]) add(k K, kg int, vs []V) {
+	l, _ := p.t.get(k, kg)
+	// Appending past the length any frozen view holds is safe (cowTable).
+	p.t.put(k, kg, append(l, vs...))
+}
+
+func (p plainList[K, V]) update(k K, kg int, vs []V) { p.t.put(k, kg, slices.Clone(vs)) }
+func (p plainList[K, V]) clear(k K, kg int)          { p.t.remove(k, kg) }
+
+func (p plainList[K, V]) all(yield func(K, []V) bool) {
+	p.t.all(func(k K, l []V) bool { return yield(k, slices.Clip(l)) })
+}
+
+func (p plainList[K, V]) freeze(name string) (frozen, error) { return p.t.freeze(name) }
+
+// ttlList keeps each key's list as one table value of stamped elements.
+type ttlList[K comparable, V any] struct {
+	in table[K, []ttlValue[V]]
+	b  *KeyedBackend[K]
+	s  ttlSettings
+}
+
+// get returns the elements that are not expired (with
+// ReturnExpiredIfNotCleanedUp, the expired ones too, one last time) and
+// stores the list without the expired ones, refreshed under OnReadAndWrite.
+func (p *ttlList[K, V]) get(k K, kg int) []V {
+	now := p.b.clock()
+	l, _ := p.in.get(k, kg)
+	var out []V
+	expired := 0
+	for i := range l {
+		if p.s.expired(l[i].ts, now) {
+			expired++
+			if !p.s.returnExpired {
+				continue
+			}
+		}
+		out = append(out, l[i].v)
+	}
+	if expired > 0 || p.s.onRead && len(l) > 0 {
+		// A new slice: the old one may be held by a frozen view.
+		kept := make([]ttlValue[V], 0, len(l)-expired)
+		for _, e := range l {
+			if !p.s.expired(e.ts, now) {
+				if p.s.onRead {
+					e.ts = now
+				}
+				kept = append(kept, e)
+			}
+		}
+		if len(kept) == 0 {
+			p.in.remove(k, kg)
+		} else {
+			p.in.put(k, kg, kept)
+		}
+	}
+	p.in.sweep(p.s.cleanup, now)
+	return out
+}
+
+func (p *ttlList[K, V]) add1(k K, kg int, v V) {
+	now := p.b.clock()
+	l, _ := p.in.get(k, kg)
+	p.in.put(k, kg, append(l, ttlValue[V]{v, now}))
+	p.in.sweep(p.s.cleanup, now)
+}
+
+func (p *ttlList[K, V]) add(k K, kg int, vs []V) {
+	now := p.b.clock()
+	l, _ := p.in.get(k, kg)
+	for _, v := range vs {
+		l = append(l, ttlValue[V]{v, now})
+	}
+	p.in.put(k, kg, l)
+	p.in.sweep(p.s.cleanup, now)
+}
+
+func (p *ttlList[K, V]) update(k K, kg int, vs []V) {
+	now := p.b.clock()
+	l := make([]ttlValue[V], len(vs))
+	for i, v := range vs {
+		l[i] = ttlValue[V]{v, now}
+	}
+	p.in.put(k, kg, l)
+	p.in.sweep(p.s.cleanup, now)
+}
+
+func (p *ttlList[K, V]) clear(k K, kg int) {
+	now := p.b.clock()
+	p.in.remove(k, kg)
+	p.in.sweep(p.s.cleanup, now)
+}
+
+// all yields every key's elements that are not expired (all stored ones
+// with ReturnExpiredIfNotCleanedUp), skipping keys with none; it neither
+// refreshes nor removes.
+func (p *ttlList[K, V]) all(yield func(K, []V) bool) {
+	now := p.b.clock()
+	p.in.all(func(k K, l []ttlValue[V]) bool {
+		var out []V
+		for _, e := range l {
+			if p.s.returnExpired || !p.s.expired(e.ts, now) {
+				out = append(out, e.v)
+			}
+		}
+		if len(out) == 0 {
+			return true
+		}
+		return yield(k, out)
+	})
+}
+
+func (p *ttlList[K, V]) freeze(name string) (frozen, error) { return p.in.freeze(name) }

@@ -10,11 +10,11 @@ import (
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
-// table stores the values of one keyed state. It is the seam between the
-// typed handles and the storage engine (see "Seam for the Pebble backend" in
-// doc.go). Keys come with their key group, so that an engine that orders
-// entries by key group does not have to recompute it. get, put and remove
-// are only ever called with the backend's current key.
+// table stores the values of one keyed value or list state. It is the
+// seam between the typed handles and the storage engine (see "Seam for the
+// Pebble backend" in doc.go). Keys come with their key group, so that an
+// engine that orders entries by key group does not have to recompute it.
+// get, put and remove are only ever called with the backend's current key.
 type table[K comparable, V any] interface {
 	get(k K, kg int) (V, bool)
 	put(k K, kg int, v V)
@@ -22,9 +22,15 @@ type table[K comparable, V any] interface {
 	// all calls yield for every entry, in unspecified order, until it returns
 	// false.
 	all(yield func(K, V) bool)
+	// sweep is the incremental TTL cleanup (S12): it examines up to n
+	// stored entries after the previous sweep's last one and removes those
+	// that are expired at now (or rewrites them without their expired
+	// parts). It is a no-op for tables without TTL.
+	sweep(n int, now int64)
 	// freeze takes the synchronous part of a snapshot of the state (see
 	// KeyedSnapshot): the returned view keeps the entries as they are now,
-	// whatever the table does later.
+	// whatever the table does later, and skips the entries that are
+	// expired at the backend's time (S12).
 	freeze(name string) (frozen, error)
 }
 
@@ -41,22 +47,64 @@ type frozen interface {
 	release()
 }
 
+// spec says how a table encodes its entries in a snapshot and which of
+// them are expired. It is fixed at registration and shared with the
+// table's frozen views (which only read it).
+type spec[K comparable, V any] struct {
+	// key encodes a key as the Key (and, for a map state, the UserKey) of
+	// its snapshot entry.
+	key  func(e *encoder, k *K) (key, userKey []byte, err error)
+	vals valueCodec[V]
+	// valName names the state's value type in errors.
+	valName string
+	// desc is the value of the descriptor entry that opens each key group
+	// of the state in a snapshot (S11); nil for value and list states
+	// without TTL or codec, which have none.
+	desc []byte
+	// immutable says that the stored values hold no references through
+	// which they could be changed in place (see cowTable).
+	immutable bool
+	// live and prune are set for TTL states (S12). live reports whether v
+	// has an unexpired part at now. prune returns v without its expired
+	// parts (a TTL list without its expired elements, in a new slice) and
+	// whether there were any; nil when values expire only as a whole.
+	live  func(v *V, now int64) bool
+	prune func(v *V, now int64) (V, bool)
+}
+
+// plainKey encodes a key as keygroup.Hash does (boxed, not through a
+// pointer): msgpack's reflect path would quiet a float32 signalling NaN and
+// move the key to another key group (found by FuzzRestoreKeyed). encodeFast
+// boxes all but a few built-in types, which it encodes alike.
+func plainKey[K comparable](e *encoder, k *K) ([]byte, []byte, error) {
+	b, err := encodeFast(e, k, true)
+	return b, nil, err
+}
+
+// plainSpec is the spec of a value state of V without options: keys and
+// values one msgpack value each, no descriptor (the format of
+// testdata/keyed_snapshot.golden).
+func plainSpec[K comparable, V any](immutable bool) *spec[K, V] {
+	return &spec[K, V]{key: plainKey[K], vals: msgpackCodec[V]{}, valName: typeName[V](), immutable: immutable}
+}
+
 // newTable returns the table of state name, restoring the backend's restored
 // entries of that name. Those move from the backend into the table only on
 // success (S3). This is the one place that picks a table implementation.
-// immutable says that the stored values hold no references through which
-// they could be changed in place (see cowTable).
-func newTable[K comparable, V any](b *KeyedBackend[K], name string, immutable bool) (table[K, V], error) {
-	es := b.restored[name]
-	t := newCOWTable[K, V](len(es), immutable, &b.gen)
+func newTable[K comparable, V any](b *KeyedBackend[K], name string, sp *spec[K, V]) (table[K, V], error) {
+	var es []restoredEntry[K]
+	if rs := b.restored[name]; rs != nil {
+		es = rs.es
+	}
+	t := newCOWTableSpec[K, V](len(es), sp, &b.gen, &b.now)
 	if len(es) > 0 {
 		dec := newDecoder()
 		for i := range es {
 			e := &es[i]
 			var v V
-			if err := decodeInto(dec, e.rawVal, &v); err != nil {
+			if err := sp.vals.decode(dec, e.rawVal, &v); err != nil {
 				return nil, fmt.Errorf("state: decoding value of key %v of keyed state %q in key group %d as %s: %w",
-					e.key, name, e.kg, typeName[V](), err)
+					e.key, name, e.kg, sp.valName, err)
 			}
 			cell, _, dup := t.find(e.key)
 			if dup {
@@ -139,24 +187,39 @@ type cowTable[K comparable, V any] struct {
 	// the views not released yet.
 	epoch, required uint64
 	live            []uint64
-	immutable       bool
+	sp              *spec[K, V]
+	// now is the backend's time (Unix nanoseconds), read at freeze for
+	// the view's expiry (S12).
+	now *int64
 	// The slot of the current key: valid while cgen equals *gen, the
 	// backend's count of SetCurrentKey calls (which is at least 1 whenever
 	// a handle calls in). A record's read and write of its key then cost
-	// one index lookup.
-	gen   *uint64
-	cgen  uint64
-	cslot slot
+	// one index lookup. nocache turns this off for tables whose keys are
+	// not the current key alone (a map state's (key, user key)).
+	gen     *uint64
+	cgen    uint64
+	cslot   slot
+	nocache bool
+	// sweepAt is the slot the next sweep starts at.
+	sweepAt uint32
+	// onRemove, if set, is called with the slot of an entry that sweep is
+	// about to remove (a map table unlinks it from its key's chain).
+	onRemove func(s slot)
 }
 
+// newCOWTable returns a table of a value state of V without options.
 func newCOWTable[K comparable, V any](n int, immutable bool, gen *uint64) *cowTable[K, V] {
-	return &cowTable[K, V]{idx: newIndex[K](n), epoch: 1, immutable: immutable, gen: gen}
+	return newCOWTableSpec(n, plainSpec[K, V](immutable), gen, new(int64))
+}
+
+func newCOWTableSpec[K comparable, V any](n int, sp *spec[K, V], gen *uint64, now *int64) *cowTable[K, V] {
+	return &cowTable[K, V]{idx: newIndex[K](n), epoch: 1, sp: sp, gen: gen, now: now}
 }
 
 // lookup returns the slot of the current key k, or the index cell where
 // it would go (see find).
 func (t *cowTable[K, V]) lookup(k K) (cell uint64, s slot, ok bool) {
-	if t.cgen == *t.gen {
+	if t.cgen == *t.gen && !t.nocache {
 		return 0, t.cslot, true
 	}
 	cell, s, ok = t.find(k)
@@ -189,6 +252,11 @@ func (t *cowTable[K, V]) remove(k K, _ int) {
 	if !ok {
 		return
 	}
+	t.removeAt(cell, s)
+}
+
+// removeAt removes the entry in slot s, indexed at cell.
+func (t *cowTable[K, V]) removeAt(cell uint64, s slot) {
 	t.cgen = 0
 	t.unindex(cell)
 	t.writable(int(s >> pageShift)).e[s&pageMask] = pageEntry[K, V]{}
@@ -197,8 +265,8 @@ func (t *cowTable[K, V]) remove(k K, _ int) {
 }
 
 // insert adds k, which is not in the table and goes to index cell (from
-// find).
-func (t *cowTable[K, V]) insert(k K, kg int, v V, cell uint64) {
+// find), and returns its slot.
+func (t *cowTable[K, V]) insert(k K, kg int, v V, cell uint64) slot {
 	en := pageEntry[K, V]{key: k, val: v, kg: int32(kg), live: true}
 	var s slot
 	if n := len(t.free); n > 0 {
@@ -221,6 +289,71 @@ func (t *cowTable[K, V]) insert(k K, kg int, v V, cell uint64) {
 	t.indexAt(k, cell, s)
 	t.n++
 	t.cgen, t.cslot = *t.gen, s
+	return s
+}
+
+// slots is the number of slots in use or free: slots are numbered densely
+// (every page but the last is full).
+func (t *cowTable[K, V]) slots() uint32 {
+	if len(t.pages) == 0 {
+		return 0
+	}
+	return uint32(len(t.pages)-1)<<pageShift + uint32(len(t.pages[len(t.pages)-1].e))
+}
+
+// entryAt returns the entry in slot s, for reading.
+func (t *cowTable[K, V]) entryAt(s slot) *pageEntry[K, V] {
+	return &t.pages[s>>pageShift].e[s&pageMask]
+}
+
+func (t *cowTable[K, V]) sweep(n int, now int64) {
+	if t.sp.live == nil || t.n == 0 {
+		return
+	}
+	total := t.slots()
+	for range n {
+		if t.sweepAt >= total {
+			t.sweepAt = 0
+		}
+		s := slot(t.sweepAt)
+		t.sweepAt++
+		en := t.entryAt(s)
+		if !en.live {
+			continue
+		}
+		if !t.sp.live(&en.val, now) {
+			t.removeSlot(s)
+			continue
+		}
+		if t.sp.prune != nil {
+			if v, ok := t.sp.prune(&en.val, now); ok {
+				t.writable(int(s >> pageShift)).e[s&pageMask].val = v
+			}
+		}
+	}
+}
+
+// removeSlot removes the entry in slot s (for sweep).
+func (t *cowTable[K, V]) removeSlot(s slot) {
+	cell := t.cellOf(s)
+	if t.onRemove != nil {
+		t.onRemove(s)
+	}
+	t.removeAt(cell, s)
+}
+
+// cellOf returns the index cell that holds the live slot s.
+func (t *cowTable[K, V]) cellOf(s slot) uint64 {
+	if cell, fs, ok := t.find(t.keyAt(s)); ok && fs == s {
+		return cell
+	}
+	// A key equal to nothing (a NaN) is not found by its key.
+	for i, c := range t.idx.cells {
+		if c == uint32(s)+1 {
+			return uint64(i)
+		}
+	}
+	panic(fmt.Sprintf("state: slot %d is not in the index (broken invariant I1)", s))
 }
 
 // writable returns page i, copied first if a live view may hold it.
@@ -259,15 +392,15 @@ func (t *cowTable[K, V]) all(yield func(K, V) bool) {
 }
 
 func (t *cowTable[K, V]) freeze(name string) (frozen, error) {
-	if !t.immutable {
+	if !t.sp.immutable {
 		// Values may change in place later: encode them now.
-		x, err := encodePages(context.Background(), newEncoder(), name, t.pages, t.n)
+		x, err := encodePages(context.Background(), newEncoder(), name, t.sp, *t.now, t.pages, t.n)
 		if err != nil {
 			return nil, err
 		}
 		return &encodedView{name: name, x: x}, nil
 	}
-	v := &pageView[K, V]{name: name, pages: slices.Clone(t.pages), n: t.n, t: t, epoch: t.epoch}
+	v := &pageView[K, V]{name: name, pages: slices.Clone(t.pages), n: t.n, t: t, epoch: t.epoch, sp: t.sp, now: *t.now}
 	t.live = append(t.live, t.epoch)
 	t.required = t.epoch
 	t.epoch++
@@ -287,18 +420,21 @@ func (t *cowTable[K, V]) unpin(epoch uint64) {
 	}
 }
 
-// pageView is the frozen view of a cowTable. encode reads only pages, name
-// and n; release touches the table, on the backend's goroutine.
+// pageView is the frozen view of a cowTable. encode reads only pages,
+// name, n, sp (never written) and now; release touches the table, on the
+// backend's goroutine.
 type pageView[K comparable, V any] struct {
 	name  string
 	pages []*page[K, V]
 	n     int
 	t     *cowTable[K, V]
 	epoch uint64
+	sp    *spec[K, V]
+	now   int64 // the backend's time at freeze: entries expired then are skipped
 }
 
 func (v *pageView[K, V]) encode(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
-	x, err := encodePages(ctx, e, v.name, v.pages, v.n)
+	x, err := encodePages(ctx, e, v.name, v.sp, v.now, v.pages, v.n)
 	if err != nil {
 		return nil, err
 	}
@@ -345,17 +481,24 @@ func (x *encoded) appendTo(out []checkpoint.KeyGroupState, name string) []checkp
 }
 
 // encodePages encodes the n live entries of pages, sorted by (key group,
-// key) (S1). A first pass counts the entries of each key group, so the
-// second encodes every entry straight into its group's place and only the
-// groups are sorted, by key. It checks ctx once per page.
-func encodePages[K comparable, V any](ctx context.Context, e *encoder, name string, pages []*page[K, V], n int) (encoded, error) {
+// key, user key) (S1), without those that are expired at now (S12), each
+// key group opened by the descriptor entry if the spec has one (S11). A
+// first pass counts the entries of each key group, so the second encodes
+// every entry straight into its group's place and only the groups are
+// sorted, by key. It checks ctx once per page.
+func encodePages[K comparable, V any](ctx context.Context, e *encoder, name string, sp *spec[K, V], now int64, pages []*page[K, V], n int) (encoded, error) {
 	if n == 0 {
 		return encoded{}, nil
 	}
 	var next []int // next[kg]: where the next entry of key group kg goes
+	live := 0
 	for _, p := range pages {
 		for i := range p.e {
 			if en := &p.e[i]; en.live {
+				live++
+				if sp.live != nil && !sp.live(&en.val, now) {
+					continue
+				}
 				for int(en.kg) >= len(next) {
 					next = append(next, 0)
 				}
@@ -363,18 +506,36 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 			}
 		}
 	}
-	x := encoded{es: make([]checkpoint.KeyedEntry, n)}
+	if live != n {
+		panic(fmt.Sprintf("state: keyed state %q: view holds %d entries, counted %d", name, n, live))
+	}
+	h := 0 // slots for the descriptor entry per group
+	if sp.desc != nil {
+		h = 1
+	}
+	var x encoded
 	sum := 0
 	for kg, c := range next {
 		if c > 0 {
-			x.groups = append(x.groups, groupSpan{kg: kg, from: sum, to: sum + c})
+			x.groups = append(x.groups, groupSpan{kg: kg, from: sum, to: sum + h + c})
+			sum += h
 		}
 		next[kg] = sum
 		sum += c
 	}
-	if sum != n {
-		panic(fmt.Sprintf("state: keyed state %q: view holds %d entries, counted %d", name, n, sum))
+	if sum == 0 {
+		return encoded{}, nil // everything expired
 	}
+	x.es = make([]checkpoint.KeyedEntry, sum)
+	if h > 0 {
+		for _, g := range x.groups {
+			x.es[g.from] = checkpoint.KeyedEntry{Value: sp.desc}
+		}
+	}
+	// plain is the format of a value or list state without options: the
+	// loop then encodes with encodeFast itself, without dynamic calls.
+	_, plain := sp.vals.(msgpackCodec[V])
+	plain = plain && sp.live == nil && sp.desc == nil
 	done, start := 0, len(e.buf)
 	for pi, p := range pages {
 		if err := ctx.Err(); err != nil {
@@ -390,26 +551,42 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 			if !en.live {
 				continue
 			}
-			// Encode the key as keygroup.Hash does (boxed, not through a
-			// pointer): msgpack's reflect path would quiet a float32
-			// signalling NaN and move the key to another key group (found
-			// by FuzzRestoreKeyed). encodeFast boxes all but a few
-			// built-in types, which it encodes alike.
-			kb, err := encodeFast(e, &en.key, true)
+			val := &en.val
+			if sp.live != nil {
+				if !sp.live(val, now) {
+					continue
+				}
+				if sp.prune != nil {
+					if pv, ok := sp.prune(val, now); ok {
+						val = &pv
+					}
+				}
+			}
+			var kb, ub, vb []byte
+			var err error
+			if plain {
+				kb, err = encodeFast(e, &en.key, true)
+			} else {
+				kb, ub, err = sp.key(e, &en.key)
+			}
 			if err != nil {
 				return encoded{}, fmt.Errorf("state: encoding key %v of keyed state %q in key group %d: %w", en.key, name, en.kg, err)
 			}
-			vb, err := encodeFast(e, &en.val, false)
+			if plain {
+				vb, err = encodeFast(e, val, false)
+			} else {
+				vb, err = sp.vals.append(e, val)
+			}
 			if err != nil {
 				return encoded{}, fmt.Errorf("state: encoding value of key %v of keyed state %q in key group %d: %w", en.key, name, en.kg, err)
 			}
-			x.es[next[en.kg]] = checkpoint.KeyedEntry{Key: kb, Value: vb}
+			x.es[next[en.kg]] = checkpoint.KeyedEntry{Key: kb, UserKey: ub, Value: vb}
 			next[en.kg]++
 			done++
 		}
 	}
 	for _, g := range x.groups {
-		if err := sortGroup(name, g.kg, x.es[g.from:g.to]); err != nil {
+		if err := sortGroup(name, g.kg, x.es[g.from+h:g.to], !plain); err != nil {
 			return encoded{}, err
 		}
 	}

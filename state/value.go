@@ -11,16 +11,18 @@ import (
 type ValueState[K comparable, V any] struct {
 	b    *KeyedBackend[K]
 	name string
+	info stateInfo
 	t    table[K, V]
-	// heap is t when t is the heap table: the per-record calls then need
-	// no dynamic dispatch.
+	// heap is t when t is the heap table (no TTL): the per-record calls
+	// then need no dynamic dispatch.
 	heap *cowTable[K, V]
 }
 
 // Value registers the keyed value state name with values of type V, or
-// returns it if it is already registered. On first registration it decodes
-// the restored values of that name. Call it while the state is initialized
-// (InitializeState), not per record.
+// returns it if it is already registered (with equal options). On first
+// registration it decodes the restored values of that name. Call it while
+// the state is initialized (InitializeState), not per record. Options:
+// WithTTL, WithCodec (a Codec[V]).
 //
 // If V holds no pointers, maps, slices, channels, functions or interfaces
 // (strings and time.Time are fine), the state is snapshotted copy-on-write
@@ -28,11 +30,42 @@ type ValueState[K comparable, V any] struct {
 // encoded at the barrier, in time proportional to its size, because a value
 // may be changed in place after Update (see "Snapshots" in the package
 // documentation).
-func Value[K comparable, V any](b *KeyedBackend[K], name string) (*ValueState[K, V], error) {
-	return register(b, name, describeValue[V](), immutableType(reflect.TypeFor[V]()), func(t table[K, V]) *ValueState[K, V] {
+func Value[K comparable, V any](b *KeyedBackend[K], name string, opts ...Option) (*ValueState[K, V], error) {
+	info := stateInfo{kind: kindValue, opts: collect(opts), what: describeValue[V]()}
+	return register(b, name, info, func() (*ValueState[K, V], error) {
+		t, err := newValueTable[K, V](b, name, &info)
+		if err != nil {
+			return nil, err
+		}
 		h, _ := t.(*cowTable[K, V])
-		return &ValueState[K, V]{b: b, name: name, t: t, heap: h}
+		return &ValueState[K, V]{b: b, name: name, info: info, t: t, heap: h}, nil
 	})
+}
+
+// newValueTable returns the table of a state with one value of V per key
+// (value, reducing, aggregating), with the registration's TTL and codec.
+func newValueTable[K comparable, V any](b *KeyedBackend[K], name string, info *stateInfo) (table[K, V], error) {
+	c, err := codecFor[V](&info.opts, name)
+	if err != nil {
+		return nil, err
+	}
+	var vals valueCodec[V] = msgpackCodec[V]{}
+	if c != nil {
+		vals = userCodec[V]{c}
+	}
+	desc, imm := info.descBytes(), immutableType(reflect.TypeFor[V]())
+	if !info.opts.hasTTL {
+		return newTable(b, name, &spec[K, V]{key: plainKey[K], vals: vals, valName: typeName[V](), desc: desc, immutable: imm})
+	}
+	s, err := info.opts.ttl.settings(name)
+	if err != nil {
+		return nil, err
+	}
+	in, err := newTable(b, name, ttlValueSpec[K](s, vals, desc, imm))
+	if err != nil {
+		return nil, err
+	}
+	return &ttlTable[K, V]{in: in, b: b, s: s}, nil
 }
 
 func describeValue[V any]() string { return fmt.Sprintf("value state of %s", typeName[V]()) }
@@ -40,7 +73,8 @@ func describeValue[V any]() string { return fmt.Sprintf("value state of %s", typ
 // Name returns the name the state was registered under.
 func (s *ValueState[K, V]) Name() string { return s.name }
 
-// Value returns the current key's value, and false if it has none.
+// Value returns the current key's value, and false if it has none (or,
+// with a TTL, if it expired; see TTLVisibility).
 func (s *ValueState[K, V]) Value() (V, bool) {
 	s.b.mustKey()
 	if s.heap != nil {
@@ -67,9 +101,11 @@ func (s *ValueState[K, V]) Clear() {
 
 // All iterates over every key with a value, in unspecified order. It does
 // not change the current key. During the iteration, the loop body may update
-// or clear only the key it is visiting (Go map rules).
+// or clear only the key it is visiting (Go map rules). With a TTL it skips
+// expired values (unless ReturnExpiredIfNotCleanedUp), and neither
+// refreshes nor removes any.
 func (s *ValueState[K, V]) All() iter.Seq2[K, V] { return s.t.all }
 
-func (s *ValueState[K, V]) describe() string { return describeValue[V]() }
-
-func (s *ValueState[K, V]) freeze() (frozen, error) { return s.t.freeze(s.name) }
+func (s *ValueState[K, V]) describe() string         { return s.info.describe() }
+func (s *ValueState[K, V]) registration() *stateInfo { return &s.info }
+func (s *ValueState[K, V]) freeze() (frozen, error)  { return s.t.freeze(s.name) }

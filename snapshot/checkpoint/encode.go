@@ -7,7 +7,8 @@ import (
 )
 
 // EncodeMsgpack writes g exactly as msgpack's reflection writes the struct
-// (a map of its three fields, each entry a map of "k" and "v"; pinned by
+// (a map of its three fields, each entry a map of "k" and "v", with "u"
+// between them when the entry has a user key; pinned by
 // TestKeyGroupStateEncoding), without reflecting over every entry: keyed
 // state is most of a large checkpoint's metadata, and the master encodes it
 // at every checkpoint.
@@ -41,8 +42,15 @@ func (g *KeyGroupState) EncodeMsgpack(enc *msgpack.Encoder) error {
 	b := (*bp)[:0]
 	for i := range g.Entries {
 		e := &g.Entries[i]
-		b = append(b, entryPrefix...)
-		b = appendBin(b, e.Key)
+		if len(e.UserKey) == 0 {
+			b = append(b, entryPrefix...)
+			b = appendBin(b, e.Key)
+		} else {
+			b = append(b, mapEntryPrefix...)
+			b = appendBin(b, e.Key)
+			b = append(b, userKeyField...)
+			b = appendBin(b, e.UserKey)
+		}
 		b = append(b, valueField...)
 		b = appendBin(b, e.Value)
 		if len(b) >= 64<<10 || i == len(g.Entries)-1 {
@@ -56,11 +64,14 @@ func (g *KeyGroupState) EncodeMsgpack(enc *msgpack.Encoder) error {
 	return nil
 }
 
-// The msgpack bytes of an entry's constant parts: a map of two fields, the
-// field name "k" (before the key), and the field name "v".
+// The msgpack bytes of an entry's constant parts: a map of two fields (three
+// with a user key), the field name "k" (before the key), the field name "u"
+// and the field name "v".
 var (
-	entryPrefix = []byte{0x82, 0xa1, 'k'}
-	valueField  = []byte{0xa1, 'v'}
+	entryPrefix    = []byte{0x82, 0xa1, 'k'}
+	mapEntryPrefix = []byte{0x83, 0xa1, 'k'}
+	userKeyField   = []byte{0xa1, 'u'}
+	valueField     = []byte{0xa1, 'v'}
 )
 
 // scratch holds the buffers EncodeMsgpack assembles entries in.

@@ -44,6 +44,14 @@ func TestKeyGroupStateEncoding(t *testing.T) {
 		{State: "count", KeyGroup: 127, Entries: []KeyedEntry{{Key: []byte("k"), Value: nil}, {Key: nil, Value: bytes.Repeat([]byte{7}, 300)}}},
 		{State: string(bytes.Repeat([]byte("x"), 40)), KeyGroup: 32767, Entries: []KeyedEntry{{Key: bytes.Repeat([]byte{1}, 70000), Value: []byte{}}}},
 		{State: "neg", KeyGroup: -1},
+		// Map entries carry a user key; an empty one is omitted as by
+		// reflection (omitempty), so the entry encodes as one without.
+		{State: "m", KeyGroup: 5, Entries: []KeyedEntry{
+			{Key: []byte("k"), UserKey: []byte("u1"), Value: []byte{1}},
+			{Key: []byte("k"), UserKey: bytes.Repeat([]byte{2}, 300), Value: nil},
+			{Key: nil, UserKey: []byte{}, Value: []byte("desc")},
+			{Key: []byte("k2"), UserKey: bytes.Repeat([]byte{3}, 70000), Value: []byte{}},
+		}},
 	} {
 		got, err := msgpack.Marshal(&g)
 		require.NoError(t, err)

@@ -43,7 +43,8 @@ import (
 //     DecodeMetadata(EncodeMetadata(DecodeMetadata(b))) equals
 //     DecodeMetadata(b) (checked by FuzzDecodeMetadata). Empty optional lists
 //     decode as nil. Optional fields added later (Metadata.ExecutionID,
-//     marker.Options.Stop) are omitted when zero, so an absent field and a
+//     marker.Options.Stop, KeyedEntry.UserKey) are omitted when zero (an
+//     empty user key decodes as nil), so an absent field and a
 //     zero one decode alike and re-encode to the same bytes, and files
 //     written before they existed decode unchanged
 //     (testdata/compat, TestDecodeOldEncoding).
@@ -215,6 +216,14 @@ func canonicalizeMetadata(md *Metadata) {
 	for i := range md.Operators {
 		for j := range md.Operators[i].Subtasks {
 			s := &md.Operators[i].Subtasks[j]
+			for k := range s.KeyGroups {
+				es := s.KeyGroups[k].Entries
+				for l := range es {
+					if es[l].UserKey != nil && len(es[l].UserKey) == 0 {
+						es[l].UserKey = nil
+					}
+				}
+			}
 			if len(s.Lists) == 0 {
 				s.Lists = nil
 			}

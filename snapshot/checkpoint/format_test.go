@@ -160,6 +160,70 @@ func TestDecodeOldEncoding(t *testing.T) {
 	}
 }
 
+// mapTestMetadata is formatTestMetadata with keyed state of package
+// state's map and TTL states: a descriptor entry (empty key) opening each
+// key group, and entries with user keys.
+func mapTestMetadata() *Metadata {
+	md := formatTestMetadata()
+	md.Operators[1].Subtasks[1].KeyGroups = append(md.Operators[1].Subtasks[1].KeyGroups,
+		KeyGroupState{State: "tags", KeyGroup: 3, Entries: []KeyedEntry{
+			{Key: nil, Value: []byte("\x81\xa4kind\xa3map")},
+			{Key: []byte("a"), UserKey: []byte("x"), Value: []byte{1}},
+			{Key: []byte("a"), UserKey: []byte("y"), Value: nil},
+		}})
+	return md
+}
+
+// TestUserKeyRoundTrip: entries with user keys round-trip, and the user
+// key is omitted from the encoding of entries without one (so the old
+// encoding is unchanged, TestDecodeOldEncoding).
+func TestUserKeyRoundTrip(t *testing.T) {
+	md := mapTestMetadata()
+	b := mustEncodeForTest(t, md)
+	got, err := DecodeMetadata(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, md) {
+		t.Fatalf("round trip differs:\n got %+v\nwant %+v", got, md)
+	}
+	if !bytes.Contains(b, []byte{0xa1, 'u', 0xc4, 1, 'x'}) {
+		t.Fatal("the user key is not encoded")
+	}
+	if n := md.Operators[1].Subtasks[1].Size() - formatTestMetadata().Operators[1].Subtasks[1].Size(); n != 10+(1+1+1)+(1+1) { // descriptor; key, user key and value of each entry
+		t.Fatalf("Size counts %d bytes of the new entries", n)
+	}
+	if b := mustEncodeForTest(t, formatTestMetadata()); bytes.Contains(b, []byte{0xa1, 'u'}) {
+		t.Fatal("an entry without a user key encodes one")
+	}
+
+	// An explicit empty user key decodes as none (F3).
+	var generic map[string]any
+	payload, err := msgpack.Marshal(formatTestMetadata())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := msgpack.Unmarshal(payload, &generic); err != nil {
+		t.Fatal(err)
+	}
+	sub := generic["operators"].([]any)[1].(map[string]any)["subtasks"].([]any)[0].(map[string]any)
+	entry := sub["keyGroups"].([]any)[0].(map[string]any)["entries"].([]any)[0].(map[string]any)
+	entry["u"] = []byte{}
+	if payload, err = msgpack.Marshal(generic); err != nil {
+		t.Fatal(err)
+	}
+	got, err = DecodeMetadata(frameTestPayload(FormatVersion, payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := got.Operators[1].Subtasks[0].KeyGroups[0].Entries[0]; e.UserKey != nil {
+		t.Fatalf("empty user key not canonical: %#v", e)
+	}
+	if !reflect.DeepEqual(got, formatTestMetadata()) {
+		t.Fatalf("got %+v", got)
+	}
+}
+
 // TestDecodeCanonical checks F3: empty optional lists decode as nil.
 func TestDecodeCanonical(t *testing.T) {
 	md := formatTestMetadata()
@@ -365,7 +429,7 @@ func fuzzDecodeSeeds(t testing.TB) [][]byte {
 	small := &Metadata{CheckpointID: 1, Operators: []OperatorState{{UID: "a", Parallelism: 1,
 		Subtasks: []SubtaskState{{KeyGroupStart: -1, KeyGroupEnd: -1, Lists: []NamedList{{Name: "l", Items: [][]byte{{1}}}}}}}}}
 	var seeds [][]byte
-	for _, md := range []*Metadata{formatTestMetadata(), small, {}, stopSavepointTestMetadata(), channelTestMetadata()} {
+	for _, md := range []*Metadata{formatTestMetadata(), small, {}, stopSavepointTestMetadata(), channelTestMetadata(), mapTestMetadata()} {
 		b := mustEncodeForTest(t, md)
 		payload, err := msgpack.Marshal(md)
 		if err != nil {

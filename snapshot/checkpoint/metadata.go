@@ -37,10 +37,14 @@ type NamedList struct {
 	Items        [][]byte     `msgpack:"items"`
 }
 
-// KeyedEntry is one key/value pair of keyed state.
+// KeyedEntry is one key/value pair of keyed state. Entries of a map state
+// also carry the map entry's user key; it is omitted from the encoding when
+// empty, so entries without one encode as they did before it existed. The
+// encodings of Key, UserKey and Value belong to package state.
 type KeyedEntry struct {
-	Key   []byte `msgpack:"k"`
-	Value []byte `msgpack:"v"`
+	Key     []byte `msgpack:"k"`
+	UserKey []byte `msgpack:"u,omitempty"`
+	Value   []byte `msgpack:"v"`
 }
 
 // KeyGroupState is the content of one keyed state (by name) in one key group.
@@ -96,7 +100,7 @@ func (s *SubtaskState) Size() int64 {
 	}
 	for _, kg := range s.KeyGroups {
 		for _, e := range kg.Entries {
-			n += int64(len(e.Key) + len(e.Value))
+			n += int64(len(e.Key) + len(e.UserKey) + len(e.Value))
 		}
 	}
 	return n
