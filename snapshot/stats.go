@@ -355,7 +355,10 @@ func fmtBytes(n int64) string {
 
 // Format writes a compact table of s: the counts, the summary, one line per
 // checkpoint in History, the subtasks of the latest completed checkpoint,
-// and the latest restore. Times are printed in their own location.
+// and the latest restore. Times are printed in their own location. Columns
+// that say nothing are left out: in-flight bytes, asynchronous and
+// alignment durations when they are zero in every row of their table (a
+// job with aligned checkpoints, heap state and single inputs has none).
 func (s *Stats) Format(w io.Writer) error {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
@@ -363,17 +366,21 @@ func (s *Stats) Format(w io.Writer) error {
 	fmt.Fprintf(tw, "counts: triggered=%d in-progress=%d completed=%d failed=%d restored=%d\n",
 		c.Triggered, c.InProgress, c.Completed, c.Failed, c.Restored)
 	if sum := s.Summary(); sum.Count > 0 {
-		fmt.Fprintf(tw, "summary of %d completed (min/avg/max): e2e %v/%v/%v size %s/%s/%s sync %v/%v/%v async %v/%v/%v align %v/%v/%v delay %v/%v/%v\n",
+		fmt.Fprintf(tw, "summary of %d completed (min/avg/max): e2e %v/%v/%v size %s/%s/%s sync %v/%v/%v",
 			sum.Count,
 			sum.EndToEnd.Min, sum.EndToEnd.Avg, sum.EndToEnd.Max,
 			fmtBytes(sum.StateSize.Min), fmtBytes(sum.StateSize.Avg), fmtBytes(sum.StateSize.Max),
-			sum.Sync.Min, sum.Sync.Avg, sum.Sync.Max,
-			sum.Async.Min, sum.Async.Avg, sum.Async.Max,
-			sum.Alignment.Min, sum.Alignment.Avg, sum.Alignment.Max,
-			sum.StartDelay.Min, sum.StartDelay.Avg, sum.StartDelay.Max)
+			sum.Sync.Min, sum.Sync.Avg, sum.Sync.Max)
+		if sum.Async.Max > 0 {
+			fmt.Fprintf(tw, " async %v/%v/%v", sum.Async.Min, sum.Async.Avg, sum.Async.Max)
+		}
+		if sum.Alignment.Max > 0 {
+			fmt.Fprintf(tw, " align %v/%v/%v", sum.Alignment.Min, sum.Alignment.Avg, sum.Alignment.Max)
+		}
+		fmt.Fprintf(tw, " delay %v/%v/%v\n", sum.StartDelay.Min, sum.StartDelay.Avg, sum.StartDelay.Max)
 	}
 	if len(s.History) > 0 {
-		fmt.Fprintln(tw, "id\tkind\tmode\tstatus\ttrigger\te2e\tsize\tin-flight\tacked\tsync\tasync\talign\tdelay\tinfo")
+		t := statsTable{header: []string{"id", "kind", "mode", "status", "trigger", "e2e", "size", "in-flight", "acked", "sync", "async", "align", "delay", "info"}}
 		for i := range s.History {
 			h := &s.History[i]
 			info := h.Path
@@ -384,20 +391,21 @@ func (s *Stats) Format(w io.Writer) error {
 			if h.Mode != marker.AtLeastOnce {
 				mode = h.Alignment()
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%v\t%s\t%s\t%d/%d\t%v\t%v\t%v\t%v\t%s\n",
-				h.ID, h.Kind, mode, h.Status, fmtTime(h.TriggerTime), h.EndToEnd, fmtBytes(h.StateSize),
-				fmtBytes(h.InFlightSize), h.Acked, h.Total, h.MaxSync(), h.MaxAsync(), h.MaxAlignment(), h.MaxStartDelay(), info)
+			t.add(fmt.Sprint(h.ID), h.Kind.String(), mode, h.Status.String(), fmtTime(h.TriggerTime), fmt.Sprint(h.EndToEnd), fmtBytes(h.StateSize),
+				fmtBytes(h.InFlightSize), fmt.Sprintf("%d/%d", h.Acked, h.Total), fmt.Sprint(h.MaxSync()), fmt.Sprint(h.MaxAsync()),
+				fmt.Sprint(h.MaxAlignment()), fmt.Sprint(h.MaxStartDelay()), info)
 		}
+		t.write(tw, "")
 	}
 	if lc := s.LatestCompleted; lc != nil {
 		fmt.Fprintf(tw, "latest completed %s %d at %s: %s\n", lc.Kind, lc.ID, fmtTime(lc.EndTime), lc.Path)
-		fmt.Fprintln(tw, "  task\tack\tsize\tin-flight\tsync\tasync\talign\tdelay")
+		t := statsTable{header: []string{"task", "ack", "size", "in-flight", "sync", "async", "align", "delay"}}
 		for i := range lc.Subtasks {
 			st := &lc.Subtasks[i]
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%v\t%v\t%v\t%v\n",
-				fmtTask(st.Task), fmtTime(st.AckTime), fmtBytes(st.StateSize), fmtBytes(st.InFlightSize), st.SyncDuration,
-				st.AsyncDuration, st.AlignmentDuration, st.StartDelay)
+			t.add(fmtTask(st.Task), fmtTime(st.AckTime), fmtBytes(st.StateSize), fmtBytes(st.InFlightSize), fmt.Sprint(st.SyncDuration),
+				fmt.Sprint(st.AsyncDuration), fmt.Sprint(st.AlignmentDuration), fmt.Sprint(st.StartDelay))
 		}
+		t.write(tw, "  ")
 	}
 	if r := s.LatestRestored; r != nil {
 		fmt.Fprintf(tw, "latest restored %d at %s: %s\n", r.ID, fmtTime(r.Time), r.Path)
@@ -413,4 +421,46 @@ func (s *Stats) Format(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, out.String())
 	return err
+}
+
+// statsTable is a table of Format whose optional columns (in-flight,
+// async, align) are left out when every row has them zero.
+type statsTable struct {
+	header []string
+	rows   [][]string
+}
+
+func (t *statsTable) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *statsTable) write(w io.Writer, indent string) {
+	keep := make([]bool, len(t.header))
+	for i, h := range t.header {
+		keep[i] = h != "in-flight" && h != "async" && h != "align"
+		for _, r := range t.rows {
+			if r[i] != "0s" && r[i] != "0B" {
+				keep[i] = true
+			}
+		}
+	}
+	line := func(cells []string) {
+		var b strings.Builder
+		b.WriteString(indent)
+		first := true
+		for i, c := range cells {
+			if !keep[i] {
+				continue
+			}
+			if !first {
+				b.WriteByte('\t')
+			}
+			first = false
+			b.WriteString(c)
+		}
+		b.WriteByte('\n')
+		io.WriteString(w, b.String())
+	}
+	line(t.header)
+	for _, r := range t.rows {
+		line(r)
+	}
 }

@@ -139,8 +139,8 @@ func TestFormatUnackedAndZeroTimes(t *testing.T) {
 	require.NoError(t, s.Format(&b))
 	require.Equal(t, `counts: triggered=0 in-progress=0 completed=0 failed=0 restored=0
 latest completed savepoint 3 at -: sp
-  task  ack  size  in-flight  sync  async  align  delay
-  a/0   -    0B    0B         0s    0s     0s     0s
+  task  ack  size  sync  delay
+  a/0   -    0B    0s    0s
 `, b.String())
 }
 
