@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/internal/inject"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
@@ -56,7 +57,7 @@ func newMemTable(c *chaos) *memTable {
 }
 
 func (m *memTable) LatestCommitted(user string) (int64, bool, error) {
-	if err := m.c.hit("latest"); err != nil {
+	if err := m.c.Hit("latest"); err != nil {
 		return 0, false, err
 	}
 	m.mu.Lock()
@@ -66,7 +67,7 @@ func (m *memTable) LatestCommitted(user string) (int64, bool, error) {
 }
 
 func (m *memTable) Commit(user string, ckpt int64, batches []string) error {
-	if err := m.c.hit("tcommit"); err != nil {
+	if err := m.c.Hit("tcommit"); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -83,7 +84,7 @@ func (m *memTable) Commit(user string, ckpt int64, batches []string) error {
 	m.commits = append(m.commits, memCommit{User: user, Checkpoint: ckpt, Batches: slices.Clone(batches)})
 	m.latest[user] = ckpt
 	m.mu.Unlock()
-	return m.c.hit("tcommit-after")
+	return m.c.Hit("tcommit-after")
 }
 
 // published returns the records of every committed batch.
@@ -110,7 +111,7 @@ type memWriter struct {
 
 func (w *memWriter) Write(r rec) error {
 	if r.ID%97 == 0 {
-		if err := w.m.c.hit("write"); err != nil {
+		if err := w.m.c.Hit("write"); err != nil {
 			return err
 		}
 	}
@@ -119,7 +120,7 @@ func (w *memWriter) Write(r rec) error {
 }
 
 func (w *memWriter) Prepare(ckpt int64) ([]string, error) {
-	if err := w.m.c.hit("prepare"); err != nil {
+	if err := w.m.c.Hit("prepare"); err != nil {
 		return nil, err
 	}
 	if len(w.cur) == 0 {
@@ -135,7 +136,7 @@ func (w *memWriter) Prepare(ckpt int64) ([]string, error) {
 	w.m.staged[name] = w.cur
 	w.m.mu.Unlock()
 	w.cur = nil
-	return []string{name}, w.m.c.hit("prepare-after")
+	return []string{name}, w.m.c.Hit("prepare-after")
 }
 
 func (w *memWriter) Close() error { return nil }
@@ -160,14 +161,14 @@ type chaosCommitter struct {
 }
 
 func (s *chaosCommitter) InitializeState(ctx *graph.Context) error {
-	if err := s.c.hit("cinit"); err != nil {
+	if err := s.c.Hit("cinit"); err != nil {
 		return err
 	}
 	return s.committerHooks.InitializeState(ctx)
 }
 
 func (s *chaosCommitter) SnapshotState(ctx *graph.SnapshotContext) error {
-	if err := s.c.hit("csnapshot-before"); err != nil {
+	if err := s.c.Hit("csnapshot-before"); err != nil {
 		return err
 	}
 	return s.committerHooks.SnapshotState(ctx)
@@ -179,16 +180,16 @@ func (s *chaosCommitter) EndInput(ctx *graph.Context) error {
 }
 
 func (s *chaosCommitter) NotifyCheckpointComplete(id int64) error {
-	if !s.ended && s.c.hit("cnotify-drop") != nil {
+	if !s.ended && s.c.Hit("cnotify-drop") != nil {
 		return nil
 	}
-	if err := s.c.hit("cnotify-before"); err != nil {
+	if err := s.c.Hit("cnotify-before"); err != nil {
 		return err
 	}
 	if err := s.committerHooks.NotifyCheckpointComplete(id); err != nil {
 		return err
 	}
-	return s.c.hit("cnotify-after")
+	return s.c.Hit("cnotify-after")
 }
 
 // commitJob is source -> failing map -> WriteAndCommit over a memTable.
@@ -220,7 +221,7 @@ func (s *checkpointPaced) Next(ctx *graph.Context) (rec, error) {
 
 func (cj *commitJob) build(t testing.TB) *graph.Job {
 	if cj.chaos == nil {
-		cj.chaos = newChaos(cj.Faults...)
+		cj.chaos = inject.New(cj.Faults...)
 	}
 	if cj.table == nil {
 		cj.table = newMemTable(cj.chaos)
@@ -244,7 +245,7 @@ func (cj *commitJob) build(t testing.TB) *graph.Job {
 		OnEvent: func(e graph.Event) {
 			switch e.Kind {
 			case graph.JobFailed:
-				cj.chaos.jobFailed()
+				cj.chaos.JobFailed()
 			case graph.CheckpointCompleted:
 				cj.completed.Add(1)
 			}
@@ -323,38 +324,38 @@ func TestCommitterFailureMatrix(t *testing.T) {
 		restarts int // job failures expected
 	}{
 		// Before the barrier: the records are in no batch yet; replayed.
-		{"crash in a user function before the barrier", []fault{{site: "map", at: 1500}}, 1},
-		{"crash in a writer", []fault{{site: "write", at: 10}}, 1},
+		{"crash in a user function before the barrier", []fault{{Site: "map", At: 1500}}, 1},
+		{"crash in a writer", []fault{{Site: "write", At: 10}}, 1},
 		// At the barrier: the writer prepared (staged) a batch the
 		// checkpoint never covers: an orphan, never published.
-		{"crash preparing", []fault{{site: "prepare", at: 9}}, 1},
-		{"crash after the writer prepared, before the checkpoint completes", []fault{{site: "prepare-after", at: 9}}, 1},
-		{"crash at the committer's snapshot", []fault{{site: "csnapshot-before", at: 4}}, 1},
+		{"crash preparing", []fault{{Site: "prepare", At: 9}}, 1},
+		{"crash after the writer prepared, before the checkpoint completes", []fault{{Site: "prepare-after", At: 9}}, 1},
+		{"crash at the committer's snapshot", []fault{{Site: "csnapshot-before", At: 4}}, 1},
 		// Completed, not committed.
-		{"crash after completion before the commit", []fault{{site: "cnotify-before", at: 3}}, 1},
-		{"lost notifications, no failure", []fault{{site: "cnotify-drop", at: 1, times: 3}}, 0},
+		{"crash after completion before the commit", []fault{{Site: "cnotify-before", At: 3}}, 1},
+		{"lost notifications, no failure", []fault{{Site: "cnotify-drop", At: 1, Times: 3}}, 0},
 		// During the commit.
-		{"commit fails once (retried)", []fault{{site: "tcommit", at: 2}}, 0},
-		{"commit fails for good (the job fails, the restore commits)", []fault{{site: "tcommit", at: 2, sticky: true}}, 1},
-		{"commit took effect, then failed (the retry finds it committed)", []fault{{site: "tcommit-after", at: 2}}, 0},
-		{"commit took effect, then failed every time (each retry finds it done)", []fault{{site: "tcommit-after", at: 2, sticky: true}}, 0},
+		{"commit fails once (retried)", []fault{{Site: "tcommit", At: 2}}, 0},
+		{"commit fails for good (the job fails, the restore commits)", []fault{{Site: "tcommit", At: 2, Sticky: true}}, 1},
+		{"commit took effect, then failed (the retry finds it committed)", []fault{{Site: "tcommit-after", At: 2}}, 0},
+		{"commit took effect, then failed every time (each retry finds it done)", []fault{{Site: "tcommit-after", At: 2, Sticky: true}}, 0},
 		// Committed; the notification did not return.
-		{"crash after the commit before the notification is done", []fault{{site: "cnotify-after", at: 3}}, 1},
+		{"crash after the commit before the notification is done", []fault{{Site: "cnotify-after", At: 3}}, 1},
 		// During the recovery.
-		{"newest commit unknown at restore", []fault{{site: "cnotify-before", at: 3}, {site: "latest", at: 2, sticky: true}}, 2},
-		{"restore's commit fails", []fault{{site: "cnotify-before", at: 3}, {site: "tcommit", at: 3, sticky: true}}, 2},
-		{"committer fails to start", []fault{{site: "cinit", at: 1}}, 1},
+		{"newest commit unknown at restore", []fault{{Site: "cnotify-before", At: 3}, {Site: "latest", At: 2, Sticky: true}}, 2},
+		{"restore's commit fails", []fault{{Site: "cnotify-before", At: 3}, {Site: "tcommit", At: 3, Sticky: true}}, 2},
+		{"committer fails to start", []fault{{Site: "cinit", At: 1}}, 1},
 	} {
 		for _, mode := range []marker.Mode{marker.Aligned, marker.Unaligned} {
 			t.Run(fmt.Sprintf("%s/%v", tc.name, mode), func(t *testing.T) {
 				cj := commitMatrixJob(t, tc.faults...)
 				cj.Mode = mode
 				require.NoError(t, cj.run(t))
-				require.NotEmpty(t, cj.chaos.firedSites(), "the fault fired")
+				require.NotEmpty(t, cj.chaos.Fired(), "the fault fired")
 				fails := cj.failures()
 				require.Len(t, fails, tc.restarts, "job failures: %v", fails)
 				for _, err := range fails {
-					require.ErrorIs(t, err, errInjected)
+					require.ErrorIs(t, err, inject.ErrInjected)
 				}
 				require.NoError(t, cj.check())
 			})
@@ -366,7 +367,7 @@ func TestCommitterFailureMatrix(t *testing.T) {
 // fails the job with a CommitError naming the commit user and checkpoint;
 // the committables are not lost: the restore commits them.
 func TestCommitterCommitErrorNamesTheCommit(t *testing.T) {
-	cj := commitMatrixJob(t, fault{site: "tcommit", at: 2, sticky: true})
+	cj := commitMatrixJob(t, fault{Site: "tcommit", At: 2, Sticky: true})
 	require.NoError(t, cj.run(t))
 	fails := cj.failures()
 	require.Len(t, fails, 1)
@@ -480,11 +481,11 @@ func TestCommitterRandomCrashes(t *testing.T) {
 				cj.mu.Unlock()
 				t.Fatalf("seed %d: records=%d p=%d rate=%.0f interval=%v mode=%v unchained=%v faults=%v fired=%v failures=%v:\n%v\nlogs:\n  %s\nreplay: go test ./sink -run TestCommitterRandomCrashes -sink.committer.seed=%d",
 					seed, cj.Records, cj.Parallelism, cj.Rate, cj.Interval, cj.Mode, cj.Unchained,
-					cj.Faults, cj.chaos.firedSites(), cj.failures(), err, logs, seed)
+					cj.Faults, cj.chaos.Fired(), cj.failures(), err, logs, seed)
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			for _, s := range cj.chaos.firedSites() {
+			for _, s := range cj.chaos.Fired() {
 				fired[strings.SplitN(s, "#", 2)[0]]++
 			}
 		})
@@ -517,20 +518,20 @@ func randomCommitJob(t *testing.T, seed uint64) *commitJob {
 		cj.Mode = marker.Unaligned
 	}
 	for range 1 + r.IntN(4) {
-		f := fault{site: commitSites[r.IntN(len(commitSites))], times: 1}
-		switch f.site {
+		f := fault{Site: commitSites[r.IntN(len(commitSites))], Times: 1}
+		switch f.Site {
 		case "map":
-			f.at = 1 + r.IntN(int(cj.Records))
+			f.At = 1 + r.IntN(int(cj.Records))
 		case "write":
-			f.at = 1 + r.IntN(int(cj.Records)/97+1)
+			f.At = 1 + r.IntN(int(cj.Records)/97+1)
 		case "cnotify-drop":
-			f.at, f.times = 1+r.IntN(10), 1+r.IntN(4)
+			f.At, f.Times = 1+r.IntN(10), 1+r.IntN(4)
 		case "tcommit", "tcommit-after":
-			f.at, f.times = 1+r.IntN(8), 1+r.IntN(3)
+			f.At, f.Times = 1+r.IntN(8), 1+r.IntN(3)
 		case "latest", "cinit":
-			f.at, f.times = 1+r.IntN(3), 1+r.IntN(3)
+			f.At, f.Times = 1+r.IntN(3), 1+r.IntN(3)
 		default:
-			f.at = 1 + r.IntN(10)
+			f.At = 1 + r.IntN(10)
 		}
 		cj.Faults = append(cj.Faults, f)
 	}

@@ -7,7 +7,6 @@ package sink_test
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -23,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/internal/inject"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/source"
@@ -33,73 +33,11 @@ var (
 	crashRuns = flag.Int("sink.runs", 200, "TestTwoPhaseRandomCrashes: number of random runs")
 )
 
-var errInjected = errors.New("injected failure")
-
-// fault fails occurrences at .. at+times-1 (1-based, counted over every
-// subtask and attempt of a job) of a site; a sticky one fails every
-// occurrence from at on until the job fails.
-type fault struct {
-	site   string
-	at     int
-	times  int
-	sticky bool
-}
-
-func (f fault) String() string {
-	if f.sticky {
-		return fmt.Sprintf("%s@%d+", f.site, f.at)
-	}
-	return fmt.Sprintf("%s@%d×%d", f.site, f.at, max(f.times, 1))
-}
-
-// chaos counts the sites a job passes and injects its faults.
-type chaos struct {
-	mu       sync.Mutex
-	faults   []fault
-	counts   map[string]int
-	fired    []string
-	active   map[int]bool // sticky faults that fired
-	disarmed map[int]bool // sticky faults whose failure failed the job
-}
-
-func newChaos(faults ...fault) *chaos {
-	return &chaos{faults: faults, counts: map[string]int{}, active: map[int]bool{}, disarmed: map[int]bool{}}
-}
-
-func (c *chaos) hit(site string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.counts[site]++
-	n := c.counts[site]
-	for i, f := range c.faults {
-		if f.site != site || n < f.at {
-			continue
-		}
-		if f.sticky && !c.disarmed[i] || !f.sticky && n < f.at+max(f.times, 1) {
-			c.active[i] = f.sticky
-			c.fired = append(c.fired, fmt.Sprintf("%s#%d", site, n))
-			return fmt.Errorf("%w: %s #%d", errInjected, site, n)
-		}
-	}
-	return nil
-}
-
-// jobFailed disarms the sticky faults that fired.
-func (c *chaos) jobFailed() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i, sticky := range c.active {
-		if sticky {
-			c.disarmed[i] = true
-		}
-	}
-}
-
-func (c *chaos) firedSites() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.fired)
-}
+// fault and chaos are the shared fault injection (internal/inject).
+type (
+	fault = inject.Fault
+	chaos = inject.Chaos
+)
 
 // chaosFiles is TxnFiles with faults around every operation; "-after"
 // sites fail after the operation took effect.
@@ -109,41 +47,41 @@ type chaosFiles struct {
 }
 
 func (f chaosFiles) Begin(id sink.TxnID) (*sink.FileTxn, error) {
-	if err := f.c.hit("begin"); err != nil {
+	if err := f.c.Hit("begin"); err != nil {
 		return nil, err
 	}
 	return f.TxnFiles.Begin(id)
 }
 
 func (f chaosFiles) Write(h *sink.FileTxn, r rec) error {
-	if err := f.c.hit("write"); err != nil {
+	if err := f.c.Hit("write"); err != nil {
 		return err
 	}
 	return f.TxnFiles.Write(h, r)
 }
 
 func (f chaosFiles) WriteBatch(h *sink.FileTxn, rs []rec) error {
-	if err := f.c.hit("write"); err != nil {
+	if err := f.c.Hit("write"); err != nil {
 		return err
 	}
 	return f.TxnFiles.WriteBatch(h, rs)
 }
 
 func (f chaosFiles) PreCommit(h *sink.FileTxn, ckpt int64) error {
-	if err := f.c.hit("precommit"); err != nil {
+	if err := f.c.Hit("precommit"); err != nil {
 		return err
 	}
 	return f.TxnFiles.PreCommit(h, ckpt)
 }
 
 func (f chaosFiles) commit(site string, h *sink.FileTxn, commit func(*sink.FileTxn) error) error {
-	if err := f.c.hit(site); err != nil {
+	if err := f.c.Hit(site); err != nil {
 		return err
 	}
 	if err := commit(h); err != nil {
 		return err
 	}
-	return f.c.hit(site + "-after")
+	return f.c.Hit(site + "-after")
 }
 
 func (f chaosFiles) Commit(h *sink.FileTxn) error { return f.commit("commit", h, f.TxnFiles.Commit) }
@@ -153,21 +91,21 @@ func (f chaosFiles) RecoverAndCommit(h *sink.FileTxn) error {
 }
 
 func (f chaosFiles) Abort(h *sink.FileTxn) error {
-	if err := f.c.hit("abort"); err != nil {
+	if err := f.c.Hit("abort"); err != nil {
 		return err
 	}
 	return f.TxnFiles.Abort(h)
 }
 
 func (f chaosFiles) RecoverAndAbort(h *sink.FileTxn) error {
-	if err := f.c.hit("rabort"); err != nil {
+	if err := f.c.Hit("rabort"); err != nil {
 		return err
 	}
 	return f.TxnFiles.RecoverAndAbort(h)
 }
 
 func (f chaosFiles) AbortLingering(l sink.Lingering) error {
-	if err := f.c.hit("lingering"); err != nil {
+	if err := f.c.Hit("lingering"); err != nil {
 		return err
 	}
 	return f.TxnFiles.AbortLingering(l)
@@ -205,33 +143,33 @@ func (s *chaosSink) NotifyCheckpointAborted(id int64) error {
 func (s *chaosSink) Close() error { return s.inner.Close() }
 
 func (s *chaosSink) SnapshotState(ctx *graph.SnapshotContext) error {
-	if err := s.c.hit("snapshot-before"); err != nil {
+	if err := s.c.Hit("snapshot-before"); err != nil {
 		return err
 	}
 	if err := s.inner.SnapshotState(ctx); err != nil {
 		return err
 	}
-	return s.c.hit("snapshot-after")
+	return s.c.Hit("snapshot-after")
 }
 
 func (s *chaosSink) NotifyCheckpointComplete(id int64) error {
 	// A dropped final notification would be lost for good (the job ends):
 	// real losses come with failures, which restore.
-	if !s.ended && s.c.hit("notify-drop") != nil {
+	if !s.ended && s.c.Hit("notify-drop") != nil {
 		return nil
 	}
-	if err := s.c.hit("notify-before"); err != nil {
+	if err := s.c.Hit("notify-before"); err != nil {
 		return err
 	}
 	if err := s.inner.NotifyCheckpointComplete(id); err != nil {
 		return err
 	}
-	return s.c.hit("notify-after")
+	return s.c.Hit("notify-after")
 }
 
 func (s *chaosSink) EndInput(ctx *graph.Context) error {
 	s.ended = true
-	if err := s.c.hit("endinput"); err != nil {
+	if err := s.c.Hit("endinput"); err != nil {
 		return err
 	}
 	return s.inner.EndInput(ctx)
@@ -241,7 +179,7 @@ func (s *chaosSink) EndInput(ctx *graph.Context) error {
 type failing struct{ c *chaos }
 
 func (f failing) Process(_ *graph.Context, r rec, out graph.Collector[rec]) error {
-	if err := f.c.hit("map"); err != nil {
+	if err := f.c.Hit("map"); err != nil {
 		return err
 	}
 	out.Collect(r)
@@ -275,7 +213,7 @@ type crashJob struct {
 
 func (cj *crashJob) build(t testing.TB) *graph.Job {
 	if cj.chaos == nil {
-		cj.chaos = newChaos(cj.Faults...)
+		cj.chaos = inject.New(cj.Faults...)
 	}
 	if cj.dir == "" {
 		cj.dir = t.TempDir()
@@ -304,7 +242,7 @@ func (cj *crashJob) build(t testing.TB) *graph.Job {
 		Logf:        logf,
 		OnEvent: func(e graph.Event) {
 			if e.Kind == graph.JobFailed {
-				cj.chaos.jobFailed()
+				cj.chaos.JobFailed()
 			}
 			cj.mu.Lock()
 			cj.events = append(cj.events, e)
@@ -397,41 +335,41 @@ func TestTwoPhaseFailureMatrix(t *testing.T) {
 		restarts int // job failures expected
 	}{
 		// Before the barrier: records in the open transaction, replayed.
-		{"crash in a user function before the barrier", []fault{{site: "map", at: 1500}}, 1},
-		{"crash writing to the transaction", []fault{{site: "write", at: 20}}, 1},
-		{"crash beginning a transaction", []fault{{site: "begin", at: 5}}, 1},
+		{"crash in a user function before the barrier", []fault{{Site: "map", At: 1500}}, 1},
+		{"crash writing to the transaction", []fault{{Site: "write", At: 20}}, 1},
+		{"crash beginning a transaction", []fault{{Site: "begin", At: 5}}, 1},
 		// At the barrier, before the pre-commit is done.
-		{"crash at the barrier before the pre-commit", []fault{{site: "snapshot-before", at: 6}}, 1},
-		{"pre-commit fails", []fault{{site: "precommit", at: 6}}, 1},
+		{"crash at the barrier before the pre-commit", []fault{{Site: "snapshot-before", At: 6}}, 1},
+		{"pre-commit fails", []fault{{Site: "precommit", At: 6}}, 1},
 		// Pre-committed; the checkpoint never completes: aborted on restore.
-		{"crash after the pre-commit before the checkpoint completes", []fault{{site: "snapshot-after", at: 6}}, 1},
-		{"crash after the first pre-commit, no checkpoint completed yet", []fault{{site: "snapshot-after", at: 1}}, 1},
+		{"crash after the pre-commit before the checkpoint completes", []fault{{Site: "snapshot-after", At: 6}}, 1},
+		{"crash after the first pre-commit, no checkpoint completed yet", []fault{{Site: "snapshot-after", At: 1}}, 1},
 		// Completed, not committed: the notification is lost.
-		{"crash after completion before the commit", []fault{{site: "notify-before", at: 4}}, 1},
-		{"lost notifications, no failure", []fault{{site: "notify-drop", at: 2, times: 4}}, 0},
+		{"crash after completion before the commit", []fault{{Site: "notify-before", At: 4}}, 1},
+		{"lost notifications, no failure", []fault{{Site: "notify-drop", At: 2, Times: 4}}, 0},
 		// During the commit.
-		{"commit fails once (retried)", []fault{{site: "commit", at: 3}}, 0},
-		{"commit fails for good (the job fails, the restore commits)", []fault{{site: "commit", at: 3, sticky: true}}, 1},
-		{"commit fails after the rename (retried)", []fault{{site: "commit-after", at: 3}}, 0},
-		{"commit fails after the rename for good", []fault{{site: "commit-after", at: 3, sticky: true}}, 1},
+		{"commit fails once (retried)", []fault{{Site: "commit", At: 3}}, 0},
+		{"commit fails for good (the job fails, the restore commits)", []fault{{Site: "commit", At: 3, Sticky: true}}, 1},
+		{"commit fails after the rename (retried)", []fault{{Site: "commit-after", At: 3}}, 0},
+		{"commit fails after the rename for good", []fault{{Site: "commit-after", At: 3, Sticky: true}}, 1},
 		// Committed; the notification did not return.
-		{"crash after the commit before the notification is done", []fault{{site: "notify-after", at: 4}}, 1},
+		{"crash after the commit before the notification is done", []fault{{Site: "notify-after", At: 4}}, 1},
 		// During the recovery.
-		{"recover-and-commit fails", []fault{{site: "notify-before", at: 4}, {site: "rcommit", at: 1, sticky: true}}, 2},
-		{"recover-and-commit fails after the rename", []fault{{site: "notify-before", at: 4}, {site: "rcommit-after", at: 1}}, 1},
-		{"recover-and-abort fails", []fault{{site: "snapshot-after", at: 6}, {site: "rabort", at: 1, sticky: true}}, 2},
-		{"abort of lingering transactions fails", []fault{{site: "snapshot-after", at: 6}, {site: "lingering", at: 1, sticky: true}}, 2},
+		{"recover-and-commit fails", []fault{{Site: "notify-before", At: 4}, {Site: "rcommit", At: 1, Sticky: true}}, 2},
+		{"recover-and-commit fails after the rename", []fault{{Site: "notify-before", At: 4}, {Site: "rcommit-after", At: 1}}, 1},
+		{"recover-and-abort fails", []fault{{Site: "snapshot-after", At: 6}, {Site: "rabort", At: 1, Sticky: true}}, 2},
+		{"abort of lingering transactions fails", []fault{{Site: "snapshot-after", At: 6}, {Site: "lingering", At: 1, Sticky: true}}, 2},
 		// At the end of the input.
-		{"crash at the end of input", []fault{{site: "endinput", at: 1}}, 1},
+		{"crash at the end of input", []fault{{Site: "endinput", At: 1}}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cj := matrixJob(t, tc.faults...)
 			require.NoError(t, cj.run(t))
-			require.NotEmpty(t, cj.chaos.firedSites(), "the fault fired")
+			require.NotEmpty(t, cj.chaos.Fired(), "the fault fired")
 			fails := cj.failures()
 			require.Len(t, fails, tc.restarts, "job failures: %v", fails)
 			for _, err := range fails {
-				require.ErrorIs(t, err, errInjected)
+				require.ErrorIs(t, err, inject.ErrInjected)
 			}
 			require.NoError(t, cj.check(0))
 		})
@@ -443,7 +381,7 @@ func TestTwoPhaseFailureMatrix(t *testing.T) {
 // pending file, which is not lost: the next attempt commits it while
 // restoring.
 func TestTwoPhaseCommitFailureNamesTxn(t *testing.T) {
-	cj := matrixJob(t, fault{site: "commit", at: 2, sticky: true})
+	cj := matrixJob(t, fault{Site: "commit", At: 2, Sticky: true})
 	require.NoError(t, cj.run(t))
 	fails := cj.failures()
 	require.Len(t, fails, 1)
@@ -470,7 +408,7 @@ func TestTwoPhaseCommitFailureNamesTxn(t *testing.T) {
 // commits the transaction and finishes exactly once.
 func TestTwoPhaseCommitFailureAcrossExecutions(t *testing.T) {
 	ckpt := t.TempDir()
-	cj := matrixJob(t, fault{site: "commit", at: 2, sticky: true})
+	cj := matrixJob(t, fault{Site: "commit", At: 2, Sticky: true})
 	cj.Restarts, cj.CkptDir = 0, ckpt
 	err := cj.run(t)
 	var te *sink.TxnError
@@ -575,7 +513,7 @@ func TestTwoPhaseRandomCrashes(t *testing.T) {
 			err := cj.run(t)
 			if err == nil {
 				allowed := 0
-				for _, s := range cj.chaos.firedSites() {
+				for _, s := range cj.chaos.Fired() {
 					if strings.HasPrefix(s, "abort#") {
 						allowed++ // a failed abort at a close leaves its file
 					}
@@ -588,11 +526,11 @@ func TestTwoPhaseRandomCrashes(t *testing.T) {
 				cj.mu.Unlock()
 				t.Fatalf("seed %d: %s records=%d p=%d rate=%.0f interval=%v mode=%v concurrent=%d faults=%v fired=%v failures=%v:\n%v\nlogs:\n  %s\nreplay: go test ./sink -run TestTwoPhaseRandomCrashes -sink.seed=%d",
 					seed, cj.Name, cj.Records, cj.Parallelism, cj.Rate, cj.Interval, cj.Mode, cj.Concurrent,
-					cj.Faults, cj.chaos.firedSites(), cj.failures(), err, logs, seed)
+					cj.Faults, cj.chaos.Fired(), cj.failures(), err, logs, seed)
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			for _, s := range cj.chaos.firedSites() {
+			for _, s := range cj.chaos.Fired() {
 				fired[strings.SplitN(s, "#", 2)[0]]++
 			}
 			if len(cj.failures()) > 0 {
@@ -633,23 +571,23 @@ func randomCrashJob(t *testing.T, seed uint64) *crashJob {
 		cj.Mode = marker.AtLeastOnce // no effect here: one input per subtask
 	}
 	for range 1 + r.IntN(4) {
-		f := fault{site: crashSites[r.IntN(len(crashSites))], times: 1}
-		switch f.site {
+		f := fault{Site: crashSites[r.IntN(len(crashSites))], Times: 1}
+		switch f.Site {
 		case "map":
-			f.at = 1 + r.IntN(int(cj.Records))
+			f.At = 1 + r.IntN(int(cj.Records))
 		case "write": // per buffer of records
-			f.at = 1 + r.IntN(15)
+			f.At = 1 + r.IntN(15)
 		case "endinput":
-			f.at = 1 + r.IntN(cj.Parallelism)
+			f.At = 1 + r.IntN(cj.Parallelism)
 		case "notify-drop":
-			f.at, f.times = 1+r.IntN(10), 1+r.IntN(4)
+			f.At, f.Times = 1+r.IntN(10), 1+r.IntN(4)
 		case "commit", "commit-after":
-			f.at, f.times = 1+r.IntN(8), 1+r.IntN(3)
+			f.At, f.Times = 1+r.IntN(8), 1+r.IntN(3)
 		case "rcommit", "rcommit-after", "rabort", "lingering", "abort":
 			// These run only after a failure (or at the end): few of them.
-			f.at, f.times = 1+r.IntN(3), 1+r.IntN(3)
+			f.At, f.Times = 1+r.IntN(3), 1+r.IntN(3)
 		default:
-			f.at = 1 + r.IntN(10)
+			f.At = 1 + r.IntN(10)
 		}
 		cj.Faults = append(cj.Faults, f)
 	}

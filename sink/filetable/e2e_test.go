@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/internal/inject"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/sink/filetable"
@@ -36,91 +37,11 @@ var (
 	crashRuns = flag.Int("filetable.runs", 200, "TestTableRandomCrashes: number of random runs")
 )
 
-var errInjected = errors.New("injected failure")
-
-// fault fails occurrences at .. at+times-1 (1-based, counted over every
-// subtask and attempt of a job) of a site; a sticky one fails every
-// occurrence from at on until the job fails.
-type fault struct {
-	site   string
-	at     int
-	times  int
-	sticky bool
-	// afterFail counts the occurrences from the job's first failure on
-	// (a fault of the restore).
-	afterFail bool
-}
-
-func (f fault) String() string {
-	s := fmt.Sprintf("%s@%d×%d", f.site, f.at, max(f.times, 1))
-	if f.sticky {
-		s = fmt.Sprintf("%s@%d+", f.site, f.at)
-	}
-	if f.afterFail {
-		s += "(after a failure)"
-	}
-	return s
-}
-
-// chaos counts the sites a job passes and injects its faults.
-type chaos struct {
-	mu       sync.Mutex
-	faults   []fault
-	failed   bool
-	counts   map[string]int
-	after    map[string]int // counts since the first job failure
-	fired    []string
-	active   map[int]bool
-	disarmed map[int]bool
-}
-
-func newChaos(faults ...fault) *chaos {
-	return &chaos{faults: faults, counts: map[string]int{}, after: map[string]int{}, active: map[int]bool{}, disarmed: map[int]bool{}}
-}
-
-func (c *chaos) hit(site string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.counts[site]++
-	if c.failed {
-		c.after[site]++
-	}
-	for i, f := range c.faults {
-		n := c.counts[site]
-		if f.afterFail {
-			if n = c.after[site]; !c.failed {
-				continue
-			}
-		}
-		if f.site != site || n < f.at {
-			continue
-		}
-		if f.sticky && !c.disarmed[i] || !f.sticky && n < f.at+max(f.times, 1) {
-			c.active[i] = f.sticky
-			c.fired = append(c.fired, fmt.Sprintf("%s#%d", site, n))
-			return fmt.Errorf("%w: %s #%d", errInjected, site, n)
-		}
-	}
-	return nil
-}
-
-// jobFailed disarms the sticky faults that fired.
-func (c *chaos) jobFailed() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.failed = true
-	for i, sticky := range c.active {
-		if sticky {
-			c.disarmed[i] = true
-		}
-	}
-}
-
-func (c *chaos) firedSites() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.fired)
-}
+// fault and chaos are the shared fault injection (internal/inject).
+type (
+	fault = inject.Fault
+	chaos = inject.Chaos
+)
 
 // fsChaos injects the "fs-" sites into the table's filesystem: the write
 // of a manifest, the link of a snapshot, and the sync of snapshot/ after
@@ -130,11 +51,11 @@ type fsChaos struct{ c *chaos }
 func (f fsChaos) MaybeError(op errorfs.Op) error {
 	switch {
 	case op.Kind == errorfs.OpFileWrite && strings.Contains(op.Path, "/manifest/"):
-		return f.c.hit("fs-manifest")
+		return f.c.Hit("fs-manifest")
 	case op.Kind == errorfs.OpLink && strings.Contains(op.Path, "/snapshot/"):
-		return f.c.hit("fs-link")
+		return f.c.Hit("fs-link")
 	case op.Kind == errorfs.OpFileSync && strings.HasSuffix(op.Path, "/snapshot"):
-		return f.c.hit("fs-sync-snapshot")
+		return f.c.Hit("fs-sync-snapshot")
 	}
 	return nil
 }
@@ -150,7 +71,7 @@ type chaosWriter struct {
 }
 
 func (w chaosWriter) Write(r rec) error {
-	if err := w.c.hit("write"); err != nil {
+	if err := w.c.Hit("write"); err != nil {
 		return err
 	}
 	return w.inner.Write(r)
@@ -161,14 +82,14 @@ func (w chaosWriter) Prepare(ckpt int64) ([]filetable.DataFile, error) {
 	if ckpt == sink.EndOfInput {
 		site = "prepare-end"
 	}
-	if err := w.c.hit(site); err != nil {
+	if err := w.c.Hit(site); err != nil {
 		return nil, err
 	}
 	files, err := w.inner.Prepare(ckpt)
 	if err != nil {
 		return nil, err
 	}
-	if err := w.c.hit(site + "-after"); err != nil {
+	if err := w.c.Hit(site + "-after"); err != nil {
 		return nil, err
 	}
 	return files, nil
@@ -186,21 +107,21 @@ type chaosCommitter struct {
 }
 
 func (t chaosCommitter) LatestCommitted(user string) (int64, bool, error) {
-	if err := t.c.hit("latest"); err != nil {
+	if err := t.c.Hit("latest"); err != nil {
 		return 0, false, err
 	}
 	return t.Table.LatestCommitted(user)
 }
 
 func (t chaosCommitter) Commit(user string, ckpt int64, files []filetable.DataFile) error {
-	if err := t.c.hit("commit"); err != nil {
+	if err := t.c.Hit("commit"); err != nil {
 		return err
 	}
 	time.Sleep(t.slow)
 	if err := t.Table.Commit(user, ckpt, files); err != nil {
 		return err
 	}
-	return t.c.hit("commit-after")
+	return t.c.Hit("commit-after")
 }
 
 // pacedSource reads its records chunk by chunk: record i waits until
@@ -227,14 +148,14 @@ func (s *pacedSource) Next(ctx *graph.Context) (rec, error) {
 type failing struct{ c *chaos }
 
 func (f failing) Process(_ *graph.Context, r rec, out graph.Collector[rec]) error {
-	if err := f.c.hit("map"); err != nil {
+	if err := f.c.Hit("map"); err != nil {
 		return err
 	}
 	out.Collect(r)
 	return nil
 }
 
-func (f failing) SnapshotState(*graph.SnapshotContext) error { return f.c.hit("snapshot") }
+func (f failing) SnapshotState(*graph.SnapshotContext) error { return f.c.Hit("snapshot") }
 
 // tableJob is source -> failing map -> writers -> committer into a file
 // table, at Parallelism, checkpointing every Interval.
@@ -269,7 +190,7 @@ type tableJob struct {
 
 func (tj *tableJob) build(t testing.TB) *graph.Job {
 	if tj.chaos == nil {
-		tj.chaos = newChaos(tj.Faults...)
+		tj.chaos = inject.New(tj.Faults...)
 	}
 	if tj.mem == nil {
 		tj.mem = vfs.NewMem()
@@ -300,7 +221,7 @@ func (tj *tableJob) build(t testing.TB) *graph.Job {
 		OnEvent: func(e graph.Event) {
 			switch e.Kind {
 			case graph.JobFailed:
-				tj.chaos.jobFailed()
+				tj.chaos.JobFailed()
 			case graph.CheckpointCompleted:
 				tj.completed.Add(1)
 			}
@@ -461,33 +382,33 @@ func TestTableFailureMatrix(t *testing.T) {
 		attempts int  // commit attempts, if not 2
 	}{
 		// Before the barrier: the records are in an open data file, replayed.
-		{"crash in a user function before the barrier", []fault{{site: "map", at: 900}}, true, 0},
-		{"crash writing a record", []fault{{site: "write", at: 600}}, true, 0},
-		{"prepare fails at the barrier", []fault{{site: "prepare", at: 4}}, true, 0},
+		{"crash in a user function before the barrier", []fault{{Site: "map", At: 900}}, true, 0},
+		{"crash writing a record", []fault{{Site: "write", At: 600}}, true, 0},
+		{"prepare fails at the barrier", []fault{{Site: "prepare", At: 4}}, true, 0},
 		// Prepared (durable files), the checkpoint never completes: the
 		// files are orphans, the records replayed.
-		{"crash after the writers prepared, before the checkpoint completes", []fault{{site: "prepare-after", at: 4}}, true, 0},
-		{"crash in a snapshot after the writers prepared", []fault{{site: "snapshot", at: 5}}, true, 0},
+		{"crash after the writers prepared, before the checkpoint completes", []fault{{Site: "prepare-after", At: 4}}, true, 0},
+		{"crash in a snapshot after the writers prepared", []fault{{Site: "snapshot", At: 5}}, true, 0},
 		// Completed, not committed: the restore commits from the state.
-		{"commit fails once (retried)", []fault{{site: "commit", at: 2}}, false, 0},
-		{"crash after completion before the commit", []fault{{site: "commit", at: 2, sticky: true}}, true, 0},
-		{"writing the manifest fails for good", []fault{{site: "fs-manifest", at: 2, sticky: true}}, true, 0},
-		{"the snapshot link fails for good", []fault{{site: "fs-link", at: 2, sticky: true}}, true, 0},
+		{"commit fails once (retried)", []fault{{Site: "commit", At: 2}}, false, 0},
+		{"crash after completion before the commit", []fault{{Site: "commit", At: 2, Sticky: true}}, true, 0},
+		{"writing the manifest fails for good", []fault{{Site: "fs-manifest", At: 2, Sticky: true}}, true, 0},
+		{"the snapshot link fails for good", []fault{{Site: "fs-link", At: 2, Sticky: true}}, true, 0},
 		// During the commit, after the snapshot link: committed, the
 		// committer does not know.
-		{"the sync after the link fails once (retried: committed)", []fault{{site: "fs-sync-snapshot", at: 2}}, false, 0},
-		{"crash during the commit after the link", []fault{{site: "fs-sync-snapshot", at: 2}}, true, 1},
+		{"the sync after the link fails once (retried: committed)", []fault{{Site: "fs-sync-snapshot", At: 2}}, false, 0},
+		{"crash during the commit after the link", []fault{{Site: "fs-sync-snapshot", At: 2}}, true, 1},
 		// Committed; the notification does not return.
-		{"crash after the commit before the notification returns", []fault{{site: "commit-after", at: 2}}, true, 1},
-		{"commit reported failed once after it took effect", []fault{{site: "commit-after", at: 3}}, false, 0},
+		{"crash after the commit before the notification returns", []fault{{Site: "commit-after", At: 2}}, true, 1},
+		{"commit reported failed once after it took effect", []fault{{Site: "commit-after", At: 3}}, false, 0},
 		// The restore.
-		{"the restore's LatestCommitted fails for good", []fault{{site: "commit", at: 2, sticky: true}, {site: "latest", at: 1, times: 2, afterFail: true}}, true, 0},
-		{"the restore's commit fails (retried)", []fault{{site: "commit", at: 2, sticky: true}, {site: "commit", at: 1, afterFail: true}}, true, 0},
-		{"the restore's commit fails for good", []fault{{site: "commit", at: 2, sticky: true}, {site: "commit", at: 1, times: 2, afterFail: true}}, true, 0},
-		{"the restore's commit fails after it took effect", []fault{{site: "commit", at: 2, sticky: true}, {site: "commit-after", at: 1, afterFail: true}}, true, 0},
+		{"the restore's LatestCommitted fails for good", []fault{{Site: "commit", At: 2, Sticky: true}, {Site: "latest", At: 1, Times: 2, AfterFail: true}}, true, 0},
+		{"the restore's commit fails (retried)", []fault{{Site: "commit", At: 2, Sticky: true}, {Site: "commit", At: 1, AfterFail: true}}, true, 0},
+		{"the restore's commit fails for good", []fault{{Site: "commit", At: 2, Sticky: true}, {Site: "commit", At: 1, Times: 2, AfterFail: true}}, true, 0},
+		{"the restore's commit fails after it took effect", []fault{{Site: "commit", At: 2, Sticky: true}, {Site: "commit-after", At: 1, AfterFail: true}}, true, 0},
 		// The end of the input.
-		{"crash at the last prepare", []fault{{site: "prepare-end", at: 1}}, true, 0},
-		{"crash after the last prepare", []fault{{site: "prepare-end-after", at: 1}}, true, 0},
+		{"crash at the last prepare", []fault{{Site: "prepare-end", At: 1}}, true, 0},
+		{"crash after the last prepare", []fault{{Site: "prepare-end-after", At: 1}}, true, 0},
 	}
 	for _, mode := range []marker.Mode{marker.Aligned, marker.Unaligned} {
 		for _, p := range []int{1, 3} {
@@ -500,7 +421,7 @@ func TestTableFailureMatrix(t *testing.T) {
 					}
 					err := tj.run(t)
 					require.NoError(t, err)
-					require.NotEmpty(t, tj.chaos.firedSites(), "the fault fired")
+					require.NotEmpty(t, tj.chaos.Fired(), "the fault fired")
 					fails := tj.failures()
 					if tc.failed {
 						require.NotEmpty(t, fails, "the job failed")
@@ -508,9 +429,9 @@ func TestTableFailureMatrix(t *testing.T) {
 						require.Empty(t, fails)
 					}
 					for _, err := range fails {
-						require.ErrorIs(t, err, errInjected)
+						require.ErrorIs(t, err, inject.ErrInjected)
 					}
-					require.NoError(t, tj.check(t), "fired %v, failures %v", tj.chaos.firedSites(), fails)
+					require.NoError(t, tj.check(t), "fired %v, failures %v", tj.chaos.Fired(), fails)
 				})
 			}
 		}
@@ -534,10 +455,10 @@ func TestTableUnalignedLateCommittables(t *testing.T) {
 				Restarts: 5, Retry: sink.Retry{Attempts: 1}, SlowCommit: time.Duration(i%3) * time.Millisecond,
 			}
 			if i%2 == 1 {
-				tj.Faults = []fault{{site: "commit", at: 2 + i}}
+				tj.Faults = []fault{{Site: "commit", At: 2 + i}}
 			}
 			require.NoError(t, tj.run(t))
-			require.NoError(t, tj.check(t), "fired %v, failures %v", tj.chaos.firedSites(), tj.failures())
+			require.NoError(t, tj.check(t), "fired %v, failures %v", tj.chaos.Fired(), tj.failures())
 		})
 	}
 }
@@ -574,11 +495,11 @@ func TestTableRandomCrashes(t *testing.T) {
 				tj.mu.Unlock()
 				t.Fatalf("seed %d: records=%d p=%d rate=%.0f interval=%v mode=%v target=%d faults=%v fired=%v failures=%v:\n%v\nlogs:\n  %s\nreplay: go test ./sink/filetable -run TestTableRandomCrashes -filetable.seed=%d",
 					seed, tj.Records, tj.Parallelism, tj.Rate, tj.Interval, tj.Mode, tj.TargetSize,
-					tj.Faults, tj.chaos.firedSites(), tj.failures(), err, logs, seed)
+					tj.Faults, tj.chaos.Fired(), tj.failures(), err, logs, seed)
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			for _, s := range tj.chaos.firedSites() {
+			for _, s := range tj.chaos.Fired() {
 				fired[strings.SplitN(s, "#", 2)[0]]++
 			}
 			if len(tj.failures()) > 0 {
@@ -614,18 +535,18 @@ func randomTableJob(seed uint64) *tableJob {
 		tj.TargetSize = int64(200 + r.IntN(4000))
 	}
 	for range 1 + r.IntN(4) {
-		f := fault{site: crashSites[r.IntN(len(crashSites))], times: 1 + r.IntN(2), sticky: r.IntN(4) == 0}
-		switch f.site {
+		f := fault{Site: crashSites[r.IntN(len(crashSites))], Times: 1 + r.IntN(2), Sticky: r.IntN(4) == 0}
+		switch f.Site {
 		case "map":
-			f.at = 1 + r.IntN(int(tj.Records))
+			f.At = 1 + r.IntN(int(tj.Records))
 		case "write":
-			f.at = 1 + r.IntN(int(tj.Records))
+			f.At = 1 + r.IntN(int(tj.Records))
 		case "prepare-end", "prepare-end-after":
-			f.at, f.sticky = 1+r.IntN(tj.Parallelism), false
+			f.At, f.Sticky = 1+r.IntN(tj.Parallelism), false
 		case "latest":
-			f.at = 1 + r.IntN(3)
+			f.At = 1 + r.IntN(3)
 		default:
-			f.at = 1 + r.IntN(12)
+			f.At = 1 + r.IntN(12)
 		}
 		tj.Faults = append(tj.Faults, f)
 	}

@@ -5,85 +5,16 @@ package postgres
 // hooks, counted over every subtask and attempt of a job.
 
 import (
-	"errors"
-	"fmt"
-	"slices"
-	"sync"
-
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/internal/inject"
 	"github.com/snapflow/snapflow/sink"
 )
 
-var errInjected = errors.New("injected failure")
-
-// fault fails occurrences at .. at+times-1 (1-based) of a site; a sticky
-// one fails every occurrence from at on until the job fails.
-type fault struct {
-	site   string
-	at     int
-	times  int
-	sticky bool
-}
-
-func (f fault) String() string {
-	if f.sticky {
-		return fmt.Sprintf("%s@%d+", f.site, f.at)
-	}
-	return fmt.Sprintf("%s@%d×%d", f.site, f.at, max(f.times, 1))
-}
-
-type chaos struct {
-	mu       sync.Mutex
-	faults   []fault
-	counts   map[string]int
-	fired    []string
-	active   map[int]bool
-	disarmed map[int]bool
-}
-
-func newChaos(faults ...fault) *chaos {
-	return &chaos{faults: faults, counts: map[string]int{}, active: map[int]bool{}, disarmed: map[int]bool{}}
-}
-
-func (c *chaos) hit(site string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.counts[site]++
-	n := c.counts[site]
-	for i, f := range c.faults {
-		if f.site != site || n < f.at {
-			continue
-		}
-		if f.sticky && !c.disarmed[i] || !f.sticky && n < f.at+max(f.times, 1) {
-			c.active[i] = f.sticky
-			c.fired = append(c.fired, fmt.Sprintf("%s#%d", site, n))
-			return fmt.Errorf("%w: %s #%d", errInjected, site, n)
-		}
-	}
-	return nil
-}
-
-func (c *chaos) jobFailed() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i, sticky := range c.active {
-		if sticky {
-			c.disarmed[i] = true
-		}
-	}
-}
-
-func (c *chaos) firedSites() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.fired)
-}
-
-func (c *chaos) count(site string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.counts[site]
-}
+// fault and chaos are the shared fault injection (internal/inject).
+type (
+	fault = inject.Fault
+	chaos = inject.Chaos
+)
 
 // chaosPG is the PostgreSQL committer with faults around every
 // operation; "-after" sites fail after the operation took effect (the
@@ -100,28 +31,28 @@ var (
 )
 
 func (f chaosPG) Begin(id sink.TxnID) (*Txn, error) {
-	if err := f.c.hit("begin"); err != nil {
+	if err := f.c.Hit("begin"); err != nil {
 		return nil, err
 	}
 	return f.Sink.Begin(id)
 }
 
 func (f chaosPG) Write(h *Txn, r rec) error {
-	if err := f.c.hit("write"); err != nil {
+	if err := f.c.Hit("write"); err != nil {
 		return err
 	}
 	return f.Sink.Write(h, r)
 }
 
 func (f chaosPG) WriteBatch(h *Txn, rs []rec) error {
-	if err := f.c.hit("write"); err != nil {
+	if err := f.c.Hit("write"); err != nil {
 		return err
 	}
 	return f.Sink.WriteBatch(h, rs)
 }
 
 func (f chaosPG) PreCommit(h *Txn, ckpt int64) error {
-	if err := f.c.hit("precommit"); err != nil {
+	if err := f.c.Hit("precommit"); err != nil {
 		return err
 	}
 	if err := f.Sink.PreCommit(h, ckpt); err != nil {
@@ -129,7 +60,7 @@ func (f chaosPG) PreCommit(h *Txn, ckpt int64) error {
 	}
 	// Prepared, but the reply is lost: the snapshot fails, and the abort
 	// at the close must roll back the prepared transaction.
-	if err := f.c.hit("precommit-after"); err != nil {
+	if err := f.c.Hit("precommit-after"); err != nil {
 		h.conn = nil
 		return err
 	}
@@ -137,13 +68,13 @@ func (f chaosPG) PreCommit(h *Txn, ckpt int64) error {
 }
 
 func (f chaosPG) commit(site string, h *Txn, commit func(*Txn) error) error {
-	if err := f.c.hit(site); err != nil {
+	if err := f.c.Hit(site); err != nil {
 		return err
 	}
 	if err := commit(h); err != nil {
 		return err
 	}
-	return f.c.hit(site + "-after")
+	return f.c.Hit(site + "-after")
 }
 
 func (f chaosPG) Commit(h *Txn) error { return f.commit("commit", h, f.Sink.Commit) }
@@ -155,7 +86,7 @@ func (f chaosPG) RecoverAndCommit(h *Txn) error {
 // Abort fails as an abort does in practice: the connection is lost (the
 // server rolls the open transaction back).
 func (f chaosPG) Abort(h *Txn) error {
-	if err := f.c.hit("abort"); err != nil {
+	if err := f.c.Hit("abort"); err != nil {
 		if h.conn != nil {
 			discard(h.conn)
 			h.conn = nil
@@ -166,20 +97,20 @@ func (f chaosPG) Abort(h *Txn) error {
 }
 
 func (f chaosPG) RecoverAndAbort(h *Txn) error {
-	if err := f.c.hit("rabort"); err != nil {
+	if err := f.c.Hit("rabort"); err != nil {
 		return err
 	}
 	return f.Sink.RecoverAndAbort(h)
 }
 
 func (f chaosPG) AbortStale(s sink.Stale) error {
-	if err := f.c.hit("stale"); err != nil {
+	if err := f.c.Hit("stale"); err != nil {
 		return err
 	}
 	if err := f.Sink.AbortStale(s); err != nil {
 		return err
 	}
-	return f.c.hit("stale-after")
+	return f.c.Hit("stale-after")
 }
 
 // noStale hides AbortStale (the negative control of the stale test).
@@ -219,31 +150,31 @@ func (s *chaosSink) NotifyCheckpointAborted(id int64) error {
 func (s *chaosSink) Close() error { return s.inner.Close() }
 
 func (s *chaosSink) SnapshotState(ctx *graph.SnapshotContext) error {
-	if err := s.c.hit("snapshot-before"); err != nil {
+	if err := s.c.Hit("snapshot-before"); err != nil {
 		return err
 	}
 	if err := s.inner.SnapshotState(ctx); err != nil {
 		return err
 	}
-	return s.c.hit("snapshot-after")
+	return s.c.Hit("snapshot-after")
 }
 
 func (s *chaosSink) NotifyCheckpointComplete(id int64) error {
-	if !s.ended && s.c.hit("notify-drop") != nil {
+	if !s.ended && s.c.Hit("notify-drop") != nil {
 		return nil
 	}
-	if err := s.c.hit("notify-before"); err != nil {
+	if err := s.c.Hit("notify-before"); err != nil {
 		return err
 	}
 	if err := s.inner.NotifyCheckpointComplete(id); err != nil {
 		return err
 	}
-	return s.c.hit("notify-after")
+	return s.c.Hit("notify-after")
 }
 
 func (s *chaosSink) EndInput(ctx *graph.Context) error {
 	s.ended = true
-	if err := s.c.hit("endinput"); err != nil {
+	if err := s.c.Hit("endinput"); err != nil {
 		return err
 	}
 	return s.inner.EndInput(ctx)
@@ -253,7 +184,7 @@ func (s *chaosSink) EndInput(ctx *graph.Context) error {
 type failing struct{ c *chaos }
 
 func (f failing) Process(_ *graph.Context, r rec, out graph.Collector[rec]) error {
-	if err := f.c.hit("map"); err != nil {
+	if err := f.c.Hit("map"); err != nil {
 		return err
 	}
 	out.Collect(r)

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snapflow/snapflow/internal/inject"
+
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -104,7 +106,7 @@ func (j *pgJob) logf(f string, a ...any) {
 func (j *pgJob) build(t testing.TB) *graph.Job {
 	j.setup(t)
 	if j.chaos == nil {
-		j.chaos = newChaos(j.Faults...)
+		j.chaos = inject.New(j.Faults...)
 	}
 	ck := graph.CheckpointConfig{Interval: j.Interval, Mode: j.Mode, MaxConcurrent: j.Concurrent, TolerableFailures: -1, Retain: 1}
 	if j.Interval > 0 {
@@ -122,7 +124,7 @@ func (j *pgJob) build(t testing.TB) *graph.Job {
 		Logf:        j.logf,
 		OnEvent: func(e graph.Event) {
 			if e.Kind == graph.JobFailed {
-				j.chaos.jobFailed()
+				j.chaos.JobFailed()
 			}
 			j.mu.Lock()
 			j.events = append(j.events, e)
@@ -217,7 +219,7 @@ func (j *pgJob) describe() string {
 	j.mu.Unlock()
 	return fmt.Sprintf("%s records=%d p=%d rate=%.0f interval=%v mode=%v concurrent=%d write=%v batch=%d retry=%d faults=%v fired=%v failures=%v\nlogs:\n  %s",
 		j.Name, j.Records, j.Parallelism, j.Rate, j.Interval, j.Mode, j.Concurrent, j.Write, j.BatchRows, j.Retry.Attempts,
-		j.Faults, j.chaos.firedSites(), j.failures(), logs)
+		j.Faults, j.chaos.Fired(), j.failures(), logs)
 }
 
 // TestPostgresFailureMatrix runs the timelines of a two-phase commit with
@@ -233,33 +235,33 @@ func TestPostgresFailureMatrix(t *testing.T) {
 	}{
 		// Before the barrier: records in the open transaction, rolled back
 		// with its connection, replayed.
-		{"crash in a user function before the barrier", []fault{{site: "map", at: 1500}}, 1},
-		{"crash writing to the open transaction", []fault{{site: "write", at: 20}}, 1},
-		{"crash beginning a transaction", []fault{{site: "begin", at: 5}}, 1},
+		{"crash in a user function before the barrier", []fault{{Site: "map", At: 1500}}, 1},
+		{"crash writing to the open transaction", []fault{{Site: "write", At: 20}}, 1},
+		{"crash beginning a transaction", []fault{{Site: "begin", At: 5}}, 1},
 		// At the barrier, before PREPARE is done.
-		{"crash at the barrier before the pre-commit", []fault{{site: "snapshot-before", at: 6}}, 1},
-		{"pre-commit fails before PREPARE", []fault{{site: "precommit", at: 6}}, 1},
-		{"PREPARE done, its reply lost", []fault{{site: "precommit-after", at: 6}}, 1},
+		{"crash at the barrier before the pre-commit", []fault{{Site: "snapshot-before", At: 6}}, 1},
+		{"pre-commit fails before PREPARE", []fault{{Site: "precommit", At: 6}}, 1},
+		{"PREPARE done, its reply lost", []fault{{Site: "precommit-after", At: 6}}, 1},
 		// Prepared; the checkpoint never completes: rolled back on restore.
-		{"crash after PREPARE before the checkpoint completes", []fault{{site: "snapshot-after", at: 6}}, 1},
-		{"crash after the first PREPARE, no checkpoint completed yet", []fault{{site: "snapshot-after", at: 1}}, 1},
+		{"crash after PREPARE before the checkpoint completes", []fault{{Site: "snapshot-after", At: 6}}, 1},
+		{"crash after the first PREPARE, no checkpoint completed yet", []fault{{Site: "snapshot-after", At: 1}}, 1},
 		// Completed, not committed: the notification is lost.
-		{"crash after completion before the commit", []fault{{site: "notify-before", at: 4}}, 1},
-		{"lost notifications, no failure", []fault{{site: "notify-drop", at: 2, times: 4}}, 0},
+		{"crash after completion before the commit", []fault{{Site: "notify-before", At: 4}}, 1},
+		{"lost notifications, no failure", []fault{{Site: "notify-drop", At: 2, Times: 4}}, 0},
 		// During the commit.
-		{"COMMIT PREPARED fails once (retried)", []fault{{site: "commit", at: 3}}, 0},
-		{"COMMIT PREPARED fails for good (the restore commits)", []fault{{site: "commit", at: 3, sticky: true}}, 1},
-		{"COMMIT PREPARED done, its reply lost (retried)", []fault{{site: "commit-after", at: 3}}, 0},
-		{"COMMIT PREPARED done, every reply lost", []fault{{site: "commit-after", at: 3, sticky: true}}, 1},
+		{"COMMIT PREPARED fails once (retried)", []fault{{Site: "commit", At: 3}}, 0},
+		{"COMMIT PREPARED fails for good (the restore commits)", []fault{{Site: "commit", At: 3, Sticky: true}}, 1},
+		{"COMMIT PREPARED done, its reply lost (retried)", []fault{{Site: "commit-after", At: 3}}, 0},
+		{"COMMIT PREPARED done, every reply lost", []fault{{Site: "commit-after", At: 3, Sticky: true}}, 1},
 		// Committed; the notification did not return.
-		{"crash after the commit before the notification returns", []fault{{site: "notify-after", at: 4}}, 1},
+		{"crash after the commit before the notification returns", []fault{{Site: "notify-after", At: 4}}, 1},
 		// During the recovery.
-		{"recover-and-commit fails", []fault{{site: "notify-before", at: 4}, {site: "rcommit", at: 1, sticky: true}}, 2},
-		{"recover-and-commit done, its reply lost", []fault{{site: "notify-before", at: 4}, {site: "rcommit-after", at: 1}}, 1},
-		{"recover-and-abort fails", []fault{{site: "snapshot-after", at: 6}, {site: "rabort", at: 1, sticky: true}}, 2},
-		{"abort of stale transactions fails", []fault{{site: "snapshot-after", at: 6}, {site: "stale", at: 1, sticky: true}}, 2},
+		{"recover-and-commit fails", []fault{{Site: "notify-before", At: 4}, {Site: "rcommit", At: 1, Sticky: true}}, 2},
+		{"recover-and-commit done, its reply lost", []fault{{Site: "notify-before", At: 4}, {Site: "rcommit-after", At: 1}}, 1},
+		{"recover-and-abort fails", []fault{{Site: "snapshot-after", At: 6}, {Site: "rabort", At: 1, Sticky: true}}, 2},
+		{"abort of stale transactions fails", []fault{{Site: "snapshot-after", At: 6}, {Site: "stale", At: 1, Sticky: true}}, 2},
 		// At the end of the input.
-		{"crash at the end of input", []fault{{site: "endinput", at: 1}}, 1},
+		{"crash at the end of input", []fault{{Site: "endinput", At: 1}}, 1},
 	}
 	// One database, a table and a sink uid per case, several cases at
 	// once (see TestPostgresRandomCrashes).
@@ -277,11 +279,11 @@ func TestPostgresFailureMatrix(t *testing.T) {
 					if err := j.run(t); err != nil {
 						t.Fatalf("%v\n%s", err, j.describe())
 					}
-					require.NotEmpty(t, j.chaos.firedSites(), "the fault fired: %s", j.describe())
+					require.NotEmpty(t, j.chaos.Fired(), "the fault fired: %s", j.describe())
 					fails := j.failures()
 					require.Len(t, fails, tc.restarts, "job failures: %s", j.describe())
 					for _, err := range fails {
-						require.ErrorIs(t, err, errInjected)
+						require.ErrorIs(t, err, inject.ErrInjected)
 					}
 					if err := j.check(t); err != nil {
 						t.Fatalf("%v\n%s", err, j.describe())
@@ -340,23 +342,23 @@ func randomJob(seed uint64, dsn string) *pgJob {
 		j.Mode = marker.AtLeastOnce // no effect here: one input per subtask
 	}
 	for range 1 + r.IntN(4) {
-		f := fault{site: crashSites[r.IntN(len(crashSites))], times: 1}
-		switch f.site {
+		f := fault{Site: crashSites[r.IntN(len(crashSites))], Times: 1}
+		switch f.Site {
 		case "map":
-			f.at = 1 + r.IntN(int(j.Records))
+			f.At = 1 + r.IntN(int(j.Records))
 		case "write": // per buffer of records
-			f.at = 1 + r.IntN(15)
+			f.At = 1 + r.IntN(15)
 		case "endinput":
-			f.at = 1 + r.IntN(j.Parallelism)
+			f.At = 1 + r.IntN(j.Parallelism)
 		case "notify-drop":
-			f.at, f.times = 1+r.IntN(10), 1+r.IntN(4)
+			f.At, f.Times = 1+r.IntN(10), 1+r.IntN(4)
 		case "commit", "commit-after":
-			f.at, f.times = 1+r.IntN(8), 1+r.IntN(3)
+			f.At, f.Times = 1+r.IntN(8), 1+r.IntN(3)
 		case "rcommit", "rcommit-after", "rabort", "abort", "stale", "stale-after":
 			// These run only after a failure (or at the end): few of them.
-			f.at, f.times = 1+r.IntN(3), 1+r.IntN(3)
+			f.At, f.Times = 1+r.IntN(3), 1+r.IntN(3)
 		default:
-			f.at = 1 + r.IntN(10)
+			f.At = 1 + r.IntN(10)
 		}
 		j.Faults = append(j.Faults, f)
 	}
@@ -406,7 +408,7 @@ func randomRun(t *testing.T, seed uint64, dsn string, mu *sync.Mutex, fired map[
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	for _, s := range j.chaos.firedSites() {
+	for _, s := range j.chaos.Fired() {
 		fired[strings.SplitN(s, "#", 2)[0]]++
 	}
 	if len(j.failures()) > 0 {

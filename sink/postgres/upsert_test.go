@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snapflow/snapflow/internal/inject"
+
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -60,7 +62,7 @@ func (s *chaosUpsert) WriteBatch(ctx *graph.Context, rs []rec) error {
 			return err
 		}
 		if s.inner.flushes > n {
-			if err := s.c.hit("flush-after"); err != nil {
+			if err := s.c.Hit("flush-after"); err != nil {
 				return err
 			}
 		}
@@ -72,7 +74,7 @@ func (s *chaosUpsert) SnapshotState(ctx *graph.SnapshotContext) error {
 	if err := s.inner.SnapshotState(ctx); err != nil {
 		return err
 	}
-	return s.c.hit("snapshot-after")
+	return s.c.Hit("snapshot-after")
 }
 
 // runJob runs source(m) -> failing map -> sink with faults, restarting.
@@ -86,7 +88,7 @@ func runJob(t *testing.T, name string, m int64, p int, c *chaos, newSink func() 
 		Logf:        func(string, ...any) {},
 		OnEvent: func(e graph.Event) {
 			if e.Kind == graph.JobFailed {
-				c.jobFailed()
+				c.JobFailed()
 				failures = append(failures, e.Err)
 			}
 		},
@@ -174,7 +176,7 @@ func TestUpsertConverges(t *testing.T) {
 	}
 
 	createAuditedKV(t, pool, "clean")
-	c := newChaos()
+	c := inject.New()
 	require.Empty(t, runJob(t, "clean", m, p, c, newUpsert("clean", c)))
 	want := kvExpected(m)
 	require.Equal(t, want, readKV(t, pool, "clean"))
@@ -182,7 +184,7 @@ func TestUpsertConverges(t *testing.T) {
 	require.Zero(t, cleanReplayed, "no statement ran twice without a failure")
 
 	createAuditedKV(t, pool, "crashed")
-	c = newChaos(fault{site: "flush-after", at: 8}, fault{site: "flush-after", at: 20})
+	c = inject.New(fault{Site: "flush-after", At: 8}, fault{Site: "flush-after", At: 20})
 	fails := runJob(t, "crashed", m, p, c, newUpsert("crashed", c))
 	require.Len(t, fails, 2, "%v", fails)
 	require.Equal(t, want, readKV(t, pool, "crashed"), "the table converges to the failure-free result")
@@ -224,7 +226,7 @@ func TestUpsertNotEnough(t *testing.T) {
 	cols := []string{"write_id", "id", "written_at"}
 	// The same crash for both: after the rows of a checkpoint reached the
 	// table (flushed, or prepared) and before that checkpoint completed.
-	crash := func() *chaos { return newChaos(fault{site: "snapshot-after", at: 5}) }
+	crash := func() *chaos { return inject.New(fault{Site: "snapshot-after", At: 5}) }
 
 	createAppendOnly(t, pool, "alo")
 	u, err := NewUpsert(context.Background(), pool, UpsertConfig[rec]{
