@@ -186,11 +186,25 @@ var errTruncated = errors.New("truncated msgpack value")
 // bounds what the msgpack decoder allocates for any length header. (v5.4.1
 // sizes a decoded slice from the header without a limit.)
 func checkValue(b []byte) error {
+	n, err := valueLen(b)
+	if err != nil {
+		return err
+	}
+	if n != len(b) {
+		return fmt.Errorf("%d trailing bytes after msgpack value", len(b)-n)
+	}
+	return nil
+}
+
+// valueLen returns the length of the well-formed msgpack value at the
+// start of b, checked as checkValue checks it (the Pebble tables split a
+// stored key into the key and the user key with it).
+func valueLen(b []byte) (int, error) {
 	pending := uint64(1) // values still to read
 	i := 0
 	for pending > 0 {
 		if i >= len(b) {
-			return errTruncated
+			return 0, errTruncated
 		}
 		c := b[i]
 		i++
@@ -210,7 +224,7 @@ func checkValue(b []byte) error {
 			switch c {
 			case 0xc0, 0xc2, 0xc3: // nil, false, true
 			case 0xc1:
-				return fmt.Errorf("reserved msgpack code 0xc1 at offset %d", i-1)
+				return 0, fmt.Errorf("reserved msgpack code 0xc1 at offset %d", i-1)
 			case 0xc4, 0xd9: // bin8, str8
 				hdr = 1
 			case 0xc5, 0xda: // bin16, str16
@@ -243,7 +257,7 @@ func checkValue(b []byte) error {
 				hdr = 4
 			}
 			if len(b)-i < hdr {
-				return errTruncated
+				return 0, errTruncated
 			}
 			var n uint64
 			switch hdr {
@@ -265,16 +279,13 @@ func checkValue(b []byte) error {
 			}
 		}
 		if skip > uint64(len(b)-i) {
-			return errTruncated
+			return 0, errTruncated
 		}
 		i += int(skip)
 		pending += children
 		if pending > uint64(len(b)-i) {
-			return fmt.Errorf("msgpack value declares %d more values than the %d bytes left", pending, len(b)-i)
+			return 0, fmt.Errorf("msgpack value declares %d more values than the %d bytes left", pending, len(b)-i)
 		}
 	}
-	if i != len(b) {
-		return fmt.Errorf("%d trailing bytes after msgpack value", len(b)-i)
-	}
-	return nil
+	return i, nil
 }

@@ -259,6 +259,7 @@ func TestMutableValuesEncodedAtFreeze(t *testing.T) {
 // page; while it is live, only the first write to each page does (S7 stays
 // true for every later write).
 func TestWritesAfterReleaseInPlace(t *testing.T) {
+	skipOnPebble(t, "it inspects the heap tables")
 	f := newCOWFixture(t, 10*pageSize)
 	touchAll := func() {
 		for i, k := range f.keys {

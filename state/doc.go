@@ -307,8 +307,9 @@
 // encode (valueCodec: msgpack, the caller's Codec, the TTL timestamp in
 // front, lists of bin elements), the descriptor entry, and, with a TTL,
 // which values are expired at a given time (live, prune). newTable and
-// newMapTable are the one place each that picks the implementation; today
-// that is cowTable and cowMapTable.
+// newMapTable are the one place each that picks the implementation:
+// cowTable and cowMapTable, or pebbleTable and pebbleMapTable for a
+// backend built by NewPebbleKeyedBackend (see "Pebble engine").
 //
 // A Pebble table keeps values encoded, under byte keys built in a reused
 // buffer: [key group, 2 bytes big-endian][state id, a varint assigned at
@@ -346,4 +347,58 @@
 // The backend-level parts (key-group range, current key, time, restored
 // entries with their S2 and S11 checks, registration, S3 carry-over,
 // KeyedSnapshot) stay shared.
+//
+// # Pebble engine (first step)
+//
+// NewPebbleKeyedBackend(PebbleEngine{Dir, FS, CacheSize, MemTableSize},
+// ...) builds a backend whose registered states live in one Pebble
+// instance per subtask (pebble.go), in a fresh working directory under Dir
+// (default os.TempDir(); never the checkpoint directory) that Close
+// removes. NewKeyedBackend keeps the heap, which stays the default; graph
+// does not select Pebble yet. Close (a no-op on the heap) closes the
+// instance and any view not released.
+//
+// What it does, as designed above: keys [key group, 2 bytes][state id, 2
+// bytes big-endian, assigned at registration, meaningful only within the
+// instance][key][user key]; values the bytes the heap snapshot writes
+// (the spec's codec, TTL stamps and list framing included), so a Pebble
+// view encodes the stored bytes as they are, in key order, with no
+// sorting: its KeyGroupState records equal the heap's (S1,
+// TestPebbleSnapshotBytes, TestPebbleModel, and the whole suite with
+// -state.engine=pebble). The WAL is off (state is rebuilt from
+// checkpoints), writes use NoSync, and L0 has a bloom filter (a new key's
+// first read misses). The stored key of the current key is built once per
+// SetCurrentKey in a reused buffer, and whether it exists is remembered
+// from the record's read, so a counter's read and write are one Get and one
+// Set and, for the fast-path types of codec.go (decodeFast), allocate
+// nothing (TestPebbleGetNoAlloc); other values allocate what the msgpack
+// decoder allocates. No write-back cache or indexed batch: see the
+// measurements in BenchmarkPebbleCounter. freeze is db.NewSnapshot on the
+// subtask goroutine (S8); Encode iterates the snapshot on any goroutine
+// (S9) and decodes only TTL values (to skip expired ones and prune lists
+// at the time of Freeze, S12). Restore is unchanged up to registration:
+// NewKeyedBackend's checks (S2, S11), carry-over of unregistered states
+// (S3); registration decodes every restored value (S6 errors as on the
+// heap), encodes key and value again as a write would, sorts, checks
+// duplicates and writes them in batches. The TTL decorators are shared;
+// sweep iterates the state's entries after a cursor (one iterator per
+// access, seeking over other states' keys).
+//
+// Differences from the heap engine: values are encoded at the write, so a
+// value changed in place after Update is not changed in the state (as in
+// Flink's RocksDB backend), and an encoding failure (a codec panic)
+// panics at the write instead of failing the snapshot; two distinct keys
+// with the same encoding are one entry instead of a snapshot error;
+// MapState.Len and Clear iterate the key's entries; and values of
+// non-fast-path types allocate on every read (S7 and S13 hold for the
+// fast-path types only).
+//
+// Not done yet (later steps): asynchronous file snapshots (checkpointing
+// sstables instead of encoding KeyGroupState records), incremental
+// checkpoints, restore by ingesting built sstables and DeleteRange of lost
+// key groups (today restore goes through KeyGroupState records and batches,
+// into a fresh instance), the metadata key recording each state id's name
+// and descriptor, compaction-time TTL cleanup (the block-property
+// collector above), a graph option to select the engine, and timers in a
+// time-ordered keyspace.
 package state

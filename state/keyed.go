@@ -37,6 +37,23 @@ type KeyedBackend[K comparable] struct {
 	// its entries sorted by (key group, raw key, raw user key). It moves
 	// into a table when its name is registered.
 	restored map[string]*restoredState[K]
+	// peb is the Pebble instance that stores the registered states
+	// (NewPebbleKeyedBackend); nil: the heap.
+	peb *pebbleStore
+}
+
+// Close releases the storage of the backend: for a Pebble backend, it
+// closes the instance (and the snapshots of views not released yet) and
+// removes its working directory; for the heap it does nothing. Call it on
+// the backend's goroutine, after every Encode returned; the backend and
+// its handles must not be used afterwards.
+func (b *KeyedBackend[K]) Close() error {
+	if b.peb == nil {
+		return nil
+	}
+	err := b.peb.close()
+	b.peb = nil
+	return err
 }
 
 // keyedState is a registered state handle as the backend sees it.
@@ -87,6 +104,14 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		kg:       -1,
 		states:   make(map[string]keyedState[K]),
 		restored: make(map[string]*restoredState[K]),
+	}
+	if testEngine != nil {
+		// Tests run the suites on Pebble (-state.engine=pebble).
+		s, err := openPebbleStore(*testEngine, r)
+		if err != nil {
+			return nil, err
+		}
+		b.peb = s
 	}
 	dec := newDecoder()
 	for _, g := range restored {

@@ -100,6 +100,9 @@ type chain struct {
 // on success (S3). It is the one place that picks a map table
 // implementation.
 func newMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name string, sp *spec[MapKey[K, UK], V]) (mapTable[K, UK, V], error) {
+	if b.peb != nil {
+		return newPebbleMapTable(b, name, sp)
+	}
 	es := b.restoredEntries(name)
 	m := &cowMapTable[K, UK, V]{
 		t:      newCOWTableSpec(len(es), sp, &b.gen, &b.now),

@@ -92,6 +92,9 @@ func plainSpec[K comparable, V any](immutable bool) *spec[K, V] {
 // entries of that name. Those move from the backend into the table only on
 // success (S3). This is the one place that picks a table implementation.
 func newTable[K comparable, V any](b *KeyedBackend[K], name string, sp *spec[K, V]) (table[K, V], error) {
+	if b.peb != nil {
+		return newPebbleTable(b, name, sp)
+	}
 	var es []restoredEntry[K]
 	if rs := b.restored[name]; rs != nil {
 		es = rs.es

@@ -81,6 +81,7 @@ func TestTTLValue(t *testing.T) {
 // NeverReturnExpired and yields them under ReturnExpiredIfNotCleanedUp,
 // removing none.
 func TestTTLAllVisibility(t *testing.T) {
+	skipOnPebble(t, "it inspects the heap tables")
 	for _, cfg := range ttlModes {
 		t.Run(modeName(cfg), func(t *testing.T) {
 			b := newBackend[int](t, all, nil)
@@ -351,6 +352,7 @@ func TestTTLSnapshotCleanup(t *testing.T) {
 // list states too, keeping the per-key chains intact); with the cleanup
 // off they stay until read or snapshotted.
 func TestTTLIncrementalCleanup(t *testing.T) {
+	skipOnPebble(t, "it inspects the heap tables")
 	for _, cleanup := range []int{0, 3, -1} {
 		t.Run(fmt.Sprint("cleanup=", cleanup), func(t *testing.T) {
 			b := newBackend[int](t, all, nil)

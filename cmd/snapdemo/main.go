@@ -71,6 +71,12 @@ func (s *pacedSource) Next(ctx *graph.Context) (Signal, error) {
 	pos := s.Position()
 	if pos < int64(len(s.sigs)) {
 		if off := s.sigs[pos].Offset; ctx.Task().Attempt == 0 && off == s.failAt {
+			// Fail once a checkpoint covering some signals completed, so
+			// there is one to restore (on a slow machine the first ones
+			// may still be in flight).
+			if !s.story.restorable() {
+				return Signal{}, graph.ErrNoRecord
+			}
 			return Signal{}, fmt.Errorf("Oops! Handle device signals failed! offset: %d, device: %s", off, s.sigs[pos].Device)
 		}
 		// Pace the replay without blocking the subtask's mailbox.
@@ -157,6 +163,21 @@ type story struct {
 	mu    sync.Mutex
 	cover map[int64]int64 // checkpoint -> source position (signals read)
 	seen  map[int][]Row   // attempt -> rows processed
+	done  bool            // a checkpoint that read signals completed
+}
+
+func (s *story) completed(id int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cover[id] > 0 {
+		s.done = true
+	}
+}
+
+func (s *story) restorable() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.done
 }
 
 func (s *story) covered(id, pos int64) {
@@ -242,6 +263,7 @@ func run(ctx context.Context, out io.Writer, o options) error {
 		OnEvent: func(ev graph.Event) {
 			switch ev.Kind {
 			case graph.CheckpointCompleted:
+				st.completed(ev.CheckpointID)
 				_, covered := st.coverage(ev.CheckpointID)
 				fmt.Fprintf(w, "%s checkpoint %d completed (%s)\n", ts(), ev.CheckpointID, covered)
 			case graph.CheckpointAborted:

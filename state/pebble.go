@@ -1,0 +1,1009 @@
+package state
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/keygroup"
+)
+
+// PebbleEngine stores the keyed state of a KeyedBackend in one Pebble
+// instance instead of on the heap (NewPebbleKeyedBackend). See "Pebble
+// engine" in doc.go.
+type PebbleEngine struct {
+	// Dir is the directory in which the instance gets a working directory
+	// of its own (a fresh subdirectory, removed by Close). It must not be
+	// the checkpoint directory. Empty: os.TempDir().
+	Dir string
+	// FS is the file system (nil: vfs.Default). vfs.NewMem() keeps the
+	// instance in memory (tests).
+	FS vfs.FS
+	// CacheSize is the block cache size in bytes (0: 8 MiB).
+	CacheSize int64
+	// MemTableSize is the size of one memtable in bytes (0: 16 MiB).
+	MemTableSize uint64
+}
+
+// pebbleStore is the Pebble instance of one backend.
+type pebbleStore struct {
+	db     *pebble.DB
+	fs     vfs.FS
+	dir    string
+	kgs    keygroup.Range
+	nextID uint32
+	// snaps holds the snapshots of the views not released yet, closed by
+	// Close at the latest.
+	snaps map[*pebble.Snapshot]struct{}
+}
+
+// pebbleDirs numbers the working directories made on a non-OS file system.
+var pebbleDirs atomic.Uint64
+
+// NewPebbleKeyedBackend is NewKeyedBackend with the state stored in a new
+// Pebble instance configured by eng. The restored state is checked as
+// NewKeyedBackend checks it and loaded into the instance state by state,
+// when the state is registered (until then it is carried over, S3). Close
+// the backend to close the instance and remove its working directory.
+func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState) (*KeyedBackend[K], error) {
+	b, err := NewKeyedBackend[K](r, maxParallelism, restored)
+	if err != nil {
+		return nil, err
+	}
+	s, err := openPebbleStore(eng, r)
+	if err != nil {
+		return nil, err
+	}
+	if b.peb != nil { // testEngine
+		_ = b.peb.close()
+	}
+	b.peb = s
+	return b, nil
+}
+
+// testEngine, set only by tests (-state.engine=pebble), makes
+// NewKeyedBackend store its state in Pebble, so that every test of the
+// package runs on both engines.
+var testEngine *PebbleEngine
+
+func openPebbleStore(eng PebbleEngine, r keygroup.Range) (*pebbleStore, error) {
+	fs := eng.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
+	parent := eng.Dir
+	if parent == "" {
+		parent = os.TempDir()
+	}
+	var dir string
+	if fs == vfs.Default {
+		d, err := os.MkdirTemp(parent, "snapflow-keyed-")
+		if err != nil {
+			return nil, fmt.Errorf("state: creating the Pebble working directory: %w", err)
+		}
+		dir = d
+	} else {
+		dir = fs.PathJoin(parent, fmt.Sprintf("snapflow-keyed-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), pebbleDirs.Add(1)))
+		if err := fs.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("state: creating the Pebble working directory: %w", err)
+		}
+	}
+	cacheSize := eng.CacheSize
+	if cacheSize <= 0 {
+		cacheSize = 8 << 20
+	}
+	mem := eng.MemTableSize
+	if mem == 0 {
+		mem = 16 << 20
+	}
+	c := pebble.NewCache(cacheSize)
+	defer c.Unref()
+	opts := &pebble.Options{
+		FS:           fs,
+		Cache:        c,
+		MemTableSize: mem,
+		// State is rebuilt from checkpoints, never from the instance, as
+		// in Flink's RocksDB backend: no WAL.
+		DisableWAL: true,
+		Logger:     quietLogger{},
+	}
+	// Point reads of absent keys (a new key's first record) skip the
+	// sstables by their bloom filters (the other levels inherit L0's).
+	opts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		_ = fs.RemoveAll(dir)
+		return nil, fmt.Errorf("state: opening Pebble in %s: %w", dir, err)
+	}
+	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, snaps: make(map[*pebble.Snapshot]struct{})}, nil
+}
+
+// quietLogger drops Pebble's informational logs.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)         {}
+func (quietLogger) Errorf(f string, args ...any) { fmt.Fprintf(os.Stderr, "pebble: "+f+"\n", args...) }
+func (quietLogger) Fatalf(f string, args ...any) { panic(fmt.Sprintf("pebble: "+f, args...)) }
+
+// close closes the snapshots still open, the instance, and removes the
+// working directory.
+func (s *pebbleStore) close() error {
+	for sn := range s.snaps {
+		_ = sn.Close()
+	}
+	clear(s.snaps)
+	err := s.db.Close()
+	if rerr := s.fs.RemoveAll(s.dir); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// newID assigns the next state id.
+func (s *pebbleStore) newID(name string) (uint16, error) {
+	if s.nextID > 0xffff {
+		return 0, fmt.Errorf("state: keyed state %q: more than 65536 keyed states in one Pebble instance", name)
+	}
+	id := uint16(s.nextID)
+	s.nextID++
+	return id, nil
+}
+
+// Keys. Every entry is stored under [key group, 2 bytes big-endian][state
+// id, 2 bytes big-endian][encoded key][encoded user key, map entries only].
+const pebblePrefixLen = 4
+
+func appendPrefix(b []byte, kg int, id uint16) []byte {
+	return binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(b, uint16(kg)), id)
+}
+
+// prefixSuccessor returns the smallest key greater than every key with
+// prefix p (nil: none), appended to dst.
+func prefixSuccessor(dst, p []byte) []byte {
+	dst = append(dst, p...)
+	for i := len(dst) - 1; i >= 0; i-- {
+		if dst[i] != 0xff {
+			dst[i]++
+			return dst[:i+1]
+		}
+	}
+	return nil
+}
+
+// reader is a *pebble.DB or a *pebble.Snapshot.
+type reader interface {
+	NewIter(o *pebble.IterOptions) (*pebble.Iterator, error)
+}
+
+// scanState calls fn with the key group, stored key and value of every
+// entry of state id at or after from (nil: the first), in key order, until
+// fn returns false. It skips the entries of other states by seeking.
+func scanState(r reader, kgs keygroup.Range, id uint16, from []byte, fn func(kg int, key, val []byte) bool) error {
+	if kgs.Len() == 0 {
+		return nil
+	}
+	lo := appendPrefix(nil, kgs.Start, 0)
+	hi := binary.BigEndian.AppendUint32(nil, uint32(kgs.End+1)<<16)
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	seek := appendPrefix(nil, kgs.Start, id)
+	if from != nil && bytes.Compare(from, seek) > 0 {
+		seek = append(seek[:0], from...)
+	}
+	for ok := it.SeekGE(seek); ok; {
+		k := it.Key()
+		kg, kid := int(binary.BigEndian.Uint16(k)), binary.BigEndian.Uint16(k[2:])
+		switch {
+		case kid == id:
+			if !fn(kg, k, it.Value()) {
+				return it.Close()
+			}
+			ok = it.Next()
+		case kid < id:
+			ok = it.SeekGE(appendPrefix(seek[:0], kg, id))
+		case kg+1 > kgs.End:
+			ok = false
+		default:
+			ok = it.SeekGE(appendPrefix(seek[:0], kg+1, id))
+		}
+	}
+	if err := it.Error(); err != nil {
+		_ = it.Close()
+		return err
+	}
+	return it.Close()
+}
+
+// sharesInput reports whether values decoded by c may share the decoded
+// bytes (a caller-supplied Codec may, msgpack never does): the Pebble
+// tables then decode a copy, as Pebble reuses its buffers.
+type inputSharer interface{ sharesInput() bool }
+
+func (msgpackCodec[V]) sharesInput() bool { return false }
+func (userCodec[V]) sharesInput() bool    { return true }
+func (c ttlCodec[V]) sharesInput() bool   { return codecSharesInput(c.in) }
+func (c listCodec[E]) sharesInput() bool  { return codecSharesInput(c.elem) }
+
+func codecSharesInput(c any) bool {
+	s, ok := c.(inputSharer)
+	return !ok || s.sharesInput()
+}
+
+// decodeValue decodes the stored bytes b with c into *v: with the fast
+// paths of decodeFast for plain msgpack values, without copying b unless
+// the codec may share it.
+func decodeValue[V any](c valueCodec[V], share bool, d *decoder, b []byte, v *V) error {
+	if _, ok := c.(msgpackCodec[V]); ok {
+		if decodeFast(b, v) {
+			return nil
+		}
+	}
+	if share {
+		b = bytes.Clone(b)
+	}
+	return c.decode(d, b, v)
+}
+
+// decodeFast decodes b into *v without the msgpack decoder if V is int,
+// int64, float64 or bool and b is one value of that type as encodeFast
+// writes it, and reports whether it did.
+func decodeFast[V any](b []byte, v *V) bool {
+	switch x := any(v).(type) {
+	case *int:
+		n, ok := readInt(b)
+		*x = int(n)
+		return ok
+	case *int64:
+		n, ok := readInt(b)
+		*x = n
+		return ok
+	case *float64:
+		if len(b) == 9 && b[0] == 0xcb {
+			*x = math.Float64frombits(binary.BigEndian.Uint64(b[1:]))
+			return true
+		}
+	case *bool:
+		if len(b) == 1 && (b[0] == 0xc2 || b[0] == 0xc3) {
+			*x = b[0] == 0xc3
+			return true
+		}
+	}
+	return false
+}
+
+// readInt reads a msgpack integer as appendInt writes it (the whole of
+// b); false for anything else, which the msgpack decoder then reads.
+func readInt(b []byte) (int64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	c := b[0]
+	switch {
+	case len(b) == 1 && (c <= 0x7f || c >= 0xe0):
+		return int64(int8(c)), true
+	case c == 0xcc && len(b) == 2:
+		return int64(b[1]), true
+	case c == 0xcd && len(b) == 3:
+		return int64(binary.BigEndian.Uint16(b[1:])), true
+	case c == 0xce && len(b) == 5:
+		return int64(binary.BigEndian.Uint32(b[1:])), true
+	case c == 0xcf && len(b) == 9:
+		u := binary.BigEndian.Uint64(b[1:])
+		return int64(u), u <= 1<<63-1
+	case c == 0xd0 && len(b) == 2:
+		return int64(int8(b[1])), true
+	case c == 0xd1 && len(b) == 3:
+		return int64(int16(binary.BigEndian.Uint16(b[1:]))), true
+	case c == 0xd2 && len(b) == 5:
+		return int64(int32(binary.BigEndian.Uint32(b[1:]))), true
+	case c == 0xd3 && len(b) == 9:
+		return int64(binary.BigEndian.Uint64(b[1:])), true
+	}
+	return 0, false
+}
+
+// pebbleTable is the Pebble table of one value, list, reducing or
+// aggregating state, and (with a user key) of a map state (pebbleMapTable
+// wraps it). Values are stored as the spec encodes them in a snapshot.
+type pebbleTable[K comparable, V any] struct {
+	s    *pebbleStore
+	id   uint16
+	name string
+	sp   *spec[K, V]
+	now  *int64
+	// share: decode a copy of the stored bytes (sharesInput).
+	share bool
+	// kbuf holds the stored key of the current key while cgen equals
+	// *gen; known says whether has is whether the key has an entry.
+	gen        *uint64
+	cgen       uint64
+	known, has bool
+	kbuf       []byte
+	ke, ve     *encoder
+	dec        *decoder
+	n          int // stored entries
+	// ck and cv hold the key and value being encoded or decoded, so that
+	// the per-record calls pass no pointer to a local (which would escape
+	// through the spec's functions).
+	ck K
+	cv V
+	// sweepAt is the stored key after which the next sweep starts (nil:
+	// at the first).
+	sweepAt []byte
+}
+
+// newPebbleTable returns the Pebble table of state name and loads the
+// backend's restored entries of that name into it (which then move out of
+// the backend, S3). Map tables pass userKeys, to check the restored
+// entries' user keys.
+func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *spec[K, V]) (*pebbleTable[K, V], error) {
+	restore := func(e *restoredEntry[K], _ *decoder, kb *encoder) ([]byte, error) {
+		b, _, err := sp.key(kb, &e.key)
+		return b, err
+	}
+	id, err := b.peb.newID(name)
+	if err != nil {
+		return nil, err
+	}
+	t := &pebbleTable[K, V]{
+		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
+		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(),
+	}
+	es := b.restoredEntries(name)
+	if len(es) > 0 {
+		if err := t.load(es, restore); err != nil {
+			b.peb.nextID-- // nothing was written under id
+			return nil, err
+		}
+	}
+	delete(b.restored, name)
+	return t, nil
+}
+
+// load writes the restored entries es, decoded and encoded again as a put
+// would store them (so that the bytes are the heap's, S1), in batches.
+// restore builds an entry's stored key after the prefix.
+func (t *pebbleTable[K, V]) load(es []restoredEntry[K], restore func(e *restoredEntry[K], dec *decoder, kb *encoder) ([]byte, error)) error {
+	type kv struct {
+		key, val []byte
+		e        *restoredEntry[K]
+	}
+	kvs := make([]kv, len(es))
+	ke, ve, dec := newEncoder(), newEncoder(), newDecoder()
+	for i := range es {
+		e := &es[i]
+		var v V
+		if err := t.sp.vals.decode(dec, e.rawVal, &v); err != nil {
+			if e.rawUK != nil {
+				return fmt.Errorf("state: decoding value of key %v of map state %q in key group %d as %s: %w", e.key, t.name, e.kg, t.sp.valName, err)
+			}
+			return fmt.Errorf("state: decoding value of key %v of keyed state %q in key group %d as %s: %w", e.key, t.name, e.kg, t.sp.valName, err)
+		}
+		start := len(ke.buf)
+		ke.buf = appendPrefix(ke.buf, e.kg, t.id)
+		if _, err := restore(e, dec, ke); err != nil {
+			return err
+		}
+		key := ke.buf[start:len(ke.buf):len(ke.buf)]
+		vb, err := t.sp.vals.append(ve, &v)
+		if err != nil {
+			return fmt.Errorf("state: encoding value of key %v of keyed state %q in key group %d: %w", e.key, t.name, e.kg, err)
+		}
+		kvs[i] = kv{key, vb, e}
+	}
+	slices.SortFunc(kvs, func(x, y kv) int { return bytes.Compare(x.key, y.key) })
+	for i := 1; i < len(kvs); i++ {
+		if bytes.Equal(kvs[i].key, kvs[i-1].key) {
+			if p, ok := any(kvs[i].e.key).(mapKeyParts); ok {
+				k, uk := p.parts()
+				return fmt.Errorf("state: restored map state %q holds user key %v of key %v twice in key group %d", t.name, uk, k, kvs[i].e.kg)
+			}
+			return fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", t.name, kvs[i].e.key, kvs[i].e.kg)
+		}
+	}
+	batch := t.s.db.NewBatch()
+	defer func() { _ = batch.Close() }()
+	for _, x := range kvs {
+		if err := batch.Set(x.key, x.val, nil); err != nil {
+			return err
+		}
+		if batch.Len() > 32<<20 {
+			if err := batch.Commit(pebble.NoSync); err != nil {
+				return err
+			}
+			batch.Reset()
+		}
+	}
+	if err := batch.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	t.n = len(kvs)
+	return nil
+}
+
+// setKey puts the stored key of the current key k into kbuf, unless it is
+// there already.
+func (t *pebbleTable[K, V]) setKey(k *K, kg int) {
+	if t.cgen == *t.gen {
+		return
+	}
+	t.ke.buf = appendPrefix(t.kbuf[:0], kg, t.id)
+	if _, _, err := t.sp.key(t.ke, k); err != nil {
+		panic(fmt.Sprintf("state: encoding key %v of keyed state %q: %v", *k, t.name, err))
+	}
+	t.kbuf = t.ke.buf
+	t.cgen, t.known = *t.gen, false
+}
+
+// getRaw reads the value stored under key into *v.
+func (t *pebbleTable[K, V]) getRaw(key []byte, v *V) bool {
+	raw, closer, err := t.s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false
+	}
+	if err != nil {
+		panic(fmt.Sprintf("state: reading keyed state %q from Pebble: %v", t.name, err))
+	}
+	err = decodeValue(t.sp.vals, t.share, t.dec, raw, v)
+	_ = closer.Close()
+	if err != nil {
+		panic(fmt.Sprintf("state: decoding a stored value of keyed state %q: %v", t.name, err))
+	}
+	return true
+}
+
+// exists reports whether key is stored.
+func (t *pebbleTable[K, V]) exists(key []byte) bool {
+	_, closer, err := t.s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false
+	}
+	if err != nil {
+		panic(fmt.Sprintf("state: reading keyed state %q from Pebble: %v", t.name, err))
+	}
+	_ = closer.Close()
+	return true
+}
+
+// setRaw stores v under key; had says whether key was stored before.
+func (t *pebbleTable[K, V]) setRaw(key []byte, v *V, had bool) {
+	t.ve.buf = t.ve.buf[:0]
+	vb, err := t.sp.vals.append(t.ve, v)
+	if err != nil {
+		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
+	}
+	if err := t.s.db.Set(key, vb, pebble.NoSync); err != nil {
+		panic(fmt.Sprintf("state: writing keyed state %q to Pebble: %v", t.name, err))
+	}
+	if !had {
+		t.n++
+	}
+}
+
+func (t *pebbleTable[K, V]) deleteRaw(key []byte) {
+	if err := t.s.db.Delete(key, pebble.NoSync); err != nil {
+		panic(fmt.Sprintf("state: deleting from keyed state %q in Pebble: %v", t.name, err))
+	}
+	t.n--
+}
+
+func (t *pebbleTable[K, V]) get(k K, kg int) (V, bool) {
+	t.ck = k
+	t.setKey(&t.ck, kg)
+	var zero V
+	t.cv = zero
+	ok := t.getRaw(t.kbuf, &t.cv)
+	t.known, t.has = true, ok
+	v := t.cv
+	t.cv = zero
+	return v, ok
+}
+
+func (t *pebbleTable[K, V]) put(k K, kg int, v V) {
+	t.ck = k
+	t.setKey(&t.ck, kg)
+	had := t.has
+	if !t.known {
+		had = t.exists(t.kbuf)
+	}
+	t.cv = v
+	t.setRaw(t.kbuf, &t.cv, had)
+	var zero V
+	t.cv = zero
+	t.known, t.has = true, true
+}
+
+func (t *pebbleTable[K, V]) remove(k K, kg int) {
+	t.ck = k
+	t.setKey(&t.ck, kg)
+	had := t.has
+	if !t.known {
+		had = t.exists(t.kbuf)
+	}
+	if had {
+		t.deleteRaw(t.kbuf)
+	}
+	t.known, t.has = true, false
+}
+
+// decodeKey decodes the key part of a stored key (after the prefix).
+func (t *pebbleTable[K, V]) decodeKey(dec *decoder, b []byte, k *K) error {
+	return decodeInto(dec, b, k)
+}
+
+func (t *pebbleTable[K, V]) all(yield func(K, V) bool) {
+	dec := newDecoder()
+	var ferr error
+	err := scanState(t.s.db, t.s.kgs, t.id, nil, func(kg int, key, val []byte) bool {
+		var k K
+		var v V
+		if ferr = decodeInto(dec, key[pebblePrefixLen:], &k); ferr != nil {
+			return false
+		}
+		if ferr = decodeValue(t.sp.vals, t.share, dec, val, &v); ferr != nil {
+			return false
+		}
+		return yield(k, v)
+	})
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		panic(fmt.Sprintf("state: iterating keyed state %q in Pebble: %v", t.name, err))
+	}
+}
+
+func (t *pebbleTable[K, V]) sweep(n int, now int64) {
+	if t.sp.live == nil || t.n == 0 || n <= 0 {
+		return
+	}
+	t.cgen = 0 // sweep may remove or rewrite the current key's entry
+	examined := 0
+	var last []byte
+	for pass := 0; pass < 2 && examined < n; pass++ {
+		var ferr error
+		err := scanState(t.s.db, t.s.kgs, t.id, t.sweepAt, func(_ int, key, val []byte) bool {
+			examined++
+			last = append(last[:0], key...)
+			var v V
+			if ferr = decodeValue(t.sp.vals, t.share, t.dec, val, &v); ferr != nil {
+				return false
+			}
+			if !t.sp.live(&v, now) {
+				t.deleteRaw(key)
+			} else if t.sp.prune != nil {
+				if pv, ok := t.sp.prune(&v, now); ok {
+					t.setRaw(key, &pv, true)
+				}
+			}
+			return examined < n
+		})
+		if err == nil {
+			err = ferr
+		}
+		if err != nil {
+			panic(fmt.Sprintf("state: sweeping keyed state %q in Pebble: %v", t.name, err))
+		}
+		if examined < n {
+			t.sweepAt = nil // reached the end: start over
+			continue
+		}
+		t.sweepAt = append(last, 0) // the smallest key after last
+	}
+}
+
+func (t *pebbleTable[K, V]) freeze(name string) (frozen, error) {
+	sn := t.s.db.NewSnapshot()
+	t.s.snaps[sn] = struct{}{}
+	return &pebbleView[K, V]{s: t.s, snap: sn, id: t.id, name: name, sp: t.sp, share: t.share, now: *t.now, n: t.n}, nil
+}
+
+// pebbleView is the frozen view of a Pebble table: a Pebble snapshot.
+type pebbleView[K comparable, V any] struct {
+	s     *pebbleStore
+	snap  *pebble.Snapshot
+	id    uint16
+	name  string
+	sp    *spec[K, V]
+	share bool
+	// userKeys: a map state's view, whose stored keys end in user keys.
+	userKeys bool
+	now      int64
+	n        int
+}
+
+func (v *pebbleView[K, V]) entries() int { return v.n }
+
+func (v *pebbleView[K, V]) release() {
+	if v.snap != nil {
+		delete(v.s.snaps, v.snap)
+		_ = v.snap.Close()
+		v.snap = nil
+	}
+}
+
+// encode iterates the snapshot: its entries come in the order of S1 (key
+// group, key, user key), so nothing is sorted. The stored bytes are the
+// snapshot's, except that a TTL state's values are decoded to skip the
+// expired ones (and prune lists) at the time of freeze.
+func (v *pebbleView[K, V]) encode(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	if v.snap == nil {
+		return nil, fmt.Errorf("state: encoding keyed state %q: the view was released", v.name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("state: encoding keyed state %q: %w", v.name, err)
+	}
+	dec := newDecoder()
+	var es []checkpoint.KeyedEntry
+	if v.n > 0 {
+		es = make([]checkpoint.KeyedEntry, 0, v.n)
+	}
+	from, curKG, seen := 0, -1, 0
+	flush := func() {
+		if curKG >= 0 && len(es) > from {
+			if v.sp.desc != nil {
+				// es[from] is the descriptor.
+				if len(es)-from == 1 {
+					es = es[:from]
+					return
+				}
+			}
+			out = append(out, checkpoint.KeyGroupState{State: v.name, KeyGroup: curKG, Entries: es[from:len(es):len(es)]})
+		}
+	}
+	var ferr error
+	err := scanState(v.snap, v.s.kgs, v.id, nil, func(kg int, key, val []byte) bool {
+		if seen++; seen&1023 == 0 {
+			if ferr = ctx.Err(); ferr != nil {
+				ferr = fmt.Errorf("state: encoding keyed state %q: %w", v.name, ferr)
+				return false
+			}
+		}
+		if kg != curKG {
+			flush()
+			from, curKG = len(es), kg
+			if v.sp.desc != nil {
+				es = append(es, checkpoint.KeyedEntry{Value: v.sp.desc})
+			}
+		}
+		var vb []byte
+		if v.sp.live != nil {
+			var x V
+			if ferr = decodeValue(v.sp.vals, v.share, dec, val, &x); ferr != nil {
+				ferr = fmt.Errorf("state: decoding a stored value of keyed state %q in key group %d: %w", v.name, kg, ferr)
+				return false
+			}
+			if !v.sp.live(&x, v.now) {
+				return true
+			}
+			if v.sp.prune != nil {
+				if px, ok := v.sp.prune(&x, v.now); ok {
+					if vb, ferr = v.sp.vals.append(e, &px); ferr != nil {
+						return false
+					}
+				}
+			}
+		}
+		if vb == nil {
+			vb = e.appendRaw(val)
+		}
+		kb := e.appendRaw(key[pebblePrefixLen:])
+		var ub []byte
+		if v.userKeys {
+			n, err := valueLen(kb)
+			if err != nil {
+				ferr = fmt.Errorf("state: a stored key of map state %q in key group %d: %w", v.name, kg, err)
+				return false
+			}
+			kb, ub = kb[:n:n], kb[n:]
+		}
+		es = append(es, checkpoint.KeyedEntry{Key: kb, UserKey: ub, Value: vb})
+		return true
+	})
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return nil, err
+	}
+	flush()
+	return out, nil
+}
+
+// appendRaw appends b to the buffer and returns its copy there.
+func (e *encoder) appendRaw(b []byte) []byte {
+	start := len(e.buf)
+	e.buf = append(e.buf, b...)
+	return e.buf[start:len(e.buf):len(e.buf)]
+}
+
+// pebbleMapTable is the Pebble table of a map state: one stored entry per
+// (key, user key), under [key group][state id][key][user key], so that
+// one key's entries are the prefix [key group][state id][key] (S10).
+type pebbleMapTable[K comparable, UK comparable, V any] struct {
+	t *pebbleTable[MapKey[K, UK], V]
+	// kbuf holds [prefix][key] of the current key while cgen equals *gen;
+	// ebuf is kbuf plus the user key cuk while ukOK, and known/has say
+	// whether that entry is stored.
+	gen        *uint64
+	cgen       uint64
+	klen       int
+	ebuf       []byte
+	cuk        UK
+	nuk        UK // the user key being encoded
+	ukOK       bool
+	known, has bool
+	ue         *encoder
+	ck         K // the key being encoded (see pebbleTable.ck)
+	// As in cowMapTable: iterations running, and the removals during
+	// them (only the visited entry may be removed).
+	iterating   int
+	removals    uint64
+	lastRemoved []byte
+}
+
+func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name string, sp *spec[MapKey[K, UK], V]) (*pebbleMapTable[K, UK, V], error) {
+	restore := func(e *restoredEntry[MapKey[K, UK]], dec *decoder, kb *encoder) ([]byte, error) {
+		if _, err := encodeFast(kb, &e.key.Key, true); err != nil {
+			return nil, err
+		}
+		return encodeFast(kb, &e.key.UserKey, true)
+	}
+	// The backend's restored entries are keyed by K; the table's by
+	// MapKey. Decode the user keys first, as the heap does.
+	src := b.restoredEntries(name)
+	var mes []restoredEntry[MapKey[K, UK]]
+	if len(src) > 0 {
+		dec := newDecoder()
+		mes = make([]restoredEntry[MapKey[K, UK]], len(src))
+		for i := range src {
+			e := &src[i]
+			var uk UK
+			if err := decodeInto(dec, e.rawUK, &uk); err != nil {
+				return nil, fmt.Errorf("state: decoding user key of key %v of map state %q in key group %d as %s: %w",
+					e.key, name, e.kg, typeName[UK](), err)
+			}
+			if !comparableValue(&uk) {
+				return nil, fmt.Errorf("state: decoding user key of key %v of map state %q in key group %d as %s: decoded user key of type %T is not comparable",
+					e.key, name, e.kg, typeName[UK](), uk)
+			}
+			mes[i] = restoredEntry[MapKey[K, UK]]{kg: e.kg, key: MapKey[K, UK]{e.key, uk}, rawKey: e.rawKey, rawUK: e.rawUK, rawVal: e.rawVal}
+		}
+	}
+	id, err := b.peb.newID(name)
+	if err != nil {
+		return nil, err
+	}
+	t := &pebbleTable[MapKey[K, UK], V]{
+		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
+		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(),
+	}
+	if len(mes) > 0 {
+		if err := t.load(mes, restore); err != nil {
+			b.peb.nextID--
+			return nil, err
+		}
+	}
+	delete(b.restored, name)
+	return &pebbleMapTable[K, UK, V]{t: t, gen: &b.gen, ue: t.ke}, nil
+}
+
+// setKey puts [prefix][key] of the current key k into the key buffer.
+func (m *pebbleMapTable[K, UK, V]) setKey(k *K, kg int) {
+	if m.cgen == *m.gen {
+		return
+	}
+	e := m.t.ke
+	e.buf = appendPrefix(e.buf[:0], kg, m.t.id)
+	if _, err := encodeFast(e, k, true); err != nil {
+		panic(fmt.Sprintf("state: encoding key %v of map state %q: %v", *k, m.t.name, err))
+	}
+	m.klen = len(e.buf)
+	m.cgen, m.ukOK = *m.gen, false
+}
+
+// setEntry puts the stored key of (current key k, uk) into the key buffer.
+func (m *pebbleMapTable[K, UK, V]) setEntry(k *K, kg int, uk UK) []byte {
+	m.setKey(k, kg)
+	if m.ukOK && m.cuk == uk {
+		return m.t.ke.buf
+	}
+	e := m.t.ke
+	e.buf = e.buf[:m.klen]
+	m.nuk = uk
+	if _, err := encodeFast(e, &m.nuk, true); err != nil {
+		panic(fmt.Sprintf("state: encoding user key %v of map state %q: %v", uk, m.t.name, err))
+	}
+	m.cuk, m.ukOK, m.known = uk, true, false
+	return e.buf
+}
+
+func (m *pebbleMapTable[K, UK, V]) get(k K, kg int, uk UK) (V, bool) {
+	m.ck = k
+	key := m.setEntry(&m.ck, kg, uk)
+	var zero V
+	m.t.cv = zero
+	ok := m.t.getRaw(key, &m.t.cv)
+	m.known, m.has = true, ok
+	v := m.t.cv
+	m.t.cv = zero
+	return v, ok
+}
+
+func (m *pebbleMapTable[K, UK, V]) put(k K, kg int, uk UK, v V) {
+	m.ck = k
+	key := m.setEntry(&m.ck, kg, uk)
+	had := m.has
+	if !m.known {
+		had = m.t.exists(key)
+	}
+	m.t.cv = v
+	m.t.setRaw(key, &m.t.cv, had)
+	var zero V
+	m.t.cv = zero
+	m.known, m.has = true, true
+}
+
+func (m *pebbleMapTable[K, UK, V]) remove(k K, kg int, uk UK) {
+	m.ck = k
+	key := m.setEntry(&m.ck, kg, uk)
+	had := m.has
+	if !m.known {
+		had = m.t.exists(key)
+	}
+	if had {
+		m.t.deleteRaw(key)
+		m.removals++
+		m.lastRemoved = append(m.lastRemoved[:0], key...)
+	}
+	m.known, m.has = true, false
+}
+
+// prefixBounds returns [prefix][key] of k and its successor, in new
+// slices (the iterator keeps them).
+func (m *pebbleMapTable[K, UK, V]) prefixBounds(k *K, kg int) (lo, hi []byte) {
+	m.setKey(k, kg)
+	lo = bytes.Clone(m.t.ke.buf[:m.klen])
+	return lo, prefixSuccessor(nil, lo)
+}
+
+func (m *pebbleMapTable[K, UK, V]) entries(k K, kg int, yield func(UK, V) bool) {
+	lo, hi := m.prefixBounds(&k, kg)
+	it, err := m.t.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		panic(fmt.Sprintf("state: iterating map state %q in Pebble: %v", m.t.name, err))
+	}
+	defer func() { _ = it.Close() }()
+	m.iterating++
+	defer func() { m.iterating-- }()
+	dec := newDecoder()
+	var cur []byte
+	for ok := it.First(); ok; ok = it.Next() {
+		var uk UK
+		var v V
+		key := it.Key()
+		if err := decodeInto(dec, key[len(lo):], &uk); err != nil {
+			panic(fmt.Sprintf("state: decoding a stored user key of map state %q: %v", m.t.name, err))
+		}
+		if err := decodeValue(m.t.sp.vals, m.t.share, dec, it.Value(), &v); err != nil {
+			panic(fmt.Sprintf("state: decoding a stored value of map state %q: %v", m.t.name, err))
+		}
+		cur = append(cur[:0], key...)
+		r := m.removals
+		if !yield(uk, v) {
+			return
+		}
+		if m.removals != r && (m.removals != r+1 || !bytes.Equal(m.lastRemoved, cur)) {
+			panic(fmt.Sprintf("state: map state %q: an entry of key %v other than the visited one was removed during the iteration over its entries", m.t.name, k))
+		}
+	}
+	if err := it.Error(); err != nil {
+		panic(fmt.Sprintf("state: iterating map state %q in Pebble: %v", m.t.name, err))
+	}
+}
+
+func (m *pebbleMapTable[K, UK, V]) count(k K, kg int) int {
+	lo, hi := m.prefixBounds(&k, kg)
+	it, err := m.t.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		panic(fmt.Sprintf("state: iterating map state %q in Pebble: %v", m.t.name, err))
+	}
+	n := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		n++
+	}
+	_ = it.Close()
+	return n
+}
+
+func (m *pebbleMapTable[K, UK, V]) clear(k K, kg int) {
+	n := m.count(k, kg)
+	if n == 0 {
+		return
+	}
+	if m.iterating > 0 {
+		panic(fmt.Sprintf("state: map state %q: key %v cleared during an iteration over entries", m.t.name, k))
+	}
+	lo, hi := m.prefixBounds(&k, kg)
+	if err := m.t.s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
+		panic(fmt.Sprintf("state: clearing map state %q in Pebble: %v", m.t.name, err))
+	}
+	m.t.n -= n
+	m.ukOK = false
+	m.removals += 2 // more than the visited entry
+}
+
+func (m *pebbleMapTable[K, UK, V]) all(yield func(MapKey[K, UK], V) bool) {
+	dec := newDecoder()
+	var ferr error
+	err := scanState(m.t.s.db, m.t.s.kgs, m.t.id, nil, func(_ int, key, val []byte) bool {
+		var mk MapKey[K, UK]
+		var v V
+		b := key[pebblePrefixLen:]
+		n, err := valueLen(b)
+		if err != nil {
+			ferr = err
+			return false
+		}
+		if ferr = decodeInto(dec, b[:n], &mk.Key); ferr != nil {
+			return false
+		}
+		if ferr = decodeInto(dec, b[n:], &mk.UserKey); ferr != nil {
+			return false
+		}
+		if ferr = decodeValue(m.t.sp.vals, m.t.share, dec, val, &v); ferr != nil {
+			return false
+		}
+		return yield(mk, v)
+	})
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		panic(fmt.Sprintf("state: iterating map state %q in Pebble: %v", m.t.name, err))
+	}
+}
+
+func (m *pebbleMapTable[K, UK, V]) sweep(n int, now int64) {
+	if m.iterating > 0 {
+		return
+	}
+	m.ukOK = false
+	m.t.sweep(n, now)
+}
+
+func (m *pebbleMapTable[K, UK, V]) freeze(name string) (frozen, error) {
+	f, err := m.t.freeze(name)
+	if err != nil {
+		return nil, err
+	}
+	f.(*pebbleView[MapKey[K, UK], V]).userKeys = true
+	return f, nil
+}
+
+// comparableValue reports whether *v can be a map key (an interface may
+// hold a map).
+func comparableValue[T any](v *T) bool {
+	return reflect.TypeFor[T]().Kind() != reflect.Interface || reflect.ValueOf(v).Elem().Comparable()
+}
+
+// mapKeyParts is a MapKey's key and user key, for errors.
+type mapKeyParts interface{ parts() (any, any) }
+
+func (k MapKey[K, UK]) parts() (any, any) { return k.Key, k.UserKey }
