@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"path/filepath"
 	"reflect"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/state"
 	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -92,8 +94,10 @@ type Config struct {
 	// unrestorable.
 	MaxParallelism int
 	Checkpoint     CheckpointConfig
-	Restart        RestartStrategy
-	Restore        RestoreConfig
+	// State selects where keyed state lives (default: the heap).
+	State   StateConfig
+	Restart RestartStrategy
+	Restore RestoreConfig
 	// ChannelCapacity is the number of buffers a channel queues before its
 	// writer blocks (default 8).
 	ChannelCapacity int
@@ -116,6 +120,41 @@ type Config struct {
 	// execution's goroutine (never concurrently). It must not block long:
 	// the job master waits for it.
 	OnEvent func(Event)
+}
+
+// StateBackend names a keyed-state backend.
+type StateBackend uint8
+
+const (
+	// HeapState keeps keyed state on the heap (copy-on-write pages): the
+	// fastest, for state that fits in memory. The default.
+	HeapState StateBackend = iota
+	// PebbleState keeps keyed state in one Pebble instance per keyed
+	// subtask, in a working directory of its own under StateConfig.Pebble.Dir,
+	// for state larger than memory: memory is bounded by the block cache
+	// and memtable sizes whatever the state size.
+	PebbleState
+)
+
+func (b StateBackend) String() string {
+	switch b {
+	case HeapState:
+		return "heap"
+	case PebbleState:
+		return "pebble"
+	}
+	return fmt.Sprintf("StateBackend(%d)", uint8(b))
+}
+
+// StateConfig configures the keyed-state backend of a job. Checkpoints
+// and savepoints have one format whatever the backend (package state, S1),
+// so a job restores from either into either.
+type StateConfig struct {
+	Backend StateBackend
+	// Pebble configures the Pebble instances (Backend PebbleState). Its Dir
+	// is where each keyed subtask gets a fresh working directory (default
+	// os.TempDir()); it must not be the checkpoint directory.
+	Pebble state.PebbleEngine
 }
 
 // Job is a dataflow graph under construction. Build it with Source, Map,
@@ -194,6 +233,15 @@ func (j *Job) Validate() error {
 	}
 	if c.Checkpoint.Interval > 0 && c.Checkpoint.Dir == "" {
 		add("graph: checkpointing is enabled (interval %v) but Checkpoint.Dir is empty", c.Checkpoint.Interval)
+	}
+	switch c.State.Backend {
+	case HeapState:
+	case PebbleState:
+		if d := c.State.Pebble.Dir; d != "" && c.Checkpoint.Dir != "" && filepath.Clean(d) == filepath.Clean(c.Checkpoint.Dir) {
+			add("graph: the Pebble working directory %q must not be the checkpoint directory", d)
+		}
+	default:
+		add("graph: unknown state backend %v", c.State.Backend)
 	}
 	if c.Checkpoint.MaxInflightBytes < 0 {
 		add("graph: MaxInflightBytes %d must not be negative", c.Checkpoint.MaxInflightBytes)

@@ -129,7 +129,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	key := s.key
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[OUT](ctx, a, v, i, next)
-		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock}
+		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State}
 		op.onTimer, _ = op.fn.(TimerHandler[K, OUT])
 		op.ender, op.openErr = inputEnder[OUT](v, op.fn)
 		if op.fn == nil {
@@ -454,6 +454,8 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	logf    func(format string, args ...any)
 	// clock is the StateClock, nil for the default (see setTime).
 	clock func() time.Time
+	// backendCfg selects the keyed-state backend (Config.State).
+	backendCfg StateConfig
 }
 
 // setTime hands the keyed-state backend the processing time (state TTL):
@@ -477,9 +479,15 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 	if info.Restored != nil {
 		restored = info.Restored.KeyGroups
 	}
-	b, err := state.NewKeyedBackend[K](info.KeyGroups, info.MaxParallelism, restored)
+	var b *state.KeyedBackend[K]
+	var err error
+	if o.backendCfg.Backend == PebbleState {
+		b, err = state.NewPebbleKeyedBackend[K](o.backendCfg.Pebble, info.KeyGroups, info.MaxParallelism, restored)
+	} else {
+		b, err = state.NewKeyedBackend[K](info.KeyGroups, info.MaxParallelism, restored)
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("keyed state (%v backend): %w", o.backendCfg.Backend, err)
 	}
 	o.backend, o.keyed, o.ctx.keyed = b, b, b
 	ts, err := newTimerService(b, info.MaxParallelism)
@@ -543,6 +551,18 @@ func (o *keyedOp[K, IN, OUT]) EndInput() error {
 		return o.ender.EndInput(o.ctx, o.out)
 	}
 	return nil
+}
+
+// Close closes the function, then the keyed-state backend (its Pebble
+// instance and working directory). The runner has stopped every
+// asynchronous snapshot part before.
+func (o *keyedOp[K, IN, OUT]) Close() error {
+	err := o.hooks.Close()
+	if o.backend != nil {
+		err = errors.Join(err, o.backend.Close())
+		o.backend = nil
+	}
+	return err
 }
 
 func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []task.Keyed[K, IN]) error {
