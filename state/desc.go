@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -90,4 +91,40 @@ func decodeDesc(raw []byte) (*stateDesc, error) {
 		return nil, fmt.Errorf("unknown state kind %q", d.Kind)
 	}
 	return &d, nil
+}
+
+// Layout is how a keyed state is laid out in a snapshot, as its
+// descriptor entry records it (S11): for tools that read checkpoints
+// without the job's types (package inspect).
+type Layout struct {
+	// Kind is "value" (value, reducing and aggregating states), "list" or
+	// "map", or "" for a state without a descriptor: a value or list
+	// state without TTL or codec, whose kind the snapshot does not record.
+	Kind string
+	// TTL says that every value carries an 8-byte big-endian timestamp
+	// (Unix nanoseconds) in front; Codec that the values are a
+	// caller-supplied Codec's bytes rather than msgpack.
+	TTL, Codec bool
+}
+
+func (l Layout) String() string {
+	if l.Kind == "" {
+		return "value or list"
+	}
+	d := stateDesc{Kind: stateKind(l.Kind), TTL: l.TTL, Codec: l.Codec}
+	return d.String()
+}
+
+// DescribeSnapshot returns the layout of the keyed state of g, one key
+// group's records of one state, from its descriptor entry (the zero
+// Layout if it has none), or an error for a descriptor it cannot decode.
+func DescribeSnapshot(g checkpoint.KeyGroupState) (Layout, error) {
+	if len(g.Entries) == 0 || len(g.Entries[0].Key) != 0 {
+		return Layout{}, nil
+	}
+	d, err := decodeDesc(g.Entries[0].Value)
+	if err != nil {
+		return Layout{}, fmt.Errorf("state: decoding the descriptor of keyed state %q in key group %d: %w", g.State, g.KeyGroup, err)
+	}
+	return Layout{Kind: string(d.Kind), TTL: d.TTL, Codec: d.Codec}, nil
 }
