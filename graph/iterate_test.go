@@ -301,9 +301,14 @@ func TestIterateNested(t *testing.T) {
 				},
 			}
 			job := graph.NewJob("nested", cfg)
-			src := graph.Source(job, "source", source.Generate(n, func(i int64) nested {
-				return nested{ID: i, Outer: i % 3, Inner: i % 4, Left: i % 4}
-			}))
+			// The first attempt's sources wait at an eighth of the input
+			// for a completed checkpoint, so that the failure has one to
+			// restore however fast the loop drains.
+			src := graph.Source(job, "source", func() graph.SourceFunc[nested] {
+				return &pausedUntil[nested]{Indexed: source.NewIndexed(n, func(i int64) nested {
+					return nested{ID: i, Outer: i % 3, Inner: i % 4, Left: i % 4}
+				}), from: n / 8, open: f.completed[0].Load}
+			})
 			outer := graph.Iterate(src)
 			start := graph.Map(outer.Stream().Rebalance(), "outer-head", func(r nested) nested { r.Left = r.Inner; return r })
 			inner := graph.Iterate(start)
@@ -325,6 +330,22 @@ func TestIterateNested(t *testing.T) {
 			require.Positive(t, e.Stats().Counts.Restored)
 		})
 	}
+}
+
+// pausedUntil is an indexed source whose subtasks, in the first attempt,
+// return no record from position from on until open reports true.
+type pausedUntil[T any] struct {
+	*source.Indexed[T]
+	from int64
+	open func() bool
+}
+
+func (s *pausedUntil[T]) Next(ctx *graph.Context) (T, error) {
+	if ctx.Task().Attempt == 0 && s.Position() >= s.from && !s.open() {
+		var zero T
+		return zero, graph.ErrNoRecord
+	}
+	return s.Indexed.Next(ctx)
 }
 
 type failingStep struct{ f *failer }

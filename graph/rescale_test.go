@@ -23,8 +23,9 @@ import (
 // on every edge. Source subtask s reads the records i with i%2 == s, whose
 // keys i%100 have its parity, so every key's records come in order from
 // one source and double subtask, and the running sums are deterministic
-// (expectedOutput). Sources keep their parallelism (their positions do not
-// rescale yet); the rest changes.
+// (expectedOutput). Sources keep their parallelism, since that ordering
+// needs it (they rescale too: source.TestResumeFromSavepoint); the rest
+// changes.
 func rescaleJob(t *testing.T, n int64, p int, dir string, committer *sink.Memory[out], onEvent func(graph.Event)) *graph.Job {
 	cfg := graph.Config{
 		Parallelism: p, ChannelCapacity: 4, BufferSize: 64, DisableChaining: true, Logf: t.Logf,

@@ -12,11 +12,27 @@
 // # Indexed sources
 //
 // Generate, GenerateRate and Slice build sources over records 0..n-1
-// (Indexed). Subtask i of p reads the records i, i+p, i+2p, ... Positions
-// are per subtask (split list state OffsetState), so restoring these
-// sources at another parallelism is not supported (the restore fails with a
-// clear error instead of losing or duplicating records). GenerateRate
-// paces the records with a token bucket.
+// (Indexed). GenerateRate paces the records with a token bucket.
+//
+// SRC5 (indexed splits): the records are cut into a fixed number of
+// splits, SplitCount(p, maxP) for the parallelism p and max parallelism
+// maxP of the source's first start (the least multiple of p that is at
+// least maxP): split s holds the records i with i mod splits == s. At a
+// fresh start subtask j owns the splits s with s mod p == j, so it reads
+// the records j, j+p, j+2p, ... in order, as a plain stride. Every
+// subtask keeps one position per owned split (the next record index of
+// the split, exact also past the end, so a job restored with a larger n
+// reads on) in split list state OffsetState, and the split count in union
+// list state SplitsState. On restore a subtask owns the splits whose
+// positions the restore assignment gives it: its own at the same
+// parallelism (and it reads by stride again), an even share of all of
+// them at another one (and it merges its splits by position, reading its
+// records in increasing index order). So a job restored at any
+// parallelism resumes every split exactly where it stopped; a subtask
+// that gets no split reads nothing, and a source that is new in a
+// restored job starts fresh. Positions written before splits existed (one
+// per subtask) restore only at their parallelism, with an error naming
+// them otherwise.
 //
 // # File sources: the split contract
 //

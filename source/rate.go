@@ -58,7 +58,7 @@ type rated[T any] struct {
 // Next returns the next record, graph.ErrNoRecord while the rate is
 // exhausted, or io.EOF.
 func (r *rated[T]) Next(ctx *graph.Context) (T, error) {
-	if r.next >= r.n {
+	if r.Position() >= r.n {
 		var zero T
 		return zero, io.EOF
 	}
@@ -71,7 +71,7 @@ func (r *rated[T]) Next(ctx *graph.Context) (T, error) {
 
 // ReadBatch fills dst with as many records as the rate allows.
 func (r *rated[T]) ReadBatch(ctx *graph.Context, dst []T) (int, error) {
-	if r.next >= r.n {
+	if r.Position() >= r.n {
 		return 0, io.EOF
 	}
 	k := r.lim.take(len(dst))
