@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
-	"github.com/snapflow/snapflow/inspect"
+	"github.com/snapflow/snapflow/snapshot/inspect"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/state"
