@@ -431,4 +431,12 @@
 //     with feedback channels, Inject or EndLoop before FeedbackOnly) panic:
 //     they are broken invariants of the caller (marker M3, channel CH6),
 //     not runtime errors.
+//
+// # Watermarks
+//
+// WatermarkValve (watermark.go) is the input side of event time, a pure
+// state machine beside the Aligner: it combines the watermarks, idleness
+// and ends of input of a subtask's channels into the subtask's input
+// watermark, never lower than the one it restored (W1-W4 there; scripts
+// in testdata/watermark). The runtime does not feed it yet (issue 10).
 package align
