@@ -455,46 +455,16 @@ func TestCommitterRefusesToCommitAgain(t *testing.T) {
 // interval, mode, chaining) with 1-4 random faults; replay one with
 // -sink.committer.seed=N.
 func TestCommitterRandomCrashes(t *testing.T) {
-	base := uint64(time.Now().UnixNano())
-	runs := *committerRuns
-	if *committerSeed != 0 {
-		base, runs = *committerSeed, 1
-	}
-	if testing.Short() {
-		runs = min(runs, 20)
-	}
-	t.Logf("base seed %d (replay a run: -run TestCommitterRandomCrashes -sink.committer.seed=<seed>)", base)
-	var mu sync.Mutex
-	fired := map[string]int{}
-	for i := range runs {
-		seed := base + uint64(i)
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Parallel()
+	inject.RandomRuns(t, inject.Runs{Seed: *committerSeed, N: *committerRuns, Replay: "go test ./sink -run TestCommitterRandomCrashes -sink.committer.seed="},
+		func(t *testing.T, seed uint64) inject.Outcome {
 			cj := randomCommitJob(t, seed)
 			err := cj.run(t)
 			if err == nil {
 				err = cj.check()
 			}
-			if err != nil {
-				cj.mu.Lock()
-				logs := strings.Join(cj.logs, "\n  ")
-				cj.mu.Unlock()
-				t.Fatalf("seed %d: records=%d p=%d rate=%.0f interval=%v mode=%v unchained=%v faults=%v fired=%v failures=%v:\n%v\nlogs:\n  %s\nreplay: go test ./sink -run TestCommitterRandomCrashes -sink.committer.seed=%d",
-					seed, cj.Records, cj.Parallelism, cj.Rate, cj.Interval, cj.Mode, cj.Unchained,
-					cj.Faults, cj.chaos.Fired(), cj.failures(), err, logs, seed)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, s := range cj.chaos.Fired() {
-				fired[strings.SplitN(s, "#", 2)[0]]++
-			}
+			return cj.outcome(err, fmt.Sprintf("records=%d p=%d rate=%.0f interval=%v mode=%v unchained=%v",
+				cj.Records, cj.Parallelism, cj.Rate, cj.Interval, cj.Mode, cj.Unchained))
 		})
-	}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			t.Logf("%d runs; faults fired per site: %v", runs, fired)
-		}
-	})
 }
 
 var commitSites = []string{

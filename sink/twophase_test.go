@@ -493,22 +493,8 @@ func TestTwoPhaseStopWithSavepoint(t *testing.T) {
 // faults. Each run prints its seed on failure; replay one with
 // -sink.seed=N.
 func TestTwoPhaseRandomCrashes(t *testing.T) {
-	base := uint64(time.Now().UnixNano())
-	runs := *crashRuns
-	if *crashSeed != 0 {
-		base, runs = *crashSeed, 1
-	}
-	if testing.Short() {
-		runs = min(runs, 20)
-	}
-	t.Logf("base seed %d (replay a run: -run TestTwoPhaseRandomCrashes -sink.seed=<seed>)", base)
-	var mu sync.Mutex
-	fired := map[string]int{}
-	restarted := 0
-	for i := range runs {
-		seed := base + uint64(i)
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Parallel()
+	inject.RandomRuns(t, inject.Runs{Seed: *crashSeed, N: *crashRuns, Replay: "go test ./sink -run TestTwoPhaseRandomCrashes -sink.seed="},
+		func(t *testing.T, seed uint64) inject.Outcome {
 			cj := randomCrashJob(t, seed)
 			err := cj.run(t)
 			if err == nil {
@@ -520,29 +506,19 @@ func TestTwoPhaseRandomCrashes(t *testing.T) {
 				}
 				err = cj.check(allowed)
 			}
-			if err != nil {
-				cj.mu.Lock()
-				logs := strings.Join(cj.logs, "\n  ")
-				cj.mu.Unlock()
-				t.Fatalf("seed %d: %s records=%d p=%d rate=%.0f interval=%v mode=%v concurrent=%d faults=%v fired=%v failures=%v:\n%v\nlogs:\n  %s\nreplay: go test ./sink -run TestTwoPhaseRandomCrashes -sink.seed=%d",
-					seed, cj.Name, cj.Records, cj.Parallelism, cj.Rate, cj.Interval, cj.Mode, cj.Concurrent,
-					cj.Faults, cj.chaos.Fired(), cj.failures(), err, logs, seed)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, s := range cj.chaos.Fired() {
-				fired[strings.SplitN(s, "#", 2)[0]]++
-			}
-			if len(cj.failures()) > 0 {
-				restarted++
-			}
+			return cj.outcome(err, fmt.Sprintf("%s records=%d p=%d rate=%.0f interval=%v mode=%v concurrent=%d",
+				cj.Name, cj.Records, cj.Parallelism, cj.Rate, cj.Interval, cj.Mode, cj.Concurrent))
 		})
-	}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			t.Logf("%d runs, %d with restarts; faults fired per site: %v", runs, restarted, fired)
-		}
-	})
+}
+
+// outcome is the random run's report: err with the job's parameters,
+// faults, failures and logs.
+func (cj *crashJob) outcome(err error, params string) inject.Outcome {
+	cj.mu.Lock()
+	logs := strings.Join(cj.logs, "\n  ")
+	cj.mu.Unlock()
+	return inject.Outcome{Err: err, Fired: cj.chaos.Fired(), Restarted: len(cj.failures()) > 0,
+		Details: fmt.Sprintf("%s faults=%v fired=%v failures=%v\nlogs:\n  %s", params, cj.Faults, cj.chaos.Fired(), cj.failures(), logs)}
 }
 
 var crashSites = []string{

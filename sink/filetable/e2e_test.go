@@ -468,50 +468,20 @@ func TestTableUnalignedLateCommittables(t *testing.T) {
 // faults. Each run prints its seed on failure; replay one with
 // -filetable.seed=N.
 func TestTableRandomCrashes(t *testing.T) {
-	base := uint64(time.Now().UnixNano())
-	runs := *crashRuns
-	if *crashSeed != 0 {
-		base, runs = *crashSeed, 1
-	}
-	if testing.Short() {
-		runs = min(runs, 20)
-	}
-	t.Logf("base seed %d (replay a run: go test ./sink/filetable -run TestTableRandomCrashes -filetable.seed=<seed>)", base)
-	var mu sync.Mutex
-	fired := map[string]int{}
-	restarted := 0
-	for i := range runs {
-		seed := base + uint64(i)
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			t.Parallel()
+	inject.RandomRuns(t, inject.Runs{Seed: *crashSeed, N: *crashRuns, Replay: "go test ./sink/filetable -run TestTableRandomCrashes -filetable.seed="},
+		func(t *testing.T, seed uint64) inject.Outcome {
 			tj := randomTableJob(seed)
 			err := tj.run(t)
 			if err == nil {
 				err = tj.check(t)
 			}
-			if err != nil {
-				tj.mu.Lock()
-				logs := strings.Join(tj.logs, "\n  ")
-				tj.mu.Unlock()
-				t.Fatalf("seed %d: records=%d p=%d rate=%.0f interval=%v mode=%v target=%d faults=%v fired=%v failures=%v:\n%v\nlogs:\n  %s\nreplay: go test ./sink/filetable -run TestTableRandomCrashes -filetable.seed=%d",
-					seed, tj.Records, tj.Parallelism, tj.Rate, tj.Interval, tj.Mode, tj.TargetSize,
-					tj.Faults, tj.chaos.Fired(), tj.failures(), err, logs, seed)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, s := range tj.chaos.Fired() {
-				fired[strings.SplitN(s, "#", 2)[0]]++
-			}
-			if len(tj.failures()) > 0 {
-				restarted++
-			}
+			tj.mu.Lock()
+			logs := strings.Join(tj.logs, "\n  ")
+			tj.mu.Unlock()
+			return inject.Outcome{Err: err, Fired: tj.chaos.Fired(), Restarted: len(tj.failures()) > 0,
+				Details: fmt.Sprintf("records=%d p=%d rate=%.0f interval=%v mode=%v target=%d faults=%v fired=%v failures=%v\nlogs:\n  %s",
+					tj.Records, tj.Parallelism, tj.Rate, tj.Interval, tj.Mode, tj.TargetSize, tj.Faults, tj.chaos.Fired(), tj.failures(), logs)}
 		})
-	}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			t.Logf("%d runs, %d with restarts; faults fired per site: %v", runs, restarted, fired)
-		}
-	})
 }
 
 var crashSites = []string{

@@ -370,48 +370,17 @@ func randomJob(seed uint64, dsn string) *pgJob {
 // batch size) with 1-4 random faults. The base seed is logged; each
 // failing run prints its seed; replay one with -postgres.seed=N.
 func TestPostgresRandomCrashes(t *testing.T) {
-	base := uint64(time.Now().UnixNano())
-	runs := *crashRuns
-	if *crashSeed != 0 {
-		base, runs = *crashSeed, 1
-	}
-	if testing.Short() {
-		runs = min(runs, 20)
-	}
-	t.Logf("base seed %d (replay a run: go test ./sink/postgres -run TestPostgresRandomCrashes -postgres.seed=<seed>)", base)
-	var mu sync.Mutex
-	fired := map[string]int{}
-	restarted := 0
 	// One database for every run (a fresh database per run costs more
 	// than the run: its first sessions build their catalog caches).
 	dsn := pgtest.NewDatabase(t)
-	concurrently(t, runs, func(i int) (string, func(*testing.T)) {
-		seed := base + uint64(i)
-		return fmt.Sprint(seed), func(t *testing.T) { randomRun(t, seed, dsn, &mu, fired, &restarted) }
-	})
-	t.Cleanup(func() {
-		if !t.Failed() {
-			t.Logf("%d runs, %d with restarts; faults fired per site: %v", runs, restarted, fired)
-		}
-	})
-}
-
-func randomRun(t *testing.T, seed uint64, dsn string, mu *sync.Mutex, fired map[string]int, restarted *int) {
-	j := randomJob(seed, dsn)
-	err := j.run(t)
-	if err == nil {
-		err = j.check(t)
-	}
-	if err != nil {
-		t.Fatalf("seed %d: %v\n%s\nreplay: go test ./sink/postgres -run TestPostgresRandomCrashes -postgres.seed=%d",
-			seed, err, j.describe(), seed)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, s := range j.chaos.Fired() {
-		fired[strings.SplitN(s, "#", 2)[0]]++
-	}
-	if len(j.failures()) > 0 {
-		*restarted++
-	}
+	inject.RandomRuns(t, inject.Runs{Seed: *crashSeed, N: *crashRuns, Concurrency: *crashConcurrency,
+		Replay: "go test ./sink/postgres -run TestPostgresRandomCrashes -postgres.seed="},
+		func(t *testing.T, seed uint64) inject.Outcome {
+			j := randomJob(seed, dsn)
+			err := j.run(t)
+			if err == nil {
+				err = j.check(t)
+			}
+			return inject.Outcome{Err: err, Details: j.describe(), Fired: j.chaos.Fired(), Restarted: len(j.failures()) > 0}
+		})
 }
