@@ -143,7 +143,9 @@
 //
 // A committer whose pre-committed transactions hold resources until they
 // are resolved, across process deaths (a PostgreSQL prepared transaction
-// holds its row locks), implements StaleAborter: a restored or restarted
+// holds its row locks; an open Kafka transaction holds read_committed
+// consumers back), implements StaleAborter (sink/postgres, sink/kafka): a
+// restored or restarted
 // subtask aborts every transaction of its commit user and sink that another
 // attempt or execution pre-committed for a checkpoint after the restored
 // one. Those never completed (a restore of the newest checkpoint), and no

@@ -136,6 +136,9 @@ type counted struct {
 func TestMain(m *testing.M) {
 	if os.Getenv(envChild) != "" {
 		flag.Parse()
+		if os.Getenv(envSink) == "kafka" {
+			os.Exit(runKafkaChild()) // kafka_test.go
+		}
 		os.Exit(runChild())
 	}
 	os.Exit(m.Run())
@@ -713,6 +716,9 @@ func (r *run) output() (ids map[int64]int, perKey map[int64][]int64) {
 	}
 	if slices.Contains(r.env, envSink+"=postgres") {
 		return r.pgOutput()
+	}
+	if slices.Contains(r.env, envSink+"=kafka") {
+		return r.kafkaOutput() // kafka_test.go
 	}
 	txns, err := crashtest.Read[counted](r.out)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -33,6 +33,14 @@
 // silent loss of issue 5, bug 6) fails the commit instead of being dropped
 // as a duplicate.
 //
+// The real sinks get the same kills: the file table (aligned and
+// unaligned), PostgreSQL (prepared transactions left by the dead child are
+// resolved by the next one) and Kafka (kill-kafka, kafka_test.go: a kfake
+// cluster in the parent outlives the children, which read a topic and
+// write another through transactions; a read_committed consumer then
+// counts every id exactly once, and no transaction of the prefix is left
+// open).
+//
 // Run with -crashtest.seed=N to replay the random moments of a failed run
 // (the seed is logged).
 package crashtest

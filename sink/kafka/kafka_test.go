@@ -49,15 +49,22 @@ func (f *faults) hit(site string) error {
 // chaosTxns wraps the Kafka committer with faults around its methods;
 // "-after" sites fail after the operation took effect.
 type chaosTxns struct {
-	*skafka.Committer[rec]
+	committer
 	f *faults
+}
+
+// committer is what the sink uses of a *skafka.Committer.
+type committer interface {
+	sink.TwoPhaseCommitter[rec, *skafka.Txn]
+	sink.LingeringAborter
+	sink.StaleAborter
 }
 
 func (c chaosTxns) Commit(h *skafka.Txn) error {
 	if err := c.f.hit("commit"); err != nil {
 		return err
 	}
-	if err := c.Committer.Commit(h); err != nil {
+	if err := c.committer.Commit(h); err != nil {
 		return err
 	}
 	return c.f.hit("commit-after")
@@ -67,7 +74,7 @@ func (c chaosTxns) RecoverAndCommit(h *skafka.Txn) error {
 	if err := c.f.hit("rcommit"); err != nil {
 		return err
 	}
-	if err := c.Committer.RecoverAndCommit(h); err != nil {
+	if err := c.committer.RecoverAndCommit(h); err != nil {
 		return err
 	}
 	return c.f.hit("rcommit-after")
@@ -77,7 +84,7 @@ func (c chaosTxns) PreCommit(h *skafka.Txn, ckpt int64) error {
 	if err := c.f.hit("precommit"); err != nil {
 		return err
 	}
-	return c.Committer.PreCommit(h, ckpt)
+	return c.committer.PreCommit(h, ckpt)
 }
 
 type failing struct{ f *faults }
@@ -121,7 +128,7 @@ func newCommitter(t *testing.T, c *kfake.Cluster) *skafka.Committer[rec] {
 	return k
 }
 
-func runEOS(t *testing.T, c *kfake.Cluster, k *skafka.Committer[rec], f *faults, par, restarts int, ckpt string, latest bool) error {
+func runEOS(t *testing.T, c *kfake.Cluster, k committer, f *faults, par, restarts int, ckpt string, latest bool) error {
 	src, err := kafka.New(kafka.Config[rec]{Brokers: c.ListenAddrs(), Topics: []string{"in"}, Bounded: true, Logf: t.Logf,
 		Deserializer: kafka.DeserializerFunc[rec](func(r *kgo.Record) (rec, error) {
 			id, err := strconv.ParseInt(string(r.Value), 10, 64)

@@ -1,34 +1,64 @@
 // Package kafka is a replayable, rescalable Kafka source (franz-go).
 //
-// Protocol: the partitions of Config.Topics are the splits, a fixed set
-// independent of parallelism. Every subtask lists them (metadata), merges
-// them with the restored union list state PartitionState, sorts them by
-// (topic, partition) and reads partition i when i % parallelism ==
-// subtask, with a kgo client assigned those partitions directly
-// (ConsumePartitions, no consumer group), at the checkpointed offsets.
-// Partitions no checkpoint names start at Earliest, Latest or the offsets
-// Committed by Config.Group (read only). Isolation is read_committed by
-// default. Fetching runs in a goroutine; ReadBatch never blocks and
-// returns graph.ErrNoRecord when nothing is fetched, so checkpoints go on
-// and idle partitions (or subtasks with none) stall nothing.
+// Protocol: the partitions of Config.Topics and of the topics
+// Config.TopicRegex matches are the splits, a set independent of
+// parallelism. Every subtask lists them (metadata), merges them with the
+// restored union list state PartitionState, and reads the partitions it
+// owns: Owner(topic, partition, parallelism) == subtask, a function of the
+// partition alone ((FNV-1a(topic) + partition) mod parallelism, as Flink's
+// KafkaSourceEnumerator), so the partitions of a topic are spread
+// round-robin, every subtask agrees without talking, and a partition added
+// later moves no other. Each subtask reads its partitions with a kgo
+// client assigned them directly (ConsumePartitions, no consumer group), at
+// the checkpointed offsets. Partitions no checkpoint names start at
+// Earliest, Latest, the first record at or after StartTimestamp
+// (Timestamp), or the offsets Committed by Config.Group. Isolation is
+// read_committed by default. Fetching runs in a goroutine; ReadBatch never
+// blocks and returns graph.ErrNoRecord when nothing is fetched, so
+// checkpoints go on and idle partitions (or subtasks with none) stall
+// nothing.
+//
+// With Config.DiscoveryInterval a goroutine per subtask lists the
+// partitions that often; a new one (a partition added to a topic, a new
+// topic the regex matches) that the subtask owns is added on the subtask's
+// goroutine (before the next record or snapshot), read from its earliest
+// offset (everything in a partition created after the start belongs to the
+// read), and is in the state from the next checkpoint on. A restore
+// before that checkpoint discovers it again, from the earliest offset:
+// nothing of it had been emitted under a checkpoint.
 //
 // Invariants:
 //
 //   - K1: PartitionProgress.Next is the offset after the last record
 //     emitted before the barrier; a restore resumes there.
-//   - K2: every subtask snapshots every partition assigned to it, so the
-//     union of the state names every known partition, and a restore at
-//     any parallelism reassigns all of them.
+//   - K2: every subtask snapshots every partition it owns, so the union of
+//     the state names every known partition, and a restore at any
+//     parallelism reassigns all of them by Owner. A restored partition
+//     that the listing no longer has (a deleted topic, one the regex no
+//     longer matches) stays in the state, unread.
 //   - K3: a bad record fails the source with an unrecoverable error naming
 //     topic, partition and offset, or with Config.DeadLetter goes to the
 //     handler, is counted (PartitionProgress.Bad, Stats) and skipped.
 //   - K4: Bounded stops each partition at the last stable offset seen at
-//     its first discovery, kept in the checkpoint (Stop).
+//     its first discovery, kept in the checkpoint (Stop). Bounded excludes
+//     DiscoveryInterval.
+//   - K5: offsets in a consumer group are never the source of truth. With
+//     CommitOffsets, each subtask commits the offsets of a checkpoint to
+//     Config.Group when it completes (in the background, one commit at a
+//     time, failures logged), for lag monitoring as Flink does; they are
+//     read only by Start == Committed, for partitions no restored
+//     checkpoint names.
+//   - K6: each partition is read by one subtask at a time: Owner depends on
+//     nothing a subtask could see differently.
+//   - K7: Start applies to the first start only. After a restore, a
+//     partition the restored checkpoint does not name (added since, or
+//     discovered after that checkpoint and read from its earliest offset
+//     then) is read from its earliest offset, so a restore replays it
+//     from where its first reading began, whatever Start is. Bounded
+//     reads still stop at the end offsets (K4).
 //
-// Not done yet: topic regex and partitions discovered while running (the
-// set is fixed at initialization), start from a timestamp, committing
-// offsets to the group on checkpoint completion (monitoring), watermarks
-// / idleness signalling. Bounded mode with a transactional input whose
-// last offsets are control records (commit markers) never reaches Stop,
-// since only data records advance Next.
+// Not done: watermarks and idleness signalling (the engine has no event
+// time yet). Bounded mode with a transactional input whose last offsets
+// are control records (commit markers) never reaches Stop, since only
+// data records advance Next.
 package kafka

@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +38,9 @@ const (
 	// Committed reads from the offset committed by Config.Group, or the log
 	// start offset if the group committed none for the partition.
 	Committed
+	// Timestamp reads from the first record whose timestamp is at or after
+	// Config.StartTimestamp (the end offset if there is none).
+	Timestamp
 )
 
 // Deserializer decodes a fetched record. An error makes the record bad
@@ -53,13 +59,36 @@ func (f DeserializerFunc[T]) Deserialize(r *kgo.Record) (T, error) { return f(r)
 type Config[T any] struct {
 	// Brokers are the seed brokers.
 	Brokers []string
-	// Topics are read whole: every partition of each is a split.
+	// Topics are read whole: every partition of each is a split. They must
+	// exist.
 	Topics []string
-	// Start applies to partitions that no checkpoint names.
+	// TopicRegex, if set, adds every topic whose name it matches (internal
+	// topics, "__" first, excluded), at the start and, with
+	// DiscoveryInterval, while running.
+	TopicRegex *regexp.Regexp
+	// DiscoveryInterval, if > 0, lists the partitions of the topics (and
+	// of the topics TopicRegex matches) that often while running: each new
+	// partition becomes a split, read by its owner subtask (see the
+	// package documentation) from its earliest offset, and kept in the
+	// checkpoint from the next one on. Not with Bounded.
+	DiscoveryInterval time.Duration
+	// Start applies to the partitions of the first start (no checkpoint
+	// restored). After a restore, partitions the checkpoint does not name
+	// are read from their earliest offsets (K7), and so are partitions
+	// discovered while running.
 	Start StartOffset
-	// Group is the consumer group of Start == Committed. It is only read:
-	// the checkpoint is the source of truth for offsets.
+	// Group is the consumer group of Start == Committed and of
+	// CommitOffsets. The checkpoint is the source of truth for offsets:
+	// the group's offsets are read only for partitions no checkpoint
+	// names.
 	Group string
+	// StartTimestamp is where Start == Timestamp starts.
+	StartTimestamp time.Time
+	// CommitOffsets commits, when a checkpoint completes, the offsets that
+	// checkpoint holds to Group (for monitoring, as Flink does: lag tools
+	// read them; they are never read back unless Start is Committed and
+	// no checkpoint is restored). A failed commit is logged, never fatal.
+	CommitOffsets bool
 	// Bounded stops each partition at its end offset (last stable offset)
 	// as seen when the partition was first discovered; the offset is kept
 	// in the checkpoint, so a restore stops at the same place. Without it
@@ -108,13 +137,15 @@ func (p *PartitionProgress) ID() string { return fmt.Sprintf("%s/%d", p.Topic, p
 // Stats counts what the subtasks of a Source did, over every attempt.
 type Stats struct {
 	Records, Bad int64
+	// Commits counts the offset commits to Config.Group that succeeded.
+	Commits int64
 }
 
 // Source is a replayable, rescalable Kafka source. Pass its New method to
 // graph.Source.
 type Source[T any] struct {
-	cfg          Config[T]
-	records, bad atomic.Int64
+	cfg                   Config[T]
+	records, bad, commits atomic.Int64
 }
 
 // New validates cfg and returns the source.
@@ -122,8 +153,17 @@ func New[T any](cfg Config[T]) (*Source[T], error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("source/kafka: no brokers")
 	}
-	if len(cfg.Topics) == 0 {
-		return nil, errors.New("source/kafka: no topics")
+	if len(cfg.Topics) == 0 && cfg.TopicRegex == nil {
+		return nil, errors.New("source/kafka: no Topics and no TopicRegex")
+	}
+	if cfg.DiscoveryInterval > 0 && cfg.Bounded {
+		return nil, errors.New("source/kafka: DiscoveryInterval with Bounded: a bounded read stops at the partitions' end offsets as first discovered, so it discovers no partition later")
+	}
+	if cfg.CommitOffsets && cfg.Group == "" {
+		return nil, errors.New("source/kafka: CommitOffsets but Group is empty")
+	}
+	if cfg.Start == Timestamp && cfg.StartTimestamp.IsZero() {
+		return nil, errors.New("source/kafka: Start is Timestamp but StartTimestamp is zero")
 	}
 	if cfg.Deserializer == nil {
 		return nil, errors.New("source/kafka: no Deserializer")
@@ -141,7 +181,9 @@ func New[T any](cfg Config[T]) (*Source[T], error) {
 }
 
 // Stats returns the counters.
-func (s *Source[T]) Stats() Stats { return Stats{Records: s.records.Load(), Bad: s.bad.Load()} }
+func (s *Source[T]) Stats() Stats {
+	return Stats{Records: s.records.Load(), Bad: s.bad.Load(), Commits: s.commits.Load()}
+}
 
 // New returns the source function of one subtask.
 func (s *Source[T]) New() graph.SourceFunc[T] { return &subtask[T]{s: s} }
@@ -164,6 +206,37 @@ type subtask[T any] struct {
 	buf   []*kgo.Record
 	err   error
 	one   [1]T
+	// found receives the partitions the discovery goroutine found for
+	// this subtask; ReadBatch adds them.
+	found chan []PartitionProgress
+	// snaps are the offsets of the recent checkpoints, for CommitOffsets.
+	snaps   []snap
+	commits sync.WaitGroup
+	// commitMu guards next (the newest snapshot to commit) and
+	// committing (a commit goroutine runs).
+	commitMu   sync.Mutex
+	next       *snap
+	committing bool
+	ctx        context.Context
+	admMu      sync.Mutex
+	adm        *kgo.Client
+}
+
+type snap struct {
+	id    int64
+	parts []PartitionProgress
+}
+
+// Owner is the subtask of parallelism that reads partition of topic:
+// (FNV-1a of topic + partition) mod parallelism, a function of the
+// partition alone, so a partition discovered while running is assigned
+// without moving any other, every subtask computes the same owner, and
+// the partitions of a topic are spread round-robin (Flink's
+// KafkaSourceEnumerator does the same with the topic's Java hash code).
+func Owner(topic string, partition int32, parallelism int) int {
+	h := fnv.New32a()
+	h.Write([]byte(topic))
+	return int((uint64(h.Sum32()&0x7fffffff) + uint64(partition)) % uint64(parallelism))
 }
 
 type fetched struct {
@@ -190,19 +263,65 @@ func (t *subtask[T]) InitializeState(ctx *graph.Context) error {
 	for _, p := range l.Get() {
 		restored[p.ID()] = p
 	}
-	all, err := t.discover(restored)
+	// A partition a restored checkpoint does not name is new since the
+	// job first started (or discovered after the checkpoint, its records
+	// replayed now): it is read from its earliest offset, as discovery
+	// reads it, not from Start, which applies to the first start only
+	// (K7).
+	start := cfg.Start
+	if ctx.Restored() && len(restored) > 0 {
+		start = Earliest
+	}
+	all, err := t.discover(restored, start)
 	if err != nil {
 		return err
 	}
 	t.parts = t.parts[:0]
 	t.index = map[string]map[int32]int{}
-	assign := map[string]map[int32]kgo.Offset{}
-	for i, p := range all {
-		if i%t.info.Parallelism != t.info.Subtask {
-			continue
+	known := map[string]bool{}
+	var mine []PartitionProgress
+	for _, p := range all {
+		known[p.ID()] = true
+		if Owner(p.Topic, p.Partition, t.info.Parallelism) == t.info.Subtask {
+			mine = append(mine, p)
 		}
+	}
+	// Restored partitions no listed topic has any more (a topic deleted,
+	// or no longer matched) stay in the state, unread.
+	for id, p := range restored {
+		if !known[id] && Owner(p.Topic, p.Partition, t.info.Parallelism) == t.info.Subtask {
+			if p.Stop < 0 || p.Stop > p.Next {
+				p.Stop = p.Next // done: nothing to read
+			}
+			mine = append(mine, p)
+		}
+	}
+	if err := t.add(mine); err != nil {
+		return err
+	}
+	l.Update(t.parts)
+	cfg.Logf("source %v: %d partitions (%d restored); this subtask reads %d", t.info, len(all), len(restored), len(t.parts))
+	if cfg.DiscoveryInterval > 0 {
+		t.found = make(chan []PartitionProgress, 1)
+		if t.stop == nil {
+			t.startPolling(nil)
+		}
+		t.wg.Add(1)
+		go t.discoverLoop(known)
+	}
+	return nil
+}
+
+// add takes parts (owned by this subtask, new to it) and consumes those
+// not done at their Next.
+func (t *subtask[T]) add(parts []PartitionProgress) error {
+	assign := map[string]map[int32]kgo.Offset{}
+	for _, p := range parts {
 		if t.index[p.Topic] == nil {
 			t.index[p.Topic] = map[int32]int{}
+		}
+		if _, ok := t.index[p.Topic][p.Partition]; ok {
+			continue
 		}
 		t.index[p.Topic][p.Partition] = len(t.parts)
 		t.parts = append(t.parts, p)
@@ -213,9 +332,26 @@ func (t *subtask[T]) InitializeState(ctx *graph.Context) error {
 			assign[p.Topic][p.Partition] = kgo.NewOffset().At(p.Next)
 		}
 	}
-	l.Update(t.parts)
-	cfg.Logf("source %v: %d partitions of %v (%d restored); this subtask reads %d", t.info, len(all), cfg.Topics, len(restored), len(t.parts))
 	if len(assign) == 0 {
+		return nil
+	}
+	if t.cl != nil {
+		t.cl.AddConsumePartitions(assign)
+		return nil
+	}
+	return t.startPolling(assign)
+}
+
+// startPolling creates the consumer of assign and its poll goroutine.
+// With assign nil it only creates the context (discovery without
+// partitions yet).
+func (t *subtask[T]) startPolling(assign map[string]map[int32]kgo.Offset) error {
+	cfg := &t.s.cfg
+	if t.stop == nil {
+		fctx, cancel := context.WithCancel(context.Background())
+		t.ctx, t.stop = fctx, cancel
+	}
+	if assign == nil {
 		return nil
 	}
 	opts := append(t.opts(), kgo.ConsumePartitions(assign))
@@ -230,11 +366,85 @@ func (t *subtask[T]) InitializeState(ctx *graph.Context) error {
 	}
 	t.cl = cl
 	t.fetch = make(chan fetched, 4)
-	fctx, cancel := context.WithCancel(context.Background())
-	t.stop = cancel
 	t.wg.Add(1)
-	go t.poll(fctx)
+	go t.poll(t.ctx)
 	return nil
+}
+
+// discoverLoop lists the partitions every DiscoveryInterval and sends
+// those of this subtask that are new, with their earliest offsets (a
+// partition created since the last listing holds nothing older that
+// belongs to the read).
+func (t *subtask[T]) discoverLoop(known map[string]bool) {
+	defer t.wg.Done()
+	cfg := &t.s.cfg
+	tick := time.NewTicker(cfg.DiscoveryInterval)
+	defer tick.Stop()
+	var pending []PartitionProgress
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if len(pending) == 0 {
+			ps, err := t.listNew(known)
+			if err != nil {
+				cfg.Logf("source %v: partition discovery: %v (retrying in %v)", t.info, err, cfg.DiscoveryInterval)
+				continue
+			}
+			pending = ps
+		}
+		if len(pending) == 0 {
+			continue
+		}
+		select {
+		case t.found <- pending:
+			pending = nil
+		default: // ReadBatch has not taken the last ones yet
+		}
+	}
+}
+
+// listNew returns the partitions of this subtask not in known (and adds
+// every listed partition to known).
+func (t *subtask[T]) listNew(known map[string]bool) ([]PartitionProgress, error) {
+	cfg := &t.s.cfg
+	adm, err := kgo.NewClient(t.opts()...)
+	if err != nil {
+		return nil, err
+	}
+	defer adm.Close()
+	ac := kadm.NewClient(adm)
+	ctx, cancel := context.WithTimeout(t.ctx, cfg.Timeout)
+	defer cancel()
+	listed, err := t.listPartitions(ctx, ac)
+	if err != nil {
+		return nil, err
+	}
+	var fresh []PartitionProgress
+	for _, p := range listed {
+		if known[p.ID()] {
+			continue
+		}
+		known[p.ID()] = true
+		if Owner(p.Topic, p.Partition, t.info.Parallelism) == t.info.Subtask {
+			fresh = append(fresh, p)
+		}
+	}
+	if len(fresh) == 0 {
+		return nil, nil
+	}
+	if err := t.startOffsets(ctx, ac, fresh, Earliest); err != nil {
+		for _, p := range fresh {
+			delete(known, p.ID())
+		}
+		return nil, err
+	}
+	for _, p := range fresh {
+		cfg.Logf("source %v: discovered partition %s, reading it from offset %d", t.info, p.ID(), p.Next)
+	}
+	return fresh, nil
 }
 
 // poll fetches in the background; ReadBatch never blocks on the network.
@@ -263,7 +473,7 @@ func (t *subtask[T]) poll(ctx context.Context) {
 	}
 }
 
-func (t *subtask[T]) discover(restored map[string]PartitionProgress) ([]PartitionProgress, error) {
+func (t *subtask[T]) discover(restored map[string]PartitionProgress, start StartOffset) ([]PartitionProgress, error) {
 	cfg := &t.s.cfg
 	adm, err := kgo.NewClient(t.opts()...)
 	if err != nil {
@@ -273,12 +483,47 @@ func (t *subtask[T]) discover(restored map[string]PartitionProgress) ([]Partitio
 	ac := kadm.NewClient(adm)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	defer cancel()
-	md, err := ac.Metadata(ctx, cfg.Topics...)
+	listed, err := t.listPartitions(ctx, ac)
 	if err != nil {
-		return nil, fmt.Errorf("source/kafka: metadata of %v from brokers %v (within %v; are the brokers reachable?): %w", cfg.Topics, cfg.Brokers, cfg.Timeout, err)
+		return nil, err
 	}
-	var all []PartitionProgress
-	var fresh []PartitionProgress
+	var all, fresh []PartitionProgress
+	for _, p := range listed {
+		if r, ok := restored[p.ID()]; ok {
+			all = append(all, r)
+			continue
+		}
+		fresh = append(fresh, p)
+	}
+	if err := t.startOffsets(ctx, ac, fresh, start); err != nil {
+		return nil, err
+	}
+	all = append(all, fresh...)
+	slices.SortFunc(all, func(a, b PartitionProgress) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return all, nil
+}
+
+// listPartitions returns the partitions of Topics and of the topics TopicRegex
+// matches, sorted, with Next and Stop -1.
+func (t *subtask[T]) listPartitions(ctx context.Context, ac *kadm.Client) ([]PartitionProgress, error) {
+	cfg := &t.s.cfg
+	var md kadm.Metadata
+	var err error
+	if cfg.TopicRegex != nil {
+		md, err = ac.Metadata(ctx) // every topic
+	} else {
+		md, err = ac.Metadata(ctx, cfg.Topics...)
+	}
+	what := fmt.Sprint(cfg.Topics)
+	if cfg.TopicRegex != nil {
+		what += fmt.Sprintf(" and topics matching %q", cfg.TopicRegex)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("source/kafka: metadata of %s from brokers %v (within %v; are the brokers reachable?): %w", what, cfg.Brokers, cfg.Timeout, err)
+	}
+	topics := slices.Clone(cfg.Topics)
 	for _, topic := range cfg.Topics {
 		td, ok := md.Topics[topic]
 		if !ok || td.Err != nil {
@@ -288,82 +533,222 @@ func (t *subtask[T]) discover(restored map[string]PartitionProgress) ([]Partitio
 			}
 			return nil, fmt.Errorf("source/kafka: topic %q: %w", topic, e)
 		}
-		for _, pd := range td.Partitions {
-			p := PartitionProgress{Topic: topic, Partition: pd.Partition, Next: -1, Stop: -1}
-			if r, ok := restored[p.ID()]; ok {
-				all = append(all, r)
-				continue
+	}
+	if cfg.TopicRegex != nil {
+		for name, td := range md.Topics {
+			if !strings.HasPrefix(name, "__") && !td.IsInternal && td.Err == nil && cfg.TopicRegex.MatchString(name) && !slices.Contains(topics, name) {
+				topics = append(topics, name)
 			}
-			fresh = append(fresh, p)
 		}
 	}
-	if len(fresh) > 0 {
-		topics := map[string]bool{}
-		for _, p := range fresh {
-			topics[p.Topic] = true
-		}
-		var ts []string
-		for tp := range topics {
-			ts = append(ts, tp)
-		}
-		starts, err := ac.ListStartOffsets(ctx, ts...)
-		if err != nil {
-			return nil, fmt.Errorf("source/kafka: start offsets of %v: %w", ts, err)
-		}
-		var ends kadm.ListedOffsets
-		if cfg.Start == Latest || cfg.Bounded {
-			if cfg.ReadUncommitted {
-				ends, err = ac.ListEndOffsets(ctx, ts...)
-			} else {
-				ends, err = ac.ListCommittedOffsets(ctx, ts...) // last stable offsets
-			}
-			if err != nil {
-				return nil, fmt.Errorf("source/kafka: end offsets of %v: %w", ts, err)
-			}
-		}
-		var group kadm.OffsetResponses
-		if cfg.Start == Committed {
-			group, err = ac.FetchOffsets(ctx, cfg.Group)
-			if err != nil {
-				return nil, fmt.Errorf("source/kafka: committed offsets of group %q: %w", cfg.Group, err)
-			}
-		}
-		for _, p := range fresh {
-			so, ok := starts.Lookup(p.Topic, p.Partition)
-			if !ok || so.Err != nil {
-				return nil, fmt.Errorf("source/kafka: start offset of %s: %v", p.ID(), so.Err)
-			}
-			p.Next = so.Offset
-			if ends != nil {
-				eo, ok := ends.Lookup(p.Topic, p.Partition)
-				if !ok || eo.Err != nil {
-					return nil, fmt.Errorf("source/kafka: end offset of %s: %v", p.ID(), eo.Err)
-				}
-				if cfg.Bounded {
-					p.Stop = eo.Offset
-				}
-				if cfg.Start == Latest {
-					p.Next = eo.Offset
-				}
-			}
-			if cfg.Start == Committed {
-				if o, ok := group.Lookup(p.Topic, p.Partition); ok && o.Err == nil && o.At >= 0 {
-					p.Next = max(o.At, so.Offset)
-				}
-			}
-			all = append(all, p)
+	var out []PartitionProgress
+	for _, topic := range topics {
+		for _, pd := range md.Topics[topic].Partitions {
+			out = append(out, PartitionProgress{Topic: topic, Partition: pd.Partition, Next: -1, Stop: -1})
 		}
 	}
-	slices.SortFunc(all, func(a, b PartitionProgress) int {
+	slices.SortFunc(out, func(a, b PartitionProgress) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 	})
-	return all, nil
+	return out, nil
+}
+
+// startOffsets sets Next (and, Bounded, Stop) of the fresh partitions
+// per start.
+func (t *subtask[T]) startOffsets(ctx context.Context, ac *kadm.Client, fresh []PartitionProgress, start StartOffset) error {
+	cfg := &t.s.cfg
+	if len(fresh) == 0 {
+		return nil
+	}
+	var ts []string
+	for _, p := range fresh {
+		if !slices.Contains(ts, p.Topic) {
+			ts = append(ts, p.Topic)
+		}
+	}
+	starts, err := ac.ListStartOffsets(ctx, ts...)
+	if err != nil {
+		return fmt.Errorf("source/kafka: start offsets of %v: %w", ts, err)
+	}
+	var ends kadm.ListedOffsets
+	if start == Latest || cfg.Bounded {
+		if cfg.ReadUncommitted {
+			ends, err = ac.ListEndOffsets(ctx, ts...)
+		} else {
+			ends, err = ac.ListCommittedOffsets(ctx, ts...) // last stable offsets
+		}
+		if err != nil {
+			return fmt.Errorf("source/kafka: end offsets of %v: %w", ts, err)
+		}
+	}
+	var group kadm.OffsetResponses
+	if start == Committed {
+		group, err = ac.FetchOffsets(ctx, cfg.Group)
+		if err != nil {
+			return fmt.Errorf("source/kafka: committed offsets of group %q: %w", cfg.Group, err)
+		}
+	}
+	var at kadm.ListedOffsets
+	if start == Timestamp {
+		at, err = ac.ListOffsetsAfterMilli(ctx, cfg.StartTimestamp.UnixMilli(), ts...)
+		if err != nil {
+			return fmt.Errorf("source/kafka: offsets at %v of %v: %w", cfg.StartTimestamp, ts, err)
+		}
+	}
+	for i := range fresh {
+		p := &fresh[i]
+		so, ok := starts.Lookup(p.Topic, p.Partition)
+		if !ok || so.Err != nil {
+			return fmt.Errorf("source/kafka: start offset of %s: %v", p.ID(), so.Err)
+		}
+		p.Next = so.Offset
+		if ends != nil {
+			eo, ok := ends.Lookup(p.Topic, p.Partition)
+			if !ok || eo.Err != nil {
+				return fmt.Errorf("source/kafka: end offset of %s: %v", p.ID(), eo.Err)
+			}
+			if cfg.Bounded {
+				p.Stop = eo.Offset
+			}
+			if start == Latest {
+				p.Next = eo.Offset
+			}
+		}
+		switch start {
+		case Committed:
+			if o, ok := group.Lookup(p.Topic, p.Partition); ok && o.Err == nil && o.At >= 0 {
+				p.Next = max(o.At, so.Offset)
+			}
+		case Timestamp:
+			o, ok := at.Lookup(p.Topic, p.Partition)
+			if !ok || o.Err != nil {
+				return fmt.Errorf("source/kafka: offset at %v of %s: %v", cfg.StartTimestamp, p.ID(), o.Err)
+			}
+			if o.Offset >= 0 {
+				p.Next = max(o.Offset, so.Offset)
+			}
+		}
+	}
+	return nil
 }
 
 // SnapshotState saves the progress of every assigned partition (K1).
-func (t *subtask[T]) SnapshotState(*graph.SnapshotContext) error {
+func (t *subtask[T]) SnapshotState(ctx *graph.SnapshotContext) error {
+	t.takeFound()
 	t.list.Update(t.parts)
+	if t.s.cfg.CommitOffsets {
+		if len(t.snaps) >= 16 {
+			t.snaps = slices.Delete(t.snaps, 0, 1)
+		}
+		t.snaps = append(t.snaps, snap{ctx.CheckpointID, slices.Clone(t.parts)})
+	}
 	return nil
+}
+
+// NotifyCheckpointComplete commits the offsets of checkpoint id (the
+// newest snapshot up to it) to Config.Group if CommitOffsets, in the
+// background, one commit at a time: a completion during a commit leaves
+// its offsets to commit next (only the newest waits). Errors are logged:
+// the group's offsets are for monitoring only (K5).
+func (t *subtask[T]) NotifyCheckpointComplete(id int64) error {
+	if !t.s.cfg.CommitOffsets {
+		return nil
+	}
+	k := -1
+	for i, sn := range t.snaps {
+		if sn.id <= id {
+			k = i
+		}
+	}
+	if k < 0 {
+		return nil
+	}
+	sn := t.snaps[k]
+	t.snaps = slices.Delete(t.snaps, 0, k+1)
+	t.commitMu.Lock()
+	t.next = &sn
+	running := t.committing
+	t.committing = true
+	t.commitMu.Unlock()
+	if running {
+		return nil
+	}
+	t.commits.Add(1)
+	go func() {
+		defer t.commits.Done()
+		for {
+			t.commitMu.Lock()
+			sn := t.next
+			t.next = nil
+			if sn == nil {
+				t.committing = false
+				t.commitMu.Unlock()
+				return
+			}
+			t.commitMu.Unlock()
+			if err := t.commit(*sn); err != nil {
+				t.s.cfg.Logf("source %v: committing the offsets of checkpoint %d to group %q (monitoring only): %v", t.info, sn.id, t.s.cfg.Group, err)
+				continue
+			}
+			t.s.commits.Add(1)
+		}
+	}()
+	return nil
+}
+
+// NotifyCheckpointAborted does nothing.
+func (t *subtask[T]) NotifyCheckpointAborted(int64) error { return nil }
+
+func (t *subtask[T]) commit(sn snap) error {
+	cfg := &t.s.cfg
+	offs := kadm.Offsets{}
+	for _, p := range sn.parts {
+		if p.Next >= 0 {
+			offs.Add(kadm.Offset{Topic: p.Topic, Partition: p.Partition, At: p.Next, LeaderEpoch: -1})
+		}
+	}
+	if len(offs) == 0 {
+		return nil
+	}
+	cl, err := t.adminClient()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CommitOffsets(ctx, cfg.Group, offs)
+	if err != nil {
+		return err
+	}
+	return resp.Error()
+}
+
+// adminClient is the subtask's client for offset commits, made once.
+func (t *subtask[T]) adminClient() (*kgo.Client, error) {
+	t.admMu.Lock()
+	defer t.admMu.Unlock()
+	if t.adm == nil {
+		cl, err := kgo.NewClient(t.opts()...)
+		if err != nil {
+			return nil, err
+		}
+		t.adm = cl
+	}
+	return t.adm, nil
+}
+
+// takeFound adds the partitions the discovery found, if any.
+func (t *subtask[T]) takeFound() {
+	if t.found == nil {
+		return
+	}
+	select {
+	case ps := <-t.found:
+		if err := t.add(ps); err != nil && t.err == nil {
+			t.err = err
+		}
+	default:
+	}
 }
 
 // Next returns the next record (through ReadBatch).
@@ -389,6 +774,7 @@ func (t *subtask[T]) allDone() bool {
 // graph.ErrNoRecord (never blocks), and io.EOF once every bounded
 // partition reached its stop offset.
 func (t *subtask[T]) ReadBatch(_ *graph.Context, dst []T) (n int, err error) {
+	t.takeFound()
 	if t.err != nil {
 		return 0, t.err
 	}
@@ -454,9 +840,16 @@ func (t *subtask[T]) ReadBatch(_ *graph.Context, dst []T) (n int, err error) {
 func (t *subtask[T]) Close() error {
 	if t.stop != nil {
 		t.stop()
-		t.cl.Close()
+		if t.cl != nil {
+			t.cl.Close()
+		}
 		t.wg.Wait()
 		t.stop = nil
+	}
+	t.commits.Wait()
+	if t.adm != nil {
+		t.adm.Close()
+		t.adm = nil
 	}
 	return nil
 }
