@@ -13,6 +13,7 @@ import (
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state"
 	"github.com/snapflow/snapflow/state/keygroup"
@@ -294,6 +295,11 @@ type hooks struct {
 	keyed interface {
 		Freeze() (*state.KeyedSnapshot, error)
 	}
+	// keyedFiles writes keyed state above inlineKeyedEntries to its
+	// keyed-state file (task.Info.KeyedState); nil without checkpoint
+	// storage.
+	keyedFiles snapshot.KeyedStateWriter
+	task       checkpoint.TaskID
 	// endInput is the function's InputEnder or SinkEnder, bound to its
 	// Collector; nil if it has none.
 	endInput func() error
@@ -308,6 +314,7 @@ func (h *hooks) open(info task.Info) error {
 	}
 	c, err := newContext(info)
 	h.ctx = c
+	h.keyedFiles, h.task = info.KeyedState, info.ID()
 	return err
 }
 
@@ -337,9 +344,12 @@ func (h *hooks) Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error) {
 // SnapshotAsync implements task.AsyncSnapshotter. The synchronous part runs
 // the user's SnapshotState hook, encodes the operator list state and
 // freezes the keyed state (timers included), in time independent of the
-// number of keys for copy-on-write state; the asynchronous part encodes
-// the frozen keyed state, unless it holds at most inlineKeyedEntries
-// entries, which are encoded at once.
+// number of keys for copy-on-write state. Keyed state of at most
+// inlineKeyedEntries entries is encoded at once and goes inline in the ack
+// (and _metadata); above that, the asynchronous part encodes the frozen
+// state and writes it to the subtask's keyed-state file in the
+// checkpoint's directory (keyedPart), so that the ack carries only the
+// reference.
 func (h *hooks) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.AsyncPart, error) {
 	if s, ok := h.fn.(Snapshotter); ok {
 		sc := &SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}
@@ -369,21 +379,40 @@ func (h *hooks) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.A
 		}
 		return st, nil, nil
 	}
-	return st, keyedPart{ks}, nil
+	return st, keyedPart{s: ks, files: h.keyedFiles, task: h.task, barrier: b}, nil
 }
 
 // inlineKeyedEntries is the most keyed entries a keyed operator encodes in
-// the synchronous part of its snapshot (a fraction of a millisecond);
-// above it the frozen state is encoded asynchronously, so the pause does
-// not grow with the number of keys.
+// the synchronous part of its snapshot (a fraction of a millisecond) and
+// sends inline, in the ack and _metadata: the memory threshold (Flink's
+// state.storage.fs.memory-threshold, here counted in entries). Above it
+// the frozen state is encoded and written to a keyed-state file
+// asynchronously, so the pause does not grow with the number of keys and
+// neither the master's memory nor _metadata holds the state.
 const inlineKeyedEntries = 1024
 
-// keyedPart encodes a frozen keyed state off the subtask goroutine.
-type keyedPart struct{ s *state.KeyedSnapshot }
+// keyedPart encodes a frozen keyed state off the subtask goroutine and
+// writes it to the subtask's keyed-state file for the barrier's checkpoint
+// or savepoint; the write is synced before Run returns, so before the ack
+// goes out. Without a writer (no checkpoint storage) the records go inline
+// in the ack.
+type keyedPart struct {
+	s       *state.KeyedSnapshot
+	files   snapshot.KeyedStateWriter
+	task    checkpoint.TaskID
+	barrier marker.Barrier
+}
 
 func (p keyedPart) Run(ctx context.Context, st *checkpoint.SubtaskState) error {
 	kgs, err := p.s.Encode(ctx)
-	st.KeyGroups = kgs
+	if err != nil {
+		return err
+	}
+	if p.files == nil || len(kgs) == 0 {
+		st.KeyGroups = kgs
+		return nil
+	}
+	st.KeyedState, err = p.files.WriteKeyedState(ctx, p.barrier.ID, p.barrier.Options.Kind, p.task, kgs)
 	return err
 }
 

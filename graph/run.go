@@ -172,6 +172,9 @@ type attempt struct {
 	mode      marker.Mode
 	plan      *restore.Plan
 	reports   chan task.Report
+	// keyedState writes the keyed-state files of checkpoints (nil without
+	// checkpoint storage).
+	keyedState snapshot.KeyedStateWriter
 	// mails maps every subtask of every operator to the mailbox of the
 	// chain subtask it runs in.
 	mails map[checkpoint.TaskID]*task.Mailbox
@@ -189,7 +192,7 @@ type runFunc func(ctx context.Context, a *attempt, i int, chain *task.Chain, hea
 func (j *Job) build(x *execution.Attempt) (*execution.Attempt, error) {
 	a := &attempt{
 		job: j, number: x.Number, execution: x.Execution, mode: j.cfg.Checkpoint.Mode,
-		plan: x.Plan, reports: x.Reports,
+		plan: x.Plan, reports: x.Reports, keyedState: x.KeyedState,
 		mails: map[checkpoint.TaskID]*task.Mailbox{},
 		chans: map[*edge][][]any{},
 	}
@@ -224,6 +227,7 @@ func (a *attempt) info(v *vertex, i int) task.Info {
 		MaxParallelism: v.maxParallelism, Attempt: a.number, Execution: a.execution,
 		KeyGroups:            keygroup.Empty,
 		CheckpointingEnabled: a.job.cfg.Checkpoint.Interval > 0,
+		KeyedState:           a.keyedState,
 	}
 	if v.keyed {
 		info.KeyGroups = keygroup.RangeFor(v.maxParallelism, v.parallelism, i)

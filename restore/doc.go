@@ -2,12 +2,29 @@
 // which completed checkpoint to use, and which state each subtask of the new
 // job starts with.
 //
-// Latest and Load are the only functions that do IO (they read _metadata
-// and the channel-state files it references through snapshot.ReadMetadata,
-// and Latest the storage's checkpoint directories and completed-checkpoint
-// log). Assign is a pure function from the
-// checkpoint metadata and the new job's operators to a Plan: no IO, no
-// clock, no goroutines; the same inputs give the same Plan.
+// Latest, Load, LatestPlan, LoadPlan and LoadKeyedState are the only
+// functions that do IO (they read _metadata and the channel-state files it
+// references through snapshot.ReadMetadata, keyed-state blocks through
+// snapshot.ReadKeyedState, and Latest and LatestPlan the storage's
+// checkpoint directories and completed-checkpoint log). Assign is a pure
+// function from the checkpoint metadata and the new job's operators to a
+// Plan: no IO, no clock, no goroutines; the same inputs give the same Plan.
+//
+// A job restores through LatestPlan or LoadPlan: choose the checkpoint,
+// Assign, then LoadKeyedState, which reads the keyed state of keyed-state
+// files (written by the subtasks above the memory threshold, see package
+// snapshot) into the new subtasks' KeyGroups. It reads, for each new
+// subtask, only the blocks of the key groups it owns, from the files of the
+// old subtasks whose ranges overlap its own (R10). The loading happens in
+// the restore step, before any subtask of the attempt starts, rather than
+// in each subtask's Open, so that a damaged block makes LatestPlan fall
+// back to an older checkpoint exactly as damaged metadata does (R11): a
+// failure in Open would fail the attempt, and the restart would pick the
+// same checkpoint again. The cost is that the reads do not overlap the
+// subtasks' start; LoadKeyedState reads the files of up to four subtasks
+// at a time, and the keyed operators consume SubtaskState.KeyGroups as
+// they do for inline state. Load reads a checkpoint whole, keyed state
+// inline, for tools and tests.
 //
 // # Choosing the checkpoint
 //
@@ -46,9 +63,17 @@
 // republishes what sinks committed, as long as the log survives; the log is
 // not redundant, and a damaged log fails snapshot.OpenStorage instead.
 //
-// Load reads an explicit checkpoint or savepoint path (Flink's
-// execution.savepoint.path) and never falls back; a damaged channel-state
-// file fails it as unrecoverable, naming the file.
+// Load and LoadPlan read an explicit checkpoint or savepoint path (Flink's
+// execution.savepoint.path) and never fall back; a damaged channel-state
+// file or keyed-state block fails them as unrecoverable, naming the file.
+//
+// LatestPlan treats a candidate whose keyed-state blocks (those the new
+// subtasks need) are missing, truncated or damaged as corrupt in every
+// respect: skipped with a warning naming the file, the checkpoint and the
+// key group, and subject to the committed horizon, whose error then says
+// that the checkpoint's keyed state (and which file) is corrupt (R11).
+// Latest itself only checks each keyed-state file's size
+// (snapshot.ReadMetadata).
 //
 // # Errors that no retry can fix
 //
@@ -84,8 +109,12 @@
 // Keyed state (reference §4.3): the restored max parallelism must not be
 // below the new parallelism and must equal the new max parallelism (the
 // number of key groups is fixed for the life of the state; Flink's
-// messages). Each key group's entries go to keygroup.Owner(maxP, newP, kg).
-// Files of a keyed subtask go to every new subtask whose key-group range
+// messages). Each key group's entries go to keygroup.Owner(maxP, newP, kg):
+// inline entries (SubtaskState.KeyGroups) directly, and the blocks of
+// keyed-state files (SubtaskState.KeyedState) as references cut down to
+// the owner's key groups (SubtaskState.RestoredKeyedState, one per old
+// file), which LoadKeyedState reads. Files of a keyed subtask
+// (SubtaskState.Files) go to every new subtask whose key-group range
 // intersects the old subtask's range; files of a non-keyed subtask cannot be
 // split, so rescaling an operator that has them fails.
 //
@@ -152,4 +181,18 @@
 //     channel-state file makes Latest treat the checkpoint exactly as one
 //     with corrupt metadata (R5, R7), and fails Load as unrecoverable; every
 //     such error and warning names the file's path.
+//   - R10: a restore reads only the keyed state it needs: Assign hands each
+//     new subtask references to exactly the blocks of the key groups it
+//     owns (every key group's block to exactly one subtask, R3), and
+//     LoadKeyedState reads those blocks and nothing else of the
+//     keyed-state files (adjacent blocks in one read), so the bytes read
+//     are those of the key groups restored, plus _metadata. A Plan with
+//     RestoredKeyedState must be loaded (LoadKeyedState) before a subtask
+//     starts from it: the keyed operators read KeyGroups only.
+//   - R11: every block is checked (length and CRC-32C against _metadata)
+//     before it is decoded; a missing, truncated or damaged keyed-state
+//     file or block makes LatestPlan treat the checkpoint exactly as one
+//     with corrupt metadata (R5, R7), and fails LoadPlan and Load as
+//     unrecoverable; every such error and warning names the file's path,
+//     the checkpoint and, for a block, the key group.
 package restore

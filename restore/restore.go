@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/marker"
@@ -95,6 +96,49 @@ func (c candidate) String() string { return fmt.Sprintf("%s %s", c.kind, c.path)
 // reading one fails otherwise. A job directory without a log (written before
 // it existed) has no horizon.
 func Latest(st *snapshot.Storage, allowFallback bool, logf Logf) (*checkpoint.Metadata, string, error) {
+	return latest(st, allowFallback, logf, nil)
+}
+
+// LatestPlan chooses the checkpoint as Latest does, assigns its state to
+// ops as Assign does, and loads the keyed-state blocks that the plan's
+// subtasks need (LoadKeyedState): reading only those blocks (R10). A
+// candidate whose keyed-state blocks are missing, truncated or damaged
+// counts as corrupt in every respect (R11): it is skipped with a warning
+// naming the file, the checkpoint and the key group, subject to the
+// committed horizon as Latest's candidates are. An Assign error fails
+// LatestPlan as it fails Assign. It returns a nil Plan where Latest
+// returns nil metadata.
+func LatestPlan(st *snapshot.Storage, allowFallback bool, ops []Operator, allowNonRestored bool, logf Logf) (*Plan, error) {
+	var plan *Plan
+	_, _, err := latest(st, allowFallback, logf, func(md *checkpoint.Metadata, path string) error {
+		p, err := Assign(md, path, ops, allowNonRestored, logf)
+		if err != nil {
+			return &fatalError{err}
+		}
+		if err := LoadKeyedState(st.FS(), p); err != nil {
+			return err
+		}
+		plan = p
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return plan, nil
+}
+
+// fatalError is an error of latest's use function that fails latest
+// instead of skipping the candidate.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+// latest is Latest; use, if not nil, is called with each candidate whose
+// metadata was read and that may be restored, and the candidate is
+// skipped when it fails, as one whose metadata failed to read, unless the
+// error is a *fatalError, which fails latest.
+func latest(st *snapshot.Storage, allowFallback bool, logf Logf, use func(md *checkpoint.Metadata, path string) error) (*checkpoint.Metadata, string, error) {
 	dirs, err := st.Checkpoints()
 	if err != nil {
 		return nil, "", fmt.Errorf("restore: %w", err)
@@ -131,14 +175,22 @@ func Latest(st *snapshot.Storage, allowFallback bool, logf Logf) (*checkpoint.Me
 		if err == nil && md.CheckpointID != c.id {
 			err = fmt.Errorf("%w: %s holds checkpoint %d", checkpoint.ErrInvalid, c.path, md.CheckpointID)
 		}
+		below := horizon != nil && c.id < horizon.ID
+		risk := func() string {
+			return fallbackRisk(st, horizon, failed[horizon.ID], fmt.Sprintf("restoring %s %d at %s", c.kind, c.id, c.path), c.id)
+		}
+		if err == nil && below && !allowFallback {
+			return nil, "", fmt.Errorf("%w: %s; set RestoreConfig.AllowFallback to accept duplicates", ErrFallback, risk())
+		}
+		if err == nil && use != nil {
+			var fatal *fatalError
+			if err = use(md, c.path); errors.As(err, &fatal) {
+				return nil, "", fatal.err
+			}
+		}
 		if err == nil {
-			if horizon != nil && c.id < horizon.ID {
-				risk := fallbackRisk(st, horizon, failed[horizon.ID],
-					fmt.Sprintf("restoring %s %d at %s", c.kind, c.id, c.path), c.id)
-				if !allowFallback {
-					return nil, "", fmt.Errorf("%w: %s; set RestoreConfig.AllowFallback to accept duplicates", ErrFallback, risk)
-				}
-				logf.printf("restore: WARNING: %s; restoring it because AllowFallback is set", risk)
+			if below {
+				logf.printf("restore: WARNING: %s; restoring it because AllowFallback is set", risk())
 			}
 			return md, c.path, nil
 		}
@@ -178,8 +230,8 @@ func fallbackRisk(st *snapshot.Storage, h *snapshot.CompletedRef, err error, ins
 	state := "its metadata is missing"
 	re := (*snapshot.ReadError)(nil)
 	switch {
-	case errors.As(err, &re) && isChannelStateError(re):
-		state = fmt.Sprintf("its channel state is corrupt: %v", err)
+	case errors.As(err, &re) && stateFileKind(re) != "":
+		state = fmt.Sprintf("its %s is corrupt: %v", stateFileKind(re), err)
 	case err != nil && !errors.Is(err, os.ErrNotExist):
 		state = fmt.Sprintf("its metadata is corrupt: %v", cause(err))
 	}
@@ -202,36 +254,172 @@ func skippable(err error) bool {
 
 // cause strips the *snapshot.ReadError around err when the message already
 // names the checkpoint, that is when the error is about its _metadata. An
-// error about one of its channel-state files keeps the file's path (R9).
+// error about one of its channel-state or keyed-state files keeps the
+// file's path (R9, R11).
 func cause(err error) error {
-	if re := (*snapshot.ReadError)(nil); errors.As(err, &re) && !isChannelStateError(re) {
+	if re := (*snapshot.ReadError)(nil); errors.As(err, &re) && stateFileKind(re) == "" {
 		return re.Err
 	}
 	return err
 }
 
-// isChannelStateError reports whether re is about a channel-state file
-// rather than the _metadata file or the directory: ReadMetadata names the
-// failing file, and channel-state files, unlike _metadata, always start
-// with checkpoint.ChannelStateFilePrefix (F6).
-func isChannelStateError(re *snapshot.ReadError) bool {
+// stateFileKind says whether re is about a channel-state file ("channel
+// state"), a keyed-state file ("keyed state") or neither (""), rather than
+// the _metadata file or the directory: ReadMetadata and ReadKeyedState name
+// the failing file, and those files, unlike _metadata, always start with
+// their prefixes (checkpoint F6, F9).
+func stateFileKind(re *snapshot.ReadError) string {
 	base := re.Path[strings.LastIndexAny(re.Path, `/\`)+1:]
-	return strings.HasPrefix(base, checkpoint.ChannelStateFilePrefix)
+	switch {
+	case strings.HasPrefix(base, checkpoint.ChannelStateFilePrefix):
+		return "channel state"
+	case strings.HasPrefix(base, checkpoint.KeyedStateFilePrefix):
+		return "keyed state"
+	}
+	return ""
 }
 
-// Load reads the checkpoint or savepoint at path: its directory or its
-// _metadata file. Unlike Latest it never falls back. An error for a path
-// that is missing or does not decode wraps ErrUnrecoverable.
+// Load reads the checkpoint or savepoint at path, its directory or its
+// _metadata file, whole: its metadata, its channel state, and the keyed
+// state of every subtask, read from its keyed-state file into KeyGroups
+// (KeyedState is then nil), so that the result is self-contained, for
+// tools and tests that inspect a checkpoint. Restoring a job uses LoadPlan
+// instead, which reads only the keyed state the new subtasks need. Unlike
+// Latest it never falls back. An error for a path that is missing or does
+// not decode, or for a keyed-state file that is missing or damaged, wraps
+// ErrUnrecoverable.
 func Load(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
 	md, err := snapshot.ReadMetadata(fs, path)
+	if err == nil {
+		err = readAllKeyedState(fs, checkpointDir(fs, path), md)
+	}
 	if err != nil {
-		err = fmt.Errorf("restore: %w", err)
-		if skippable(err) || errors.Is(err, checkpoint.ErrUnsupportedVersion) {
-			err = unrecoverable(err)
-		}
-		return nil, err
+		return nil, loadError(err)
 	}
 	return md, nil
+}
+
+// LoadPlan reads the metadata of the checkpoint or savepoint at path, its
+// directory or its _metadata file, assigns its state to ops as Assign does
+// and loads the keyed-state blocks that the plan's subtasks need
+// (LoadKeyedState, R10). It never falls back: an error for a path that is
+// missing or does not decode, or for a keyed-state block that is missing or
+// damaged, wraps ErrUnrecoverable, as every Assign error does.
+func LoadPlan(fs vfs.FS, path string, ops []Operator, allowNonRestored bool, logf Logf) (*Plan, error) {
+	md, err := snapshot.ReadMetadata(fs, path)
+	if err != nil {
+		return nil, loadError(err)
+	}
+	plan, err := Assign(md, path, ops, allowNonRestored, logf)
+	if err != nil {
+		return nil, err
+	}
+	if err := LoadKeyedState(fs, plan); err != nil {
+		return nil, loadError(err)
+	}
+	return plan, nil
+}
+
+// loadError prefixes an error of Load or LoadPlan and marks it
+// unrecoverable when the checkpoint is missing, corrupt or of another
+// version.
+func loadError(err error) error {
+	err = fmt.Errorf("restore: %w", err)
+	if skippable(err) || errors.Is(err, checkpoint.ErrUnsupportedVersion) {
+		err = unrecoverable(err)
+	}
+	return err
+}
+
+// checkpointDir returns the directory of the checkpoint at path, its
+// directory or its _metadata file.
+func checkpointDir(fs vfs.FS, path string) string {
+	if fs.PathBase(path) == snapshot.MetadataFileName {
+		return fs.PathDir(path)
+	}
+	return path
+}
+
+// readAllKeyedState reads the keyed-state file of every subtask of md, in
+// dir, into its KeyGroups and clears its KeyedState.
+func readAllKeyedState(fs vfs.FS, dir string, md *checkpoint.Metadata) error {
+	for i := range md.Operators {
+		op := &md.Operators[i]
+		for j := range op.Subtasks {
+			st := &op.Subtasks[j]
+			if st.KeyedState == nil {
+				continue
+			}
+			kgs, err := snapshot.ReadKeyedState(fs, dir, md.CheckpointID, md.Options.Kind, op.UID, st.KeyedState)
+			if err != nil {
+				return err
+			}
+			st.KeyGroups, st.KeyedState = kgs, nil
+		}
+	}
+	return nil
+}
+
+// maxParallelReads bounds the keyed-state files LoadKeyedState reads at
+// once.
+const maxParallelReads = 4
+
+// LoadKeyedState reads the keyed state that Assign handed to the subtasks
+// of plan by reference (SubtaskState.RestoredKeyedState) into their
+// KeyGroups, by ascending key group, and clears the references. It reads
+// only the referenced blocks (R10), from files in the checkpoint directory
+// plan.Path (or its parent, if plan.Path is a _metadata file), up to four
+// subtasks' at a time. Each block's length and CRC-32C are checked before
+// it is decoded. The error, for the first failing subtask in task order,
+// is a *snapshot.ReadError naming the file, the checkpoint, the operator
+// and the key group; for a missing, truncated or damaged block it wraps
+// checkpoint.ErrCorrupt (R11). On error, plan is left partly loaded and
+// must not be used.
+func LoadKeyedState(fs vfs.FS, plan *Plan) error {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	var ids []checkpoint.TaskID
+	for id, s := range plan.Tasks {
+		if len(s.RestoredKeyedState) > 0 {
+			ids = append(ids, id)
+		}
+	}
+	slices.SortFunc(ids, func(a, b checkpoint.TaskID) int {
+		return cmp.Or(strings.Compare(a.Operator, b.Operator), cmp.Compare(a.Subtask, b.Subtask))
+	})
+	dir := checkpointDir(fs, plan.Path)
+	errs := make([]error, len(ids))
+	sem := make(chan struct{}, maxParallelReads)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		s := plan.Tasks[id]
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			for k := range s.RestoredKeyedState {
+				kgs, err := snapshot.ReadKeyedState(fs, dir, plan.CheckpointID, plan.Kind, id.Operator, &s.RestoredKeyedState[k])
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				s.KeyGroups = append(s.KeyGroups, kgs...)
+			}
+			slices.SortStableFunc(s.KeyGroups, func(a, b checkpoint.KeyGroupState) int { return cmp.Compare(a.KeyGroup, b.KeyGroup) })
+			s.RestoredKeyedState = nil
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Operator describes an operator of the job being started.
@@ -260,6 +448,8 @@ type Operator struct {
 // Plan is the state handed to each subtask of the new job.
 type Plan struct {
 	CheckpointID int64
+	// Kind says whether the plan restores a checkpoint or a savepoint.
+	Kind marker.Kind
 	// Path is the checkpoint or savepoint directory; SubtaskState.Files are
 	// relative to its parent, the job directory of that checkpoint.
 	Path string
@@ -269,6 +459,9 @@ type Plan struct {
 	// and -1 otherwise. ChannelState and Channels are the subtask's own
 	// channel state (R8): the in-flight data to replay, output channels
 	// first, then operator state, then input channels before any new input.
+	// Keyed state in keyed-state files is handed over by reference
+	// (RestoredKeyedState: only the blocks of the subtask's key groups,
+	// R10) until LoadKeyedState reads it into KeyGroups.
 	Tasks map[checkpoint.TaskID]*checkpoint.SubtaskState
 }
 
@@ -310,6 +503,7 @@ func assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestor
 	}
 	plan := &Plan{
 		CheckpointID: md.CheckpointID,
+		Kind:         md.Options.Kind,
 		Path:         path,
 		Tasks:        make(map[checkpoint.TaskID]*checkpoint.SubtaskState),
 	}
@@ -350,12 +544,12 @@ func validateOperator(op *Operator) error {
 	return nil
 }
 
-// hasState reports whether any subtask of op recorded list, keyed, file or
-// channel state.
+// hasState reports whether any subtask of op recorded list, keyed (inline or
+// in a file), file or channel state.
 func hasState(op *checkpoint.OperatorState) bool {
 	for i := range op.Subtasks {
 		s := &op.Subtasks[i]
-		if len(s.Lists) > 0 || len(s.KeyGroups) > 0 || len(s.Files) > 0 || s.HasChannelState() {
+		if len(s.Lists) > 0 || len(s.KeyGroups) > 0 || s.KeyedState != nil || len(s.Files) > 0 || s.HasChannelState() {
 			return true
 		}
 	}
@@ -488,6 +682,7 @@ func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *c
 			j := keygroup.Owner(op.MaxParallelism, newP, kg.KeyGroup)
 			news[j].KeyGroups = append(news[j].KeyGroups, kg)
 		}
+		assignKeyedBlocks(news, s.KeyedState, op.MaxParallelism)
 	}
 	for _, s := range news {
 		slices.SortStableFunc(s.KeyGroups, func(a, b checkpoint.KeyGroupState) int { return a.KeyGroup - b.KeyGroup })
@@ -522,6 +717,25 @@ func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *c
 		tasks[checkpoint.TaskID{Operator: op.UID, Subtask: s.Subtask}] = s
 	}
 	return nil
+}
+
+// assignKeyedBlocks hands the blocks of the keyed-state file ref (nil:
+// none) to the new subtasks that own their key groups (R10): each new
+// subtask gets one ref to the file, listing only its blocks, if it owns
+// any.
+func assignKeyedBlocks(news []*checkpoint.SubtaskState, ref *checkpoint.KeyedStateRef, maxP int) {
+	if ref == nil {
+		return
+	}
+	for _, g := range ref.Groups {
+		n := news[keygroup.Owner(maxP, len(news), g.KeyGroup)]
+		k := len(n.RestoredKeyedState) - 1
+		if k < 0 || n.RestoredKeyedState[k].File != ref.File {
+			n.RestoredKeyedState = append(n.RestoredKeyedState, checkpoint.KeyedStateRef{File: ref.File, Size: ref.Size})
+			k++
+		}
+		n.RestoredKeyedState[k].Groups = append(n.RestoredKeyedState[k].Groups, g)
+	}
 }
 
 // assignLists redistributes operator list state (reference §5): Split lists

@@ -198,10 +198,24 @@
 // Storage (storage.go) keeps the checkpoints of a job directory: the layout,
 // what "complete" means (durable _metadata and a record in the
 // completed-checkpoint log), the lifecycle of a job directory (Close keeps
-// everything; Discard is the explicit deletion) and the invariants ST1-ST9
-// are documented there, the log format in completedlog.go, and the _metadata
-// format in package checkpoint (format.go, F1-F4). Storage.NextID gives the
-// first id of an execution so that ids never repeat within a job directory.
+// everything; Discard is the explicit deletion) and the invariants
+// ST1-ST11 are documented there, the log format in completedlog.go, and the
+// _metadata format in package checkpoint (format.go, F1-F4). Storage.NextID
+// gives the first id of an execution so that ids never repeat within a job
+// directory.
+//
+// Keyed state. A keyed subtask whose keyed state is above the memory
+// threshold writes it, in the asynchronous part of its snapshot, to its own
+// file, keyed-<uid>-<subtask>, in the checkpoint directory, through the
+// KeyedStateWriter the runtime hands it (Storage.WriteKeyedState): one
+// block per key group, each with its own CRC-32C (checkpoint/keyed.go,
+// F8-F10). It syncs the file before it acknowledges, with a reference
+// instead of the records (SubtaskState.KeyedState); smaller keyed state
+// stays inline in the acknowledgement and in _metadata. Write checks the
+// referenced files and syncs the directory before _metadata (ST8, ST10)
+// and removes the directories that aborted and subsumed checkpoints left;
+// ReadMetadata only checks each file's size (ST11), and ReadKeyedState
+// reads the blocks a restore needs.
 //
 // Channel state. The in-flight data of an unaligned checkpoint reaches the
 // master in memory, in each acknowledgement's SubtaskState.Channels, and

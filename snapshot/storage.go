@@ -1,7 +1,9 @@
 package snapshot
 
 import (
+	"bufio"
 	"cmp"
+	"context"
 	"crypto/md5"
 	"encoding/hex"
 	"errors"
@@ -32,31 +34,50 @@ import (
 //	    taskowned/                state files owned by the tasks; never
 //	                              deleted by Storage
 //	    chk-<N>/                  checkpoint N: its exclusive state files and
+//	        keyed-<uid>-<i>       the keyed state of subtask i of the keyed
+//	                              operator with that uid, written and synced
+//	                              by the subtask in the asynchronous part of
+//	                              its snapshot, when above the memory
+//	                              threshold (ST10; checkpoint/keyed.go)
 //	        channels-<uid>-<i>    the channel state (in-flight data of an
 //	                              unaligned checkpoint) of subtask i of the
 //	                              operator with that uid, if it captured any
 //	                              (ST8; checkpoint/channel.go)
 //	        _metadata             the Metadata (see checkpoint/format.go),
-//	                              referencing the channels-* files; its
-//	                              presence makes the directory complete
+//	                              referencing the keyed-* and channels-*
+//	                              files; its presence makes the directory
+//	                              complete
 //	        _metadata.tmp         only while Write is writing _metadata
 //	    savepoint-<N>/            savepoint N, if StorageOptions.SavepointDir
-//	        _metadata             is empty (and channels-* files, like a
-//	                              checkpoint, for an unaligned savepoint)
+//	        _metadata             is empty (and keyed-* and channels-* files,
+//	                              like a checkpoint)
 //	<SavepointDir>/savepoint-<N>/_metadata
-//	                              savepoint N otherwise
+//	                              savepoint N otherwise (with its keyed-* and
+//	                              channels-* files)
 //
 // <job-id> is usually JobIDFromName(job name): the hex MD5 of the name, so a
 // job that is restarted under the same name finds its checkpoints again. N is
 // the checkpoint id in decimal without leading zeros; directories whose
 // names do not parse that way (chk-5.bak, chk-007) are ignored. State file
 // paths in SubtaskState.Files are relative to the job directory; the
-// channel-state file of SubtaskState.ChannelState is relative to the
-// checkpoint directory (so a savepoint can be moved). <uid> is the operator
-// uid escaped by checkpoint.ChannelStateFileName (safe on every filesystem,
-// distinct uids never collide, also where case is ignored); the prefix
-// "channels-" is reserved for these files in checkpoint and savepoint
+// keyed-state file of SubtaskState.KeyedState and the channel-state file of
+// SubtaskState.ChannelState are relative to the checkpoint directory (so a
+// savepoint can be moved). <uid> is the operator uid escaped by
+// checkpoint.ChannelStateFileName (safe on every filesystem, distinct uids
+// never collide, also where case is ignored); the prefixes "keyed-" and
+// "channels-" are reserved for these files in checkpoint and savepoint
 // directories.
+//
+// Keyed state and the memory threshold. A keyed subtask whose frozen keyed
+// state holds at most a small number of entries (graph's
+// inlineKeyedEntries, 1024) sends it inline in its acknowledgement, and it
+// goes inline into _metadata (SubtaskState.KeyGroups), as Flink's
+// state.storage.fs.memory-threshold keeps small state in the metadata.
+// Larger keyed state never reaches the master: the subtask writes it to
+// its keyed-state file through the KeyedStateWriter the runtime hands it
+// (Storage.WriteKeyedState), and acknowledges with the reference
+// (SubtaskState.KeyedState: file, size, and each key group's block with
+// offset, length and CRC-32C).
 //
 // What "complete" means. Write(md) makes checkpoint N complete in two
 // durable steps: it writes chk-N/_metadata (ST1, ST2), then appends N's
@@ -106,9 +127,10 @@ import (
 //     _metadata.tmp and _completed.tmp files and incomplete chk-N
 //     directories (checkpoints that were aborted, interrupted by a crash or
 //     partly deleted: none of them can be restored; the NextID of this
-//     Storage still counts their ids), and the channel-state files of
-//     incomplete savepoint-N directories of the job directory (ST8). It
-//     never touches SavepointDir, which jobs may share.
+//     Storage still counts their ids), and the channel-state and
+//     keyed-state files of incomplete savepoint-N directories of the job
+//     directory (ST8, ST10). It never touches SavepointDir, which jobs may
+//     share.
 //   - ST6: the completed-checkpoint log holds a record for every checkpoint
 //     and savepoint whose Write returned nil (until compaction drops old
 //     ones: above 1024 records it is rewritten with the 64 of highest id),
@@ -122,15 +144,16 @@ import (
 //     sync, the log append), Write removes _metadata again, syncs the
 //     removal, and returns the error: the checkpoint is not complete. If
 //     that removal fails too, the error wraps ErrIndeterminate.
-//   - ST8: channel state is written before the metadata that references
-//     it. Write writes the channel state of every subtask whose
+//   - ST8: state files are written before the metadata that references
+//     them. Write writes the channel state of every subtask whose
 //     SubtaskState.Channels holds at least one buffer to its own file in the
-//     checkpoint directory, syncs each file and then the directory, and
-//     only then writes _metadata (ST1), whose SubtaskState.ChannelState
-//     names each file with its size, CRC-32C and byte counts. So every
-//     _metadata, also one a crash left, references only complete, durable
-//     files, and ST1, ST2 and ST7 hold for the checkpoint with its channel
-//     state. Channels without a buffer get no file (a nil ChannelState); a
+//     checkpoint directory, syncs each file, checks the keyed-state files
+//     (ST10), syncs the directory, and only then writes _metadata (ST1),
+//     whose SubtaskState.ChannelState names each channel-state file with
+//     its size, CRC-32C and byte counts. So every _metadata, also one a
+//     crash left, references only complete, durable files (channel-state
+//     and keyed-state files alike), and ST1, ST2 and ST7 hold for the
+//     checkpoint with all of its state. Channels without a buffer get no file (a nil ChannelState); a
 //     ChannelState without Channels fails Write (ErrInvalid). Write does not
 //     modify the Metadata it is given. A Write that fails before the
 //     checkpoint is complete removes the channel-state files it wrote (best
@@ -146,6 +169,37 @@ import (
 //     mismatching file fails ReadMetadata with a *ReadError naming the
 //     file's path and the checkpoint, wrapping checkpoint.ErrCorrupt, so that
 //     package restore treats it exactly as corrupt metadata (R5, R7).
+//   - ST10: keyed-state files are written by the subtasks, synced before
+//     their acknowledgement, and made durable before the metadata that
+//     references them. WriteKeyedState(id, kind, task) writes the file
+//     KeyedStateFileName(uid, subtask) into the directory of checkpoint
+//     (or savepoint) id, creating it, syncs the file and returns its
+//     reference; it takes no lock, so subtasks write in parallel. Write
+//     checks that every keyed-state file the metadata references is in the
+//     checkpoint directory with the referenced size (else it fails,
+//     checkpoint.ErrInvalid), then syncs the directory (ST8), so the
+//     files' entries are durable before _metadata is written. A Write that
+//     fails before the checkpoint is complete removes the keyed-state files
+//     its metadata references (best effort; never after ErrIndeterminate).
+//     Files of checkpoints that never complete do not accumulate: once
+//     Write completed checkpoint or savepoint N, it removes every
+//     incomplete chk-M directory with M < N (aborted, or subsumed by N, C4:
+//     none can complete any more; a failure is logged and retried by the
+//     next Write), and OpenStorage removes the rest (ST5). Retention and
+//     Discard remove keyed-state files with their directories (ST3).
+//     Keyed-state files in an incomplete savepoint-N directory stay until
+//     OpenStorage (a savepoint is never subsumed and may complete after a
+//     higher checkpoint), and forever in SavepointDir (ST5).
+//   - ST11: ReadMetadata does not read keyed state: it checks, by a stat,
+//     that each referenced keyed-state file exists with the referenced
+//     size, and fails like a missing channel-state file otherwise (a
+//     *ReadError naming the file and the checkpoint, wrapping
+//     checkpoint.ErrCorrupt, ST9). ReadKeyedState reads the blocks a
+//     reference lists, and only those (a restore cuts references down to
+//     the key groups a new subtask owns), checking each block's length and
+//     CRC-32C against the reference before it decodes it; a damaged block
+//     fails it with a *ReadError naming the file, the checkpoint, the
+//     operator and the key group, wrapping checkpoint.ErrCorrupt.
 //
 // Differences from Flink: savepoint directories are savepoint-<N>, not
 // savepoint-<job-id prefix>-<random>, so two jobs writing savepoint N into one
@@ -154,7 +208,11 @@ import (
 // per-subtask state handles in shared files (file merging), and it is
 // written by Write from the acknowledged in-memory state, not by the tasks
 // while they run: the master holds a checkpoint's in-flight data in memory
-// until it is written. Storage does not
+// until it is written. Keyed state is written by the tasks, as in Flink
+// (one file per subtask and checkpoint, like a full heap snapshot's
+// KeyGroupsStateHandle with its key-group offsets), but the memory
+// threshold counts entries, not bytes, and there are no incremental
+// (shared) keyed-state files yet. Storage does not
 // garbage-collect shared/ (there is no shared-state registry yet);
 // retention and Discard remove chk-N directories only. Flink's
 // completed-checkpoint store lives in the HA services (ZooKeeper or
@@ -301,15 +359,17 @@ func (s *Storage) LogPath() string { return s.fs.PathJoin(s.jobDir, CompletedLog
 // Write writes md as checkpoint md.CheckpointID (directory chk-N), or as
 // savepoint N (savepoint-N) if md.Options.Kind is marker.Savepoint, with
 // the channel state of its subtasks (SubtaskState.Channels) in files of
-// that directory written first (ST8), records it in the completed-
-// checkpoint log, and returns the directory. A nil error
+// that directory written first (ST8) and the keyed-state files its
+// subtasks wrote there checked and made durable (ST10), records it in the
+// completed-checkpoint log, and returns the directory. A nil error
 // means the checkpoint is complete: its metadata is durable and it is
 // logged (ST1, ST2, ST6); only then may it be reported complete. An error
 // means it is not, unless the error wraps ErrIndeterminate (ST7). Write
 // fails if the directory is complete already or the log records the id.
-// After writing a checkpoint it applies retention (ST4) and compacts the log
-// if needed; their failures are reported through StorageOptions.Logf, not
-// returned.
+// After writing, it removes the incomplete checkpoint directories below
+// the id (ST10), applies retention after a checkpoint (ST4) and compacts
+// the log if needed; their failures are reported through
+// StorageOptions.Logf, not returned.
 //
 // md.JobID must be empty or the storage's job id.
 func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
@@ -346,12 +406,8 @@ func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 			return "", fmt.Errorf("snapshot: write %s %d: repair the completed-checkpoint log: %w", kind, id, err)
 		}
 	}
-	parent, prefix := s.jobDir, CheckpointDirPrefix
-	if kind == marker.Savepoint {
-		parent, prefix = s.savepointDir, SavepointDirPrefix
-	}
-	dir := s.fs.PathJoin(parent, prefix+strconv.FormatInt(id, 10))
-	if err := writeMetadataDir(s.fs, parent, dir, b, files); err != nil {
+	parent, dir := s.snapshotDir(kind, id)
+	if err := writeMetadataDir(s.fs, parent, dir, b, files, written); err != nil {
 		return "", fmt.Errorf("snapshot: write %s %d to %s: %w", kind, id, dir, err)
 	}
 	ref := CompletedRef{ID: id, Kind: kind, Stop: md.Options.Stop, Path: dir,
@@ -369,19 +425,109 @@ func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 			return "", fmt.Errorf("snapshot: write %s %d to %s: append to %s: %v; removing its _metadata failed too: %v: %w",
 				kind, id, dir, s.LogPath(), err, uerr, ErrIndeterminate)
 		}
-		removeChannelFiles(s.fs, dir, files)
+		removeOwnedFiles(s.fs, dir, files, written)
 		return "", fmt.Errorf("snapshot: write %s %d to %s: append to %s: %w", kind, id, dir, s.LogPath(), err)
 	}
-	if kind == marker.Checkpoint {
-		if err := s.applyRetention(id); err != nil {
+	if err := s.applyRetention(id, kind); err != nil {
+		if kind == marker.Checkpoint {
 			s.logf("snapshot: checkpoint %d is complete at %s, but deleting older checkpoints failed (retried after the next checkpoint): %v",
 				id, dir, err)
+		} else {
+			s.logf("snapshot: %s %d is complete at %s, but removing incomplete older checkpoints failed (retried after the next checkpoint): %v",
+				kind, id, dir, err)
 		}
 	}
 	if len(s.log) > logCompactAbove {
 		s.compactLog()
 	}
 	return dir, nil
+}
+
+// snapshotDir returns the directory of checkpoint or savepoint id and its
+// parent.
+func (s *Storage) snapshotDir(kind marker.Kind, id int64) (parent, dir string) {
+	parent, prefix := s.jobDir, CheckpointDirPrefix
+	if kind == marker.Savepoint {
+		parent, prefix = s.savepointDir, SavepointDirPrefix
+	}
+	return parent, s.fs.PathJoin(parent, prefix+strconv.FormatInt(id, 10))
+}
+
+// KeyedStateWriter writes the keyed state of one subtask for one
+// checkpoint or savepoint to a keyed-state file (ST10). Storage implements
+// it; the runtime hands it to the keyed operators of every attempt
+// (task.Info.KeyedState), which call it in the asynchronous part of their
+// snapshots. It must be safe for concurrent use.
+type KeyedStateWriter interface {
+	// WriteKeyedState writes states, the keyed state of subtask t in
+	// checkpoint (or savepoint, by kind) id, to its keyed-state file in
+	// that checkpoint's directory, syncs the file and returns the
+	// reference to it for SubtaskState.KeyedState. It stops early, with an
+	// error wrapping ctx.Err(), once ctx is done.
+	WriteKeyedState(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID, states []checkpoint.KeyGroupState) (*checkpoint.KeyedStateRef, error)
+}
+
+// keyedWriteBuffer is the write buffer of a keyed-state file.
+const keyedWriteBuffer = 256 << 10
+
+// WriteKeyedState implements KeyedStateWriter: it writes
+// checkpoint.KeyedStateFileName(t.Operator, t.Subtask) in the directory of
+// checkpoint id (chk-N, or savepoint-N for a savepoint), creating the
+// directory if needed, and syncs the file, but not the directory: Write
+// does that before it writes the _metadata that references the file
+// (ST10). It does not take the storage's lock, so subtasks write their
+// files in parallel with each other and with Write. A failed write removes
+// the file (best effort: the directory is incomplete either way).
+func (s *Storage) WriteKeyedState(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID, states []checkpoint.KeyGroupState) (*checkpoint.KeyedStateRef, error) {
+	parent, dir := s.snapshotDir(kind, id)
+	name := checkpoint.KeyedStateFileName(t.Operator, t.Subtask)
+	path := s.fs.PathJoin(dir, name)
+	ref, err := func() (*checkpoint.KeyedStateRef, error) {
+		if err := mkdirAllSynced(s.fs, parent); err != nil {
+			return nil, err
+		}
+		if err := s.fs.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		f, err := s.fs.Create(path, vfs.WriteCategoryUnspecified)
+		if err != nil {
+			return nil, err
+		}
+		w := bufio.NewWriterSize(ctxWriter{ctx, f}, keyedWriteBuffer)
+		ref, err := checkpoint.EncodeKeyedState(w, name,
+			checkpoint.KeyedStateHeader{CheckpointID: id, Operator: t.Operator, Subtask: t.Subtask}, states)
+		if err == nil {
+			err = w.Flush()
+		}
+		if err == nil {
+			if err = f.Sync(); err != nil {
+				err = fmt.Errorf("sync %s: %w", path, err)
+			}
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return ref, err
+	}()
+	if err != nil {
+		_ = s.fs.Remove(path)
+		return nil, fmt.Errorf("snapshot: write the keyed state of operator %q subtask %d for %s %d to %s: %w",
+			t.Operator, t.Subtask, kind, id, path, err)
+	}
+	return ref, nil
+}
+
+// ctxWriter fails writes once ctx is done.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c ctxWriter) Write(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(b)
 }
 
 // Checkpoints returns the complete checkpoint directories (chk-N holding
@@ -524,14 +670,18 @@ func (e *ReadError) Unwrap() error { return e.Err }
 
 // ReadMetadata reads and decodes the metadata of a checkpoint or savepoint,
 // and then every channel-state file it references (ST9), setting
-// SubtaskState.Channels. path is either its directory or its _metadata
-// file. Errors are *ReadError naming the path of the file that failed
-// (_metadata or a channel-state file) and wrap the DecodeMetadata sentinels
-// or the IO error. The error for a channel-state file also names the
-// checkpoint, operator and subtask, and wraps checkpoint.ErrCorrupt
-// (checkpoint.ErrCorruptChannelState) when the file is missing (then also
-// os.ErrNotExist), has another size or checksum than _metadata says, or
-// does not decode; other IO errors are returned as they are.
+// SubtaskState.Channels, and checks that every keyed-state file it
+// references is there with its size, without reading it (ST11; the keyed
+// state is read by ReadKeyedState). path is either its directory or its
+// _metadata file. Errors are *ReadError naming the path of the file that
+// failed (_metadata, a channel-state or a keyed-state file) and wrap the
+// DecodeMetadata sentinels or the IO error. The error for a channel-state
+// or keyed-state file also names the checkpoint, operator and subtask, and
+// wraps checkpoint.ErrCorrupt (checkpoint.ErrCorruptChannelState,
+// checkpoint.ErrCorruptKeyedState) when the file is missing (then also
+// os.ErrNotExist), has another size (or, for channel state, checksum) than
+// _metadata says, or does not decode; other IO errors are returned as they
+// are.
 func ReadMetadata(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 	if fs == nil {
 		fs = vfs.Default
@@ -558,6 +708,13 @@ func ReadMetadata(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 		op := &md.Operators[i]
 		for j := range op.Subtasks {
 			st := &op.Subtasks[j]
+			if r := st.KeyedState; r != nil {
+				file := fs.PathJoin(dir, r.File)
+				if err := statKeyedState(fs, file, r); err != nil {
+					return nil, &ReadError{Path: file, Err: fmt.Errorf("keyed state of %s %d, operator %q subtask %d: %w",
+						md.Options.Kind, md.CheckpointID, op.UID, st.Subtask, err)}
+				}
+			}
 			if st.ChannelState == nil {
 				continue
 			}
@@ -571,6 +728,98 @@ func ReadMetadata(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 		}
 	}
 	return md, nil
+}
+
+// statKeyedState checks that the keyed-state file name exists with the
+// size its reference says (F10), without reading it.
+func statKeyedState(fs vfs.FS, name string, ref *checkpoint.KeyedStateRef) error {
+	fi, err := fs.Stat(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: the file is missing: %w", checkpoint.ErrCorruptKeyedState, err)
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Size() != ref.Size {
+		return fmt.Errorf("%w: the file has %d bytes, the metadata says %d", checkpoint.ErrCorruptKeyedState, fi.Size(), ref.Size)
+	}
+	return nil
+}
+
+// maxKeyedRead bounds one read of adjacent blocks by ReadKeyedState.
+const maxKeyedRead = 4 << 20
+
+// ReadKeyedState reads the blocks that ref lists from its keyed-state file
+// in dir, the directory of checkpoint (or savepoint, by kind) id, and
+// returns their records, by ascending key group (ST11). It reads only
+// those blocks, adjacent ones in one read of at most 4 MiB (or one block),
+// and checks each block's length and CRC-32C against ref before decoding
+// it (checkpoint F10). Errors are *ReadError naming the file; the error of
+// a missing file, of one with another size than ref says, and of a block
+// that does not match or decode also names the checkpoint, the operator
+// uid and, for a block, the key group, and wraps checkpoint.ErrCorrupt
+// (checkpoint.ErrCorruptKeyedState). Other IO errors are returned as they
+// are, inside the *ReadError.
+func ReadKeyedState(fs vfs.FS, dir string, id int64, kind marker.Kind, uid string, ref *checkpoint.KeyedStateRef) ([]checkpoint.KeyGroupState, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	name := fs.PathJoin(dir, ref.File)
+	fail := func(kg int, err error) error {
+		where := fmt.Sprintf("keyed state of %s %d, operator %q", kind, id, uid)
+		if kg >= 0 {
+			where += fmt.Sprintf(", key group %d", kg)
+		}
+		return &ReadError{Path: name, Err: fmt.Errorf("%s: %w", where, err)}
+	}
+	f, err := fs.Open(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fail(-1, fmt.Errorf("%w: the file is missing: %w", checkpoint.ErrCorruptKeyedState, err))
+	}
+	if err != nil {
+		return nil, fail(-1, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fail(-1, err)
+	}
+	if fi.Size() != ref.Size {
+		return nil, fail(-1, fmt.Errorf("%w: the file has %d bytes, the metadata says %d",
+			checkpoint.ErrCorruptKeyedState, fi.Size(), ref.Size))
+	}
+	var out []checkpoint.KeyGroupState
+	for i := 0; i < len(ref.Groups); {
+		// Blocks i..j-1 are adjacent in the file: read them at once.
+		first := ref.Groups[i]
+		j, n := i+1, first.Length
+		for j < len(ref.Groups) && ref.Groups[j].Offset == first.Offset+n && n+ref.Groups[j].Length <= maxKeyedRead {
+			n += ref.Groups[j].Length
+			j++
+		}
+		if first.Offset < 0 || n > ref.Size-first.Offset {
+			return nil, fail(first.KeyGroup, fmt.Errorf("%w: %d bytes at offset %d are not inside the file's %d bytes",
+				checkpoint.ErrCorruptKeyedState, n, first.Offset, ref.Size))
+		}
+		buf := make([]byte, n)
+		if _, err := f.ReadAt(buf, first.Offset); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("%w: %w", checkpoint.ErrCorruptKeyedState, err)
+			}
+			return nil, fail(first.KeyGroup, err)
+		}
+		off := int64(0)
+		for _, g := range ref.Groups[i:j] {
+			states, err := checkpoint.DecodeKeyedBlock(buf[off:off+g.Length:off+g.Length], g)
+			if err != nil {
+				return nil, fail(g.KeyGroup, err)
+			}
+			out = append(out, states...)
+			off += g.Length
+		}
+		i = j
+	}
+	return out, nil
 }
 
 // readChannelState reads the channel-state file name and checks it against
@@ -780,17 +1029,36 @@ func (s *Storage) listCheckpoints() (complete, incomplete []CheckpointRef, err e
 	return complete, incomplete, nil
 }
 
-// applyRetention deletes the complete checkpoints older than the newest
-// s.retain ones, except justWritten (ST4). s.mu must be held.
-func (s *Storage) applyRetention(justWritten int64) error {
-	refs, _, err := s.listCheckpoints()
+// applyRetention runs after checkpoint or savepoint justWritten completed.
+// It removes the incomplete chk-M directories with M < justWritten (ST10):
+// checkpoints that were aborted, or subsumed by justWritten (snapshot C4),
+// so that none of them can complete any more, and that may hold keyed-state
+// files their subtasks wrote. After a checkpoint, it also deletes the
+// complete checkpoints older than the newest s.retain ones, except
+// justWritten (ST4). s.mu must be held.
+func (s *Storage) applyRetention(justWritten int64, kind marker.Kind) error {
+	refs, incomplete, err := s.listCheckpoints()
 	if err != nil {
 		return err
 	}
-	if len(refs) <= s.retain {
-		return nil
-	}
 	var errs []error
+	removed := false
+	for _, r := range incomplete {
+		if r.ID >= justWritten {
+			break
+		}
+		if err := s.fs.RemoveAll(r.Path); err != nil {
+			errs = append(errs, fmt.Errorf("remove incomplete %s: %w", r.Path, err))
+			continue
+		}
+		removed = true
+	}
+	if removed {
+		errs = append(errs, syncDirectory(s.fs, s.jobDir))
+	}
+	if kind != marker.Checkpoint || len(refs) <= s.retain {
+		return errors.Join(errs...)
+	}
 	for _, r := range refs[:len(refs)-s.retain] {
 		if r.ID == justWritten {
 			continue
@@ -845,8 +1113,8 @@ func (s *Storage) cleanUp() error {
 		removed := false
 		if sp && !complete {
 			// An interrupted savepoint: its directory stays, the channel
-			// state it had written goes (ST8).
-			if removed, err = removeLeftoverChannelFiles(s.fs, dir); err != nil {
+			// and keyed state written for it goes (ST8, ST10).
+			if removed, err = removeLeftoverStateFiles(s.fs, dir); err != nil {
 				return err
 			}
 		}
@@ -937,9 +1205,9 @@ func hasBuffers(cs *checkpoint.ChannelState) bool {
 
 // writeChannelFiles writes files into dir, each synced, after removing
 // channel-state files that an earlier, failed Write of the same id left
-// behind, and then syncs dir, so that every file and its directory entry is
-// durable before _metadata is written (ST8). If it fails, it removes what
-// it wrote (best effort: the directory is incomplete either way, ST5).
+// behind; the caller syncs dir before _metadata is written (ST8) and
+// removes the files if it fails (best effort: the directory is incomplete
+// either way, ST5).
 func writeChannelFiles(fs vfs.FS, dir string, files []channelFile) error {
 	names, err := fs.List(dir)
 	if err != nil {
@@ -953,42 +1221,44 @@ func writeChannelFiles(fs vfs.FS, dir string, files []channelFile) error {
 			}
 		}
 	}
-	if len(files) == 0 {
-		return nil
-	}
-	for i, f := range files {
+	for _, f := range files {
 		name := fs.PathJoin(dir, f.name)
 		if err := writeFileSynced(fs, name, f.data); err != nil {
-			removeChannelFiles(fs, dir, files[:i+1])
 			return fmt.Errorf("write channel state %s: %w", name, err)
 		}
-	}
-	if err := syncDirectory(fs, dir); err != nil {
-		removeChannelFiles(fs, dir, files)
-		return err
 	}
 	return nil
 }
 
-// removeChannelFiles removes files from dir, ignoring errors: it cleans up
-// after a failed Write, whose directory is incomplete and removed by the
-// next OpenStorage anyway (ST5).
-func removeChannelFiles(fs vfs.FS, dir string, files []channelFile) {
+// removeOwnedFiles removes the channel-state files and the keyed-state
+// files that md references from dir, ignoring errors: it cleans up after a
+// failed Write, whose checkpoint is not complete and whose files nothing
+// references (a chk-N directory is removed by a later Write or
+// OpenStorage anyway, ST5, ST10; a savepoint-N directory is not).
+func removeOwnedFiles(fs vfs.FS, dir string, files []channelFile, md *checkpoint.Metadata) {
 	for _, f := range files {
 		_ = fs.Remove(fs.PathJoin(dir, f.name))
 	}
+	for i := range md.Operators {
+		for _, st := range md.Operators[i].Subtasks {
+			if st.KeyedState != nil {
+				_ = fs.Remove(fs.PathJoin(dir, st.KeyedState.File))
+			}
+		}
+	}
 }
 
-// removeLeftoverChannelFiles removes the channel-state files from dir, an
-// incomplete savepoint directory, and reports whether there were any.
-func removeLeftoverChannelFiles(fs vfs.FS, dir string) (bool, error) {
+// removeLeftoverStateFiles removes the channel-state and keyed-state files
+// from dir, an incomplete savepoint directory, and reports whether there
+// were any.
+func removeLeftoverStateFiles(fs vfs.FS, dir string) (bool, error) {
 	names, err := fs.List(dir)
 	if err != nil {
 		return false, err
 	}
 	removed := false
 	for _, name := range names {
-		if strings.HasPrefix(name, checkpoint.ChannelStateFilePrefix) {
+		if strings.HasPrefix(name, checkpoint.ChannelStateFilePrefix) || strings.HasPrefix(name, checkpoint.KeyedStateFilePrefix) {
 			if err := fs.Remove(fs.PathJoin(dir, name)); err != nil {
 				return removed, fmt.Errorf("remove leftover %s: %w", fs.PathJoin(dir, name), err)
 			}
@@ -998,10 +1268,11 @@ func removeLeftoverChannelFiles(fs vfs.FS, dir string) (bool, error) {
 	return removed, nil
 }
 
-// writeMetadataDir writes the channel-state files and then b as
-// dir/_metadata, creating dir in parent, with the protocol of ST1, ST2, ST7
-// and ST8.
-func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte, files []channelFile) error {
+// writeMetadataDir writes the channel-state files and then b, the encoding
+// of md, as dir/_metadata, creating dir in parent, with the protocol of
+// ST1, ST2, ST7, ST8 and ST10: the keyed-state files md references must be
+// in dir with their sizes, and dir is synced before _metadata is written.
+func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte, files []channelFile, md *checkpoint.Metadata) error {
 	if err := mkdirAllSynced(fs, parent); err != nil {
 		return err
 	}
@@ -1019,18 +1290,29 @@ func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte, files []channelFi
 	if err := syncDirectory(fs, parent); err != nil {
 		return err
 	}
+	if err := checkKeyedFiles(fs, dir, md); err != nil {
+		removeOwnedFiles(fs, dir, nil, md)
+		return err
+	}
 	if err := writeChannelFiles(fs, dir, files); err != nil {
+		removeOwnedFiles(fs, dir, files, md)
+		return err
+	}
+	// The entries of the keyed-state files (and of the channel-state
+	// files) become durable before the _metadata that references them.
+	if err := syncDirectory(fs, dir); err != nil {
+		removeOwnedFiles(fs, dir, files, md)
 		return err
 	}
 	tmp := fs.PathJoin(dir, metadataTempName)
 	if err := writeFileSynced(fs, tmp, b); err != nil {
 		_ = fs.Remove(tmp) // best effort; OpenStorage removes leftovers
-		removeChannelFiles(fs, dir, files)
+		removeOwnedFiles(fs, dir, files, md)
 		return err
 	}
 	if err := fs.Rename(tmp, final); err != nil {
 		_ = fs.Remove(tmp)
-		removeChannelFiles(fs, dir, files)
+		removeOwnedFiles(fs, dir, files, md)
 		return err
 	}
 	if err := syncDirectory(fs, dir); err != nil {
@@ -1039,8 +1321,32 @@ func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte, files []channelFi
 		if uerr := removeMetadata(fs, dir); uerr != nil {
 			return fmt.Errorf("%w; removing %s failed too: %v: %w", err, final, uerr, ErrIndeterminate)
 		}
-		removeChannelFiles(fs, dir, files)
+		removeOwnedFiles(fs, dir, files, md)
 		return err
+	}
+	return nil
+}
+
+// checkKeyedFiles checks that every keyed-state file md references is in
+// dir with the referenced size (ST10): a subtask wrote and synced it
+// before it acknowledged. A missing or different file fails the Write
+// (checkpoint.ErrInvalid): Write cannot vouch for it.
+func checkKeyedFiles(fs vfs.FS, dir string, md *checkpoint.Metadata) error {
+	for i := range md.Operators {
+		op := &md.Operators[i]
+		for j := range op.Subtasks {
+			st := &op.Subtasks[j]
+			if st.KeyedState == nil {
+				continue
+			}
+			name := fs.PathJoin(dir, st.KeyedState.File)
+			if err := statKeyedState(fs, name, st.KeyedState); err != nil {
+				if errors.Is(err, checkpoint.ErrCorrupt) {
+					err = fmt.Errorf("%w: %v", checkpoint.ErrInvalid, err)
+				}
+				return fmt.Errorf("operator %q subtask %d: keyed-state file %s: %w", op.UID, st.Subtask, name, err)
+			}
+		}
 	}
 	return nil
 }

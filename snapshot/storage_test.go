@@ -211,29 +211,43 @@ func TestStorageRetention(t *testing.T) {
 		t.Fatalf("after 4: %v", ids)
 	}
 	// An incomplete checkpoint directory (task files, no _metadata yet) is
-	// not touched by retention (ST4): it may still complete.
+	// not touched by retention (ST4) while it may still complete, above
+	// the checkpoint written; below it, it is removed (ST10): it was
+	// aborted or subsumed.
+	for _, d := range []string{"/chk-5", "/chk-10"} {
+		if err := fs.MkdirAll(s.JobDir()+d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeFileSynced(fs, s.JobDir()+d+"/keyed-x-0", []byte("task file")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(6, marker.Checkpoint)
+	mustExist(t, fs, s.JobDir()+"/chk-5", false)
 	if err := fs.MkdirAll(s.JobDir()+"/chk-5", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	write(6, marker.Checkpoint)
-	write(7, marker.Checkpoint)
-	if ids := checkpointIDs(t, s); !slices.Equal(ids, []int64{6, 7}) {
-		t.Fatalf("after 7: %v", ids)
+	write(7, marker.Savepoint) // subsumes lower checkpoints too
+	mustExist(t, fs, s.JobDir()+"/chk-5", false)
+	write(8, marker.Checkpoint)
+	if ids := checkpointIDs(t, s); !slices.Equal(ids, []int64{6, 8}) {
+		t.Fatalf("after 8: %v", ids)
 	}
 	mustExist(t, fs, s.JobDir()+"/chk-1", false)
 	mustExist(t, fs, s.JobDir()+"/chk-2", false)
-	mustExist(t, fs, s.JobDir()+"/chk-5", true)
+	mustExist(t, fs, s.JobDir()+"/chk-10/keyed-x-0", true)
 	mustExist(t, fs, s.JobDir()+"/savepoint-3/_metadata", true)
 	// The checkpoint just written is kept even if it is not among the
 	// newest Retain.
 	write(5, marker.Checkpoint)
-	if ids := checkpointIDs(t, s); !slices.Equal(ids, []int64{5, 6, 7}) {
+	if ids := checkpointIDs(t, s); !slices.Equal(ids, []int64{5, 6, 8}) {
 		t.Fatalf("after 5: %v", ids)
 	}
-	write(8, marker.Checkpoint)
-	if ids := checkpointIDs(t, s); !slices.Equal(ids, []int64{7, 8}) {
-		t.Fatalf("after 8: %v", ids)
+	write(9, marker.Checkpoint)
+	if ids := checkpointIDs(t, s); !slices.Equal(ids, []int64{8, 9}) {
+		t.Fatalf("after 9: %v", ids)
 	}
+	mustExist(t, fs, s.JobDir()+"/chk-10/keyed-x-0", true)
 
 	// Retain defaults to 1.
 	s1, err := OpenStorage("/ckpt", "other", StorageOptions{FS: fs})
@@ -905,31 +919,37 @@ func TestStorageWriteFaults(t *testing.T) {
 	type fault struct {
 		kind errorfs.OpKind
 		path string
+		skip int // matching operations to let pass first
 	}
 	for _, tc := range []struct {
 		name          string
 		faults        []fault
 		indeterminate bool
 	}{
-		{"write", []fault{{errorfs.OpFileWrite, "/chk-3/_metadata.tmp"}}, false},
-		{"sync", []fault{{errorfs.OpFileSync, "/chk-3/_metadata.tmp"}}, false},
-		{"rename", []fault{{errorfs.OpRename, "/chk-3/_metadata.tmp"}}, false},
-		{"dir sync", []fault{{errorfs.OpFileSync, "/chk-3"}}, false},
-		{"mkdir", []fault{{errorfs.OpMkdirAll, "/chk-3"}}, false},
-		{"log open", []fault{{errorfs.OpOpen, "/_completed"}}, false},
-		{"log write", []fault{{errorfs.OpFileWriteAt, "/_completed"}}, false},
-		{"log sync", []fault{{errorfs.OpFileSync, "/_completed"}}, false},
-		{"dir sync and removal", []fault{{errorfs.OpFileSync, "/chk-3"}, {errorfs.OpRemove, "/chk-3/_metadata"}}, true},
-		{"log sync and removal", []fault{{errorfs.OpFileSync, "/_completed"}, {errorfs.OpRemove, "/chk-3/_metadata"}}, true},
-		{"log sync and removal sync", []fault{{errorfs.OpFileSync, "/_completed"}, {errorfs.OpFileSync, "/chk-3"}}, true},
+		{"write", []fault{{kind: errorfs.OpFileWrite, path: "/chk-3/_metadata.tmp"}}, false},
+		{"sync", []fault{{kind: errorfs.OpFileSync, path: "/chk-3/_metadata.tmp"}}, false},
+		{"rename", []fault{{kind: errorfs.OpRename, path: "/chk-3/_metadata.tmp"}}, false},
+		{"dir sync before metadata", []fault{{kind: errorfs.OpFileSync, path: "/chk-3"}}, false},
+		{"dir sync", []fault{{kind: errorfs.OpFileSync, path: "/chk-3", skip: 1}}, false},
+		{"mkdir", []fault{{kind: errorfs.OpMkdirAll, path: "/chk-3"}}, false},
+		{"log open", []fault{{kind: errorfs.OpOpen, path: "/_completed"}}, false},
+		{"log write", []fault{{kind: errorfs.OpFileWriteAt, path: "/_completed"}}, false},
+		{"log sync", []fault{{kind: errorfs.OpFileSync, path: "/_completed"}}, false},
+		{"dir sync and removal", []fault{{kind: errorfs.OpFileSync, path: "/chk-3", skip: 1}, {kind: errorfs.OpRemove, path: "/chk-3/_metadata"}}, true},
+		{"log sync and removal", []fault{{kind: errorfs.OpFileSync, path: "/_completed"}, {kind: errorfs.OpRemove, path: "/chk-3/_metadata"}}, true},
+		{"log sync and removal sync", []fault{{kind: errorfs.OpFileSync, path: "/_completed"}, {kind: errorfs.OpFileSync, path: "/chk-3"}}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The faults fail one operation each, in turn.
-			armed, next := false, 0
+			armed, next, skipped := false, 0, 0
 			fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
 				if armed && next < len(tc.faults) && op.Kind == tc.faults[next].kind &&
 					strings.HasSuffix(op.Path, tc.faults[next].path) {
-					next++
+					if skipped < tc.faults[next].skip {
+						skipped++
+						return nil
+					}
+					next, skipped = next+1, 0
 					return errorfs.ErrInjected
 				}
 				return nil

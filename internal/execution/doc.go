@@ -17,8 +17,14 @@
 //   - Executions are told apart by a random id per Start, recorded in
 //     every checkpoint's metadata and in sink transaction ids. A restart
 //     restores this execution's newest completed checkpoint, or else what
-//     its first attempt restored (G6); restore.Latest refuses to fall back
-//     past a completed checkpoint (restore.ErrFallback).
+//     its first attempt restored (G6); restore.LatestPlan refuses to fall
+//     back past a completed checkpoint (restore.ErrFallback).
+//   - The restore step loads the keyed state from the keyed-state files
+//     before the attempt's subtasks start (restore.LatestPlan,
+//     restore.LoadPlan: only the blocks of the key groups each new subtask
+//     owns), so that a damaged block falls back like damaged metadata.
+//     Each attempt gets the storage as the subtasks' keyed-state writer
+//     (Attempt.KeyedState, task.Info.KeyedState).
 //   - Checkpoint ids continue above storage.NextID (the completed log and
 //     the directories), the restored id and every id this execution used
 //     (G3).

@@ -20,7 +20,6 @@ import (
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/snapshot"
-	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // EventKind says what happened to a running job.
@@ -105,12 +104,15 @@ type RestoreConfig struct {
 }
 
 // Attempt is one run of the job graph. The execution fills in Number,
-// Execution, Plan and Reports; Spec.Build adds the rest.
+// Execution, Plan, Reports and KeyedState; Spec.Build adds the rest.
 type Attempt struct {
 	Number    int
 	Execution string
 	Plan      *restore.Plan
 	Reports   chan task.Report
+	// KeyedState is the job's checkpoint storage, for the subtasks'
+	// keyed-state files (task.Info.KeyedState); nil without one.
+	KeyedState snapshot.KeyedStateWriter
 	// Boxes are the chain subtasks (for the master), Mailboxes their
 	// mailboxes and Chains their loops, all in one order.
 	Boxes     []master.Box
@@ -363,43 +365,65 @@ func (e *Execution) backOff(ctx context.Context, delay time.Duration) error {
 	}
 }
 
-// restoreSource picks what attempt n restores (bug 2 of issue 5). The
+// restorePlan picks what attempt n restores (bug 2 of issue 5) and plans
+// it, keyed state loaded (restore.LatestPlan, restore.LoadPlan: only the
+// key groups the new subtasks own are read, before any subtask starts, so
+// that a damaged keyed-state block falls back like damaged metadata). The
 // first attempt restores the newest checkpoint of the job directory with
 // Restore.Latest, or Restore.Path, or nothing. A restart restores this
 // execution's newest completed checkpoint if it has one, or else exactly
 // what the first attempt restored from: never a checkpoint another
 // execution left behind.
-func (e *Execution) restoreSource(n int, storage *snapshot.Storage) (*restoreChoice, error) {
+func (e *Execution) restorePlan(n int, storage *snapshot.Storage) (*restore.Plan, error) {
+	plan, err := e.restoreSource(n, storage)
+	if err != nil || plan == nil {
+		return nil, err
+	}
+	e.nextID = max(e.nextID, plan.CheckpointID+1)
+	return plan, nil
+}
+
+func (e *Execution) restoreSource(n int, storage *snapshot.Storage) (*restore.Plan, error) {
 	s := e.spec
 	rc := s.Restore
+	ops := make([]restore.Operator, len(s.Operators))
+	for i, op := range s.Operators {
+		ops[i] = restore.Operator{UID: op.UID, Name: op.Name, Parallelism: op.Parallelism, MaxParallelism: op.MaxParallelism, Keyed: op.Keyed,
+			Upstream: op.Upstream, Downstream: op.Downstream, Unmovable: op.Unmovable}
+	}
+	latest := func() (*restore.Plan, error) {
+		return restore.LatestPlan(storage, rc.AllowFallback, ops, rc.AllowNonRestoredState, e.logf)
+	}
+	load := func(path string) (*restore.Plan, error) {
+		return restore.LoadPlan(rc.FS, path, ops, rc.AllowNonRestoredState, e.logf)
+	}
 	if n > 0 {
 		if e.completed {
-			md, path, err := restore.Latest(storage, rc.AllowFallback, e.logf)
-			if err == nil && md == nil {
+			plan, err := latest()
+			if err == nil && plan == nil {
 				err = fmt.Errorf("graph: this execution completed checkpoints in %s, but none is there any more", storage.JobDir())
 			}
-			return &restoreChoice{md, path}, err
+			return plan, err
 		}
 		if e.startPath == "" {
 			return nil, nil
 		}
-		md, err := restore.Load(rc.FS, e.startPath)
-		return &restoreChoice{md, e.startPath}, err
+		return load(e.startPath)
 	}
 	if storage != nil && rc.Latest {
-		md, path, err := restore.Latest(storage, rc.AllowFallback, e.logf)
+		plan, err := latest()
 		if err != nil {
 			return nil, err
 		}
-		if md != nil {
-			e.startPath = path
-			return &restoreChoice{md, path}, nil
+		if plan != nil {
+			e.startPath = plan.Path
+			return plan, nil
 		}
 	}
 	if rc.Path != "" {
-		md, err := restore.Load(rc.FS, rc.Path)
+		plan, err := load(rc.Path)
 		e.startPath = rc.Path
-		return &restoreChoice{md, rc.Path}, err
+		return plan, err
 	}
 	if storage != nil {
 		refs, err := storage.Checkpoints()
@@ -413,30 +437,6 @@ func (e *Execution) restoreSource(n int, storage *snapshot.Storage) (*restoreCho
 		}
 	}
 	return nil, nil
-}
-
-type restoreChoice struct {
-	md   *checkpoint.Metadata
-	path string
-}
-
-func (e *Execution) restorePlan(n int, storage *snapshot.Storage) (*restore.Plan, error) {
-	s := e.spec
-	c, err := e.restoreSource(n, storage)
-	if err != nil || c == nil || c.md == nil {
-		return nil, err
-	}
-	ops := make([]restore.Operator, len(s.Operators))
-	for i, op := range s.Operators {
-		ops[i] = restore.Operator{UID: op.UID, Name: op.Name, Parallelism: op.Parallelism, MaxParallelism: op.MaxParallelism, Keyed: op.Keyed,
-			Upstream: op.Upstream, Downstream: op.Downstream, Unmovable: op.Unmovable}
-	}
-	plan, err := restore.Assign(c.md, c.path, ops, s.Restore.AllowNonRestoredState, e.logf)
-	if err != nil {
-		return nil, err
-	}
-	e.nextID = max(e.nextID, c.md.CheckpointID+1)
-	return plan, nil
 }
 
 func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storage) error {
@@ -458,7 +458,11 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 		e.publish()
 		e.emit(Event{Kind: JobRestored, Attempt: n, CheckpointID: plan.CheckpointID, Path: plan.Path})
 	}
-	a, err := s.Build(&Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024)})
+	x := &Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024)}
+	if storage != nil {
+		x.KeyedState = storage
+	}
+	a, err := s.Build(x)
 	if err != nil {
 		return err
 	}

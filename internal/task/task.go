@@ -42,6 +42,12 @@ type Info struct {
 	CheckpointingEnabled bool
 	// Execution is the id of the job execution (one per Job.Start).
 	Execution string
+	// KeyedState writes a keyed operator's state, when it is above the
+	// memory threshold, to its keyed-state file in the checkpoint's
+	// directory, in the asynchronous part of the snapshot (the ack then
+	// carries SubtaskState.KeyedState); nil without checkpoint storage,
+	// and then keyed state goes inline in the ack.
+	KeyedState snapshot.KeyedStateWriter
 }
 
 // ID returns the subtask's task id.

@@ -205,8 +205,14 @@ func ChannelStateChecksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli
 // 32 hex digits of the SHA-256 of the whole uid, to keep the name within
 // 255 bytes.
 func ChannelStateFileName(uid string, subtask int) string {
+	return stateFileName(ChannelStateFilePrefix, uid, subtask)
+}
+
+// stateFileName returns prefix, the escaped uid, '-' and the subtask (see
+// ChannelStateFileName).
+func stateFileName(prefix, uid string, subtask int) string {
 	var b strings.Builder
-	b.WriteString(ChannelStateFilePrefix)
+	b.WriteString(prefix)
 	n := 0
 	for i := 0; i < len(uid); i++ {
 		c := uid[i]
@@ -239,9 +245,13 @@ func fileNameSafe(c byte) bool {
 // validChannelStateFile reports whether f is a channel-state file name
 // (F6): ChannelStateFilePrefix followed by at least one byte, a single path
 // element.
-func validChannelStateFile(f string) bool {
-	return len(f) > len(ChannelStateFilePrefix) && len(f) <= maxChannelStateFileName &&
-		strings.HasPrefix(f, ChannelStateFilePrefix) && !strings.ContainsAny(f, "/\\\x00")
+func validChannelStateFile(f string) bool { return validStateFileName(ChannelStateFilePrefix, f) }
+
+// validStateFileName reports whether f is prefix followed by at least one
+// byte, a single path element of at most 255 bytes.
+func validStateFileName(prefix, f string) bool {
+	return len(f) > len(prefix) && len(f) <= maxChannelStateFileName &&
+		strings.HasPrefix(f, prefix) && !strings.ContainsAny(f, "/\\\x00")
 }
 
 // EncodeChannelState returns the channel-state file encoding of cs. It

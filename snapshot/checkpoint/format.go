@@ -26,8 +26,9 @@ import (
 //	20      n     payload: the Metadata, msgpack-encoded
 //	20+n    4     CRC-32C of bytes [0, 20+n), big-endian
 //
-// Channel-state files (channel.go) use the same frame with their own magic
-// and version; the code that frames and checks it is shared (frameFormat).
+// Channel-state files (channel.go) and the header and blocks of
+// keyed-state files (keyed.go) use the same frame with their own magic and
+// version; the code that frames and checks it is shared (frameFormat).
 //
 // Invariants:
 //
@@ -43,10 +44,10 @@ import (
 //     DecodeMetadata(EncodeMetadata(DecodeMetadata(b))) equals
 //     DecodeMetadata(b) (checked by FuzzDecodeMetadata). Empty optional lists
 //     decode as nil. Optional fields added later (Metadata.ExecutionID,
-//     marker.Options.Stop, KeyedEntry.UserKey) are omitted when zero (an
-//     empty user key decodes as nil), so an absent field and a
-//     zero one decode alike and re-encode to the same bytes, and files
-//     written before they existed decode unchanged
+//     marker.Options.Stop, KeyedEntry.UserKey, SubtaskState.KeyedState)
+//     are omitted when zero (an empty user key decodes as nil), so an
+//     absent field and a zero one decode alike and re-encode to the same
+//     bytes, and files written before they existed decode unchanged
 //     (testdata/compat, TestDecodeOldEncoding).
 //   - F4: decoding never panics and allocates O(len(b)) memory whatever b
 //     holds: container lengths are checked against the remaining input before
@@ -233,6 +234,7 @@ func canonicalizeMetadata(md *Metadata) {
 			if len(s.Files) == 0 {
 				s.Files = nil
 			}
+
 		}
 	}
 }
@@ -254,7 +256,9 @@ func canonicalizeMetadata(md *Metadata) {
 //   - state files are clean paths relative to the job directory;
 //   - channel-state references are valid and name distinct files (F6), and
 //     in-memory channel state (SubtaskState.Channels), where set, passes
-//     ValidateChannelState.
+//     ValidateChannelState;
+//   - keyed-state references are valid (F9) and name files distinct from
+//     each other and from the channel-state files.
 func ValidateMetadata(md *Metadata) error {
 	if md == nil {
 		return fmt.Errorf("%w: nil", ErrInvalid)
@@ -273,7 +277,7 @@ func ValidateMetadata(md *Metadata) error {
 			ErrInvalid, md.CheckpointID, md.Options.Kind)
 	}
 	seen := make(map[string]struct{}, len(md.Operators))
-	files := make(map[string]TaskID) // channel-state files by lower-case name
+	files := make(map[string]TaskID) // channel- and keyed-state files by lower-case name
 	for i := range md.Operators {
 		op := &md.Operators[i]
 		if op.UID == "" {
@@ -379,6 +383,17 @@ func validateOperatorState(op *OperatorState, files map[string]TaskID) error {
 			folded := strings.ToLower(r.File)
 			if other, dup := files[folded]; dup {
 				return fmt.Errorf("operator %q subtask %d: channel-state file %q is also that of operator %q subtask %d",
+					op.UID, s.Subtask, r.File, other.Operator, other.Subtask)
+			}
+			files[folded] = TaskID{Operator: op.UID, Subtask: s.Subtask}
+		}
+		if r := s.KeyedState; r != nil {
+			if err := validateKeyedStateRef(r, s); err != nil {
+				return fmt.Errorf("operator %q subtask %d: %v", op.UID, s.Subtask, err)
+			}
+			folded := strings.ToLower(r.File)
+			if other, dup := files[folded]; dup {
+				return fmt.Errorf("operator %q subtask %d: keyed-state file %q is also a file of operator %q subtask %d",
 					op.UID, s.Subtask, r.File, other.Operator, other.Subtask)
 			}
 			files[folded] = TaskID{Operator: op.UID, Subtask: s.Subtask}

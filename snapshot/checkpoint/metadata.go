@@ -56,14 +56,27 @@ type KeyGroupState struct {
 
 // SubtaskState is what one subtask contributed to a checkpoint.
 //
-// Invariant: KeyGroups entries lie inside [KeyGroupStart, KeyGroupEnd] (an
-// inclusive range; both -1 for non-keyed operators).
+// Invariant: KeyGroups entries and the blocks of KeyedState lie inside
+// [KeyGroupStart, KeyGroupEnd] (an inclusive range; both -1 for non-keyed
+// operators). A subtask's keyed state is either inline (KeyGroups) or in
+// its keyed-state file (KeyedState), never both (F9).
 type SubtaskState struct {
 	Subtask       int             `msgpack:"subtask"`
 	Lists         []NamedList     `msgpack:"lists,omitempty"`
 	KeyGroupStart int             `msgpack:"kgStart"`
 	KeyGroupEnd   int             `msgpack:"kgEnd"`
 	KeyGroups     []KeyGroupState `msgpack:"keyGroups,omitempty"`
+	// KeyedState names the subtask's keyed-state file (keyed.go), written
+	// and synced by the subtask before it acknowledged, when its keyed
+	// state was above the runtime's memory threshold; nil when the keyed
+	// state is inline in KeyGroups (or there is none).
+	KeyedState *KeyedStateRef `msgpack:"keyedState,omitempty"`
+	// RestoredKeyedState, in memory only, is set by restore.Assign: the
+	// blocks of the key groups this new subtask owns, in the keyed-state
+	// files of the old subtasks whose ranges overlap its own, each ref
+	// cut down to those blocks. restore.LoadKeyedState reads them into
+	// KeyGroups and clears it, before the subtask starts.
+	RestoredKeyedState []KeyedStateRef `msgpack:"-"`
 	// Files are paths, relative to the job directory, of state files this
 	// subtask wrote (in chk-N/, shared/ or taskowned/). Empty for inline state.
 	Files []string `msgpack:"files,omitempty"`
@@ -89,7 +102,8 @@ type SubtaskState struct {
 }
 
 // Size is the approximate number of state bytes held by s: list and keyed
-// state. Channel state is not counted; it is reported on its own
+// state, inline or in its keyed-state file (the bytes of its blocks).
+// Channel state is not counted; it is reported on its own
 // (InFlightBytes).
 func (s *SubtaskState) Size() int64 {
 	var n int64
@@ -102,6 +116,9 @@ func (s *SubtaskState) Size() int64 {
 		for _, e := range kg.Entries {
 			n += int64(len(e.Key) + len(e.UserKey) + len(e.Value))
 		}
+	}
+	if s.KeyedState != nil {
+		n += s.KeyedState.Bytes()
 	}
 	return n
 }

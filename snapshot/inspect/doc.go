@@ -16,9 +16,10 @@
 // a state is read only as what wrote it, so a TTL state needs
 // state.WithTTL and a codec state state.WithCodec among the options), and
 // what a read returns is what the job would see after restoring. Reading
-// one key loads only that key's key group. The backend's time, which TTL
-// states judge expiry by, is the checkpoint's trigger time: a read shows
-// the state as the job saw it at the checkpoint.
+// one key restores only that key's key group (a subtask's keyed-state file
+// is read whole, every block checked against _metadata). The backend's
+// time, which TTL states judge expiry by, is the checkpoint's trigger
+// time: a read shows the state as the job saw it at the checkpoint.
 //
 // Nothing here writes: a checkpoint is never modified, and a Checkpoint is
 // safe for concurrent use once opened.

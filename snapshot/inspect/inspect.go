@@ -215,13 +215,22 @@ func (c *Checkpoint) operator(uid string) (*checkpoint.OperatorState, error) {
 }
 
 // keyGroups returns the keyed-state records of subtask s of op for which
-// keep (nil: all) holds.
-func (c *Checkpoint) keyGroups(_ *checkpoint.OperatorState, s *checkpoint.SubtaskState, keep func(checkpoint.KeyGroupState) bool) ([]checkpoint.KeyGroupState, error) {
+// keep (nil: all) holds: inline ones, or those of its keyed-state file,
+// read whole with every block checked (snapshot.ReadKeyedState).
+func (c *Checkpoint) keyGroups(op *checkpoint.OperatorState, s *checkpoint.SubtaskState, keep func(checkpoint.KeyGroupState) bool) ([]checkpoint.KeyGroupState, error) {
+	groups := s.KeyGroups
+	if s.KeyedState != nil {
+		var err error
+		groups, err = snapshot.ReadKeyedState(c.fs, c.dir, c.md.CheckpointID, c.md.Options.Kind, op.UID, s.KeyedState)
+		if err != nil {
+			return nil, fmt.Errorf("inspect: operator %q subtask %d: %w", op.UID, s.Subtask, err)
+		}
+	}
 	if keep == nil {
-		return s.KeyGroups, nil
+		return groups, nil
 	}
 	var out []checkpoint.KeyGroupState
-	for _, g := range s.KeyGroups {
+	for _, g := range groups {
 		if keep(g) {
 			out = append(out, g)
 		}

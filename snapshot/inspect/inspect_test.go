@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
-	"github.com/snapflow/snapflow/snapshot/inspect"
 	"github.com/snapflow/snapflow/sink"
+	"github.com/snapflow/snapflow/snapshot/inspect"
 	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/state"
 	"github.com/snapflow/snapflow/state/keygroup"
@@ -252,15 +252,17 @@ func TestSourcePositions(t *testing.T) {
 	op, err := c.Operator("source")
 	require.NoError(t, err)
 	require.NotEmpty(t, op.Lists, "the generator keeps its position in list state")
-	items, err := inspect.RawOperatorList(c, "source", op.Lists[0].Name)
+	require.Equal(t, source.OffsetState, op.Lists[0].Name)
+	items, err := inspect.RawOperatorList(c, "source", source.OffsetState)
 	require.NoError(t, err)
 	require.Len(t, items, op.Lists[0].Items)
-	// The positions account for exactly the records the savepoint covers.
+	// The positions account for exactly the records the savepoint covers:
+	// split s of S holds the ids s, s+S, ... (source SRC5).
 	var read int64
 	for _, it := range items {
 		m := it.Value.(map[string]any)
-		next, sub, par := toInt(m["next"]), toInt(m["subtask"]), toInt(m["parallelism"])
-		read += (next - sub + par - 1) / par
+		next, split, splits := toInt(m["next"]), toInt(m["split"]), toInt(m["splits"])
+		read += (next - split) / splits
 	}
 	require.Equal(t, int64(len(out)), read)
 	t.Logf("source positions %s: %+v (output %d records)", op.Lists[0].Name, items, len(out))
@@ -268,6 +270,8 @@ func TestSourcePositions(t *testing.T) {
 
 func toInt(v any) int64 {
 	switch x := v.(type) {
+	case nil:
+		return 0 // omitted when zero
 	case int8:
 		return int64(x)
 	case int16:

@@ -1,0 +1,77 @@
+package inspect_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/require"
+
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/snapshot/inspect"
+	"github.com/snapflow/snapflow/state"
+	"github.com/snapflow/snapflow/state/keygroup"
+)
+
+// TestKeyedStateFile: keyed state that a subtask wrote to its keyed-state
+// file (above the memory threshold) is read from there, as a restore reads
+// it, and a damaged block fails the read naming the file.
+func TestKeyedStateFile(t *testing.T) {
+	const maxP, keys = 128, 3000
+	fs := vfs.NewMem()
+	st, err := snapshot.OpenStorage("/ckpt", "job", snapshot.StorageOptions{FS: fs})
+	require.NoError(t, err)
+	r := keygroup.Range{Start: 0, End: maxP - 1}
+	be, err := state.NewKeyedBackend[int64](r, maxP, nil)
+	require.NoError(t, err)
+	sum, err := state.Value[int64, int64](be, "sum")
+	require.NoError(t, err)
+	for k := int64(0); k < keys; k++ {
+		be.SetCurrentKey(k, keygroup.Of(k, maxP))
+		sum.Update(2 * k)
+	}
+	recs, err := be.Snapshot()
+	require.NoError(t, err)
+	ref, err := st.WriteKeyedState(context.Background(), 1, marker.Checkpoint, checkpoint.TaskID{Operator: "tally", Subtask: 0}, recs)
+	require.NoError(t, err)
+	md := &checkpoint.Metadata{CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint},
+		Operators: []checkpoint.OperatorState{{UID: "tally", Name: "tally", Parallelism: 1, MaxParallelism: maxP,
+			Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, KeyedState: ref}}}}}
+	path, err := st.Write(md)
+	require.NoError(t, err)
+
+	c, err := inspect.Open(fs, path)
+	require.NoError(t, err)
+	op, err := c.Operator("tally")
+	require.NoError(t, err)
+	require.Len(t, op.Keyed, 1)
+	require.Equal(t, keys, op.Keyed[0].Entries)
+	v, ok, err := inspect.Value[int64, int64](c, "tally", "sum", 1234)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, int64(2468), v)
+	n := 0
+	vals, err := inspect.Values[int64, int64](c, "tally", "sum")
+	require.NoError(t, err)
+	for k, v := range vals {
+		require.Equal(t, 2*k, v)
+		n++
+	}
+	require.Equal(t, keys, n)
+
+	// A damaged block is found when it is read, naming the file.
+	file := path + "/" + ref.File
+	f, err := fs.OpenReadWrite(file, vfs.WriteCategoryUnspecified)
+	require.NoError(t, err)
+	g := ref.Groups[len(ref.Groups)/2]
+	_, err = f.WriteAt([]byte{0xff, 0xfe}, g.Offset+g.Length/2)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	c, err = inspect.Open(fs, path)
+	require.NoError(t, err, "Open only checks the file's size")
+	_, err = c.Operator("tally")
+	require.ErrorIs(t, err, checkpoint.ErrCorrupt)
+	require.ErrorContains(t, err, file)
+}
