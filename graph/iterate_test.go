@@ -41,6 +41,12 @@ func newFailer(at ...int64) *failer {
 	return &failer{at: at, seen: make([]atomic.Int64, len(at)), fired: make([]atomic.Bool, len(at)), completed: make([]atomic.Bool, len(at))}
 }
 
+// checkpointed reports whether a checkpoint of the attempt completed, or
+// the attempt is not one that fails.
+func (f *failer) checkpointed(attempt int) bool {
+	return attempt >= len(f.at) || f.completed[attempt].Load()
+}
+
 func (f *failer) check(attempt int) error {
 	if f == nil || attempt >= len(f.at) || !f.completed[attempt].Load() {
 		return nil
@@ -61,7 +67,17 @@ func hopJobFailing(t *testing.T, n int64, cfg graph.Config, committer *sink.Memo
 		}
 	}
 	job := graph.NewJob("hops", cfg)
-	src := graph.Source(job, "source", source.Generate(n, func(i int64) hop { return hop{ID: i, Hops: i % 7} }))
+	gen := func(i int64) hop { return hop{ID: i, Hops: i % 7} }
+	newSrc := source.Generate(n, gen)
+	if f != nil {
+		// Each failing attempt's sources wait at an eighth of the input
+		// for a completed checkpoint of the attempt, so that its failure
+		// has one to restore however fast the loop drains.
+		newSrc = func() graph.SourceFunc[hop] {
+			return &pausedUntil[hop]{Indexed: source.NewIndexed(n, gen), from: n / 8, open: f.checkpointed}
+		}
+	}
+	src := graph.Source(job, "source", newSrc)
 	it := graph.Iterate(src)
 	body := graph.ProcessKeyed(graph.KeyBy(it.Stream(), func(h hop) int64 { return h.ID % 13 }), "decrement",
 		func() graph.KeyedProcessFunc[int64, hop, hop] { return decrement{f: f} })
@@ -301,13 +317,11 @@ func TestIterateNested(t *testing.T) {
 				},
 			}
 			job := graph.NewJob("nested", cfg)
-			// The first attempt's sources wait at an eighth of the input
-			// for a completed checkpoint, so that the failure has one to
-			// restore however fast the loop drains.
+			// See hopJobFailing.
 			src := graph.Source(job, "source", func() graph.SourceFunc[nested] {
 				return &pausedUntil[nested]{Indexed: source.NewIndexed(n, func(i int64) nested {
 					return nested{ID: i, Outer: i % 3, Inner: i % 4, Left: i % 4}
-				}), from: n / 8, open: f.completed[0].Load}
+				}), from: n / 8, open: f.checkpointed}
 			})
 			outer := graph.Iterate(src)
 			start := graph.Map(outer.Stream().Rebalance(), "outer-head", func(r nested) nested { r.Left = r.Inner; return r })
@@ -332,16 +346,16 @@ func TestIterateNested(t *testing.T) {
 	}
 }
 
-// pausedUntil is an indexed source whose subtasks, in the first attempt,
-// return no record from position from on until open reports true.
+// pausedUntil is an indexed source whose subtasks return no record from
+// position from on until open reports true for their attempt.
 type pausedUntil[T any] struct {
 	*source.Indexed[T]
 	from int64
-	open func() bool
+	open func(attempt int) bool
 }
 
 func (s *pausedUntil[T]) Next(ctx *graph.Context) (T, error) {
-	if ctx.Task().Attempt == 0 && s.Position() >= s.from && !s.open() {
+	if s.Position() >= s.from && !s.open(ctx.Task().Attempt) {
 		var zero T
 		return zero, graph.ErrNoRecord
 	}

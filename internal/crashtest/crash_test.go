@@ -1068,11 +1068,11 @@ func TestCrashes(t *testing.T) {
 		// The output is exactly what precedes the savepoint's source
 		// positions: the savepoint's transactions were committed, and
 		// nothing after the savepoint was emitted.
-		next := sourcePositions(t, path)
+		before := sourcePositions(t, path)
 		ids := r.requireAtMostOnce()
 		var want int
 		for id := range r.n {
-			if id < next[int(id%2)] {
+			if before(id) {
 				want++
 				require.Equal(t, 1, ids[id], "id %d precedes the savepoint but is not published", id)
 			}
@@ -1127,19 +1127,19 @@ func TestCrashes(t *testing.T) {
 		c = r.runToCompletion(false, envRestorePath+"="+path)
 		id, _ := restoredFrom(c.snapshot())
 		require.Equal(t, savepointID(t, path), id, "the fork restored the savepoint")
-		next := sourcePositions(t, path)
+		before := sourcePositions(t, path)
 		ids, _ := r.output()
 		var wrong []string
 		for id := range r.n {
 			want := 1
-			if id >= next[int(id%2)] {
+			if !before(id) {
 				want = 2
 			}
 			if ids[id] != want {
 				wrong = append(wrong, fmt.Sprintf("%d:%d", id, ids[id]))
 			}
 		}
-		require.Empty(t, wrong, "id:published, want 1 before the savepoint and 2 after it (positions %v)", next)
+		require.Empty(t, wrong, "id:published, want 1 before the savepoint and 2 after it")
 	})
 
 	channelStateScenarios(t, scenario)
@@ -1487,14 +1487,16 @@ func savepointID(t *testing.T, path string) int64 {
 	return md.CheckpointID
 }
 
-// sourcePositions returns the next position of each source subtask in the
-// checkpoint or savepoint at path.
-func sourcePositions(t *testing.T, path string) map[int]int64 {
+// sourcePositions returns, for the checkpoint or savepoint at path, which
+// ids the sources had read before it: those below their split's position
+// (source SRC5: id i is in split i mod splits).
+func sourcePositions(t *testing.T, path string) (before func(id int64) bool) {
 	md, err := restore.Load(vfs.Default, path)
 	require.NoError(t, err)
 	op := md.Operator("source")
 	require.NotNil(t, op, "the savepoint has the source's state")
-	next := map[int]int64{}
+	next := map[int64]int64{}
+	splits := int64(0)
 	for _, st := range op.Subtasks {
 		for _, l := range st.Lists {
 			if l.Name != source.OffsetState {
@@ -1502,14 +1504,16 @@ func sourcePositions(t *testing.T, path string) map[int]int64 {
 			}
 			for _, item := range l.Items {
 				var pos struct {
-					Subtask int   `msgpack:"subtask"`
-					Next    int64 `msgpack:"next"`
+					Split  int64 `msgpack:"split"`
+					Splits int64 `msgpack:"splits"`
+					Next   int64 `msgpack:"next"`
 				}
 				require.NoError(t, msgpack.Unmarshal(item, &pos))
-				next[pos.Subtask] = pos.Next
+				require.Positive(t, pos.Splits)
+				next[pos.Split], splits = pos.Next, pos.Splits
 			}
 		}
 	}
-	require.Len(t, next, 2, "positions of both source subtasks")
-	return next
+	require.Len(t, next, int(splits), "a position for every split")
+	return func(id int64) bool { return id < next[id%splits] }
 }
