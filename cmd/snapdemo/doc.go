@@ -1,15 +1,80 @@
-// Command snapdemo replays a device-signals dataset through a checkpointed
-// job (source -> keyBy(device) -> per-device step -> two-phase-commit sink),
-// crashes it once, restores it from the latest completed checkpoint and
-// shows that every device signal was published exactly once, followed by
-// the checkpoint statistics.
-//
-// With no arguments it replays the seed's nine device signals (embedded
-// from data/device-signals.json) and fails the first attempt at offset 6,
-// as the seed's Flink demo does. The checkpoints go to
-// <dir>/9866061bb8a60fea0dd2a67785e8ec5b (the MD5 of "12345_DemoJob").
+// Command snapdemo shows snapflow's checkpoints at work: keyed jobs that
+// replay a dataset, crash, restore from their latest completed checkpoint
+// and commit every input record exactly once, judged by record identity.
 //
 // Usage:
 //
-//	snapdemo [-data FILE] [-dir DIR [-keep]] [-interval D] [-pace D] [-fail-at N] [-mode aligned|unaligned|at-least-once]
+//	snapdemo [--data FILE] [--dir DIR [--keep]] [--interval D] [--pace D] [--fail-at N] [--mode M]
+//	snapdemo replay [--data FILE|builtin:device-signals|builtin:sensors] [--key F] [--id F,...]
+//	                [--checkpoint-dir DIR] [--interval D] [--mode aligned|unaligned|at-least-once]
+//	                [--aligned-timeout D] [--parallelism N] [--fail-at-offset N] [--restore latest|PATH]
+//	                [--sink DIR|postgres://...|kafka://host:port/topic] [--state heap|pebble] [--rate R]
+//	                [--fresh] [--json] [--progress auto|bar|log|none]
+//	snapdemo gen [--devices N] [--records N] [--seed S] [--disorder D] [--format ndjson|csv|json] [--out FILE]
+//	snapdemo checkpoints DIR [--json]
+//	snapdemo inspect PATH [--operator UID [--state NAME [--key K] [--limit N]]] [--json]
+//	snapdemo verify [--data ...] [--kills K] [--seed S] [--modes M,...] [--parallelism P,...] [--json]
+//
+// Every command has --help with examples; --verbose logs the engine's
+// notes and --log-format json makes the logs (on stderr) JSON lines.
+//
+// # The demo
+//
+// With no command, snapdemo replays the seed's nine device signals
+// (embedded from data/device-signals.json) through source -> keyBy(device)
+// -> per-device step -> file table and fails the first attempt at offset
+// 6, as the seed's Flink demo does; the job restores the latest completed
+// checkpoint and finishes, and the narrative tells which records were
+// replayed and why none is committed twice. The checkpoints go to
+// <dir>/checkpoints/9866061bb8a60fea0dd2a67785e8ec5b (the MD5 of
+// "12345_DemoJob"). The flags of the demo also take the old one-dash form
+// (-data FILE).
+//
+// # inspect
+//
+// inspect reads a checkpoint or savepoint without a job (package
+// snapshot/inspect, like Flink's State Processor API): every operator with
+// its subtasks' key-group ranges, its keyed states (layout, entries,
+// bytes) and list states (a source's positions); with --operator the list
+// elements, with --state the entries of one keyed state decoded without
+// the job's types, with --key the entries of one key and the key group and
+// subtask that own it (restore a savepoint at another parallelism and
+// inspect again to watch the key move).
+//
+// # replay
+//
+// replay streams any dataset through snapflow's file sources (NDJSON, one
+// JSON array, CSV; never loaded whole, split by byte ranges, positions in
+// the checkpoints) into a keyed job whose per-key state counts the records
+// and keeps the last value of every numeric field, and into a sink: a file
+// table, PostgreSQL (prepared transactions) or Kafka (transactional
+// producers). At the end it reads the committed output back and judges
+// exactly-once by record identity: the --id field(s) ("offset" or "id" by
+// default; builtin:sensors uses mote_id+reading), or a hash of the
+// record's content. Ctrl-C cancels the job, keeping its checkpoints; the
+// same command with --restore latest resumes it. A fresh run over an
+// earlier one's checkpoints or rows is refused unless --fresh deletes them.
+//
+// builtin:sensors is the single-hop sensor network readings of
+// data/sensor-network (CC BY 4.0; its NOTICE and README ship with it and
+// replay prints the attribution).
+//
+// # verify
+//
+// verify runs replay as child processes (the same binary), SIGKILLs them
+// at random points drawn from --seed, restarts each with --restore latest,
+// and prints a verdict table per mode and parallelism. Exactly-once modes
+// (aligned, unaligned) must commit every record exactly once;
+// at-least-once must lose none and may commit duplicates (replay judges
+// the same way).
+//
+// # Exit codes
+//
+//	0    success, and every verdict held
+//	1    the job failed (including a bad record found in the input while
+//	     streaming), or a verdict was violated (a duplicate or a lost record)
+//	2    usage error: a bad flag or argument, or an input that cannot be used
+//	     (a missing file, an empty dataset, a malformed first record, a key
+//	     field the records do not have, an earlier run in the way)
+//	130  interrupted by Ctrl-C (SIGINT) or SIGTERM; the checkpoints are kept
 package main

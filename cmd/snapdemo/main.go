@@ -3,8 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
-	_ "embed"
-	"flag"
+	_ "embed" // the seed dataset
 	"fmt"
 	"io"
 	"os"
@@ -37,22 +36,6 @@ type options struct {
 	pace     time.Duration
 	failAt   int64
 	mode     string
-}
-
-func main() {
-	var o options
-	flag.StringVar(&o.data, "data", "", "device-signals JSON file (default: the embedded seed dataset)")
-	flag.StringVar(&o.dir, "dir", "", "checkpoint directory (default: a new temporary directory)")
-	flag.BoolVar(&o.keep, "keep", false, "keep the checkpoint directory")
-	flag.DurationVar(&o.interval, "interval", 100*time.Millisecond, "checkpoint interval")
-	flag.DurationVar(&o.pace, "pace", 40*time.Millisecond, "delay between two source records")
-	flag.Int64Var(&o.failAt, "fail-at", 6, "fail the first attempt when the source reaches this offset (0: never)")
-	flag.StringVar(&o.mode, "mode", "aligned", "checkpoint mode: aligned, unaligned or at-least-once")
-	flag.Parse()
-	if err := run(context.Background(), os.Stdout, o); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 }
 
 // pacedSource is the replayable source of the seed's demo: its offset lives
