@@ -37,6 +37,16 @@ type PebbleEngine struct {
 	CacheSize int64
 	// MemTableSize is the size of one memtable in bytes (0: 16 MiB).
 	MemTableSize uint64
+	// WriteCacheEntries bounds the write-back cache of each registered
+	// state: at most that many keys (map entries, for a map state) with
+	// their decoded values, written to Pebble in one batch when a dirty
+	// one is evicted and at every freeze (0: 4096; negative: no cache,
+	// every write goes to Pebble at once). The memory it takes is that
+	// many stored keys and values per state, whatever the state's size;
+	// the freeze pause grows with it (see "Pebble engine" in doc.go).
+	// States whose values could change in place (see "Snapshots" in
+	// doc.go) are never cached.
+	WriteCacheEntries int
 }
 
 // pebbleStore is the Pebble instance of one backend.
@@ -46,6 +56,8 @@ type pebbleStore struct {
 	dir    string
 	kgs    keygroup.Range
 	nextID uint32
+	// cacheEntries is the write-back cache size of each table (0: none).
+	cacheEntries int
 	// snaps holds the snapshots of the views not released yet, closed by
 	// Close at the latest.
 	snaps map[*pebble.Snapshot]struct{}
@@ -129,7 +141,14 @@ func openPebbleStore(eng PebbleEngine, r keygroup.Range) (*pebbleStore, error) {
 		_ = fs.RemoveAll(dir)
 		return nil, fmt.Errorf("state: opening Pebble in %s: %w", dir, err)
 	}
-	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, snaps: make(map[*pebble.Snapshot]struct{})}, nil
+	ce := eng.WriteCacheEntries
+	switch {
+	case ce == 0:
+		ce = defaultWriteCacheEntries
+	case ce < 0:
+		ce = 0
+	}
+	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, snaps: make(map[*pebble.Snapshot]struct{})}, nil
 }
 
 // quietLogger drops Pebble's informational logs.
@@ -346,6 +365,11 @@ type pebbleTable[K comparable, V any] struct {
 	// sweepAt is the stored key after which the next sweep starts (nil:
 	// at the first).
 	sweepAt []byte
+	// c is the write-back cache (nil: none, every write goes to Pebble);
+	// cslot is the cache slot of the current key (or, in a map table, of
+	// the current entry), -1 when unknown.
+	c     *writeCache[V]
+	cslot int32
 }
 
 // newPebbleTable returns the Pebble table of state name and loads the
@@ -363,7 +387,10 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *sp
 	}
 	t := &pebbleTable[K, V]{
 		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
-		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(),
+		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(), cslot: -1,
+	}
+	if b.peb.cacheEntries > 0 && sp.immutable {
+		t.c = newWriteCache[V](b.peb.cacheEntries)
 	}
 	es := b.restoredEntries(name)
 	if len(es) > 0 {
@@ -448,7 +475,7 @@ func (t *pebbleTable[K, V]) setKey(k *K, kg int) {
 		panic(fmt.Sprintf("state: encoding key %v of keyed state %q: %v", *k, t.name, err))
 	}
 	t.kbuf = t.ke.buf
-	t.cgen, t.known = *t.gen, false
+	t.cgen, t.known, t.cslot = *t.gen, false, -1
 }
 
 // getRaw reads the value stored under key into *v.
@@ -506,6 +533,9 @@ func (t *pebbleTable[K, V]) deleteRaw(key []byte) {
 func (t *pebbleTable[K, V]) get(k K, kg int) (V, bool) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
+	if t.c != nil {
+		return t.cacheGet(t.kbuf)
+	}
 	var zero V
 	t.cv = zero
 	ok := t.getRaw(t.kbuf, &t.cv)
@@ -518,6 +548,10 @@ func (t *pebbleTable[K, V]) get(k K, kg int) (V, bool) {
 func (t *pebbleTable[K, V]) put(k K, kg int, v V) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
+	if t.c != nil {
+		t.cachePut(t.kbuf, v)
+		return
+	}
 	had := t.has
 	if !t.known {
 		had = t.exists(t.kbuf)
@@ -532,6 +566,10 @@ func (t *pebbleTable[K, V]) put(k K, kg int, v V) {
 func (t *pebbleTable[K, V]) remove(k K, kg int) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
+	if t.c != nil {
+		t.cacheRemove(t.kbuf)
+		return
+	}
 	had := t.has
 	if !t.known {
 		had = t.exists(t.kbuf)
@@ -548,6 +586,7 @@ func (t *pebbleTable[K, V]) decodeKey(dec *decoder, b []byte, k *K) error {
 }
 
 func (t *pebbleTable[K, V]) all(yield func(K, V) bool) {
+	t.flush() // the iterator sees every write before it
 	dec := newDecoder()
 	var ferr error
 	err := scanState(t.s.db, t.s.kgs, t.id, nil, func(kg int, key, val []byte) bool {
@@ -581,6 +620,11 @@ func (t *pebbleTable[K, V]) sweep(n int, now int64) {
 		err := scanState(t.s.db, t.s.kgs, t.id, t.sweepAt, func(_ int, key, val []byte) bool {
 			examined++
 			last = append(last[:0], key...)
+			if t.cached(key) {
+				// The cache has the latest value: its eviction or a
+				// read deals with it (C1).
+				return examined < n
+			}
 			var v V
 			if ferr = decodeValue(t.sp.vals, t.share, t.dec, val, &v); ferr != nil {
 				return false
@@ -609,6 +653,7 @@ func (t *pebbleTable[K, V]) sweep(n int, now int64) {
 }
 
 func (t *pebbleTable[K, V]) freeze(name string) (frozen, error) {
+	t.flush() // the snapshot sees every write before it (S9)
 	sn := t.s.db.NewSnapshot()
 	t.s.snaps[sn] = struct{}{}
 	return &pebbleView[K, V]{s: t.s, snap: sn, id: t.id, name: name, sp: t.sp, share: t.share, now: *t.now, n: t.n}, nil
@@ -792,7 +837,10 @@ func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], n
 	}
 	t := &pebbleTable[MapKey[K, UK], V]{
 		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
-		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(),
+		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(), cslot: -1,
+	}
+	if b.peb.cacheEntries > 0 && sp.immutable {
+		t.c = newWriteCache[V](b.peb.cacheEntries)
 	}
 	if len(mes) > 0 {
 		if err := t.load(mes, restore); err != nil {
@@ -815,7 +863,7 @@ func (m *pebbleMapTable[K, UK, V]) setKey(k *K, kg int) {
 		panic(fmt.Sprintf("state: encoding key %v of map state %q: %v", *k, m.t.name, err))
 	}
 	m.klen = len(e.buf)
-	m.cgen, m.ukOK = *m.gen, false
+	m.cgen, m.ukOK, m.t.cslot = *m.gen, false, -1
 }
 
 // setEntry puts the stored key of (current key k, uk) into the key buffer.
@@ -830,13 +878,16 @@ func (m *pebbleMapTable[K, UK, V]) setEntry(k *K, kg int, uk UK) []byte {
 	if _, err := encodeFast(e, &m.nuk, true); err != nil {
 		panic(fmt.Sprintf("state: encoding user key %v of map state %q: %v", uk, m.t.name, err))
 	}
-	m.cuk, m.ukOK, m.known = uk, true, false
+	m.cuk, m.ukOK, m.known, m.t.cslot = uk, true, false, -1
 	return e.buf
 }
 
 func (m *pebbleMapTable[K, UK, V]) get(k K, kg int, uk UK) (V, bool) {
 	m.ck = k
 	key := m.setEntry(&m.ck, kg, uk)
+	if m.t.c != nil {
+		return m.t.cacheGet(key)
+	}
 	var zero V
 	m.t.cv = zero
 	ok := m.t.getRaw(key, &m.t.cv)
@@ -849,6 +900,10 @@ func (m *pebbleMapTable[K, UK, V]) get(k K, kg int, uk UK) (V, bool) {
 func (m *pebbleMapTable[K, UK, V]) put(k K, kg int, uk UK, v V) {
 	m.ck = k
 	key := m.setEntry(&m.ck, kg, uk)
+	if m.t.c != nil {
+		m.t.cachePut(key, v)
+		return
+	}
 	had := m.has
 	if !m.known {
 		had = m.t.exists(key)
@@ -863,6 +918,13 @@ func (m *pebbleMapTable[K, UK, V]) put(k K, kg int, uk UK, v V) {
 func (m *pebbleMapTable[K, UK, V]) remove(k K, kg int, uk UK) {
 	m.ck = k
 	key := m.setEntry(&m.ck, kg, uk)
+	if m.t.c != nil {
+		if m.t.cacheRemove(key) {
+			m.removals++
+			m.lastRemoved = append(m.lastRemoved[:0], key...)
+		}
+		return
+	}
 	had := m.has
 	if !m.known {
 		had = m.t.exists(key)
@@ -884,6 +946,7 @@ func (m *pebbleMapTable[K, UK, V]) prefixBounds(k *K, kg int) (lo, hi []byte) {
 }
 
 func (m *pebbleMapTable[K, UK, V]) entries(k K, kg int, yield func(UK, V) bool) {
+	m.t.flush() // the iterator sees every write before it
 	lo, hi := m.prefixBounds(&k, kg)
 	it, err := m.t.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
@@ -919,6 +982,7 @@ func (m *pebbleMapTable[K, UK, V]) entries(k K, kg int, yield func(UK, V) bool) 
 }
 
 func (m *pebbleMapTable[K, UK, V]) count(k K, kg int) int {
+	m.t.flush()
 	lo, hi := m.prefixBounds(&k, kg)
 	it, err := m.t.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
@@ -933,7 +997,7 @@ func (m *pebbleMapTable[K, UK, V]) count(k K, kg int) int {
 }
 
 func (m *pebbleMapTable[K, UK, V]) clear(k K, kg int) {
-	n := m.count(k, kg)
+	n := m.count(k, kg) // flushes: every entry of k is in Pebble
 	if n == 0 {
 		return
 	}
@@ -941,15 +1005,29 @@ func (m *pebbleMapTable[K, UK, V]) clear(k K, kg int) {
 		panic(fmt.Sprintf("state: map state %q: key %v cleared during an iteration over entries", m.t.name, k))
 	}
 	lo, hi := m.prefixBounds(&k, kg)
+	if m.t.c != nil {
+		// Drop the key's cached entries (clean after the flush), so
+		// that no read finds them after the DeleteRange (C1).
+		it, err := m.t.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+		if err != nil {
+			panic(fmt.Sprintf("state: iterating map state %q in Pebble: %v", m.t.name, err))
+		}
+		for ok := it.First(); ok; ok = it.Next() {
+			m.t.drop(it.Key())
+		}
+		_ = it.Close()
+	}
 	if err := m.t.s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
 		panic(fmt.Sprintf("state: clearing map state %q in Pebble: %v", m.t.name, err))
 	}
 	m.t.n -= n
 	m.ukOK = false
+	m.t.cslot = -1
 	m.removals += 2 // more than the visited entry
 }
 
 func (m *pebbleMapTable[K, UK, V]) all(yield func(MapKey[K, UK], V) bool) {
+	m.t.flush()
 	dec := newDecoder()
 	var ferr error
 	err := scanState(m.t.s.db, m.t.s.kgs, m.t.id, nil, func(_ int, key, val []byte) bool {

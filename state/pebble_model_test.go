@@ -33,13 +33,24 @@ func newEngineBackend[K comparable](t testing.TB, engine string, r keygroup.Rang
 	case "heap":
 		b, err = NewKeyedBackend[K](r, maxP, restored)
 	case "pebble":
-		b, err = NewPebbleKeyedBackend[K](PebbleEngine{FS: vfs.NewMem(), CacheSize: 1 << 20, MemTableSize: 256 << 10}, r, maxP, restored)
+		b, err = NewPebbleKeyedBackend[K](PebbleEngine{FS: vfs.NewMem(), CacheSize: 1 << 20, MemTableSize: 256 << 10, WriteCacheEntries: writeCacheEntries()}, r, maxP, restored)
 	default:
 		t.Fatalf("unknown engine %q", engine)
 	}
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
 	return b
+}
+
+// testCacheEntries, if not 0, overrides -state.pebble-cache for the
+// backends of newEngineBackend (TestPebbleCache).
+var testCacheEntries int
+
+func writeCacheEntries() int {
+	if testCacheEntries != 0 {
+		return testCacheEntries
+	}
+	return *cacheFlag
 }
 
 // forEngines runs f once per engine, as a subtest.
@@ -148,6 +159,11 @@ func TestPebbleModel(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (replay: go test ./state -run TestPebbleModel -state.seed=%d)", seed, seed)
+	runModel(t, seed)
+}
+
+// runModel is TestPebbleModel with the given seed.
+func runModel(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	now := time.Unix(1_700_000_000, 0)
 	setTime := func(bs ...*KeyedBackend[int]) {

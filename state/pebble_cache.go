@@ -1,0 +1,319 @@
+package state
+
+import (
+	"bytes"
+	"fmt"
+	"hash/maphash"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// defaultWriteCacheEntries is PebbleEngine.WriteCacheEntries when unset.
+// 4096 bounds the flush at a freeze to a few milliseconds (about 3 ms
+// measured, BenchmarkPebbleFreeze), the synchronous pause of a checkpoint.
+const defaultWriteCacheEntries = 1 << 12
+
+// writeCache is the write-back cache of one Pebble table: decoded values
+// (or the knowledge that a key has no entry) of up to cap stored keys,
+// found through an open-addressing index (linear probing, backward-shift
+// deletion) over the slots, evicted by CLOCK. A dirty slot holds a write
+// (a value, or a delete when !has) that Pebble does not have yet; flush
+// writes every dirty slot to Pebble in one batch. Only the backend's
+// goroutine uses it, so nothing here locks.
+//
+// Invariants: a slot in the index holds the latest value of its key (C1);
+// a clean slot agrees with Pebble (C2); a slot is evicted or dropped only
+// clean (C3), so Pebble plus the dirty slots is always the whole state.
+type writeCache[V any] struct {
+	// ents grows with use up to limit slots, so that an empty or small
+	// state costs little whatever the limit.
+	ents  []cacheEntry[V]
+	limit int
+	used  int // slots 0..used-1 are in the index
+	cells []int32
+	mask  uint64
+	seed  maphash.Seed
+	hand  int
+	dirty []int32 // the dirty slots, each once
+}
+
+type cacheEntry[V any] struct {
+	key []byte
+	val V // zero when !has
+	// enc is val encoded as stored, while dirty: values are encoded at
+	// the write, as without the cache (an encoding failure panics there).
+	enc  []byte
+	hash uint64
+	// has: the key has an entry (val); dirty: Pebble does not have it
+	// yet; ref: CLOCK's reference bit.
+	has, dirty, ref bool
+}
+
+func newWriteCache[V any](n int) *writeCache[V] {
+	first := min(n, 64)
+	cells := 2
+	for cells < 2*first {
+		cells <<= 1
+	}
+	return &writeCache[V]{ents: make([]cacheEntry[V], 0, first), limit: n, cells: make([]int32, cells), mask: uint64(cells - 1), seed: maphash.MakeSeed()}
+}
+
+// rehash doubles the index and indexes slots 0..used-1 again: the index
+// stays at most half full.
+func (c *writeCache[V]) rehash() {
+	c.cells = make([]int32, 2*len(c.cells))
+	c.mask = uint64(len(c.cells) - 1)
+	for s := range int32(c.used) {
+		c.index(s)
+	}
+}
+
+func (c *writeCache[V]) hash(key []byte) uint64 { return maphash.Bytes(c.seed, key) }
+
+// find returns the slot of key (hash h), or -1.
+func (c *writeCache[V]) find(key []byte, h uint64) int32 {
+	for i := h & c.mask; ; i = (i + 1) & c.mask {
+		x := c.cells[i]
+		if x == 0 {
+			return -1
+		}
+		if e := &c.ents[x-1]; e.hash == h && bytes.Equal(e.key, key) {
+			return x - 1
+		}
+	}
+}
+
+// unindex removes slot s from the index.
+func (c *writeCache[V]) unindex(s int32) {
+	i := c.ents[s].hash & c.mask
+	for c.cells[i] != s+1 {
+		i = (i + 1) & c.mask
+	}
+	for j := (i + 1) & c.mask; c.cells[j] != 0; j = (j + 1) & c.mask {
+		k := c.ents[c.cells[j]-1].hash & c.mask
+		// Move cells[j] into the hole at i unless its home k lies
+		// cyclically in (i, j].
+		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
+			c.cells[i] = c.cells[j]
+			i = j
+		}
+	}
+	c.cells[i] = 0
+}
+
+func (c *writeCache[V]) index(s int32) {
+	i := c.ents[s].hash & c.mask
+	for c.cells[i] != 0 {
+		i = (i + 1) & c.mask
+	}
+	c.cells[i] = s + 1
+}
+
+// setDirty marks slot s dirty.
+func (c *writeCache[V]) setDirty(s int32) {
+	if e := &c.ents[s]; !e.dirty {
+		e.dirty = true
+		c.dirty = append(c.dirty, s)
+	}
+}
+
+// cacheSlot returns the slot of key (with hash h) in t's cache, loading
+// it from Pebble on a miss (without decoding the value when !load, for a
+// write: then only whether it exists is read). The slot is valid until
+// the next cacheSlot, drop or flush-and-evict.
+func (t *pebbleTable[K, V]) cacheSlot(key []byte, load bool) int32 {
+	c := t.c
+	h := c.hash(key)
+	if s := c.find(key, h); s >= 0 {
+		c.ents[s].ref = true
+		return s
+	}
+	var has bool
+	var zero V
+	t.cv = zero
+	if load {
+		has = t.getRaw(key, &t.cv)
+	} else {
+		has = t.exists(key)
+	}
+	s := t.cacheInsert(key, h)
+	e := &c.ents[s]
+	e.has = has
+	if load {
+		e.val = t.cv
+	} // else has but not decoded: the caller writes the slot at once
+	t.cv = zero
+	return s
+}
+
+// cacheInsert takes a slot for key (not in the cache), evicting one if
+// the cache is full, and returns it, clean and unreferenced.
+func (t *pebbleTable[K, V]) cacheInsert(key []byte, h uint64) int32 {
+	c := t.c
+	var s int32
+	if c.used < len(c.ents) || len(c.ents) < c.limit {
+		if c.used == len(c.ents) {
+			c.ents = append(c.ents, cacheEntry[V]{})
+		}
+		s = int32(c.used)
+		c.used++
+	} else {
+		for {
+			e := &c.ents[c.hand]
+			s = int32(c.hand)
+			if c.hand++; c.hand == len(c.ents) {
+				c.hand = 0
+			}
+			if !e.ref {
+				break
+			}
+			e.ref = false
+		}
+		if c.ents[s].dirty {
+			t.flush() // C3: every dirty slot, in one batch
+		}
+		c.unindex(s)
+		if t.cslot == s {
+			t.cslot = -1
+		}
+	}
+	e := &c.ents[s]
+	var zero V
+	e.key = append(e.key[:0], key...)
+	e.val, e.hash, e.has, e.dirty, e.ref = zero, h, false, false, false
+	if 2*c.used > len(c.cells) {
+		c.rehash() // indexes s too
+	} else {
+		c.index(s)
+	}
+	return s
+}
+
+// drop removes the clean slot of key from the cache, if it is there.
+func (t *pebbleTable[K, V]) drop(key []byte) {
+	c := t.c
+	s := c.find(key, c.hash(key))
+	if s < 0 {
+		return
+	}
+	if c.ents[s].dirty {
+		panic(fmt.Sprintf("state: keyed state %q: dropping a dirty cache slot (broken invariant C3)", t.name))
+	}
+	c.unindex(s)
+	if t.cslot == s {
+		t.cslot = -1
+	}
+	// Move the last used slot into s, so that slots 0..used-1 stay the
+	// used ones.
+	last := int32(c.used - 1)
+	if last != s {
+		c.unindex(last)
+		c.ents[s], c.ents[last] = c.ents[last], c.ents[s]
+		c.index(s)
+		if t.cslot == last {
+			t.cslot = s
+		}
+		if c.ents[s].dirty {
+			for i, d := range c.dirty {
+				if d == last {
+					c.dirty[i] = s
+				}
+			}
+		}
+	}
+	var zero V
+	c.ents[last].val = zero
+	c.used--
+	if c.hand >= c.used {
+		c.hand = 0
+	}
+}
+
+// cached reports whether key is in the cache.
+func (t *pebbleTable[K, V]) cached(key []byte) bool {
+	return t.c != nil && t.c.find(key, t.c.hash(key)) >= 0
+}
+
+// flush writes every dirty slot to Pebble in one batch (NoSync); the
+// slots stay cached, clean.
+func (t *pebbleTable[K, V]) flush() {
+	c := t.c
+	if c == nil || len(c.dirty) == 0 {
+		return
+	}
+	b := t.s.db.NewBatch()
+	for _, s := range c.dirty {
+		e := &c.ents[s]
+		e.dirty = false
+		var err error
+		if e.has {
+			err = b.Set(e.key, e.enc, nil)
+		} else {
+			err = b.Delete(e.key, nil)
+		}
+		if err != nil {
+			panic(fmt.Sprintf("state: writing keyed state %q to Pebble: %v", t.name, err))
+		}
+	}
+	c.dirty = c.dirty[:0]
+	if err := b.Commit(pebble.NoSync); err != nil {
+		panic(fmt.Sprintf("state: writing keyed state %q to Pebble: %v", t.name, err))
+	}
+	_ = b.Close()
+}
+
+// cacheGet reads the value of key (the current key or entry) through the
+// cache.
+func (t *pebbleTable[K, V]) cacheGet(key []byte) (V, bool) {
+	s := t.cslot
+	if s < 0 {
+		s = t.cacheSlot(key, true)
+		t.cslot = s
+	}
+	e := &t.c.ents[s]
+	return e.val, e.has
+}
+
+// cachePut writes v under key (the current key or entry) into the cache.
+func (t *pebbleTable[K, V]) cachePut(key []byte, v V) {
+	s := t.cslot
+	if s < 0 {
+		s = t.cacheSlot(key, false)
+		t.cslot = s
+	}
+	t.ve.buf = t.ve.buf[:0]
+	t.cv = v
+	vb, err := t.sp.vals.append(t.ve, &t.cv)
+	var zero V
+	t.cv = zero
+	if err != nil {
+		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
+	}
+	e := &t.c.ents[s]
+	e.enc = append(e.enc[:0], vb...)
+	if !e.has {
+		t.n++
+	}
+	e.val, e.has = v, true
+	t.c.setDirty(s)
+}
+
+// cacheRemove removes the entry of key (the current key or entry) in the
+// cache, as a dirty slot without a value (a tombstone until flushed), and
+// reports whether there was one.
+func (t *pebbleTable[K, V]) cacheRemove(key []byte) bool {
+	s := t.cslot
+	if s < 0 {
+		s = t.cacheSlot(key, false)
+		t.cslot = s
+	}
+	e := &t.c.ents[s]
+	if !e.has {
+		return false
+	}
+	var zero V
+	e.val, e.has = zero, false
+	t.n--
+	t.c.setDirty(s)
+	return true
+}
