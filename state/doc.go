@@ -427,7 +427,7 @@
 // the default 4,096 entries: 1.05 to 1.21 (uniform) and 1.01 to 1.07
 // (Zipf), both stores at 30 to 70µs per record while Pebble compacts
 // after the fill: the 2x target is not met; the Gets of misses dominate
-// (see BENCHMARKS.md). Those runs used 65,536 slots; the cache with
+// (see BENCHMARKS.md). The loaded runs used 65,536 slots; the cache with
 // Pebble's own heap took 21 to 44 MiB of live heap.
 // Freeze with the cache full of dirty entries (BenchmarkPebbleFreeze,
 // 200,000 keys): at most 3.3ms for 4,096 entries, 90ms for 16,384 and
