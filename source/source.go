@@ -41,9 +41,8 @@ type position struct {
 // ... (no per-record bookkeeping); after a restore at another parallelism
 // by merging its splits' positions (a small heap).
 type Indexed[T any] struct {
-	n    int64
-	at   func(int64) T
-	info graph.TaskInfo
+	n  int64
+	at func(int64) T
 	// splits is the number of splits of the job's source; 0 before
 	// InitializeState.
 	splits int
@@ -59,6 +58,7 @@ type Indexed[T any] struct {
 	// restored with more records reads on).
 	merged []position
 	done   []position
+	info   graph.TaskInfo
 	state  *state.List[position]
 	// count holds the split count (union list state SplitsState), so a
 	// restored subtask tells "the source had state and none of its splits
@@ -98,13 +98,15 @@ func (b *batched[T]) ReadBatch(ctx *graph.Context, dst []T) (int, error) {
 		}
 		return n, nil
 	}
-	n := 0
-	for n < len(dst) && s.next < s.n {
-		dst[n] = s.at(s.next)
-		s.next += s.step
+	// Locals: the loop then keeps them in registers.
+	n, next, step, end, at := 0, s.next, s.step, s.n, s.at
+	for n < len(dst) && next < end {
+		dst[n] = at(next)
+		next += step
 		n++
 	}
-	if s.next >= s.n {
+	s.next = next
+	if next >= end {
 		return n, io.EOF
 	}
 	return n, nil
