@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"iter"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -182,23 +183,13 @@ func (c *Checkpoint) describe(op *checkpoint.OperatorState) (Operator, error) {
 		}
 	}
 	slices.SortFunc(o.Subtasks, func(a, b Subtask) int { return cmp.Compare(a.Index, b.Index) })
-	for _, name := range slices.Sorted(mapsKeys(keyed)) {
+	for _, name := range slices.Sorted(maps.Keys(keyed)) {
 		o.Keyed = append(o.Keyed, *keyed[name])
 	}
-	for _, name := range slices.Sorted(mapsKeys(lists)) {
+	for _, name := range slices.Sorted(maps.Keys(lists)) {
 		o.Lists = append(o.Lists, *lists[name])
 	}
 	return o, nil
-}
-
-func mapsKeys[V any](m map[string]V) iter.Seq[string] {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // operator returns the operator with the given uid or an error listing the
