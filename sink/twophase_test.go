@@ -336,7 +336,7 @@ func TestTwoPhaseFailureMatrix(t *testing.T) {
 	}{
 		// Before the barrier: records in the open transaction, replayed.
 		{"crash in a user function before the barrier", []fault{{Site: "map", At: 1500}}, 1},
-		{"crash writing to the transaction", []fault{{Site: "write", At: 20}}, 1},
+		{"crash writing to the transaction", []fault{{Site: "write", At: 3}}, 1},
 		{"crash beginning a transaction", []fault{{Site: "begin", At: 5}}, 1},
 		// At the barrier, before the pre-commit is done.
 		{"crash at the barrier before the pre-commit", []fault{{Site: "snapshot-before", At: 6}}, 1},
