@@ -155,6 +155,13 @@ type StateConfig struct {
 	// is where each keyed subtask gets a fresh working directory (default
 	// os.TempDir()); it must not be the checkpoint directory.
 	Pebble state.PebbleEngine
+	// FullCheckpoints makes the checkpoints of a Pebble backend full
+	// snapshots in the canonical format (as savepoints always are) instead
+	// of incremental ones: by default a checkpoint stores the Pebble
+	// instance's files, and only the sstables no earlier checkpoint stored
+	// (snapshot/checkpoint/native.go). The heap backend's checkpoints are
+	// always full.
+	FullCheckpoints bool
 }
 
 // Job is a dataflow graph under construction. Build it with Source, Map,

@@ -7,9 +7,11 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
@@ -130,7 +132,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	key := s.key
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[OUT](ctx, a, v, i, next)
-		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State}
+		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
 		op.onTimer, _ = op.fn.(TimerHandler[K, OUT])
 		op.ender, op.openErr = inputEnder[OUT](v, op.fn)
 		if op.fn == nil {
@@ -295,6 +297,12 @@ type hooks struct {
 	keyed interface {
 		Freeze() (*state.KeyedSnapshot, error)
 	}
+	// native takes the incremental checkpoints of a Pebble backend; nil
+	// for the heap and with StateConfig.FullCheckpoints.
+	native interface {
+		CanSnapshotNative() bool
+		FreezeNative() (*state.NativeSnapshot, error)
+	}
 	// keyedFiles writes keyed state above inlineKeyedEntries to its
 	// keyed-state file (task.Info.KeyedState); nil without checkpoint
 	// storage.
@@ -365,6 +373,13 @@ func (h *hooks) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.A
 	if h.keyed == nil {
 		return st, nil, nil
 	}
+	if h.native != nil && h.keyedFiles != nil && b.Options.Kind == marker.Checkpoint && h.native.CanSnapshotNative() {
+		ns, err := h.native.FreezeNative()
+		if err != nil {
+			return checkpoint.SubtaskState{}, nil, err
+		}
+		return st, nativePart{s: ns, files: h.keyedFiles, task: h.task, id: b.ID}, nil
+	}
 	ks, err := h.keyed.Freeze()
 	if err != nil {
 		return checkpoint.SubtaskState{}, nil, err
@@ -417,6 +432,29 @@ func (p keyedPart) Run(ctx context.Context, st *checkpoint.SubtaskState) error {
 }
 
 func (p keyedPart) Release() { p.s.Release() }
+
+// nativePart stores the files of a native snapshot (a Pebble checkpoint)
+// off the subtask goroutine: new sstables into shared/, the rest into the
+// checkpoint directory, all synced before Run returns.
+type nativePart struct {
+	s     *state.NativeSnapshot
+	files snapshot.KeyedStateWriter
+	task  checkpoint.TaskID
+	id    int64
+}
+
+func (p nativePart) Run(ctx context.Context, st *checkpoint.SubtaskState) error {
+	ref, err := p.files.WriteNativeState(ctx, p.id, p.task, snapshot.NativeFiles{
+		FS: p.s.FS, Dir: p.s.Dir, Instance: p.s.Instance, States: p.s.States, Known: p.s.Known})
+	if err != nil {
+		return err
+	}
+	p.s.Stored(ref)
+	st.Native = ref
+	return nil
+}
+
+func (p nativePart) Release() { p.s.Release() }
 
 func (h *hooks) NotifyComplete(id int64) error {
 	if l, ok := h.fn.(CheckpointListener); ok {
@@ -485,6 +523,9 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	clock func() time.Time
 	// backendCfg selects the keyed-state backend (Config.State).
 	backendCfg StateConfig
+	// restoreFS holds the copies of native keyed state to restore
+	// (Config.Checkpoint.FS).
+	restoreFS vfs.FS
 }
 
 // setTime hands the keyed-state backend the processing time (state TTL):
@@ -505,20 +546,34 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 		return err
 	}
 	var restored []checkpoint.KeyGroupState
+	native := state.NativeSource{FS: o.restoreFS}
 	if info.Restored != nil {
-		restored = info.Restored.KeyGroups
+		restored, native.Restores = info.Restored.KeyGroups, info.Restored.RestoredNative
 	}
 	var b *state.KeyedBackend[K]
 	var err error
-	if o.backendCfg.Backend == PebbleState {
+	switch {
+	case o.backendCfg.Backend == PebbleState && len(native.Restores) > 0:
+		b, err = state.RestorePebbleKeyedBackend[K](o.backendCfg.Pebble, info.KeyGroups, info.MaxParallelism, restored, native)
+	case o.backendCfg.Backend == PebbleState:
 		b, err = state.NewPebbleKeyedBackend[K](o.backendCfg.Pebble, info.KeyGroups, info.MaxParallelism, restored)
-	} else {
+	default:
+		if len(native.Restores) > 0 {
+			var kgs []checkpoint.KeyGroupState
+			if kgs, err = state.NativeKeyGroups(native, info.KeyGroups); err != nil {
+				break
+			}
+			restored = append(slices.Clip(restored), kgs...)
+		}
 		b, err = state.NewKeyedBackend[K](info.KeyGroups, info.MaxParallelism, restored)
 	}
 	if err != nil {
 		return fmt.Errorf("keyed state (%v backend): %w", o.backendCfg.Backend, err)
 	}
 	o.backend, o.keyed, o.ctx.keyed = b, b, b
+	if o.backendCfg.Backend == PebbleState && !o.backendCfg.FullCheckpoints {
+		o.native = b
+	}
 	ts, err := newTimerService(b, info.MaxParallelism)
 	if err != nil {
 		return err

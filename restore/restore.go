@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/marker"
@@ -264,7 +265,9 @@ func cause(err error) error {
 }
 
 // stateFileKind says whether re is about a channel-state file ("channel
-// state"), a keyed-state file ("keyed state") or neither (""), rather than
+// state"), a keyed-state file ("keyed state"), a file of native keyed
+// state in the checkpoint directory or in shared/ ("native keyed state")
+// or neither (""), rather than
 // the _metadata file or the directory: ReadMetadata and ReadKeyedState name
 // the failing file, and those files, unlike _metadata, always start with
 // their prefixes (checkpoint F6, F9).
@@ -275,6 +278,9 @@ func stateFileKind(re *snapshot.ReadError) string {
 		return "channel state"
 	case strings.HasPrefix(base, checkpoint.KeyedStateFilePrefix):
 		return "keyed state"
+	case strings.HasPrefix(base, checkpoint.NativeStateFilePrefix) ||
+		strings.HasSuffix(re.Path[:len(re.Path)-len(base)], "/"+snapshot.SharedStateDir+"/"):
+		return "native keyed state"
 	}
 	return ""
 }
@@ -384,7 +390,7 @@ func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 	}
 	var ids []checkpoint.TaskID
 	for id, s := range plan.Tasks {
-		if len(s.RestoredKeyedState) > 0 {
+		if len(s.RestoredKeyedState) > 0 || len(s.RestoredNative) > 0 {
 			ids = append(ids, id)
 		}
 	}
@@ -409,6 +415,16 @@ func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 				}
 				s.KeyGroups = append(s.KeyGroups, kgs...)
 			}
+			for k := range s.RestoredNative {
+				nr := &s.RestoredNative[k]
+				to := fs.PathJoin(fs.PathDir(dir), snapshot.RestoreDir, fmt.Sprintf("%d-%d-%d", os.Getpid(), restoreSeq.Add(1), k))
+				if err := snapshot.CopyNativeState(fs, fs.PathDir(dir), dir, plan.CheckpointID, id.Operator, nr.Ref, to); err != nil {
+					_ = fs.RemoveAll(to)
+					errs[i] = err
+					return
+				}
+				nr.Dir = to
+			}
 			slices.SortStableFunc(s.KeyGroups, func(a, b checkpoint.KeyGroupState) int { return cmp.Compare(a.KeyGroup, b.KeyGroup) })
 			s.RestoredKeyedState = nil
 		}()
@@ -416,10 +432,32 @@ func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
+			RemoveNativeCopies(fs, plan)
 			return err
 		}
 	}
 	return nil
+}
+
+// restoreSeq numbers the directories LoadKeyedState copies native keyed
+// state into.
+var restoreSeq atomic.Uint64
+
+// RemoveNativeCopies removes the directories into which LoadKeyedState
+// copied native keyed state (SubtaskState.RestoredNative), for a plan that
+// will not run. The subtasks of a plan that runs remove their own.
+func RemoveNativeCopies(fs vfs.FS, plan *Plan) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	for _, s := range plan.Tasks {
+		for k := range s.RestoredNative {
+			if d := s.RestoredNative[k].Dir; d != "" {
+				_ = fs.RemoveAll(d)
+				s.RestoredNative[k].Dir = ""
+			}
+		}
+	}
 }
 
 // Operator describes an operator of the job being started.
@@ -683,6 +721,7 @@ func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *c
 			news[j].KeyGroups = append(news[j].KeyGroups, kg)
 		}
 		assignKeyedBlocks(news, s.KeyedState, op.MaxParallelism)
+		assignNative(news, s)
 	}
 	for _, s := range news {
 		slices.SortStableFunc(s.KeyGroups, func(a, b checkpoint.KeyGroupState) int { return a.KeyGroup - b.KeyGroup })
@@ -735,6 +774,20 @@ func assignKeyedBlocks(news []*checkpoint.SubtaskState, ref *checkpoint.KeyedSta
 			k++
 		}
 		n.RestoredKeyedState[k].Groups = append(n.RestoredKeyedState[k].Groups, g)
+	}
+}
+
+// assignNative hands the native keyed state of old subtask s (if any) to
+// every new subtask whose key-group range overlaps s's (R12).
+func assignNative(news []*checkpoint.SubtaskState, s *checkpoint.SubtaskState) {
+	if s.Native == nil {
+		return
+	}
+	for _, n := range news {
+		if n.KeyGroupStart <= s.KeyGroupEnd && s.KeyGroupStart <= n.KeyGroupEnd {
+			n.RestoredNative = append(n.RestoredNative, checkpoint.NativeRestore{
+				KeyGroupStart: s.KeyGroupStart, KeyGroupEnd: s.KeyGroupEnd, Ref: s.Native})
+		}
 	}
 }
 

@@ -234,6 +234,10 @@ const (
 	SharedStateDir = "shared"
 	// TaskOwnedStateDir holds state owned by the tasks.
 	TaskOwnedStateDir = "taskowned"
+	// RestoreDir holds the copies of native keyed state that a restore
+	// made for the subtasks it starts (restore.LoadKeyedState); OpenStorage
+	// removes what is left of it.
+	RestoreDir = "_restore"
 
 	metadataTempName = "_metadata.tmp"
 	logTempName      = "_completed.tmp"
@@ -302,6 +306,11 @@ type Storage struct {
 	// incomplete chk-N directories removed by OpenStorage, ids passed to
 	// Write (NextID).
 	maxID int64
+	// pending holds, by checkpoint id, the shared files that checkpoints
+	// not complete yet wrote or reuse (ST13); sharedCache the shared files
+	// each complete checkpoint directory references.
+	pending     map[int64]map[string]bool
+	sharedCache map[string][]string
 }
 
 // OpenStorage opens (creating if needed) the job directory dir/jobID with its
@@ -342,6 +351,9 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
 	}
 	if err := s.openLog(); err != nil {
+		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
+	}
+	if err := s.collectShared(0); err != nil {
 		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
 	}
 	return s, nil
@@ -437,6 +449,15 @@ func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 				kind, id, dir, err)
 		}
 	}
+	if kind == marker.Checkpoint {
+		if s.sharedCache != nil {
+			s.sharedCache[dir] = sharedRefs(written)
+		}
+		if err := s.collectShared(id); err != nil {
+			s.logf("snapshot: checkpoint %d is complete at %s, but deleting unreferenced shared state failed (retried after the next checkpoint): %v",
+				id, dir, err)
+		}
+	}
 	if len(s.log) > logCompactAbove {
 		s.compactLog()
 	}
@@ -465,6 +486,10 @@ type KeyedStateWriter interface {
 	// reference to it for SubtaskState.KeyedState. It stops early, with an
 	// error wrapping ctx.Err(), once ctx is done.
 	WriteKeyedState(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID, states []checkpoint.KeyGroupState) (*checkpoint.KeyedStateRef, error)
+	// WriteNativeState stores the files of a Pebble checkpoint of subtask
+	// t's instance for checkpoint id (never a savepoint), shared files in
+	// shared/, and returns the reference for SubtaskState.Native (ST12).
+	WriteNativeState(ctx context.Context, id int64, t checkpoint.TaskID, nf NativeFiles) (*checkpoint.NativeStateRef, error)
 }
 
 // keyedWriteBuffer is the write buffer of a keyed-state file.
@@ -653,6 +678,10 @@ func (s *Storage) Discard() error {
 		return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)
 	}
 	s.log, s.logSize, s.logDirty = nil, 0, false
+	s.pending = nil
+	if err := s.collectShared(0); err != nil {
+		return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)
+	}
 	return nil
 }
 
@@ -712,6 +741,12 @@ func ReadMetadata(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 				file := fs.PathJoin(dir, r.File)
 				if err := statKeyedState(fs, file, r); err != nil {
 					return nil, &ReadError{Path: file, Err: fmt.Errorf("keyed state of %s %d, operator %q subtask %d: %w",
+						md.Options.Kind, md.CheckpointID, op.UID, st.Subtask, err)}
+				}
+			}
+			if r := st.Native; r != nil {
+				if file, err := statNativeState(fs, fs.PathDir(dir), dir, r); err != nil {
+					return nil, &ReadError{Path: file, Err: fmt.Errorf("native keyed state of %s %d, operator %q subtask %d: %w",
 						md.Options.Kind, md.CheckpointID, op.UID, st.Subtask, err)}
 				}
 			}
@@ -1080,6 +1115,12 @@ func (s *Storage) cleanUp() error {
 	slices.Sort(names)
 	syncJobDir := false
 	for _, name := range names {
+		if name == RestoreDir {
+			if err := s.fs.RemoveAll(s.fs.PathJoin(s.jobDir, name)); err != nil {
+				return fmt.Errorf("remove leftover %s: %w", s.fs.PathJoin(s.jobDir, name), err)
+			}
+			continue
+		}
 		if name == logTempName {
 			if err := s.fs.Remove(s.fs.PathJoin(s.jobDir, name)); err != nil {
 				return fmt.Errorf("remove leftover %s: %w", s.fs.PathJoin(s.jobDir, name), err)
@@ -1244,6 +1285,13 @@ func removeOwnedFiles(fs vfs.FS, dir string, files []channelFile, md *checkpoint
 			if st.KeyedState != nil {
 				_ = fs.Remove(fs.PathJoin(dir, st.KeyedState.File))
 			}
+			if st.Native != nil {
+				for _, f := range st.Native.Files {
+					if !f.Shared {
+						_ = fs.Remove(fs.PathJoin(dir, f.Path))
+					}
+				}
+			}
 		}
 	}
 }
@@ -1258,7 +1306,8 @@ func removeLeftoverStateFiles(fs vfs.FS, dir string) (bool, error) {
 	}
 	removed := false
 	for _, name := range names {
-		if strings.HasPrefix(name, checkpoint.ChannelStateFilePrefix) || strings.HasPrefix(name, checkpoint.KeyedStateFilePrefix) {
+		if strings.HasPrefix(name, checkpoint.ChannelStateFilePrefix) || strings.HasPrefix(name, checkpoint.KeyedStateFilePrefix) ||
+			strings.HasPrefix(name, checkpoint.NativeStateFilePrefix) {
 			if err := fs.Remove(fs.PathJoin(dir, name)); err != nil {
 				return removed, fmt.Errorf("remove leftover %s: %w", fs.PathJoin(dir, name), err)
 			}
@@ -1291,6 +1340,10 @@ func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte, files []channelFi
 		return err
 	}
 	if err := checkKeyedFiles(fs, dir, md); err != nil {
+		removeOwnedFiles(fs, dir, nil, md)
+		return err
+	}
+	if err := checkNativeFiles(fs, parent, dir, md); err != nil {
 		removeOwnedFiles(fs, dir, nil, md)
 		return err
 	}

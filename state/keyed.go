@@ -325,13 +325,30 @@ func register[K comparable, H keyedState[K]](b *KeyedBackend[K], name string, in
 // written by a state of the same layout, TTL and codec use as info
 // (S11): otherwise it could only be decoded into a mix of both.
 func (b *KeyedBackend[K]) checkRestored(name string, info *stateInfo) error {
-	rs := b.restored[name]
-	if rs == nil || len(rs.es) == 0 {
-		return nil
+	if rs := b.restored[name]; rs != nil && len(rs.es) > 0 {
+		return checkDesc(name, rs.es[0].kg, rs.d, info)
 	}
-	kg := rs.es[0].kg
+	if b.peb != nil {
+		if ns, ok := b.peb.native[name]; ok {
+			var d *stateDesc
+			if ns.Desc != nil {
+				var err error
+				if d, err = decodeDesc(ns.Desc); err != nil {
+					return fmt.Errorf("state: decoding the descriptor of restored keyed state %q: %w", name, err)
+				}
+			}
+			return checkDesc(name, b.kgs.Start, d, info)
+		}
+	}
+	return nil
+}
+
+// checkDesc checks the registration info of state name against the
+// descriptor got it was written with (nil: none), naming key group kg in
+// errors (S11).
+func checkDesc(name string, kg int, got *stateDesc, info *stateInfo) error {
 	want := info.desc()
-	if rs.d == nil {
+	if got == nil {
 		switch {
 		case want.Kind == kindMap:
 			return fmt.Errorf("state: keyed state %q in key group %d was written as a value or list state; it cannot be restored as %s", name, kg, info.what)
@@ -343,7 +360,6 @@ func (b *KeyedBackend[K]) checkRestored(name string, info *stateInfo) error {
 		}
 		return nil
 	}
-	got := rs.d
 	switch {
 	case got.Kind != want.Kind:
 		return fmt.Errorf("state: keyed state %q in key group %d was written as a %s state; it cannot be restored as %s", name, kg, got.Kind, info.what)
@@ -396,6 +412,11 @@ func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 	for name := range b.restored {
 		names = append(names, name)
 	}
+	if b.peb != nil {
+		for name := range b.peb.native {
+			names = append(names, name)
+		}
+	}
 	slices.Sort(names)
 	s := &KeyedSnapshot{parts: make([]frozen, 0, len(names))}
 	for _, name := range names {
@@ -408,6 +429,15 @@ func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 			s.parts = append(s.parts, f)
 			s.n += f.entries()
 			continue
+		}
+		if b.peb != nil {
+			if st, ok := b.peb.native[name]; ok {
+				sn := b.peb.db.NewSnapshot()
+				b.peb.snaps[sn] = struct{}{}
+				s.parts = append(s.parts, &nativeView{s: b.peb, snap: sn, st: st})
+				s.n += 1 << 30
+				continue
+			}
 		}
 		// Restored entries are never written, so the view shares them.
 		rs := b.restored[name]

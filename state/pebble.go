@@ -61,6 +61,18 @@ type pebbleStore struct {
 	// snaps holds the snapshots of the views not released yet, closed by
 	// Close at the latest.
 	snaps map[*pebble.Snapshot]struct{}
+
+	// Native snapshots (native.go). instance is the random id of this
+	// instance; tables the registered states by name; native the states
+	// of an adopted instance not registered yet; known the shared files
+	// the last native snapshot stored, by name in the instance; chks the
+	// Pebble checkpoint directories not released yet, removed by close.
+	instance string
+	tables   map[string]nativeTable
+	native   map[string]checkpoint.NativeState
+	known    map[string]checkpoint.NativeFile
+	chkSeq   int
+	chks     map[string]struct{}
 }
 
 // pebbleDirs numbers the working directories made on a non-OS file system.
@@ -93,6 +105,15 @@ func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, max
 var testEngine *PebbleEngine
 
 func openPebbleStore(eng PebbleEngine, r keygroup.Range) (*pebbleStore, error) {
+	fs, dir, err := makeWorkDir(eng)
+	if err != nil {
+		return nil, err
+	}
+	return openPebbleAt(eng, fs, dir, r)
+}
+
+// makeWorkDir makes a fresh working directory for an instance.
+func makeWorkDir(eng PebbleEngine) (vfs.FS, string, error) {
 	fs := eng.FS
 	if fs == nil {
 		fs = vfs.Default
@@ -105,15 +126,21 @@ func openPebbleStore(eng PebbleEngine, r keygroup.Range) (*pebbleStore, error) {
 	if fs == vfs.Default {
 		d, err := os.MkdirTemp(parent, "snapflow-keyed-")
 		if err != nil {
-			return nil, fmt.Errorf("state: creating the Pebble working directory: %w", err)
+			return nil, "", fmt.Errorf("state: creating the Pebble working directory: %w", err)
 		}
 		dir = d
 	} else {
 		dir = fs.PathJoin(parent, fmt.Sprintf("snapflow-keyed-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), pebbleDirs.Add(1)))
 		if err := fs.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("state: creating the Pebble working directory: %w", err)
+			return nil, "", fmt.Errorf("state: creating the Pebble working directory: %w", err)
 		}
 	}
+	return fs, dir, nil
+}
+
+// openPebbleAt opens (creating if needed) the instance in dir, a working
+// directory the store owns from now on.
+func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*pebbleStore, error) {
 	cacheSize := eng.CacheSize
 	if cacheSize <= 0 {
 		cacheSize = 8 << 20
@@ -132,6 +159,9 @@ func openPebbleStore(eng PebbleEngine, r keygroup.Range) (*pebbleStore, error) {
 		// in Flink's RocksDB backend: no WAL.
 		DisableWAL: true,
 		Logger:     quietLogger{},
+		// The MANIFEST is copied into every native checkpoint: keep it
+		// small (Pebble rolls it over, writing the current version).
+		MaxManifestFileSize: 1 << 20,
 	}
 	// Point reads of absent keys (a new key's first record) skip the
 	// sstables by their bloom filters (the other levels inherit L0's).
@@ -148,7 +178,8 @@ func openPebbleStore(eng PebbleEngine, r keygroup.Range) (*pebbleStore, error) {
 	case ce < 0:
 		ce = 0
 	}
-	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, snaps: make(map[*pebble.Snapshot]struct{})}, nil
+	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, snaps: make(map[*pebble.Snapshot]struct{}),
+		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{})}, nil
 }
 
 // quietLogger drops Pebble's informational logs.
@@ -169,6 +200,12 @@ func (s *pebbleStore) close() error {
 	if rerr := s.fs.RemoveAll(s.dir); err == nil {
 		err = rerr
 	}
+	for d := range s.chks {
+		if rerr := s.fs.RemoveAll(d); err == nil {
+			err = rerr
+		}
+	}
+	clear(s.chks)
 	return err
 }
 
@@ -381,13 +418,13 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *sp
 		b, _, err := sp.key(kb, &e.key)
 		return b, err
 	}
-	id, err := b.peb.newID(name)
+	id, n, err := b.peb.stateID(name)
 	if err != nil {
 		return nil, err
 	}
 	t := &pebbleTable[K, V]{
 		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
-		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(), cslot: -1,
+		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(), cslot: -1, n: n,
 	}
 	if b.peb.cacheEntries > 0 && sp.immutable {
 		t.c = newWriteCache[V](b.peb.cacheEntries)
@@ -400,6 +437,7 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *sp
 		}
 	}
 	delete(b.restored, name)
+	b.peb.registered(name, t)
 	return t, nil
 }
 
@@ -831,13 +869,13 @@ func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], n
 			mes[i] = restoredEntry[MapKey[K, UK]]{kg: e.kg, key: MapKey[K, UK]{e.key, uk}, rawKey: e.rawKey, rawUK: e.rawUK, rawVal: e.rawVal}
 		}
 	}
-	id, err := b.peb.newID(name)
+	id, n, err := b.peb.stateID(name)
 	if err != nil {
 		return nil, err
 	}
 	t := &pebbleTable[MapKey[K, UK], V]{
 		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
-		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(), cslot: -1,
+		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(), cslot: -1, n: n,
 	}
 	if b.peb.cacheEntries > 0 && sp.immutable {
 		t.c = newWriteCache[V](b.peb.cacheEntries)
@@ -849,6 +887,7 @@ func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], n
 		}
 	}
 	delete(b.restored, name)
+	b.peb.registered(name, t)
 	return &pebbleMapTable[K, UK, V]{t: t, gen: &b.gen, ue: t.ke}, nil
 }
 

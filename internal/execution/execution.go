@@ -445,6 +445,15 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 	if err != nil {
 		return err
 	}
+	if plan != nil {
+		// The subtasks remove the copies of native keyed state they
+		// restore from; these are the ones no subtask took.
+		fs := s.Restore.FS
+		if storage != nil {
+			fs = storage.FS()
+		}
+		defer restore.RemoveNativeCopies(fs, plan)
+	}
 	if storage != nil {
 		// G3: ids never repeat within a job directory.
 		next, err := storage.NextID()

@@ -398,6 +398,22 @@ func validateOperatorState(op *OperatorState, files map[string]TaskID) error {
 			}
 			files[folded] = TaskID{Operator: op.UID, Subtask: s.Subtask}
 		}
+		if r := s.Native; r != nil {
+			if err := validateNativeStateRef(r, s); err != nil {
+				return fmt.Errorf("operator %q subtask %d: %v", op.UID, s.Subtask, err)
+			}
+			for _, f := range r.Files {
+				if f.Shared {
+					continue
+				}
+				folded := strings.ToLower(f.Path)
+				if other, dup := files[folded]; dup {
+					return fmt.Errorf("operator %q subtask %d: native state file %q is also a file of operator %q subtask %d",
+						op.UID, s.Subtask, f.Path, other.Operator, other.Subtask)
+				}
+				files[folded] = TaskID{Operator: op.UID, Subtask: s.Subtask}
+			}
+		}
 		if s.Channels != nil {
 			if err := ValidateChannelState(s.Channels); err != nil {
 				return fmt.Errorf("operator %q subtask %d: %v", op.UID, s.Subtask, err)

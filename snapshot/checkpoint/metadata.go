@@ -71,6 +71,14 @@ type SubtaskState struct {
 	// state was above the runtime's memory threshold; nil when the keyed
 	// state is inline in KeyGroups (or there is none).
 	KeyedState *KeyedStateRef `msgpack:"keyedState,omitempty"`
+	// Native is the subtask's keyed state as the files of a Pebble
+	// checkpoint (native.go: an incremental checkpoint), nil otherwise.
+	Native *NativeStateRef `msgpack:"native,omitempty"`
+	// RestoredNative, in memory only, is set by restore.Assign: the native
+	// keyed state of the old subtasks whose ranges overlap this new
+	// subtask's, with their ranges (Dir empty). restore.LoadKeyedState
+	// copies and checks their files into directories of their own (Dir).
+	RestoredNative []NativeRestore `msgpack:"-"`
 	// RestoredKeyedState, in memory only, is set by restore.Assign: the
 	// blocks of the key groups this new subtask owns, in the keyed-state
 	// files of the old subtasks whose ranges overlap its own, each ref
@@ -119,6 +127,9 @@ func (s *SubtaskState) Size() int64 {
 	}
 	if s.KeyedState != nil {
 		n += s.KeyedState.Bytes()
+	}
+	if s.Native != nil {
+		n += s.Native.Bytes()
 	}
 	return n
 }

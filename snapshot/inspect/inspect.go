@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -214,6 +216,12 @@ func (c *Checkpoint) keyGroups(op *checkpoint.OperatorState, s *checkpoint.Subta
 		var err error
 		groups, err = snapshot.ReadKeyedState(c.fs, c.dir, c.md.CheckpointID, c.md.Options.Kind, op.UID, s.KeyedState)
 		if err != nil {
+			return nil, fmt.Errorf("inspect: operator %q subtask %d: %w", op.UID, s.Subtask, err)
+		}
+	}
+	if s.Native != nil {
+		var err error
+		if groups, err = c.nativeGroups(op, s); err != nil {
 			return nil, fmt.Errorf("inspect: operator %q subtask %d: %w", op.UID, s.Subtask, err)
 		}
 	}
@@ -593,4 +601,21 @@ func rawValue(l state.Layout, b []byte) (any, time.Time, error) {
 		return nil, ts, err
 	}
 	return v, ts, nil
+}
+
+// nativeSeq numbers the directories nativeGroups copies native state into.
+var nativeSeq atomic.Uint64
+
+// nativeGroups reads the native keyed state of subtask s of op: its files
+// are copied (and checked) into a temporary directory, read out as
+// records (state.NativeKeyGroups) and removed.
+func (c *Checkpoint) nativeGroups(op *checkpoint.OperatorState, s *checkpoint.SubtaskState) ([]checkpoint.KeyGroupState, error) {
+	tmp := c.fs.PathJoin(os.TempDir(), fmt.Sprintf("snapflow-inspect-%d-%d", os.Getpid(), nativeSeq.Add(1)))
+	if err := snapshot.CopyNativeState(c.fs, c.fs.PathDir(c.dir), c.dir, c.md.CheckpointID, op.UID, s.Native, tmp); err != nil {
+		_ = c.fs.RemoveAll(tmp)
+		return nil, err
+	}
+	r := keygroup.Range{Start: s.KeyGroupStart, End: s.KeyGroupEnd}
+	return state.NativeKeyGroups(state.NativeSource{FS: c.fs, Restores: []checkpoint.NativeRestore{
+		{Dir: tmp, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Ref: s.Native}}}, r)
 }

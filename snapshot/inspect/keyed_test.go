@@ -75,3 +75,46 @@ func TestKeyedStateFile(t *testing.T) {
 	require.ErrorIs(t, err, checkpoint.ErrCorrupt)
 	require.ErrorContains(t, err, file)
 }
+
+// TestNativeKeyedState: native keyed state (an incremental checkpoint of a
+// Pebble backend) is read as a restore reads it: its files copied and
+// checked, the records read out of the instance.
+func TestNativeKeyedState(t *testing.T) {
+	const maxP, keys = 128, 3000
+	fs := vfs.NewMem()
+	st, err := snapshot.OpenStorage("/ckpt", "job", snapshot.StorageOptions{FS: fs})
+	require.NoError(t, err)
+	r := keygroup.Range{Start: 0, End: maxP - 1}
+	be, err := state.NewPebbleKeyedBackend[int64](state.PebbleEngine{FS: vfs.NewMem()}, r, maxP, nil)
+	require.NoError(t, err)
+	defer be.Close()
+	sum, err := state.Value[int64, int64](be, "sum")
+	require.NoError(t, err)
+	for k := int64(0); k < keys; k++ {
+		be.SetCurrentKey(k, keygroup.Of(k, maxP))
+		sum.Update(2 * k)
+	}
+	ns, err := be.FreezeNative()
+	require.NoError(t, err)
+	ref, err := st.WriteNativeState(context.Background(), 1, checkpoint.TaskID{Operator: "tally", Subtask: 0},
+		snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
+	require.NoError(t, err)
+	ns.Stored(ref)
+	ns.Release()
+	md := &checkpoint.Metadata{CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint},
+		Operators: []checkpoint.OperatorState{{UID: "tally", Name: "tally", Parallelism: 1, MaxParallelism: maxP,
+			Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
+	path, err := st.Write(md)
+	require.NoError(t, err)
+
+	c, err := inspect.Open(fs, path)
+	require.NoError(t, err)
+	op, err := c.Operator("tally")
+	require.NoError(t, err)
+	require.Len(t, op.Keyed, 1)
+	require.Equal(t, keys, op.Keyed[0].Entries)
+	v, ok, err := inspect.Value[int64, int64](c, "tally", "sum", 1234)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, int64(2468), v)
+}

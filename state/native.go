@@ -1,0 +1,402 @@
+package state
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/keygroup"
+)
+
+// nativeTable is a registered Pebble table as native snapshots see it.
+type nativeTable interface {
+	// flush writes the dirty slots of the write-back cache to Pebble.
+	flush()
+	// nativeInfo returns the state id, descriptor entry (nil: none) and
+	// number of entries.
+	nativeInfo() (uint16, []byte, int)
+}
+
+func (t *pebbleTable[K, V]) nativeInfo() (uint16, []byte, int) { return t.id, t.sp.desc, t.n }
+
+// newInstanceID returns a random id for a Pebble instance (F12).
+func newInstanceID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// stateID returns the state id of state name, being registered, with the
+// number of entries it holds: those of an adopted instance's state of that
+// name (as its reference says, or counted if it does not know), or a new
+// id and none.
+func (s *pebbleStore) stateID(name string) (uint16, int, error) {
+	ns, ok := s.native[name]
+	if !ok {
+		id, err := s.newID(name)
+		return id, 0, err
+	}
+	if ns.Entries >= 0 {
+		return ns.ID, int(ns.Entries), nil
+	}
+	n := 0
+	if err := scanState(s.db, s.kgs, ns.ID, nil, func(int, []byte, []byte) bool { n++; return true }); err != nil {
+		return 0, 0, fmt.Errorf("state: counting the entries of restored keyed state %q: %w", name, err)
+	}
+	return ns.ID, n, nil
+}
+
+// registered records the table of state name for native snapshots.
+func (s *pebbleStore) registered(name string, t nativeTable) {
+	delete(s.native, name)
+	s.tables[name] = t
+}
+
+// CanSnapshotNative reports whether FreezeNative can take a native
+// snapshot of b: b stores its state in Pebble and holds no restored state
+// in memory (restored from KeyGroupState records and not registered yet,
+// S3), which a native snapshot would not include.
+func (b *KeyedBackend[K]) CanSnapshotNative() bool {
+	return b.peb != nil && len(b.restored) == 0
+}
+
+// NativeSnapshot is the synchronous part of a native (incremental) snapshot
+// of a Pebble backend: a Pebble checkpoint of the instance, in a directory
+// next to its working directory, with what a reference to it needs. Store
+// its files (snapshot.Storage.WriteNativeState) on any goroutine, record
+// the reference with Stored, then Release it on the backend's goroutine.
+type NativeSnapshot struct {
+	// FS and Dir hold the Pebble checkpoint.
+	FS  vfs.FS
+	Dir string
+	// Instance is the instance's random id (F12).
+	Instance string
+	// States are the keyed states the instance holds, by name.
+	States []checkpoint.NativeState
+	// Known are the shared files the last stored native snapshot of the
+	// instance referenced (or that the checkpoint it was restored from
+	// did), by name in the instance.
+	Known map[string]checkpoint.NativeFile
+
+	s   *pebbleStore
+	ref *checkpoint.NativeStateRef
+}
+
+// FreezeNative takes the synchronous part of a native snapshot, at the
+// barrier: it writes the dirty slots of every write-back cache, flushes
+// the memtable and takes a Pebble checkpoint (hard links of the sstables,
+// copies of the MANIFEST and OPTIONS), so its pause is bounded by the
+// cache and memtable sizes, not by the state's. It panics unless
+// CanSnapshotNative. The snapshot holds every stored value, expired TTL
+// values included (reads hide them and the sweep removes them; S12's "no
+// snapshot holds an expired value" is a property of Freeze's snapshots).
+func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
+	if !b.CanSnapshotNative() {
+		panic("state: FreezeNative on a backend that cannot take a native snapshot")
+	}
+	s := b.peb
+	for _, name := range slices.Sorted(maps.Keys(s.tables)) {
+		s.tables[name].flush()
+	}
+	if err := s.db.Flush(); err != nil {
+		return nil, fmt.Errorf("state: native snapshot: flushing Pebble in %s: %w", s.dir, err)
+	}
+	s.chkSeq++
+	dir := fmt.Sprintf("%s.chk-%d", s.dir, s.chkSeq)
+	if err := s.db.Checkpoint(dir); err != nil {
+		_ = s.fs.RemoveAll(dir)
+		return nil, fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, dir, err)
+	}
+	s.chks[dir] = struct{}{}
+	ns := &NativeSnapshot{FS: s.fs, Dir: dir, Instance: s.instance, Known: maps.Clone(s.known), s: s}
+	for name, t := range s.tables {
+		id, desc, n := t.nativeInfo()
+		ns.States = append(ns.States, checkpoint.NativeState{Name: name, ID: id, Desc: desc, Entries: int64(n)})
+	}
+	for _, st := range s.native {
+		ns.States = append(ns.States, st)
+	}
+	slices.SortFunc(ns.States, func(a, b checkpoint.NativeState) int { return cmp.Compare(a.Name, b.Name) })
+	return ns, nil
+}
+
+// Stored records the reference under which the snapshot's files were
+// stored; the next native snapshot reuses its shared files. It may be
+// called on any goroutine before Release.
+func (n *NativeSnapshot) Stored(ref *checkpoint.NativeStateRef) { n.ref = ref }
+
+// Release removes the Pebble checkpoint and, if Stored was called, makes
+// its shared files the known ones. Call it on the backend's goroutine
+// (after the backend's Close it only removes the directory, if Close did
+// not). Releasing twice is a no-op.
+func (n *NativeSnapshot) Release() {
+	if n.s == nil {
+		return
+	}
+	s := n.s
+	n.s = nil
+	if _, ok := s.chks[n.Dir]; ok {
+		delete(s.chks, n.Dir)
+		_ = s.fs.RemoveAll(n.Dir)
+	}
+	if n.ref != nil && s.db != nil {
+		known := make(map[string]checkpoint.NativeFile)
+		for _, f := range n.ref.Files {
+			if f.Shared {
+				known[f.Name] = f
+			}
+		}
+		s.known = known
+	}
+}
+
+// NativeSource is the native keyed state a restore handed a new subtask:
+// the old instances' files, copied and checked into the directories of
+// Restores, on FS (nil: vfs.Default). Their directories belong to the
+// backend being built, which removes them.
+type NativeSource struct {
+	FS       vfs.FS
+	Restores []checkpoint.NativeRestore
+}
+
+func (src NativeSource) fs() vfs.FS {
+	if src.FS == nil {
+		return vfs.Default
+	}
+	return src.FS
+}
+
+// remove removes the directories of src.
+func (src NativeSource) remove() {
+	for _, r := range src.Restores {
+		_ = src.fs().RemoveAll(r.Dir)
+	}
+}
+
+// RestorePebbleKeyedBackend is NewPebbleKeyedBackend with native keyed state
+// restored as well. When src holds one instance whose key-group range
+// contains r and nothing else is restored, the instance is opened from its
+// files as they are and the key groups outside r are deleted (two range
+// deletions): nothing is decoded or rewritten, and registering a state
+// checks its descriptor (S11) but decodes no value. Otherwise (several
+// instances, a range that grew, or KeyGroupState records besides) the key
+// groups of r are read out of every instance (NativeKeyGroups) and
+// restored as records. The directories of src are removed either way.
+func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState, src NativeSource) (*KeyedBackend[K], error) {
+	if len(src.Restores) != 1 || len(restored) > 0 || src.Restores[0].KeyGroupStart > r.Start || src.Restores[0].KeyGroupEnd < r.End {
+		kgs, err := NativeKeyGroups(src, r)
+		if err != nil {
+			return nil, err
+		}
+		return NewPebbleKeyedBackend[K](eng, r, maxParallelism, append(restored, kgs...))
+	}
+	defer src.remove()
+	nr := src.Restores[0]
+	b, err := NewKeyedBackend[K](r, maxParallelism, nil)
+	if err != nil {
+		return nil, err
+	}
+	if b.peb != nil { // testEngine
+		_ = b.peb.close()
+		b.peb = nil
+	}
+	fs, dir, err := makeWorkDir(eng)
+	if err != nil {
+		return nil, err
+	}
+	if err := moveFiles(src.fs(), nr.Dir, fs, dir); err != nil {
+		_ = fs.RemoveAll(dir)
+		return nil, fmt.Errorf("state: restoring native keyed state from %s: %w", nr.Dir, err)
+	}
+	s, err := openPebbleAt(eng, fs, dir, r)
+	if err != nil {
+		return nil, fmt.Errorf("state: restoring native keyed state: %w", err)
+	}
+	// Keep only the key groups of r (keys start with the key group).
+	for _, span := range [][2]int{{nr.KeyGroupStart, r.Start}, {r.End + 1, nr.KeyGroupEnd + 1}} {
+		if span[0] >= span[1] {
+			continue
+		}
+		lo := binary.BigEndian.AppendUint16(nil, uint16(span[0]))
+		hi := binary.BigEndian.AppendUint32(nil, uint32(span[1])<<16)
+		if err := s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
+			_ = s.close()
+			return nil, fmt.Errorf("state: restoring native keyed state: deleting key groups [%d, %d): %w", span[0], span[1], err)
+		}
+	}
+	s.native = make(map[string]checkpoint.NativeState, len(nr.Ref.States))
+	shrunk := nr.KeyGroupStart != r.Start || nr.KeyGroupEnd != r.End
+	for _, st := range nr.Ref.States {
+		if shrunk {
+			st.Entries = -1 // some were deleted
+		}
+		s.native[st.Name] = st
+		s.nextID = max(s.nextID, uint32(st.ID)+1)
+	}
+	s.known = make(map[string]checkpoint.NativeFile)
+	for _, f := range nr.Ref.Files {
+		if f.Shared {
+			s.known[f.Name] = f
+		}
+	}
+	b.peb = s
+	return b, nil
+}
+
+// moveFiles moves the files of dir on fs into to on tfs: by renaming on
+// one file system, by copying otherwise.
+func moveFiles(fs vfs.FS, dir string, tfs vfs.FS, to string) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		from, dst := fs.PathJoin(dir, name), tfs.PathJoin(to, name)
+		if fs == tfs && fs.Rename(from, dst) == nil {
+			continue
+		}
+		if err := copyFile(fs, from, tfs, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyFile(fs vfs.FS, from string, tfs vfs.FS, to string) error {
+	in, err := fs.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := tfs.Create(to, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// NativeKeyGroups reads the key groups of r out of the instances of src,
+// as the KeyGroupState records a Snapshot of them would hold (the stored
+// bytes as they are: a descriptor entry first in each key group of a
+// state that has one, map entries split into key and user key), and
+// removes the directories of src. It is how a heap backend, or a Pebble
+// backend whose range spans several old instances, restores native state.
+func NativeKeyGroups(src NativeSource, r keygroup.Range) ([]checkpoint.KeyGroupState, error) {
+	defer src.remove()
+	var out []checkpoint.KeyGroupState
+	for _, nr := range src.Restores {
+		var err error
+		if out, err = readNative(src.fs(), nr, r, out); err != nil {
+			return nil, fmt.Errorf("state: reading native keyed state in %s: %w", nr.Dir, err)
+		}
+	}
+	return out, nil
+}
+
+func readNative(fs vfs.FS, nr checkpoint.NativeRestore, r keygroup.Range, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	kgs := keygroup.Range{Start: max(nr.KeyGroupStart, r.Start), End: min(nr.KeyGroupEnd, r.End)}
+	if kgs.Len() <= 0 {
+		return out, nil
+	}
+	db, err := pebble.Open(nr.Dir, &pebble.Options{FS: fs, ReadOnly: true, Logger: quietLogger{}})
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	for _, st := range nr.Ref.States {
+		if out, err = scanNative(db, kgs, st, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// scanNative appends the KeyGroupState records of state st in the key
+// groups kgs of r, the stored bytes as they are (see NativeKeyGroups).
+func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	{
+		isMap := false
+		if st.Desc != nil {
+			d, err := decodeDesc(st.Desc)
+			if err != nil {
+				return nil, fmt.Errorf("decoding the descriptor of keyed state %q: %w", st.Name, err)
+			}
+			isMap = d.Kind == kindMap
+		}
+		cur := -1
+		var ferr error
+		err := scanState(r, kgs, st.ID, nil, func(kg int, key, val []byte) bool {
+			if kg != cur {
+				cur = kg
+				g := checkpoint.KeyGroupState{State: st.Name, KeyGroup: kg}
+				if st.Desc != nil {
+					g.Entries = append(g.Entries, checkpoint.KeyedEntry{Value: st.Desc})
+				}
+				out = append(out, g)
+			}
+			e := checkpoint.KeyedEntry{Key: slices.Clone(key[pebblePrefixLen:]), Value: slices.Clone(val)}
+			if isMap {
+				n, err := valueLen(e.Key)
+				if err != nil {
+					ferr = fmt.Errorf("keyed state %q in key group %d: stored key %x: %w", st.Name, kg, key, err)
+					return false
+				}
+				e.Key, e.UserKey = e.Key[:n:n], e.Key[n:]
+			}
+			g := &out[len(out)-1]
+			g.Entries = append(g.Entries, e)
+			return true
+		})
+		if err == nil {
+			err = ferr
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// nativeView is the frozen view of a state of an adopted instance that is
+// not registered yet (S3): a Pebble snapshot whose entries of the state
+// are encoded as they are stored.
+type nativeView struct {
+	s    *pebbleStore
+	snap *pebble.Snapshot
+	st   checkpoint.NativeState
+}
+
+func (v *nativeView) encode(ctx context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	if v.snap == nil {
+		return nil, fmt.Errorf("state: encoding keyed state %q: the view was released", v.st.Name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("state: encoding keyed state %q: %w", v.st.Name, err)
+	}
+	return scanNative(v.snap, v.s.kgs, v.st, out)
+}
+
+// entries is unknown without a scan: a view of an unregistered state
+// counts as large, so that it is never encoded at the barrier.
+func (v *nativeView) entries() int { return 1 << 30 }
+
+func (v *nativeView) release() {
+	if v.snap != nil {
+		delete(v.s.snaps, v.snap)
+		_ = v.snap.Close()
+		v.snap = nil
+	}
+}

@@ -1,0 +1,158 @@
+package state_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state"
+	"github.com/snapflow/snapflow/state/keygroup"
+)
+
+// BenchmarkNativeCheckpoint measures incremental (native) checkpoints of a
+// Pebble backend holding keys int64 keys of a value state (8-byte
+// values, about 20 bytes per entry with its key): each iteration updates
+// 1% of the keys, drawn at random, then takes a checkpoint as the keyed
+// operator does: FreezeNative at the barrier (the synchronous pause:
+// cache flush, memtable flush, Pebble checkpoint) and the files stored
+// through snapshot.Storage (the asynchronous part, sstables into shared/
+// unless an earlier checkpoint stored them). It reports the pause
+// (sync-ms mean, sync-max-ms), the asynchronous part (async-ms), the bytes
+// stored per checkpoint against the checkpoint's full size and against
+// the bytes the updates changed (stored-MB, full-MB, stored/changed),
+// and, once, the time to restore the last checkpoint into a new backend
+// at the same key-group range (restore-ms: copy and check the files, open
+// the instance) next to restoring the same state from canonical records
+// (canonical-restore-ms: what a full checkpoint restores). On disk, in
+// os.TempDir():
+//
+//	go test ./state -run '^$' -bench NativeCheckpoint -benchtime 10x
+func BenchmarkNativeCheckpoint(b *testing.B) {
+	for _, keys := range []int{200_000, 2_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchNative(b, keys) })
+	}
+}
+
+func benchNative(b *testing.B, keys int) {
+	const maxP = 128
+	dir := b.TempDir()
+	eng := state.PebbleEngine{Dir: dir}
+	r := keygroup.Range{Start: 0, End: maxP - 1}
+	be, err := state.NewPebbleKeyedBackend[int64](eng, r, maxP, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	v, err := state.Value[int64, int64](be, "count")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for k := range int64(keys) {
+		be.SetCurrentKey(k, keygroup.Of(k, maxP))
+		v.Update(k)
+	}
+	st, err := snapshot.OpenStorage(dir, "job", snapshot.StorageOptions{Retain: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	task := checkpoint.TaskID{Operator: "count", Subtask: 0}
+	var id int64
+	checkpointOnce := func() (sync, async time.Duration, ref *checkpoint.NativeStateRef) {
+		id++
+		t0 := time.Now()
+		ns, err := be.FreezeNative()
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		ref, err = st.WriteNativeState(context.Background(), id, task, snapshot.NativeFiles{
+			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		ns.Stored(ref)
+		ns.Release()
+		md := &checkpoint.Metadata{JobID: "job", CheckpointID: id, Options: marker.Options{Kind: marker.Checkpoint},
+			Operators: []checkpoint.OperatorState{{UID: "count", Name: "count", Parallelism: 1, MaxParallelism: maxP,
+				Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
+		if _, err := st.Write(md); err != nil {
+			b.Fatal(err)
+		}
+		return t1.Sub(t0), t2.Sub(t1), ref
+	}
+	checkpointOnce() // the first one stores everything
+	rng := rand.New(rand.NewPCG(1, 2))
+	changed := keys / 100
+	var syncs []time.Duration
+	var async time.Duration
+	var stored, full int64
+	var last *checkpoint.NativeStateRef
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for range changed {
+			k := rng.Int64N(int64(keys))
+			be.SetCurrentKey(k, keygroup.Of(k, maxP))
+			v.Update(k + int64(i) + 1)
+		}
+		s, a, ref := checkpointOnce()
+		syncs = append(syncs, s)
+		async += a
+		stored += ref.Uploaded
+		full += ref.Bytes()
+		last = ref
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	var sum time.Duration
+	for _, s := range syncs {
+		sum += s
+	}
+	b.ReportMetric(float64(sum.Microseconds())/1000/n, "sync-ms")
+	b.ReportMetric(float64(slices.Max(syncs).Microseconds())/1000, "sync-max-ms")
+	b.ReportMetric(float64(async.Microseconds())/1000/n, "async-ms")
+	b.ReportMetric(float64(stored)/n/1e6, "stored-MB")
+	b.ReportMetric(float64(full)/n/1e6, "full-MB")
+	b.ReportMetric(float64(stored)/n/float64(changed*20), "stored/changed")
+
+	// Restore the last checkpoint natively, then from canonical records.
+	jobDir := st.JobDir()
+	chk := fmt.Sprintf("%s/chk-%d", jobDir, id)
+	t0 := time.Now()
+	to := dir + "/restore-copy"
+	if err := snapshot.CopyNativeState(nil, jobDir, chk, id, "count", last, to); err != nil {
+		b.Fatal(err)
+	}
+	nb, err := state.RestorePebbleKeyedBackend[int64](eng, r, maxP, nil, state.NativeSource{
+		Restores: []checkpoint.NativeRestore{{Dir: to, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Ref: last}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := state.Value[int64, int64](nb, "count"); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(time.Since(t0).Microseconds())/1000, "restore-ms")
+	recs, err := nb.Snapshot()
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = nb.Close()
+	t0 = time.Now()
+	cb, err := state.NewPebbleKeyedBackend[int64](eng, r, maxP, recs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := state.Value[int64, int64](cb, "count"); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(time.Since(t0).Microseconds())/1000, "canonical-restore-ms")
+	_ = cb.Close()
+	_ = os.RemoveAll(to)
+}
