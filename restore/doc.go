@@ -195,4 +195,25 @@
 //     with corrupt metadata (R5, R7), and fails LoadPlan and Load as
 //     unrecoverable; every such error and warning names the file's path,
 //     the checkpoint and, for a block, the key group.
+//   - R12: native keyed state (an incremental checkpoint of a Pebble
+//     backend, SubtaskState.Native) cannot be cut by key group: Assign
+//     hands each new subtask the native state of every old subtask whose
+//     key-group range overlaps its own, with that range
+//     (SubtaskState.RestoredNative), and LoadKeyedState copies each one's
+//     files (private ones from the checkpoint directory, sstables from
+//     shared/) into a directory of its own under <job>/_restore/,
+//     checking every file's size and CRC-32C as it copies, so a missing or
+//     damaged file makes LatestPlan fall back exactly as R11 says, naming
+//     the file; the copies of a plan that is not returned are removed
+//     (RemoveNativeCopies). The new subtask owns its copies: a Pebble
+//     backend whose range lies inside one old instance's opens that
+//     instance from its copy and deletes the key groups it does not own;
+//     otherwise (the range spans several instances, or the job's backend
+//     is the heap) it reads its key groups out of each instance as records
+//     (package state, RestorePebbleKeyedBackend, NativeKeyGroups). Unlike
+//     R10, a rescale then reads whole old instances: every new subtask
+//     that overlaps an old one copies all of its files (Flink's RocksDB
+//     rescaling does the same); at unchanged parallelism every file is
+//     read once. The execution removes the copies no subtask took once the
+//     attempt ended, and OpenStorage whatever a crash left.
 package restore

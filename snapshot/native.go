@@ -222,7 +222,10 @@ func copyFileSynced(ctx context.Context, srcFS vfs.FS, from string, dstFS vfs.FS
 		return 0, err
 	}
 	h := crc32.New(castagnoli)
-	_, err = io.Copy(io.MultiWriter(ctxWriter{ctx, out}, h), in)
+	// The hash goes first: a file's Write may reuse the buffer it was
+	// given once it returned (Pebble's MemFS scribbles over it in race
+	// builds, to catch callers that keep it).
+	_, err = io.Copy(io.MultiWriter(h, ctxWriter{ctx, out}), in)
 	if err == nil {
 		if err = out.Sync(); err != nil {
 			err = fmt.Errorf("sync %s: %w", to, err)

@@ -30,7 +30,12 @@ import (
 //	                              completedlog.go)
 //	    _completed.tmp            only while the log is rewritten
 //	    shared/                   state files that may belong to several
-//	                              checkpoints (incremental state)
+//	                              checkpoints: the sstables of native
+//	                              (incremental) keyed state (ST12-ST14,
+//	                              native.go)
+//	    _restore/                 copies of native keyed state made by a
+//	                              restore for its subtasks (removed by them,
+//	                              and by OpenStorage)
 //	    taskowned/                state files owned by the tasks; never
 //	                              deleted by Storage
 //	    chk-<N>/                  checkpoint N: its exclusive state files and
@@ -39,6 +44,10 @@ import (
 //	                              by the subtask in the asynchronous part of
 //	                              its snapshot, when above the memory
 //	                              threshold (ST10; checkpoint/keyed.go)
+//	        native-<uid>-<i>.<f>  the private files (MANIFEST, OPTIONS,
+//	                              markers) of the Pebble checkpoint of
+//	                              subtask i, when its keyed state is native
+//	                              (checkpoint/native.go)
 //	        channels-<uid>-<i>    the channel state (in-flight data of an
 //	                              unaligned checkpoint) of subtask i of the
 //	                              operator with that uid, if it captured any
@@ -211,10 +220,13 @@ import (
 // until it is written. Keyed state is written by the tasks, as in Flink
 // (one file per subtask and checkpoint, like a full heap snapshot's
 // KeyGroupsStateHandle with its key-group offsets), but the memory
-// threshold counts entries, not bytes, and there are no incremental
-// (shared) keyed-state files yet. Storage does not
-// garbage-collect shared/ (there is no shared-state registry yet);
-// retention and Discard remove chk-N directories only. Flink's
+// threshold counts entries, not bytes. Incremental keyed state (native.go)
+// is a Pebble checkpoint's files, sstables in shared/ as in Flink's
+// RocksDB incremental checkpoints, but shared/ is collected by what the
+// complete checkpoints on disk reference (ST13) instead of by a
+// SharedStateRegistry's counts in the job master's memory: nothing to
+// rebuild after a crash, and a shared file is only ever deleted by a
+// collection that read every complete checkpoint's references. Flink's
 // completed-checkpoint store lives in the HA services (ZooKeeper or
 // Kubernetes) and its CheckpointIDCounter there too; here the log in the job
 // directory plays both parts (NextID). There is no DELETE_ON_CANCELLATION:
