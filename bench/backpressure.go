@@ -15,30 +15,32 @@ import (
 // throttledSink sums what it gets and sleeps so that its subtask writes at
 // most rate records per second.
 type throttledSink struct {
-	rate  float64 // records per second; 0: unthrottled
+	rate float64 // records per second; 0: unthrottled
+	// only, when not negative, throttles that subtask alone.
+	only  int
 	start time.Time
 	n     int64
 	r     KeyedResult
 }
 
-func (s *throttledSink) Write(_ *graph.Context, v int64) error {
+func (s *throttledSink) Write(ctx *graph.Context, v int64) error {
 	s.r.Records++
 	s.r.Sum += v
-	s.throttle(1)
+	s.throttle(ctx, 1)
 	return nil
 }
 
-func (s *throttledSink) WriteBatch(_ *graph.Context, in []int64) error {
+func (s *throttledSink) WriteBatch(ctx *graph.Context, in []int64) error {
 	s.r.Records += int64(len(in))
 	for _, v := range in {
 		s.r.Sum += v
 	}
-	s.throttle(len(in))
+	s.throttle(ctx, len(in))
 	return nil
 }
 
-func (s *throttledSink) throttle(n int) {
-	if s.rate == 0 {
+func (s *throttledSink) throttle(ctx *graph.Context, n int) {
+	if s.rate == 0 || s.only >= 0 && ctx.Task().Subtask != s.only {
 		return
 	}
 	if s.start.IsZero() {
@@ -61,7 +63,23 @@ func EngineBackpressure(n int64, p int, rate float64, cfg graph.Config) *graph.J
 	src := graph.Source(j, "source", source.Generate(n, Gen))
 	counts := graph.ProcessKeyed(graph.KeyBy(src, KeyFn), "count",
 		func() graph.KeyedProcessFunc[int64, int64, int64] { return &runningCount{} })
-	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { return &throttledSink{rate: rate / float64(p)} },
+	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { return &throttledSink{rate: rate / float64(p), only: -1} },
+		graph.DisableChaining())
+	return j
+}
+
+// EngineSkew is the backpressure pipeline with one slow subtask: sink
+// subtask 0 of p accepts at most slowRate records per second, the others
+// are unthrottled. A quarter of the keys (at p=4) go to the slow subtask,
+// so its channels fill, the sources block on them, and every barrier
+// behind its backlog waits.
+func EngineSkew(n int64, p int, slowRate float64, cfg graph.Config) *graph.Job {
+	cfg.Parallelism = p
+	j := graph.NewJob("bench-skew", cfg)
+	src := graph.Source(j, "source", source.Generate(n, Gen))
+	counts := graph.ProcessKeyed(graph.KeyBy(src, KeyFn), "count",
+		func() graph.KeyedProcessFunc[int64, int64, int64] { return &runningCount{} })
+	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { return &throttledSink{rate: slowRate, only: 0} },
 		graph.DisableChaining())
 	return j
 }
