@@ -68,6 +68,15 @@ func EngineBackpressure(n int64, p int, rate float64, cfg graph.Config) *graph.J
 	return j
 }
 
+// BackpressureChannelBytes is what the channels of EngineBackpressure and
+// EngineSkew at parallelism p can hold in memory with channels of capacity
+// buffers of bufSize records: the bound on the in-flight data a checkpoint
+// can persist. p*p channels on the hash edge carry 24-byte keyed records,
+// p on the forward edge into the sink 8-byte ones.
+func BackpressureChannelBytes(p, capacity, bufSize int) float64 {
+	return float64(capacity * bufSize * (p*p*24 + p*8))
+}
+
 // EngineSkew is the backpressure pipeline with one slow subtask: sink
 // subtask 0 of p accepts at most slowRate records per second, the others
 // are unthrottled. A quarter of the keys (at p=4) go to the slow subtask,
