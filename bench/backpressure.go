@@ -58,13 +58,18 @@ func (s *throttledSink) throttle(ctx *graph.Context, n int) {
 // (0: unthrottled). The keyed operator and the sink are not chained, so the
 // edge into the sink is full too.
 func EngineBackpressure(n int64, p int, rate float64, cfg graph.Config) *graph.Job {
+	return throttledJob("bench-backpressure", n, p, throttledSink{rate: rate / float64(p), only: -1}, cfg)
+}
+
+// throttledJob builds source -> keyBy -> running count -> sink, the sink
+// not chained, with every sink subtask a copy of sink.
+func throttledJob(name string, n int64, p int, sink throttledSink, cfg graph.Config) *graph.Job {
 	cfg.Parallelism = p
-	j := graph.NewJob("bench-backpressure", cfg)
+	j := graph.NewJob(name, cfg)
 	src := graph.Source(j, "source", source.Generate(n, Gen))
 	counts := graph.ProcessKeyed(graph.KeyBy(src, KeyFn), "count",
 		func() graph.KeyedProcessFunc[int64, int64, int64] { return &runningCount{} })
-	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { return &throttledSink{rate: rate / float64(p), only: -1} },
-		graph.DisableChaining())
+	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { s := sink; return &s }, graph.DisableChaining())
 	return j
 }
 
@@ -83,12 +88,5 @@ func BackpressureChannelBytes(p, capacity, bufSize int) float64 {
 // so its channels fill, the sources block on them, and every barrier
 // behind its backlog waits.
 func EngineSkew(n int64, p int, slowRate float64, cfg graph.Config) *graph.Job {
-	cfg.Parallelism = p
-	j := graph.NewJob("bench-skew", cfg)
-	src := graph.Source(j, "source", source.Generate(n, Gen))
-	counts := graph.ProcessKeyed(graph.KeyBy(src, KeyFn), "count",
-		func() graph.KeyedProcessFunc[int64, int64, int64] { return &runningCount{} })
-	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { return &throttledSink{rate: slowRate, only: 0} },
-		graph.DisableChaining())
-	return j
+	return throttledJob("bench-skew", n, p, throttledSink{rate: slowRate, only: 0}, cfg)
 }

@@ -37,17 +37,6 @@ import (
 	"github.com/snapflow/snapflow/bench"
 )
 
-// Result is what one run prints, one JSON object a line.
-type Result struct {
-	Engine   string  `json:"engine"`
-	Runner   string  `json:"runner"`
-	Pipeline string  `json:"pipeline"`
-	Records  int64   `json:"records"`
-	Seconds  float64 `json:"seconds"`
-	RecPerS  float64 `json:"records_per_s"`
-	Error    string  `json:"error,omitempty"`
-}
-
 // The sinks add to these process-wide counters: with the direct runner and
 // with prism in loopback mode the DoFns run in this process.
 var sinkRecords, sinkSum atomic.Int64
@@ -149,8 +138,8 @@ func build(runner, pipeline string, n int64) (*beam.Pipeline, error) {
 	return p, nil
 }
 
-func runOnce(ctx context.Context, runner, pipeline string, n int64) Result {
-	r := Result{Engine: "beam", Runner: runner, Pipeline: pipeline, Records: n}
+func runOnce(ctx context.Context, runner, pipeline string, n int64) bench.PeerResult {
+	r := bench.PeerResult{Engine: "beam", Runner: runner, Pipeline: pipeline, Records: n}
 	p, err := build(runner, pipeline, n)
 	if err != nil {
 		r.Error = err.Error()

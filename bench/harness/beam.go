@@ -15,20 +15,9 @@ import (
 	"github.com/snapflow/snapflow/graph"
 )
 
-// beamResult is one line of bench/beam's output.
-type beamResult struct {
-	Engine   string  `json:"engine"`
-	Runner   string  `json:"runner"`
-	Pipeline string  `json:"pipeline"`
-	Records  int64   `json:"records"`
-	Seconds  float64 `json:"seconds"`
-	RecPerS  float64 `json:"records_per_s"`
-	Error    string  `json:"error,omitempty"`
-}
-
 // parseBeamOutput reads the last JSON line of bench/beam's standard output.
-func parseBeamOutput(out []byte) (beamResult, error) {
-	var r beamResult
+func parseBeamOutput(out []byte) (bench.PeerResult, error) {
+	var r bench.PeerResult
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	last := strings.TrimSpace(lines[len(lines)-1])
 	if last == "" {
@@ -71,7 +60,7 @@ func lastLines(b []byte, n int) string {
 
 // runBeamOnce runs one pipeline in the Beam binary and returns its result
 // and the child's peak RSS.
-func runBeamOnce(ctx context.Context, bin, runner, pipeline string, n int64) (beamResult, uint64, error) {
+func runBeamOnce(ctx context.Context, bin, runner, pipeline string, n int64) (bench.PeerResult, uint64, error) {
 	cmd := exec.CommandContext(ctx, bin, "--pipeline", pipeline, "--records", strconv.FormatInt(n, 10), "--beam_runner", runner)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -193,46 +193,40 @@ func plotScenario(dir string, sc *Scenario) ([]string, error) {
 
 func checkpointPlot(path string, rs []Result) error {
 	xs := []string{"1s", "100ms", "10ms"}
-	var ss []*series
-	find := func(name string) *series {
-		for _, s := range ss {
-			if s.name == name {
-				return s
-			}
-		}
-		s := newSeries(name, len(xs))
-		ss = append(ss, s)
-		return s
-	}
+	var ss seriesSet
 	for _, r := range rs {
 		i := indexOf(xs, r.Params["interval"])
 		if i < 0 || r.Ratio == nil {
 			continue
 		}
-		find(r.Params["state"]+", "+r.Params["mode"]).set(i, r.Ratio)
+		ss.get(r.Params["state"]+", "+r.Params["mode"], len(xs)).set(i, r.Ratio)
 	}
 	return linePlot(path, "Keyed pipeline, p=2: records/s with checkpoints / without", "checkpoint interval", "ratio", xs, ss, false)
 }
 
+// seriesSet keeps series in the order first named.
+type seriesSet []*series
+
+func (ss *seriesSet) get(name string, n int) *series {
+	for _, s := range *ss {
+		if s.name == name {
+			return s
+		}
+	}
+	s := newSeries(name, n)
+	*ss = append(*ss, s)
+	return s
+}
+
 func backpressurePlot(path string, rs []Result) error {
 	xs := []string{"50", "10", "1"}
-	var ss []*series
-	find := func(name string) *series {
-		for _, s := range ss {
-			if s.name == name {
-				return s
-			}
-		}
-		s := newSeries(name, len(xs))
-		ss = append(ss, s)
-		return s
-	}
+	var ss seriesSet
 	for _, r := range rs {
 		i := indexOf(xs, r.Params["throttle_pct"])
 		if i < 0 || r.Checkpoint == nil {
 			continue
 		}
-		find(r.Params["mode"]+", buffer "+r.Params["buffer"]).set(i, r.Checkpoint.EndToEndMs)
+		ss.get(r.Params["mode"]+", buffer "+r.Params["buffer"], len(xs)).set(i, r.Checkpoint.EndToEndMs)
 	}
 	return linePlot(path, "Checkpoint end-to-end duration under backpressure (p=2)", "sink throttled to % of the source rate",
 		"median end-to-end ms (log)", xs, ss, true)

@@ -235,25 +235,14 @@ func runBackpressure(ctx context.Context, r *runner, sc *Scenario) error {
 			for _, pct := range []float64{50, 10, 1} {
 				aligned := 0.0
 				for _, m := range modes {
-					cfg, dir, err := r.throttledConfig(buf, m)
+					v, med, ok, err := r.throttledRound(ctx, &vs, round, fmt.Sprintf("buffer %d, sink at %g %%", buf, pct), m, p, buf,
+						map[string]string{"throttle_pct": fmt.Sprint(pct)},
+						func(cfg graph.Config) *graph.Job { return bench.EngineBackpressure(1<<50, p, rate*pct/100, cfg) })
 					if err != nil {
 						return err
 					}
-					cks, peak, err := r.throttled(ctx, bench.EngineBackpressure(1<<50, p, rate*pct/100, cfg))
-					os.RemoveAll(dir)
-					if err != nil {
-						return err
-					}
-					v := vs.get(fmt.Sprintf("buffer %d, sink at %g %%", buf, pct), m.name)
-					v.res.Params = map[string]string{"buffer": fmt.Sprint(buf), "throttle_pct": fmt.Sprint(pct),
-						"mode": m.name, "capacity": fmt.Sprint(r.sz.bpCapacity), "interval": r.sz.interval.String(), "p": "2"}
-					v.res.PeakHeapBytes = max(v.res.PeakHeapBytes, peak)
-					ck := v.checkpoints()
-					ck.hold = bench.BackpressureChannelBytes(p, r.sz.bpCapacity, buf)
-					med, ok := ck.round(cks)
 					switch {
 					case !ok:
-						v.fail(round, "no checkpoint completed within %v", r.sz.maxRun)
 					case m.name == "aligned":
 						aligned = med
 					case aligned > 0:
@@ -266,6 +255,35 @@ func runBackpressure(ctx context.Context, r *runner, sc *Scenario) error {
 	}
 	sc.Results = vs.results()
 	return nil
+}
+
+// throttledRound runs the job build makes (with the backpressure
+// configuration for buffer size buf and mode m), adds its checkpoints to
+// the variant (cs, m) with params and returns the variant and the round's
+// median end-to-end duration, or ok false, recorded as the round's failure
+// in the variant, when no checkpoint completed.
+func (r *runner) throttledRound(ctx context.Context, vs *variants, round int, cs string, m mode, p, buf int,
+	params map[string]string, build func(graph.Config) *graph.Job) (v *variant, med float64, ok bool, err error) {
+	cfg, dir, err := r.throttledConfig(buf, m)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	cks, peak, err := r.throttled(ctx, build(cfg))
+	os.RemoveAll(dir)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	v = vs.get(cs, m.name)
+	params["buffer"], params["mode"], params["p"] = fmt.Sprint(buf), m.name, fmt.Sprint(p)
+	params["capacity"], params["interval"] = fmt.Sprint(r.sz.bpCapacity), r.sz.interval.String()
+	v.res.Params = params
+	v.res.PeakHeapBytes = max(v.res.PeakHeapBytes, peak)
+	ck := v.checkpoints()
+	ck.hold = bench.BackpressureChannelBytes(p, r.sz.bpCapacity, buf)
+	if med, ok = ck.round(cks); !ok {
+		v.fail(round, "no checkpoint completed within %v", r.sz.maxRun)
+	}
+	return v, med, ok, nil
 }
 
 func runSkew(ctx context.Context, r *runner, sc *Scenario) error {
@@ -283,29 +301,17 @@ func runSkew(ctx context.Context, r *runner, sc *Scenario) error {
 		for _, m := range modes {
 			var even float64
 			for _, skewed := range []bool{false, true} {
-				cfg, dir, err := r.throttledConfig(buf, m)
-				if err != nil {
-					return err
-				}
 				slowRate, cs := 0.0, "no slow subtask"
 				if skewed {
 					slowRate, cs = slow, "subtask 0 of 4 at 10 %"
 				}
-				cks, peak, err := r.throttled(ctx, bench.EngineSkew(1<<50, p, slowRate, cfg))
-				os.RemoveAll(dir)
+				v, med, ok, err := r.throttledRound(ctx, &vs, round, cs, m, p, buf, map[string]string{},
+					func(cfg graph.Config) *graph.Job { return bench.EngineSkew(1<<50, p, slowRate, cfg) })
 				if err != nil {
 					return err
 				}
-				v := vs.get(cs, m.name)
-				v.res.Params = map[string]string{"buffer": fmt.Sprint(buf), "mode": m.name,
-					"capacity": fmt.Sprint(r.sz.bpCapacity), "interval": r.sz.interval.String(), "p": "4"}
-				v.res.PeakHeapBytes = max(v.res.PeakHeapBytes, peak)
-				ck := v.checkpoints()
-				ck.hold = bench.BackpressureChannelBytes(p, r.sz.bpCapacity, buf)
-				med, ok := ck.round(cks)
 				switch {
 				case !ok:
-					v.fail(round, "no checkpoint completed within %v", r.sz.maxRun)
 				case !skewed:
 					even = med
 				case even > 0:
