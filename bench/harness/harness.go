@@ -51,8 +51,9 @@ type Config struct {
 	// TempDir is where checkpoints and Pebble state go (default: a new
 	// directory under os.TempDir(), removed at the end).
 	TempDir string
-	// Command is the command line recorded in the report.
-	Command string
+	// Command is the command line recorded in the report, Revision the
+	// source revision measured (both free text).
+	Command, Revision string
 	// Logf receives progress (default: nothing).
 	Logf func(format string, args ...any)
 }
@@ -142,6 +143,7 @@ type Scenario struct {
 type Report struct {
 	Date      time.Time `json:"date"`
 	Command   string    `json:"command"`
+	Revision  string    `json:"revision,omitempty"`
 	Quick     bool      `json:"quick"`
 	Repeat    int       `json:"repeat"`
 	GoVersion string    `json:"go_version"`
@@ -228,7 +230,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.tmp = dir
 	}
 	rep := &Report{
-		Date: time.Now().UTC(), Command: cfg.Command, Quick: cfg.Quick, Repeat: cfg.Repeat,
+		Date: time.Now().UTC(), Command: cfg.Command, Revision: cfg.Revision, Quick: cfg.Quick, Repeat: cfg.Repeat,
 		GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU(),
 		LoadStart: loadAverage(),
 		Memory: "engine and baselines: the largest live heap (runtime/metrics /memory/classes/heap/objects:bytes) " +

@@ -103,7 +103,7 @@ func linePlot(path, title, xLabel, yLabel string, xs []string, ss []*series, log
 	p.X.Min, p.X.Max = -0.5, float64(len(xs))-0.5
 	// Room above the data for the legend, one line a series.
 	if logY {
-		p.Y.Max = top * math.Pow(2, float64(drawn)/2+1)
+		p.Y.Max = top * math.Pow(2, float64(drawn)/3+1)
 	} else {
 		p.Y.Min, p.Y.Max = 0, top*(1.2+0.08*float64(drawn))
 	}

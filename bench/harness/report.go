@@ -28,6 +28,9 @@ func Markdown(rep *Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmark report\n\n")
 	fmt.Fprintf(&b, "- command: `%s`\n", rep.Command)
+	if rep.Revision != "" {
+		fmt.Fprintf(&b, "- revision: %s\n", rep.Revision)
+	}
 	fmt.Fprintf(&b, "- date: %s, %.0f s in all\n", rep.Date.Format("2006-01-02 15:04 UTC"), rep.Seconds)
 	fmt.Fprintf(&b, "- machine: %s/%s, %d CPUs, %s; load average at start %s, at end %s\n",
 		rep.OS, rep.Arch, rep.CPUs, rep.GoVersion, orDash(rep.LoadStart), orDash(rep.LoadEnd))

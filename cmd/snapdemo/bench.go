@@ -2,10 +2,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -92,8 +94,8 @@ func runBench(ctx context.Context, g *globalFlags, cmd *cobra.Command, o *benchO
 	})
 	rep, err := harness.Run(ctx, harness.Config{
 		Scenarios: o.scenarios, Repeat: o.repeat, Quick: o.quick, Out: o.out, BeamDir: beamDir,
-		Command: strings.Join(command, " "),
-		Logf:    func(format string, args ...any) { log.Info(fmt.Sprintf(format, args...)) },
+		Command: strings.Join(command, " "), Revision: gitRevision(),
+		Logf: func(format string, args ...any) { log.Info(fmt.Sprintf(format, args...)) },
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -110,6 +112,20 @@ func runBench(ctx context.Context, g *globalFlags, cmd *cobra.Command, o *benchO
 		fmt.Fprintf(stdout, "  %-12s %d results, plots %s (%.0f s)\n", sc.Name, len(sc.Results), strings.Join(sc.Plots, ", "), sc.Seconds)
 	}
 	return nil
+}
+
+// gitRevision is the commit of the current directory's git checkout (with
+// "+changes" when the work tree differs), or "" outside one.
+func gitRevision() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	rev := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		rev += "+changes"
+	}
+	return rev
 }
 
 func containsString(list []string, s string) bool {
