@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/snapflow/snapflow/bench"
 )
 
 // TestQuickRun runs every scenario at --quick sizes, one round, into a
@@ -105,4 +107,15 @@ func TestStatOf(t *testing.T) {
 	require.Nil(t, statOf(nil))
 	require.Equal(t, &Stat{Median: 2, Min: 1, Max: 5, N: 3}, statOf([]float64{5, 1, 2}))
 	require.Equal(t, &Stat{Median: 2.5, Min: 1, Max: 5, N: 4}, statOf([]float64{5, 1, 2, 3}))
+}
+
+// TestThrottledJobThatEnds: a throttled run whose job ends by itself (here
+// a finite input; in a run, a failure) is an error, not a run without
+// checkpoints.
+func TestThrottledJobThatEnds(t *testing.T) {
+	r := &runner{sz: quickSizes, tmp: t.TempDir()}
+	cfg, _, err := r.throttledConfig(16, modes[0])
+	require.NoError(t, err)
+	_, _, err = r.throttled(context.Background(), bench.EngineBackpressure(10, 2, 0, cfg))
+	require.ErrorContains(t, err, "the job ended before it was cancelled")
 }

@@ -226,7 +226,7 @@ func (r *runner) checkpointDir() (string, error) {
 	return d, nil
 }
 
-// throttled starts j, measures the checkpoints triggered after a warm-up
+// throttled starts j, whose input must be unbounded, measures the checkpoints triggered after a warm-up
 // of three intervals until r.sz.want have completed or r.sz.maxRun has
 // passed, and cancels it. The job's statistics keep only the latest few
 // checkpoints, so they are read every 10 ms.
@@ -238,13 +238,21 @@ func (r *runner) throttled(ctx context.Context, j *graph.Job) ([]snapshot.Checkp
 		stop()
 		return nil, 0, err
 	}
+	ended := make(chan error, 1)
+	go func() { ended <- x.Wait() }()
 	start := time.Now()
 	warm := start.Add(3 * r.sz.interval)
 	seen := map[int64]snapshot.CheckpointStats{}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for len(seen) < r.sz.want && time.Since(start) < r.sz.maxRun && ctx.Err() == nil {
-		<-tick.C
+		select {
+		case err := <-ended:
+			// The job's input is unbounded: it ends only by failing.
+			stop()
+			return nil, 0, fmt.Errorf("the job ended before it was cancelled: %v", err)
+		case <-tick.C:
+		}
 		for _, c := range completed(x.Stats()) {
 			if c.TriggerTime.After(warm) {
 				seen[c.ID] = c
@@ -252,7 +260,7 @@ func (r *runner) throttled(ctx context.Context, j *graph.Job) ([]snapshot.Checkp
 		}
 	}
 	x.Cancel()
-	_ = x.Wait() // cancelled: the error says so
+	<-ended // cancelled: the error says so
 	peak := stop()
 	ids := make([]int64, 0, len(seen))
 	for id := range seen {
