@@ -15,30 +15,32 @@ import (
 // throttledSink sums what it gets and sleeps so that its subtask writes at
 // most rate records per second.
 type throttledSink struct {
-	rate  float64 // records per second; 0: unthrottled
+	rate float64 // records per second; 0: unthrottled
+	// only, when not negative, throttles that subtask alone.
+	only  int
 	start time.Time
 	n     int64
 	r     KeyedResult
 }
 
-func (s *throttledSink) Write(_ *graph.Context, v int64) error {
+func (s *throttledSink) Write(ctx *graph.Context, v int64) error {
 	s.r.Records++
 	s.r.Sum += v
-	s.throttle(1)
+	s.throttle(ctx, 1)
 	return nil
 }
 
-func (s *throttledSink) WriteBatch(_ *graph.Context, in []int64) error {
+func (s *throttledSink) WriteBatch(ctx *graph.Context, in []int64) error {
 	s.r.Records += int64(len(in))
 	for _, v := range in {
 		s.r.Sum += v
 	}
-	s.throttle(len(in))
+	s.throttle(ctx, len(in))
 	return nil
 }
 
-func (s *throttledSink) throttle(n int) {
-	if s.rate == 0 {
+func (s *throttledSink) throttle(ctx *graph.Context, n int) {
+	if s.rate == 0 || s.only >= 0 && ctx.Task().Subtask != s.only {
 		return
 	}
 	if s.start.IsZero() {
@@ -56,12 +58,35 @@ func (s *throttledSink) throttle(n int) {
 // (0: unthrottled). The keyed operator and the sink are not chained, so the
 // edge into the sink is full too.
 func EngineBackpressure(n int64, p int, rate float64, cfg graph.Config) *graph.Job {
+	return throttledJob("bench-backpressure", n, p, throttledSink{rate: rate / float64(p), only: -1}, cfg)
+}
+
+// throttledJob builds source -> keyBy -> running count -> sink, the sink
+// not chained, with every sink subtask a copy of sink.
+func throttledJob(name string, n int64, p int, sink throttledSink, cfg graph.Config) *graph.Job {
 	cfg.Parallelism = p
-	j := graph.NewJob("bench-backpressure", cfg)
+	j := graph.NewJob(name, cfg)
 	src := graph.Source(j, "source", source.Generate(n, Gen))
 	counts := graph.ProcessKeyed(graph.KeyBy(src, KeyFn), "count",
 		func() graph.KeyedProcessFunc[int64, int64, int64] { return &runningCount{} })
-	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { return &throttledSink{rate: rate / float64(p)} },
-		graph.DisableChaining())
+	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { s := sink; return &s }, graph.DisableChaining())
 	return j
+}
+
+// BackpressureChannelBytes is what the channels of EngineBackpressure and
+// EngineSkew at parallelism p can hold in memory with channels of capacity
+// buffers of bufSize records: the bound on the in-flight data a checkpoint
+// can persist. p*p channels on the hash edge carry 24-byte keyed records,
+// p on the forward edge into the sink 8-byte ones.
+func BackpressureChannelBytes(p, capacity, bufSize int) float64 {
+	return float64(capacity * bufSize * (p*p*24 + p*8))
+}
+
+// EngineSkew is the backpressure pipeline with one slow subtask: sink
+// subtask 0 of p accepts at most slowRate records per second, the others
+// are unthrottled. A quarter of the keys (at p=4) go to the slow subtask,
+// so its channels fill, the sources block on them, and every barrier
+// behind its backlog waits.
+func EngineSkew(n int64, p int, slowRate float64, cfg graph.Config) *graph.Job {
+	return throttledJob("bench-skew", n, p, throttledSink{rate: slowRate, only: 0}, cfg)
 }

@@ -77,10 +77,7 @@ func BenchmarkBackpressure(b *testing.B) {
 				if len(e2e) == 0 {
 					b.Fatalf("no checkpoint completed in %v (%d triggered)", run, st.Counts.Triggered)
 				}
-				// Channels: p*p on the hash edge, p on the forward edge into
-				// the sink; 24-byte keyed records on the first, 8 on the
-				// second.
-				inFlight := float64(capacity * bufSize * (p*p*24 + p*8))
+				inFlight := BackpressureChannelBytes(p, capacity, bufSize)
 				b.ReportMetric(median(e2e), "e2e-median-ms")
 				b.ReportMetric(slices.Max(e2e), "e2e-max-ms")
 				b.ReportMetric(median(align), "alignment-median-ms")

@@ -25,6 +25,14 @@
 //
 //	go test -run '^$' -bench Backpressure -benchtime 1x ./bench/
 //
+// The workload table (Workloads: engine job, baseline, expected result),
+// the raw channel hand-off (RawHandoff) and the throttled pipelines
+// (EngineBackpressure, EngineSkew) are non-test code, so that the harness
+// (bench/harness; `snapdemo bench`), which runs named scenarios and writes
+// a report with plots under docs/bench, uses the same pipelines as these
+// benchmarks. bench/beam is a module of its own that runs the same two
+// pipelines in Apache Beam's Go SDK, for the harness's peer comparison.
+//
 // Reproduce the other figures in BENCHMARKS.md with:
 //
 //	go test -run '^$' -bench . -benchtime 2000000x -count 3 ./bench/

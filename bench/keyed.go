@@ -60,12 +60,14 @@ func (c *runningCount) Process(_ *graph.KeyedContext[int64], _ int64, out graph.
 // end of input.
 type sumSink struct {
 	r     KeyedResult
-	total *keyedTotal
+	total *KeyedTotal
 }
 
-type keyedTotal struct{ records, sum atomic.Int64 }
+// KeyedTotal is where the keyed pipelines' sinks add up their results.
+type KeyedTotal struct{ records, sum atomic.Int64 }
 
-func (t *keyedTotal) result() KeyedResult {
+// Result is what the sinks have added so far.
+func (t *KeyedTotal) Result() KeyedResult {
 	return KeyedResult{Records: t.records.Load(), Sum: t.sum.Load()}
 }
 
@@ -93,7 +95,7 @@ func (s *sumSink) EndInput(*graph.Context) error {
 // the sink's result lands in total. The keyed operator and the sink are
 // chained; source and keyed operator are joined by a hash-partitioned edge
 // (p x p channels).
-func EngineKeyed(n int64, p int, cfg graph.Config, total *keyedTotal) *graph.Job {
+func EngineKeyed(n int64, p int, cfg graph.Config, total *KeyedTotal) *graph.Job {
 	cfg.Parallelism = p
 	j := graph.NewJob("bench-keyed", cfg)
 	src := graph.Source(j, "source", source.Generate(n, Gen))
@@ -130,7 +132,7 @@ func BaselineKeyed(n int64, p, batchSize, capacity int) KeyedResult {
 			return make([]int64, 0, batchSize)
 		}
 	}
-	var total keyedTotal
+	var total KeyedTotal
 	var producers, consumers sync.WaitGroup
 	producers.Add(p)
 	consumers.Add(p)
@@ -182,5 +184,5 @@ func BaselineKeyed(n int64, p, batchSize, capacity int) KeyedResult {
 		close(cons[c].in)
 	}
 	consumers.Wait()
-	return total.result()
+	return total.Result()
 }

@@ -20,7 +20,7 @@ import (
 // countedKeyJob is the keyed pipeline with a key function that counts its
 // calls, over sources of n records in total (two sources in a union when
 // union is set).
-func countedKeyJob(n int64, p int, union bool, cfg graph.Config, calls *atomic.Int64, total *keyedTotal) *graph.Job {
+func countedKeyJob(n int64, p int, union bool, cfg graph.Config, calls *atomic.Int64, total *KeyedTotal) *graph.Job {
 	cfg.Parallelism = p
 	j := graph.NewJob("keyed-calls", cfg)
 	var src *graph.Stream[int64]
@@ -51,10 +51,10 @@ func TestKeyFunctionCalledOncePerRecord(t *testing.T) {
 	}{{1, false}, {2, false}, {3, false}, {2, true}} {
 		t.Run(fmt.Sprintf("p=%d/union=%v", tc.p, tc.union), func(t *testing.T) {
 			var calls atomic.Int64
-			var total keyedTotal
+			var total KeyedTotal
 			cfg := graph.Config{Checkpoint: graph.CheckpointConfig{Interval: 5 * time.Millisecond, Dir: t.TempDir()}, Logf: t.Logf}
 			require.NoError(t, countedKeyJob(n, tc.p, tc.union, cfg, &calls, &total).Run(context.Background()))
-			require.Equal(t, ExpectedKeyed(n), total.result())
+			require.Equal(t, ExpectedKeyed(n), total.Result())
 			require.Equal(t, int64(n), calls.Load(), "key function calls")
 		})
 	}
@@ -67,9 +67,9 @@ func TestVerifyKeys(t *testing.T) {
 	t.Setenv("SNAPFLOW_VERIFY_KEYS", "1")
 	const n = 10_000
 	var calls atomic.Int64
-	var total keyedTotal
+	var total KeyedTotal
 	require.NoError(t, countedKeyJob(n, 2, false, graph.Config{Logf: t.Logf}, &calls, &total).Run(context.Background()))
-	require.Equal(t, ExpectedKeyed(n), total.result())
+	require.Equal(t, ExpectedKeyed(n), total.Result())
 	require.Equal(t, int64(2*n), calls.Load(), "the check calls the key function again")
 
 	j := graph.NewJob("flaky-key", graph.Config{Parallelism: 2, Logf: t.Logf})
@@ -77,7 +77,7 @@ func TestVerifyKeys(t *testing.T) {
 	flaky := func(v int64) int64 { return v + flips.Add(1)%2 }
 	out := graph.ProcessKeyed(graph.KeyBy(graph.Source(j, "source", source.Generate(n, Gen)), flaky), "count",
 		func() graph.KeyedProcessFunc[int64, int64, int64] { return &runningCount{} })
-	graph.Sink(out, "sink", func() graph.SinkFunc[int64] { return &sumSink{total: &keyedTotal{}} })
+	graph.Sink(out, "sink", func() graph.SinkFunc[int64] { return &sumSink{total: &KeyedTotal{}} })
 	err := j.Run(context.Background())
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "the key function is not deterministic")
@@ -99,12 +99,12 @@ func TestKeyedPathZeroAllocsPerRecord(t *testing.T) {
 		t.Run(fmt.Sprintf("p=%d", p), func(t *testing.T) {
 			allocs := func(n int64) float64 {
 				return testing.AllocsPerRun(2, func() {
-					var total keyedTotal
+					var total KeyedTotal
 					if err := EngineKeyed(n, p, graph.Config{Logf: t.Logf}, &total).Run(context.Background()); err != nil {
 						t.Fatal(err)
 					}
-					if total.result() != ExpectedKeyed(n) {
-						t.Fatalf("result %v, want %v", total.result(), ExpectedKeyed(n))
+					if total.Result() != ExpectedKeyed(n) {
+						t.Fatalf("result %v, want %v", total.Result(), ExpectedKeyed(n))
 					}
 				})
 			}

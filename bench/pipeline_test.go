@@ -96,9 +96,9 @@ func TestKeyedPipelinesAgree(t *testing.T) {
 	require.Equal(t, int64(n), want.Records)
 	for _, p := range []int{1, 2, 3} {
 		require.Equal(t, want, BaselineKeyed(n, p, 256, 8), "baseline p=%d", p)
-		var total keyedTotal
+		var total KeyedTotal
 		cfg := graph.Config{Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir()}, Logf: t.Logf}
 		require.NoError(t, EngineKeyed(n, p, cfg, &total).Run(context.Background()))
-		require.Equal(t, want, total.result(), "engine p=%d", p)
+		require.Equal(t, want, total.Result(), "engine p=%d", p)
 	}
 }

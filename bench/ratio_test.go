@@ -4,55 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/marker"
 )
-
-// workload is one pipeline measured by BenchmarkRatios: the engine job and
-// its hand-written baseline, with the result both must deliver.
-type workload struct {
-	name string
-	// share divides b.N: the workload runs over b.N/share records, so that
-	// one -benchtime gives rounds of similar length for a fast and a slow
-	// pipeline.
-	share    int64
-	want     func(n int64) any
-	baseline func(n int64, p int) any
-	engine   func(n int64, p int, cfg graph.Config) (any, error)
-}
-
-var workloads = []workload{
-	{
-		name:  "stateless", // source -> map -> filter -> sink, chained
-		share: 1,
-		want:  func(n int64) any { return Expected(n) },
-		baseline: func(n int64, p int) any {
-			return BaselinePipeline(context.Background(), n, p, 256, 8)
-		},
-		engine: func(n int64, p int, cfg graph.Config) (any, error) {
-			var total atomic.Int64
-			err := EnginePipeline(n, p, cfg, &total).Run(context.Background())
-			return total.Load(), err
-		},
-	},
-	{
-		name:  "keyed", // source -> keyBy -> running count in value state -> sink
-		share: 8,
-		want:  func(n int64) any { return ExpectedKeyed(n) },
-		baseline: func(n int64, p int) any {
-			return BaselineKeyed(n, p, 256, 8)
-		},
-		engine: func(n int64, p int, cfg graph.Config) (any, error) {
-			var total keyedTotal
-			err := EngineKeyed(n, p, cfg, &total).Run(context.Background())
-			return total.result(), err
-		},
-	},
-}
 
 // BenchmarkRatios measures, in one run, the ratios BENCHMARKS.md quotes for
 // each workload, at parallelism 1 and 2: engine throughput over the
@@ -73,10 +30,10 @@ var workloads = []workload{
 func BenchmarkRatios(b *testing.B) {
 	const rounds = 9
 	ps := []int{1, 2}
-	for _, w := range workloads {
-		b.Run(w.name, func(b *testing.B) {
-			n := max(int64(b.N)/w.share, 1)
-			want := w.want(n)
+	for _, w := range Workloads {
+		b.Run(w.Name, func(b *testing.B) {
+			n := max(int64(b.N)/w.Share, 1)
+			want := w.Want(n)
 			dir := b.TempDir()
 			engine := func(p int, interval time.Duration, mode marker.Mode) func() any {
 				return func() any {
@@ -84,7 +41,7 @@ func BenchmarkRatios(b *testing.B) {
 					if interval > 0 {
 						cfg.Checkpoint = graph.CheckpointConfig{Interval: interval, Dir: dir, Mode: mode}
 					}
-					got, err := w.engine(n, p, cfg)
+					got, _, err := w.Engine(context.Background(), n, p, cfg)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -103,7 +60,7 @@ func BenchmarkRatios(b *testing.B) {
 			for range rounds {
 				for pi, p := range ps {
 					runs := [impls]func() any{
-						base:      func() any { return w.baseline(n, p) },
+						base:      func() any { return w.Baseline(n, p) },
 						off:       engine(p, 0, marker.Aligned),
 						on:        engine(p, 100*time.Millisecond, marker.Aligned),
 						unaligned: engine(p, 100*time.Millisecond, marker.Unaligned),

@@ -137,7 +137,8 @@ func newRootCmd(ctx context.Context, stdout, stderr io.Writer) *cobra.Command {
 	f.Int64Var(&o.failAt, "fail-at", 6, "fail the first attempt when the source reaches this offset (0: never)")
 	f.StringVar(&o.mode, "mode", "aligned", "checkpoint mode: aligned, unaligned or at-least-once")
 
-	root.AddCommand(newReplayCmd(ctx, g, stdout, stderr), newGenCmd(g, stdout), newCheckpointsCmd(g, stdout), newInspectCmd(g, stdout), newVerifyCmd(ctx, g, stdout, stderr))
+	root.AddCommand(newReplayCmd(ctx, g, stdout, stderr), newGenCmd(g, stdout), newCheckpointsCmd(g, stdout), newInspectCmd(g, stdout), newVerifyCmd(ctx, g, stdout, stderr),
+		newBenchCmd(ctx, g, stdout, stderr))
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

@@ -348,6 +348,9 @@ func TestCLIBadInput(t *testing.T) {
 		{"bad sink", []string{"replay", "--sink", "ftp://x"}, exitUsage, "invalid --sink ftp://x"},
 		{"verify bad mode", []string{"verify", "--modes", "aligned,sideways"}, exitUsage, `invalid --mode "sideways"`},
 		{"gen bad format", []string{"gen", "--format", "xml"}, exitUsage, `invalid --format "xml"`},
+		{"bench bad scenario", []string{"bench", "--scenario", "throughput,speed"}, exitUsage, `invalid --scenario "speed" (want one of throughput, beam,`},
+		{"bench bad repeat", []string{"bench", "--repeat", "0"}, exitUsage, "invalid --repeat 0: must be at least 1"},
+		{"bench bad beam", []string{"bench", "--beam", filepath.Join(dir, "none")}, exitUsage, "not a Go module directory"},
 		{"checkpoints no dir", []string{"checkpoints", filepath.Join(dir, "none")}, exitUsage, "no such directory"},
 		{"checkpoints no checkpoints", []string{"checkpoints", dir}, exitUsage, "holds no checkpoints"},
 	} {
@@ -369,7 +372,7 @@ func TestCLIBadInput(t *testing.T) {
 // TestCLIHelp: every command has help with an example.
 func TestCLIHelp(t *testing.T) {
 	t.Parallel()
-	for _, c := range [][]string{{}, {"replay"}, {"gen"}, {"checkpoints"}, {"verify"}} {
+	for _, c := range [][]string{{}, {"replay"}, {"gen"}, {"checkpoints"}, {"verify"}, {"bench"}} {
 		r := snapdemo(t, t.TempDir(), append(c, "--help")...)
 		require.Equal(t, 0, r.code, r)
 		require.Contains(t, r.stdout, "Examples:", r)
@@ -378,6 +381,24 @@ func TestCLIHelp(t *testing.T) {
 	r := snapdemo(t, t.TempDir(), "--help")
 	require.Contains(t, r.stdout, "Exit codes:")
 	require.Contains(t, r.stdout, "130")
+}
+
+// TestCLIBench: snapdemo bench runs the named scenarios at --quick sizes
+// and writes the report and the plots into --out (the harness's own test,
+// bench/harness, checks every scenario's figures).
+func TestCLIBench(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "report")
+	r := snapdemo(t, dir, "bench", "--quick", "--repeat", "1", "--beam", "off", "--scenario", "memory,beam", "--out", out)
+	require.Equal(t, 0, r.code, r)
+	require.Contains(t, r.stdout, "report: "+filepath.Join(out, "report.md"), r)
+	require.Contains(t, r.stdout, "beam         skipped: no Beam module directory", r)
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "command: `snapdemo bench --beam=off --out="+out+" --quick=true --repeat=1 --scenario=memory,beam`")
+	require.FileExists(t, filepath.Join(out, "report.json"))
+	require.FileExists(t, filepath.Join(out, "memory-ratio.svg"))
 }
 
 // TestCLIGen: deterministic for a seed, in every format, and replayable.

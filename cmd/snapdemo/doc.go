@@ -14,6 +14,7 @@
 //	snapdemo checkpoints DIR [--json]
 //	snapdemo inspect PATH [--operator UID [--state NAME [--key K] [--limit N]]] [--json]
 //	snapdemo verify [--data ...] [--kills K] [--seed S] [--modes M,...] [--parallelism P,...] [--json]
+//	snapdemo bench [--scenario S,...] [--repeat N] [--out DIR] [--quick] [--beam auto|off|DIR]
 //
 // Every command has --help with examples; --verbose logs the engine's
 // notes and --log-format json makes the logs (on stderr) JSON lines.
