@@ -355,7 +355,7 @@
 // instance per subtask (pebble.go), in a fresh working directory under Dir
 // (default os.TempDir(); never the checkpoint directory) that Close
 // removes. NewKeyedBackend keeps the heap, which stays the default; graph
-// does not select Pebble yet. Close (a no-op on the heap) closes the
+// selects it with graph.StateConfig. Close (a no-op on the heap) closes the
 // instance and any view not released.
 //
 // What it does, as designed above: keys [key group, 2 bytes][state id, 2
@@ -447,12 +447,40 @@
 // only). With the cache, a list returned by a read is the cached one and,
 // as on the heap, must not be changed in place.
 //
-// Not done yet (later steps): asynchronous file snapshots (checkpointing
-// sstables instead of encoding KeyGroupState records), incremental
-// checkpoints, restore by ingesting built sstables and DeleteRange of lost
-// key groups (today restore goes through KeyGroupState records and batches,
-// into a fresh instance), the metadata key recording each state id's name
-// and descriptor, compaction-time TTL cleanup (the block-property
-// collector above), a graph option to select the engine, and timers in a
-// time-ordered keyspace.
+// # Native snapshots: incremental checkpoints (native.go)
+//
+// A Pebble backend also takes native snapshots, which graph uses for
+// checkpoints (not savepoints, which stay canonical and portable, nor with
+// graph.StateConfig.FullCheckpoints). FreezeNative is the synchronous
+// part: the dirty cache slots of every state in one batch each, a memtable
+// flush, and a Pebble checkpoint (hard links of the sstables, copies of
+// MANIFEST and OPTIONS) in a directory next to the working directory; its
+// pause grows with what was written since the last checkpoint, not with
+// the state. The NativeSnapshot names the instance (a random id, so that
+// its sstable names never collide with another instance's, snapshot F12),
+// every state it holds (name, state id, descriptor, entry count) and the
+// shared files its last stored checkpoint referenced (Known), so that
+// snapshot.Storage stores only the new sstables. It holds every stored
+// value: expired TTL values are not skipped (reads hide them; S12's
+// snapshot clause is Freeze's). A backend holding restored state in memory
+// that is not registered yet (S3) cannot take one (CanSnapshotNative);
+// graph takes a canonical snapshot then.
+//
+// RestorePebbleKeyedBackend restores native state (NativeSource: the old
+// instances' files, copied and checked by package restore). One instance
+// whose range contains the new range is adopted as it is: its files move
+// into the new working directory, the key groups outside the range go by
+// two DeleteRanges, and its states are registered by name with the ids
+// they have, their descriptors checked (S11) and no value decoded or
+// rewritten; until registered they are carried over (S3) and a canonical
+// snapshot encodes their stored bytes (nativeView). Any other case (a
+// range spanning instances, records besides, the heap) reads the key
+// groups out of each instance as KeyGroupState records (NativeKeyGroups)
+// and restores those, so a native checkpoint restores into either backend
+// at any parallelism, as a canonical one does.
+//
+// Not done yet (later steps): a synchronous part without the memtable
+// flush, restore by ingesting built sstables, compaction-time TTL cleanup
+// (the block-property collector above), and timers in a time-ordered
+// keyspace.
 package state

@@ -429,7 +429,7 @@ func fuzzDecodeSeeds(t testing.TB) [][]byte {
 	small := &Metadata{CheckpointID: 1, Operators: []OperatorState{{UID: "a", Parallelism: 1,
 		Subtasks: []SubtaskState{{KeyGroupStart: -1, KeyGroupEnd: -1, Lists: []NamedList{{Name: "l", Items: [][]byte{{1}}}}}}}}}
 	var seeds [][]byte
-	for _, md := range []*Metadata{formatTestMetadata(), small, {}, stopSavepointTestMetadata(), channelTestMetadata(), mapTestMetadata(), keyedTestMetadata(t)} {
+	for _, md := range []*Metadata{formatTestMetadata(), small, {}, stopSavepointTestMetadata(), channelTestMetadata(), mapTestMetadata(), keyedTestMetadata(t), nativeTestMetadata()} {
 		b := mustEncodeForTest(t, md)
 		payload, err := msgpack.Marshal(md)
 		if err != nil {

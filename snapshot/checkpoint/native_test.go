@@ -1,0 +1,65 @@
+package checkpoint
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// nativeTestMetadata has a keyed operator whose subtasks took native
+// snapshots.
+func nativeTestMetadata() *Metadata {
+	md := formatTestMetadata()
+	ref := func(i int) *NativeStateRef {
+		return &NativeStateRef{Format: NativeFormatPebble, Instance: "00aa11bb22cc33dd", Uploaded: 12,
+			States: []NativeState{{Name: "count", ID: 0, Entries: 3}, {Name: "seen", ID: 1, Desc: []byte{0x80}, Entries: -1}},
+			Files: []NativeFile{
+				{Name: "000005.sst", Shared: true, Path: NativeSharedFileName("sum", i, "00aa11bb22cc33dd", "000005.sst"), Size: 10, CRC32C: 7},
+				{Name: "MANIFEST-000001", Path: NativeStateFileName("sum", i, "MANIFEST-000001"), Size: 2, CRC32C: 9},
+			}}
+	}
+	md.Operators = append(md.Operators, OperatorState{UID: "sum", Name: "sum", Parallelism: 2, MaxParallelism: 128,
+		Subtasks: []SubtaskState{
+			{Subtask: 0, KeyGroupStart: 0, KeyGroupEnd: 63, Native: ref(0)},
+			{Subtask: 1, KeyGroupStart: 64, KeyGroupEnd: 127, Native: ref(1)},
+		}})
+	return md
+}
+
+// TestNativeStateRefValidation: metadata with native keyed state round
+// trips, and every F11 violation is rejected as invalid, naming the
+// operator and subtask.
+func TestNativeStateRefValidation(t *testing.T) {
+	b := mustEncodeForTest(t, nativeTestMetadata())
+	checkDecodeRoundTrip(t, b)
+	cases := map[string]func(*NativeStateRef, *SubtaskState){
+		"unknown format":     func(r *NativeStateRef, _ *SubtaskState) { r.Format = "rocksdb" },
+		"no files":           func(r *NativeStateRef, _ *SubtaskState) { r.Files = nil },
+		"path element":       func(r *NativeStateRef, _ *SubtaskState) { r.Files[0].Path = "../x.sst" },
+		"private prefix":     func(r *NativeStateRef, _ *SubtaskState) { r.Files[1].Path = "MANIFEST" },
+		"negative size":      func(r *NativeStateRef, _ *SubtaskState) { r.Files[0].Size = -1 },
+		"file twice":         func(r *NativeStateRef, _ *SubtaskState) { r.Files[1].Name = "000005.SST" },
+		"state twice":        func(r *NativeStateRef, _ *SubtaskState) { r.States[1].Name = "count" },
+		"id twice":           func(r *NativeStateRef, _ *SubtaskState) { r.States[1].ID = 0 },
+		"entries":            func(r *NativeStateRef, _ *SubtaskState) { r.States[0].Entries = -2 },
+		"unnamed state":      func(r *NativeStateRef, _ *SubtaskState) { r.States[0].Name = "" },
+		"inline state too":   func(_ *NativeStateRef, s *SubtaskState) { s.KeyGroups = []KeyGroupState{{State: "x", KeyGroup: 1}} },
+		"keyed file too":     func(_ *NativeStateRef, s *SubtaskState) { s.KeyedState = &KeyedStateRef{File: "keyed-sum-0"} },
+		"instance":           func(r *NativeStateRef, _ *SubtaskState) { r.Instance = "a/b" },
+		"private file twice": func(r *NativeStateRef, s *SubtaskState) {},
+	}
+	for name, change := range cases {
+		t.Run(name, func(t *testing.T) {
+			md := nativeTestMetadata()
+			op := &md.Operators[len(md.Operators)-1]
+			change(op.Subtasks[1].Native, &op.Subtasks[1])
+			if name == "private file twice" {
+				op.Subtasks[1].Native.Files[1].Path = op.Subtasks[0].Native.Files[1].Path
+			}
+			_, err := EncodeMetadata(md)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `operator "sum" subtask 1`) {
+				t.Fatalf("%s: %v", name, err)
+			}
+		})
+	}
+}
