@@ -25,13 +25,18 @@ import (
 // state outgrows a memtable and most sstables outlive a checkpoint.
 const incrementalKeys = 50_000
 
-// incrementalJob is source (1) -> keyBy -> running sum (p, Pebble) ->
-// publishing sink, with checkpoints every 5ms and small memtables.
-func incrementalJob(t *testing.T, n int64, p int, dir, pebDir string, full bool, on func(graph.Event), restore graph.RestoreConfig, committer *sink.Memory[out]) *graph.Job {
+// incrementalJob is source (1) -> keyBy -> running sum (p, Pebble unless
+// heap) -> publishing sink, with checkpoints every 5ms and small
+// memtables.
+func incrementalJob(t *testing.T, n int64, p int, dir, pebDir string, full bool, on func(graph.Event), restore graph.RestoreConfig, committer *sink.Memory[out], heap ...bool) *graph.Job {
+	backend := graph.PebbleState
+	if len(heap) > 0 && heap[0] {
+		backend = graph.HeapState
+	}
 	cfg := graph.Config{
 		Parallelism: p,
 		Checkpoint:  graph.CheckpointConfig{Interval: 5 * time.Millisecond, Dir: dir, Mode: marker.Aligned, Retain: 2, TolerableFailures: -1},
-		State: graph.StateConfig{Backend: graph.PebbleState, FullCheckpoints: full,
+		State: graph.StateConfig{Backend: backend, FullCheckpoints: full,
 			Pebble: state.PebbleEngine{Dir: pebDir, CacheSize: 4 << 20, MemTableSize: 256 << 10}},
 		Restore: restore,
 		Logf:    t.Logf,
@@ -185,10 +190,7 @@ func TestPebbleIncrementalRestore(t *testing.T) {
 			require.Less(t, len(committer.Published()), n)
 
 			var rs restores
-			job = incrementalJob(t, n, c.p, dir, pebDir, false, rs.on, graph.RestoreConfig{Latest: true}, committer)
-			if c.heap {
-				job = incrementalHeapJob(t, n, c.p, dir, rs.on, committer)
-			}
+			job = incrementalJob(t, n, c.p, dir, pebDir, false, rs.on, graph.RestoreConfig{Latest: true}, committer, c.heap)
 			require.NoError(t, job.Run(context.Background()))
 			requireOutput(t, want, sorted(committer.Published()))
 			require.Len(t, rs.events(), 1)
@@ -199,23 +201,6 @@ func TestPebbleIncrementalRestore(t *testing.T) {
 			requireSharedReferenced(t, dir, job.ID())
 		})
 	}
-}
-
-// incrementalHeapJob is incrementalJob on the heap backend.
-func incrementalHeapJob(t *testing.T, n int64, p int, dir string, on func(graph.Event), committer *sink.Memory[out]) *graph.Job {
-	cfg := graph.Config{
-		Parallelism: p,
-		Checkpoint:  graph.CheckpointConfig{Interval: 5 * time.Millisecond, Dir: dir, Mode: marker.Aligned, Retain: 2, TolerableFailures: -1},
-		Restore:     graph.RestoreConfig{Latest: true},
-		Logf:        t.Logf,
-		OnEvent:     on,
-	}
-	job := graph.NewJob("incremental", cfg)
-	src := graph.Source(job, "source", source.Generate(n, func(i int64) rec { return rec{Key: i % incrementalKeys, I: i} }), graph.Parallelism(1))
-	sums := graph.ProcessKeyed(graph.KeyBy(src, func(r rec) int64 { return r.Key }), "sum",
-		func() graph.KeyedProcessFunc[int64, rec, out] { return &runningSum{} })
-	graph.Sink(sums, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))
-	return job
 }
 
 // expectedSums is the output of incrementalJob for n records: per key, the

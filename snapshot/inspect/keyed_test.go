@@ -15,30 +15,48 @@ import (
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
-// TestKeyedStateFile: keyed state that a subtask wrote to its keyed-state
-// file (above the memory threshold) is read from there, as a restore reads
-// it, and a damaged block fails the read naming the file.
-func TestKeyedStateFile(t *testing.T) {
-	const maxP, keys = 128, 3000
+// tallyCheckpoint writes checkpoint 1 of an operator "tally" with keys
+// keys of value state "sum" (2k for key k), to a keyed-state file or, with
+// native, as a Pebble backend's native snapshot, and checks that inspect
+// reads them all back.
+func tallyCheckpoint(t *testing.T, keys int64, native bool) (vfs.FS, string, *checkpoint.SubtaskState) {
+	const maxP = 128
 	fs := vfs.NewMem()
 	st, err := snapshot.OpenStorage("/ckpt", "job", snapshot.StorageOptions{FS: fs})
 	require.NoError(t, err)
 	r := keygroup.Range{Start: 0, End: maxP - 1}
-	be, err := state.NewKeyedBackend[int64](r, maxP, nil)
+	var be *state.KeyedBackend[int64]
+	if native {
+		be, err = state.NewPebbleKeyedBackend[int64](state.PebbleEngine{FS: vfs.NewMem()}, r, maxP, nil)
+	} else {
+		be, err = state.NewKeyedBackend[int64](r, maxP, nil)
+	}
 	require.NoError(t, err)
+	defer be.Close()
 	sum, err := state.Value[int64, int64](be, "sum")
 	require.NoError(t, err)
-	for k := int64(0); k < keys; k++ {
+	for k := range keys {
 		be.SetCurrentKey(k, keygroup.Of(k, maxP))
 		sum.Update(2 * k)
 	}
-	recs, err := be.Snapshot()
-	require.NoError(t, err)
-	ref, err := st.WriteKeyedState(context.Background(), 1, marker.Checkpoint, checkpoint.TaskID{Operator: "tally", Subtask: 0}, recs)
-	require.NoError(t, err)
+	sub := checkpoint.SubtaskState{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End}
+	task := checkpoint.TaskID{Operator: "tally", Subtask: 0}
+	if native {
+		ns, err := be.FreezeNative()
+		require.NoError(t, err)
+		sub.Native, err = st.WriteNativeState(context.Background(), 1, task,
+			snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
+		require.NoError(t, err)
+		ns.Release()
+	} else {
+		recs, err := be.Snapshot()
+		require.NoError(t, err)
+		sub.KeyedState, err = st.WriteKeyedState(context.Background(), 1, marker.Checkpoint, task, recs)
+		require.NoError(t, err)
+	}
 	md := &checkpoint.Metadata{CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint},
 		Operators: []checkpoint.OperatorState{{UID: "tally", Name: "tally", Parallelism: 1, MaxParallelism: maxP,
-			Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, KeyedState: ref}}}}}
+			Subtasks: []checkpoint.SubtaskState{sub}}}}
 	path, err := st.Write(md)
 	require.NoError(t, err)
 
@@ -47,12 +65,12 @@ func TestKeyedStateFile(t *testing.T) {
 	op, err := c.Operator("tally")
 	require.NoError(t, err)
 	require.Len(t, op.Keyed, 1)
-	require.Equal(t, keys, op.Keyed[0].Entries)
+	require.Equal(t, int(keys), op.Keyed[0].Entries)
 	v, ok, err := inspect.Value[int64, int64](c, "tally", "sum", 1234)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, int64(2468), v)
-	n := 0
+	n := int64(0)
 	vals, err := inspect.Values[int64, int64](c, "tally", "sum")
 	require.NoError(t, err)
 	for k, v := range vals {
@@ -60,7 +78,15 @@ func TestKeyedStateFile(t *testing.T) {
 		n++
 	}
 	require.Equal(t, keys, n)
+	return fs, path, &sub
+}
 
+// TestKeyedStateFile: keyed state that a subtask wrote to its keyed-state
+// file (above the memory threshold) is read from there, as a restore reads
+// it, and a damaged block fails the read naming the file.
+func TestKeyedStateFile(t *testing.T) {
+	fs, path, sub := tallyCheckpoint(t, 3000, false)
+	ref := sub.KeyedState
 	// A damaged block is found when it is read, naming the file.
 	file := path + "/" + ref.File
 	f, err := fs.OpenReadWrite(file, vfs.WriteCategoryUnspecified)
@@ -69,7 +95,7 @@ func TestKeyedStateFile(t *testing.T) {
 	_, err = f.WriteAt([]byte{0xff, 0xfe}, g.Offset+g.Length/2)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
-	c, err = inspect.Open(fs, path)
+	c, err := inspect.Open(fs, path)
 	require.NoError(t, err, "Open only checks the file's size")
 	_, err = c.Operator("tally")
 	require.ErrorIs(t, err, checkpoint.ErrCorrupt)
@@ -78,43 +104,24 @@ func TestKeyedStateFile(t *testing.T) {
 
 // TestNativeKeyedState: native keyed state (an incremental checkpoint of a
 // Pebble backend) is read as a restore reads it: its files copied and
-// checked, the records read out of the instance.
+// checked, the records read out of the instance; a damaged sstable fails
+// the read naming the file.
 func TestNativeKeyedState(t *testing.T) {
-	const maxP, keys = 128, 3000
-	fs := vfs.NewMem()
-	st, err := snapshot.OpenStorage("/ckpt", "job", snapshot.StorageOptions{FS: fs})
-	require.NoError(t, err)
-	r := keygroup.Range{Start: 0, End: maxP - 1}
-	be, err := state.NewPebbleKeyedBackend[int64](state.PebbleEngine{FS: vfs.NewMem()}, r, maxP, nil)
-	require.NoError(t, err)
-	defer be.Close()
-	sum, err := state.Value[int64, int64](be, "sum")
-	require.NoError(t, err)
-	for k := int64(0); k < keys; k++ {
-		be.SetCurrentKey(k, keygroup.Of(k, maxP))
-		sum.Update(2 * k)
+	fs, path, sub := tallyCheckpoint(t, 3000, true)
+	var file string
+	for _, f := range sub.Native.Files {
+		if f.Shared {
+			file = "/ckpt/job/shared/" + f.Path
+		}
 	}
-	ns, err := be.FreezeNative()
+	f, err := fs.OpenReadWrite(file, vfs.WriteCategoryUnspecified)
 	require.NoError(t, err)
-	ref, err := st.WriteNativeState(context.Background(), 1, checkpoint.TaskID{Operator: "tally", Subtask: 0},
-		snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
+	_, err = f.WriteAt([]byte{0xff, 0xfe}, 100)
 	require.NoError(t, err)
-	ns.Stored(ref)
-	ns.Release()
-	md := &checkpoint.Metadata{CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint},
-		Operators: []checkpoint.OperatorState{{UID: "tally", Name: "tally", Parallelism: 1, MaxParallelism: maxP,
-			Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
-	path, err := st.Write(md)
-	require.NoError(t, err)
-
+	require.NoError(t, f.Close())
 	c, err := inspect.Open(fs, path)
 	require.NoError(t, err)
-	op, err := c.Operator("tally")
-	require.NoError(t, err)
-	require.Len(t, op.Keyed, 1)
-	require.Equal(t, keys, op.Keyed[0].Entries)
-	v, ok, err := inspect.Value[int64, int64](c, "tally", "sum", 1234)
-	require.NoError(t, err)
-	require.True(t, ok)
-	require.Equal(t, int64(2468), v)
+	_, err = c.Operator("tally")
+	require.ErrorIs(t, err, checkpoint.ErrCorrupt)
+	require.ErrorContains(t, err, file)
 }
