@@ -3,8 +3,10 @@ package state_test
 // Property tests (pgregory.net/rapid) of keyed state across checkpoints,
 // rescaling and engine switches (issue 7, "Must show"): random keyed
 // updates over every state kind run on a keyed operator of some
-// parallelism, random checkpoints are taken (Snapshot, or Freeze with
-// Encode after later writes), the operator is restored from one of them
+// parallelism, random checkpoints are taken (Snapshot, Freeze with
+// Encode after later writes, or, when every subtask is on Pebble, a native
+// snapshot whose files a restore copies to every new subtask overlapping
+// it), the operator is restored from one of them
 // at a new parallelism through restore.Assign, into heap backends, Pebble
 // backends or a mix, and again and again (rescale chains). After every
 // restore every key's state equals a model and lives in exactly one new
@@ -20,6 +22,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"maps"
 	"os"
@@ -312,6 +315,17 @@ type rCheckpoint struct {
 	model *rModel
 	snaps [][]checkpoint.KeyGroupState
 	views []*state.KeyedSnapshot
+	// natives holds, for a native checkpoint (every subtask on Pebble),
+	// each subtask's stored files; snaps then holds each subtask's
+	// canonical snapshot at the same moment, what a restore must give.
+	natives []rNative
+}
+
+// rNative is the stored native snapshot of one subtask: its files in dir
+// (what snapshot.Storage keeps) and the reference.
+type rNative struct {
+	dir string
+	ref *checkpoint.NativeStateRef
 }
 
 // rRun is one case: the operator's subtasks, the model and the time.
@@ -327,6 +341,7 @@ type rRun struct {
 	// cacheEntries is PebbleEngine.WriteCacheEntries.
 	cacheEntries int
 	nextID       int64
+	nextDir      int
 	// ckpts are the checkpoints of the current round.
 	ckpts []*rCheckpoint
 	// restores counts the restores done, engines the engines used.
@@ -339,13 +354,24 @@ func (r *rRun) p() int { return len(r.subs) }
 // newSub builds subtask i of r's current parallelism on engine with the
 // restored key groups.
 func (r *rRun) newSub(engine string, kgs keygroup.Range, restored []checkpoint.KeyGroupState) *rSub {
+	return r.newNativeSub(engine, kgs, restored, state.NativeSource{})
+}
+
+// newNativeSub is newSub with native state restored too.
+func (r *rRun) newNativeSub(engine string, kgs keygroup.Range, restored []checkpoint.KeyGroupState, src state.NativeSource) *rSub {
 	var b *state.KeyedBackend[int]
 	var err error
 	switch engine {
 	case "heap":
+		if len(src.Restores) > 0 {
+			var kgsOut []checkpoint.KeyGroupState
+			kgsOut, err = state.NativeKeyGroups(src, kgs)
+			require.NoError(r.t, err)
+			restored = append(slices.Clip(restored), kgsOut...)
+		}
 		b, err = state.NewKeyedBackend[int](kgs, r.maxP, restored)
 	case "pebble":
-		b, err = state.NewPebbleKeyedBackend[int](r.pebbleEngine(), kgs, r.maxP, restored)
+		b, err = state.RestorePebbleKeyedBackend[int](r.pebbleEngine(), kgs, r.maxP, restored, src)
 	default:
 		r.t.Fatalf("unknown engine %q", engine)
 	}
@@ -602,7 +628,29 @@ func (r *rRun) checkKey(s *rSub, k int, c *rContent) {
 // whose view is encoded at the end of the round, after later writes.
 func (r *rRun) checkpoint() *rCheckpoint {
 	c := &rCheckpoint{at: r.now, model: r.model.clone()}
-	if rapid.Bool().Draw(r.t, "async") {
+	native := !slices.ContainsFunc(r.subs, func(s *rSub) bool { return !s.b.CanSnapshotNative() })
+	if native && rapid.Bool().Draw(r.t, "native") {
+		for _, s := range r.subs {
+			ns, err := s.b.FreezeNative()
+			require.NoError(r.t, err)
+			r.nextDir++
+			dir := fmt.Sprintf("/stored/%d", r.nextDir)
+			ref := &checkpoint.NativeStateRef{Format: checkpoint.NativeFormatPebble, Instance: ns.Instance, States: ns.States}
+			copyDir(r.t, r.fs, ns.Dir, dir, func(name string) {
+				f := checkpoint.NativeFile{Name: name, Path: name, Shared: strings.HasSuffix(name, ".sst")}
+				if !f.Shared {
+					f.Path = checkpoint.NativeStateFileName(rapidUID, len(c.natives), name)
+				}
+				ref.Files = append(ref.Files, f)
+			})
+			ns.Stored(ref)
+			ns.Release()
+			c.natives = append(c.natives, rNative{dir: dir, ref: ref})
+			snap, err := s.b.Snapshot()
+			require.NoError(r.t, err)
+			c.snaps = append(c.snaps, snap)
+		}
+	} else if rapid.Bool().Draw(r.t, "async") {
 		for _, s := range r.subs {
 			v, err := s.b.Freeze()
 			require.NoError(r.t, err)
@@ -673,8 +721,11 @@ func (r *rRun) rescale(newP int, mode engineMode, last *string) {
 	r.nextID++
 	var all []checkpoint.KeyGroupState
 	for i, s := range r.subs {
-		md.Operators[0].Subtasks = append(md.Operators[0].Subtasks, checkpoint.SubtaskState{
-			Subtask: i, KeyGroupStart: s.kgs.Start, KeyGroupEnd: s.kgs.End, KeyGroups: c.snaps[i]})
+		st := checkpoint.SubtaskState{Subtask: i, KeyGroupStart: s.kgs.Start, KeyGroupEnd: s.kgs.End, KeyGroups: c.snaps[i]}
+		if c.natives != nil {
+			st.KeyGroups, st.Native = nil, c.natives[i].ref
+		}
+		md.Operators[0].Subtasks = append(md.Operators[0].Subtasks, st)
 		all = append(all, c.snaps[i]...)
 		require.NoError(t, s.b.Close())
 	}
@@ -705,7 +756,19 @@ func (r *rRun) rescale(newP int, mode engineMode, last *string) {
 		for _, g := range st.KeyGroups {
 			require.True(t, kgs.Contains(g.KeyGroup), "state %q key group %d given to subtask %d %v", g.State, g.KeyGroup, i, kgs)
 		}
-		s := r.newSub(engine, kgs, st.KeyGroups)
+		// Native state goes to every new subtask that overlaps it, as a
+		// copy of its files that the subtask owns (restore.LoadKeyedState).
+		var src state.NativeSource
+		for k, nr := range st.RestoredNative {
+			require.True(t, nr.KeyGroupStart <= kgs.End && kgs.Start <= nr.KeyGroupEnd, "native state of %d..%d given to subtask %d %v", nr.KeyGroupStart, nr.KeyGroupEnd, i, kgs)
+			old := slices.IndexFunc(c.natives, func(n rNative) bool { return n.ref == nr.Ref })
+			require.GreaterOrEqual(t, old, 0)
+			nr.Dir = fmt.Sprintf("/restore/%d-%d-%d", r.nextID, i, k)
+			copyDir(t, r.fs, c.natives[old].dir, nr.Dir, nil)
+			src.FS = r.fs
+			src.Restores = append(src.Restores, nr)
+		}
+		s := r.newNativeSub(engine, kgs, st.KeyGroups, src)
 		// At the checkpoint's time the new subtasks snapshot exactly what
 		// the old ones did (S1: one format whatever the engine).
 		s.b.SetTime(c.at)
@@ -907,4 +970,34 @@ func TestRapidBackendSwitch(t *testing.T) {
 		}
 		runRapid(t, ch)
 	})
+}
+
+// copyDir copies the files of dir into to (created) on fs, calling each
+// (if not nil) with every file name.
+func copyDir(t require.TestingT, fs vfs.FS, dir, to string, each func(name string)) {
+	names, err := fs.List(dir)
+	require.NoError(t, err)
+	require.NoError(t, fs.MkdirAll(to, 0o755))
+	slices.Sort(names)
+	for _, name := range names {
+		b, err := readFile(fs, fs.PathJoin(dir, name))
+		require.NoError(t, err)
+		f, err := fs.Create(fs.PathJoin(to, name), vfs.WriteCategoryUnspecified)
+		require.NoError(t, err)
+		_, err = f.Write(b)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+		if each != nil {
+			each(name)
+		}
+	}
+}
+
+func readFile(fs vfs.FS, name string) ([]byte, error) {
+	f, err := fs.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
 }
