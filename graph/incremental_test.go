@@ -26,7 +26,7 @@ import (
 const incrementalKeys = 50_000
 
 // incrementalJob is source (1) -> keyBy -> running sum (p, Pebble unless
-// heap) -> publishing sink, with checkpoints every 5ms and small
+// heap) -> publishing sink, with checkpoints every 10ms and small
 // memtables.
 func incrementalJob(t *testing.T, n int64, p int, dir, pebDir string, full bool, on func(graph.Event), restore graph.RestoreConfig, committer *sink.Memory[out], heap ...bool) *graph.Job {
 	backend := graph.PebbleState
@@ -35,7 +35,7 @@ func incrementalJob(t *testing.T, n int64, p int, dir, pebDir string, full bool,
 	}
 	cfg := graph.Config{
 		Parallelism: p,
-		Checkpoint:  graph.CheckpointConfig{Interval: 5 * time.Millisecond, Dir: dir, Mode: marker.Aligned, Retain: 2, TolerableFailures: -1},
+		Checkpoint:  graph.CheckpointConfig{Interval: 10 * time.Millisecond, Dir: dir, Mode: marker.Aligned, Retain: 2, TolerableFailures: -1},
 		State: graph.StateConfig{Backend: backend, FullCheckpoints: full,
 			Pebble: state.PebbleEngine{Dir: pebDir, CacheSize: 4 << 20, MemTableSize: 256 << 10}},
 		Restore: restore,
@@ -133,7 +133,7 @@ func requireSharedReferenced(t *testing.T, dir, jobID string) {
 // another parallelism (2 -> 3, read out of both old instances) and into
 // the heap, exactly once; FullCheckpoints turns it off.
 func TestPebbleIncrementalCheckpoints(t *testing.T) {
-	const n = 300_000
+	const n = 150_000
 	want := expectedSums(n)
 	dir, pebDir := t.TempDir(), t.TempDir()
 	stats := &nativeStats{t: t}
@@ -162,7 +162,7 @@ func TestPebbleIncrementalCheckpoints(t *testing.T) {
 // the old instances) and into the heap; every run's output completes the
 // first one's exactly once.
 func TestPebbleIncrementalRestore(t *testing.T) {
-	const n = 300_000
+	const n = 100_000
 	want := expectedSums(n)
 	for _, c := range []struct {
 		name string
