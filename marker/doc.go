@@ -22,8 +22,8 @@
 //     overtakes them without copying them (unaligned channel state holds
 //     data only). EventIdle and EventActive alternate per channel,
 //     starting from active. A subtask sends MaxWatermark once, at the end
-//     of its input, before EndOfInput; nothing but EndOfInput (and
-//     barriers or cancel markers) follows it.
+//     of its input, before what its operators emit at the end of their
+//     input (EndInput) and before EndOfInput; no watermark follows it.
 //
 // Event time is in Unix nanoseconds (int64), the clock of time.Time and of
 // the processing-time timers.
