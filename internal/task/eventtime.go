@@ -228,7 +228,8 @@ type GeneratorConfig struct {
 //   - G2: with IdleTimeout, a Tick at least IdleTimeout after the last
 //     Tick that found new records (or after the first Tick) emits Idle
 //     once; the next Tick that finds new records emits Active before any
-//     watermark. No watermark is emitted while idle.
+//     watermark, and Due asks for that Tick at once once a record came.
+//     No watermark is emitted while idle.
 type WatermarkGenerator struct {
 	cfg GeneratorConfig
 	// max is the highest event time observed; seen says a record came
@@ -266,8 +267,8 @@ func (g *WatermarkGenerator) Observe(ts int64) {
 // Due is the time of the next Tick that may emit something: the next
 // watermark, or the idleness timeout.
 func (g *WatermarkGenerator) Due() int64 {
-	if !g.started {
-		return 0
+	if !g.started || (g.idle && g.seen) {
+		return 0 // the first tick, or a record ended the idleness: at once
 	}
 	d := g.due
 	if t := int64(g.cfg.IdleTimeout); t > 0 && !g.idle && !g.seen {

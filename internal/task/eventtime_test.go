@@ -33,9 +33,10 @@ import (
 //	generator [bound=<ns>] [interval=<ns>] [idle=<ns>]
 //	    a fresh WatermarkGenerator
 //	gen
-//	observe <ts>... | tick <now>
+//	observe <ts>... | tick <now> | due
 //	...
-//	    feeds the generator; a tick prints its events ("-" for none)
+//	    feeds the generator; a tick prints its events ("-" for none) and
+//	    Due, due prints Due
 //
 // Every run checks E1 (strictly increasing watermarks above the restored
 // one, nothing after MaxWatermark) and prints violations.
@@ -125,6 +126,8 @@ func TestEventTimeDataDriven(t *testing.T) {
 						for _, ts := range f[1:] {
 							g.Observe(int64(atoi(t, ts)))
 						}
+					case "due":
+						fmt.Fprintf(&b, "due %d\n", g.Due())
 					case "tick":
 						evs := g.Tick(int64(atoi(t, f[1])), nil)
 						var parts []string
@@ -281,5 +284,60 @@ func TestRunInputWatermarks(t *testing.T) {
 		toks := h.readUntil(marker.EventEndOfInput)
 		require.Equal(t, []string{"10", "20"}, sortedCopy(toks[:2]))
 		require.Equal(t, []string{"11", "watermark(10)", b1, "21", "watermark(20)", "31", "watermark(30)", "30", wmMax, eoi}, toks[2:])
+	})
+}
+
+// wmSource emits record v with event time 10*v, one per Emit, and is idle
+// (ErrIdle) for idleFor after record idleAt.
+type wmSource struct {
+	fakeSource
+	gen       *WatermarkGenerator
+	idleAt    int
+	idleFor   time.Duration
+	idleUntil time.Time
+}
+
+func (s *wmSource) Watermarks() *WatermarkGenerator { return s.gen }
+
+func (s *wmSource) Emit(max int) (bool, error) {
+	if s.next == s.idleAt {
+		if s.idleUntil.IsZero() {
+			s.idleUntil = time.Now().Add(s.idleFor)
+		}
+		if time.Now().Before(s.idleUntil) {
+			return false, ErrIdle
+		}
+	}
+	n := s.next
+	eof, err := s.fakeSource.Emit(max)
+	for v := n; v < s.next; v++ {
+		s.gen.Observe(int64(10 * v))
+	}
+	return eof, err
+}
+
+// TestRunSourceWatermarks: a source with a generator emits periodic
+// watermarks (the loop's clock, synctest's fake one here, drives it), in
+// place among its records; idle for longer than its timeout it sends
+// Idle, and Active when it emits again; the end of its input sends the
+// final watermark before end-of-input.
+func TestRunSourceWatermarks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 0)
+		fs, chain := h.sourceChain(10)
+		src := &wmSource{fakeSource: *fs, idleAt: 5, idleFor: 10 * time.Millisecond,
+			gen: NewWatermarkGenerator(GeneratorConfig{Interval: time.Millisecond, IdleTimeout: 5 * time.Millisecond})}
+		chain.Members[0].Op = src
+		h.runSource(h.config("src", false), src, chain)
+		fin := h.report()
+		require.Equal(t, ReportFinished, fin.Kind)
+		require.NoError(t, h.wait())
+		// The first tick (the first batch) emits 0-1; the next, 1ms into
+		// the idle period, 40-1 for records 1-4; 5ms later the source is
+		// idle; record 5 wakes it (Active at once after its batch; the
+		// next watermark is not due before the clock moves, and it does
+		// not move before the end); the final watermark ends it.
+		require.Equal(t, []string{"0", "watermark(-1)", "1", "2", "3", "4", "watermark(39)", "idle",
+			"5", "active", "6", "7", "8", "9", wmMax, eoi}, h.readUntil(marker.EventEndOfInput))
 	})
 }
