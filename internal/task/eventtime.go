@@ -221,11 +221,11 @@ type GeneratorConfig struct {
 //
 // Invariants (testdata/eventtime):
 //
-//   - G1: a watermark is emitted at most once per Interval, on the first
+//   - WG1: a watermark is emitted at most once per Interval, on the first
 //     Tick at or after it is due, and only when a record was seen since
 //     the start: max - OutOfOrderness - 1 (saturating at MinWatermark+1),
 //     which is below every event time seen.
-//   - G2: with IdleTimeout, a Tick at least IdleTimeout after the last
+//   - WG2: with IdleTimeout, a Tick at least IdleTimeout after the last
 //     Tick that found new records (or after the first Tick) emits Idle
 //     once; the next Tick that finds new records emits Active before any
 //     watermark, and Due asks for that Tick at once once a record came.
