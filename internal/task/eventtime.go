@@ -134,12 +134,9 @@ const WatermarkState = "_watermark"
 
 // EncodeWatermark sets the WatermarkState list of lists to the watermark
 // at of subtask i of p, replacing a restored one (an unregistered list is
-// carried over, state S3), and leaves lists alone when at is
-// MinWatermark (nothing was emitted).
+// carried over, state S3). Every subtask writes one, MinWatermark too:
+// DecodeWatermark tells a restore at the same parallelism by the count.
 func EncodeWatermark(lists []checkpoint.NamedList, i, p int, at int64) []checkpoint.NamedList {
-	if at == marker.MinWatermark {
-		return lists
-	}
 	item := make([]byte, 16)
 	binary.BigEndian.PutUint32(item[0:], uint32(p))
 	binary.BigEndian.PutUint32(item[4:], uint32(i))

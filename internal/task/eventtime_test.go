@@ -189,14 +189,13 @@ func describeOutputs(outs []align.WatermarkOutput) string {
 }
 
 // TestWatermarkState: the persisted watermark restores as the subtask's own
-// at the checkpoint's parallelism and as the lowest of all at another one;
-// nothing is persisted before a watermark was emitted, and a restored list
-// is replaced, not duplicated.
+// at the checkpoint's parallelism and as the lowest of all at another one
+// (a subtask that emitted nothing counts: MinWatermark), and a restored
+// list is replaced, not duplicated.
 func TestWatermarkState(t *testing.T) {
-	require.Nil(t, EncodeWatermark(nil, 0, 2, marker.MinWatermark))
 	var union []checkpoint.NamedList
-	for i, at := range []int64{30, 10, 20} {
-		l := EncodeWatermark(nil, i, 3, at)
+	for i, at := range []int64{30, 10, 20, marker.MinWatermark} {
+		l := EncodeWatermark(nil, i, 4, at)
 		require.Len(t, l, 1)
 		require.Equal(t, checkpoint.Union, l[0].Distribution)
 		if union == nil {
@@ -205,22 +204,25 @@ func TestWatermarkState(t *testing.T) {
 			union[0].Items = append(union[0].Items, l[0].Items...)
 		}
 	}
-	for i, want := range []int64{30, 10, 20} {
-		got, err := DecodeWatermark(union, i, 3, "test")
+	for i, want := range []int64{30, 10, 20, marker.MinWatermark} {
+		got, err := DecodeWatermark(union, i, 4, "test")
 		require.NoError(t, err)
 		require.Equal(t, want, got, "subtask %d at the same parallelism", i)
 	}
-	for _, p := range []int{2, 4} {
+	for _, p := range []int{2, 5} {
 		got, err := DecodeWatermark(union, 1, p, "test")
 		require.NoError(t, err)
-		require.Equal(t, int64(10), got, "parallelism 3 -> %d: the lowest", p)
+		require.Equal(t, marker.MinWatermark, got, "parallelism 4 -> %d: the lowest", p)
 	}
-	got, err := DecodeWatermark(nil, 0, 1, "test")
+	got, err := DecodeWatermark([]checkpoint.NamedList{{Name: WatermarkState, Items: union[0].Items[:3]}}, 1, 2, "test")
+	require.NoError(t, err)
+	require.Equal(t, int64(10), got, "parallelism 3 -> 2: the lowest")
+	got, err = DecodeWatermark(nil, 0, 1, "test")
 	require.NoError(t, err)
 	require.Equal(t, marker.MinWatermark, got)
 
 	other := checkpoint.NamedList{Name: "user"}
-	l := EncodeWatermark([]checkpoint.NamedList{other, union[0]}, 0, 3, 40)
+	l := EncodeWatermark([]checkpoint.NamedList{other, union[0]}, 0, 1, 40)
 	require.Len(t, l, 2)
 	got, err = DecodeWatermark(l, 0, 1, "test")
 	require.NoError(t, err)
