@@ -180,8 +180,9 @@
 //     exactly-once sink its output is published once); within a subtask
 //     in time order, when the input watermark reaches
 //     it, before that watermark is forwarded; every pending one fires at
-//     the final watermark or, registered after it, at EndInput
-//     (TestEventTimeExactlyOnce, TestEventTimersAtEndOfInput).
+//     the final watermark or, registered after it, right after the batch
+//     that registered it (or at EndInput) (TestEventTimeExactlyOnce,
+//     TestEventTimersAtEndOfInput, TestEventTimeLoop).
 //   - EV2 (no watermark regression): the watermarks a subtask emits
 //     strictly increase within an attempt and, after a restore at the
 //     same parallelism, start above the last one it emitted before the

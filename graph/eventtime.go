@@ -120,8 +120,10 @@ const EventTimerState = "_event_timers"
 // fires, once, when the operator's input watermark reaches at (at or
 // above), before that watermark goes downstream; at the end of the input
 // the final watermark (marker.MaxWatermark) fires every pending one. A
-// timer at or below the current watermark fires with the next watermark
-// (or at the end of the input). A second registration of the same key and
+// timer at or below the current watermark fires with the next watermark,
+// and after the final watermark right after the batch of records that
+// registered it (at the end of the input, if a processing-time timer
+// did). A second registration of the same key and
 // time is a no-op.
 func (c *KeyedContext[K]) RegisterEventTimer(at time.Time) { c.eventTimers.register(at.UnixNano()) }
 

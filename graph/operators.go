@@ -588,8 +588,8 @@ func (o *keyedOp[K, IN, OUT]) fire(ts *timerService[K], d TimeDomain, upto int64
 // TimerPolicy, then fires the event-time timers still pending, then calls
 // the function's EndInput. Dropped timers are always logged. (The final
 // watermark, before EndInput, fired every event-time timer registered
-// until then; those registered later, by records that came after it round
-// a loop or by processing-time timers firing here, fire now, so none is
+// until then, and ProcessBatch those registered by records after it; those
+// registered by processing-time timers firing here fire now, so none is
 // lost.)
 func (o *keyedOp[K, IN, OUT]) EndInput() error {
 	ts := o.kctx.timers
@@ -629,11 +629,27 @@ func (o *keyedOp[K, IN, OUT]) Close() error {
 	return err
 }
 
+// ProcessBatch processes a batch of records. After the final watermark
+// (records that come round a loop, or that an upstream emitted at the end
+// of its input), the event-time timers the batch registered fire right
+// after it: no later watermark would fire them, and in a loop they must
+// fire while the loop still runs (EndInput would be too late: the loop has
+// terminated then).
 func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []task.Keyed[K, IN]) error {
 	o.setTime(time.Now())
+	var err error
 	if o.verify {
-		return o.processVerified(recs)
+		err = o.processVerified(recs)
+	} else {
+		err = o.process(recs)
 	}
+	if err == nil && o.kctx.watermark == marker.MaxWatermark {
+		err = o.fire(o.kctx.eventTimers, EventTime, marker.MaxWatermark)
+	}
+	return err
+}
+
+func (o *keyedOp[K, IN, OUT]) process(recs []task.Keyed[K, IN]) error {
 	for i := range recs {
 		r := &recs[i]
 		kg := int(r.KeyGroup)
