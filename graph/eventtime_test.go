@@ -104,6 +104,7 @@ type etChecks struct {
 	midstream atomic.Int64
 	records   []atomic.Int64 // per attempt
 	fired     []atomic.Bool  // per attempt: its injected failure happened
+	completed []atomic.Bool  // per attempt: a checkpoint of it completed
 }
 
 // errorf records a violation (the first ten).
@@ -213,7 +214,8 @@ func (w *tumbling) OnTimer(ctx *graph.KeyedContext[int64], at time.Time, out gra
 // -> tumbling windows at parallelism p -> publishing sink.
 func eventTimeJob(t testing.TB, n int64, seed uint64, p int, spread graph.Partitioning, dir string, failAt []int64) (*graph.Job, *sink.Memory[window], *etChecks) {
 	committer := sink.NewMemory[window]()
-	c := &etChecks{seen: map[int]map[int64]int64{}, records: make([]atomic.Int64, len(failAt)), fired: make([]atomic.Bool, len(failAt))}
+	c := &etChecks{seen: map[int]map[int64]int64{}, records: make([]atomic.Int64, len(failAt)),
+		fired: make([]atomic.Bool, len(failAt)), completed: make([]atomic.Bool, len(failAt))}
 	cfg := graph.Config{
 		Parallelism: 2,
 		Checkpoint:  graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Retain: 2, TolerableFailures: -1},
@@ -223,8 +225,24 @@ func eventTimeJob(t testing.TB, n int64, seed uint64, p int, spread graph.Partit
 	if dir == "" {
 		cfg.Checkpoint = graph.CheckpointConfig{}
 	}
+	newSrc := source.Generate(n, eventAt(seed))
+	if len(failAt) > 0 {
+		// Each failing attempt's sources wait at an eighth of the input
+		// for a completed checkpoint of the attempt, so that its failure
+		// has one to restore however loaded the machine.
+		cfg.OnEvent = func(e graph.Event) {
+			if e.Kind == graph.CheckpointCompleted && e.Attempt < len(failAt) {
+				c.completed[e.Attempt].Store(true)
+			}
+		}
+		newSrc = func() graph.SourceFunc[etEvent] {
+			return &pausedUntil[etEvent]{Indexed: source.NewIndexed(n, eventAt(seed)), from: n / 8, open: func(a int) bool {
+				return a >= len(failAt) || c.completed[a].Load()
+			}}
+		}
+	}
 	job := graph.NewJob("event-time", cfg)
-	src := graph.Source(job, "source", source.Generate(n, eventAt(seed)),
+	src := graph.Source(job, "source", newSrc,
 		graph.Watermarks(graph.WatermarkStrategy[etEvent]{
 			Timestamp:      func(e etEvent) int64 { return e.TS },
 			OutOfOrderness: etBound,
