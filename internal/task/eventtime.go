@@ -230,10 +230,10 @@ type GeneratorConfig struct {
 type WatermarkGenerator struct {
 	cfg GeneratorConfig
 	// max is the highest event time observed; seen says a record came
-	// since the last Tick.
+	// since the last Tick, saw that one came since the start.
 	max  int64
 	seen bool
-	any  bool
+	saw  bool
 	// due is when the next watermark is due; active the time of the last
 	// Tick with records (or the first Tick); started once a Tick came.
 	due, active int64
@@ -281,7 +281,7 @@ func (g *WatermarkGenerator) Tick(now int64, out []align.WatermarkEvent) []align
 		g.started, g.active, g.due = true, now, now
 	}
 	if g.seen {
-		g.seen, g.any, g.active = false, true, now
+		g.seen, g.saw, g.active = false, true, now
 		if g.idle {
 			g.idle = false
 			out = append(out, align.ChannelActive{Ch: 0})
@@ -292,7 +292,7 @@ func (g *WatermarkGenerator) Tick(now int64, out []align.WatermarkEvent) []align
 	}
 	if now >= g.due {
 		g.due = now + int64(g.cfg.Interval)
-		if g.any && !g.idle {
+		if g.saw && !g.idle {
 			wm := marker.MinWatermark + 1
 			if b := int64(g.cfg.OutOfOrderness) + 1; g.max > marker.MinWatermark+b {
 				wm = g.max - b
