@@ -438,5 +438,14 @@
 // state machine beside the Aligner: it combines the watermarks, idleness
 // and ends of input of a subtask's channels into the subtask's input
 // watermark, never lower than the one it restored (W1-W4 there; scripts
-// in testdata/watermark). The runtime does not feed it yet (issue 10).
+// in testdata/watermark). The subtask loops feed it through package
+// internal/task's EventTime, beside the Aligner but not through it:
+// watermark events never enter Step. The driver hands a watermark read on
+// channel c to the valve in the order it reads c, so every record before
+// it on c was delivered (A1), and an aligned checkpoint's blocked channel,
+// which the driver does not read, holds its watermarks back with its
+// records; an unaligned checkpoint captures records only (A9), and the
+// watermarks read while it captures are not replayed on restore (the
+// restored valve starts at its snapshot, W1, and waits for new ones). The
+// Deliver of a channel's EndOfInput is the valve's ChannelEnded.
 package align

@@ -2,7 +2,8 @@ package align
 
 import (
 	"fmt"
-	"math"
+
+	"github.com/snapflow/snapflow/marker"
 )
 
 // Watermarks.
@@ -50,9 +51,10 @@ import (
 
 // MinWatermark is the watermark before any (nothing promised); it is never
 // emitted. MaxWatermark is the watermark at the end of input.
+// They are marker's.
 const (
-	MinWatermark int64 = math.MinInt64
-	MaxWatermark int64 = math.MaxInt64
+	MinWatermark = marker.MinWatermark
+	MaxWatermark = marker.MaxWatermark
 )
 
 // WatermarkEvent is an input of WatermarkValve.Step.
@@ -112,15 +114,7 @@ func (o WatermarkOutput) String() string {
 	return fmt.Sprintf("output(%d)", o.Kind)
 }
 
-func formatWatermark(at int64) string {
-	switch at {
-	case MinWatermark:
-		return "min"
-	case MaxWatermark:
-		return "max"
-	}
-	return fmt.Sprint(at)
-}
+func formatWatermark(at int64) string { return marker.FormatWatermark(at) }
 
 type wmChannel struct {
 	at      int64

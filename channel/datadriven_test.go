@@ -18,6 +18,7 @@ import (
 //	event ch=<i> type=barrier id=<n> [mode=aligned|unaligned|at-least-once]
 //	event ch=<i> type=cancel id=<n>
 //	event ch=<i> type=eoi
+//	event ch=<i> type=watermark at=<t> / type=idle
 //	poll [n=<k>]                        Gate.Poll k times (default 1), recycling data
 //	drain                               Gate.Poll until it finds nothing
 //	poll-priority                       Gate.PollPriority
@@ -168,6 +169,12 @@ func parseEvent(t *testing.T, d *datadriven.TestData) marker.Event {
 		return marker.NewCancel(id)
 	case "eoi":
 		return marker.EndOfInput
+	case "watermark":
+		var at int64
+		d.ScanArgs(t, "at", &at)
+		return marker.NewWatermark(at)
+	case "idle":
+		return marker.Idle
 	case "zero":
 		return marker.Event{}
 	}

@@ -65,6 +65,11 @@
 // since 1.11 (FLINK-16404), where the blocked subpartition stops announcing
 // data and the receiver stores nothing. Gate.Unblock resumes polling.
 //
+// Watermarks and the idle/active status (marker M4) are ordinary
+// non-priority events: FIFO among the data (CH1), held back with the data
+// of a blocked channel, never copied by SendEventOvertaking or Promote,
+// which copy data buffers only (channel state holds records, not events).
+//
 // Priority events (marker.Event.Priority: unaligned barriers) go to the head
 // of the channel, behind earlier priority events, as in Flink's
 // PrioritizedDeque: they overtake queued data buffers and also queued

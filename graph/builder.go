@@ -63,6 +63,9 @@ type vertex struct {
 	member memberFunc
 	// run runs subtask i of a chain that v heads (see run.go).
 	run runFunc
+	// watermarks is a source's WatermarkStrategy[T] (the Watermarks
+	// option), nil if none.
+	watermarks any
 }
 
 func (v *vertex) String() string {
@@ -139,6 +142,9 @@ func (j *Job) addVertex(kind vertexKind, uid string, opts []Option) *vertex {
 	v := &vertex{id: len(j.vertices), kind: kind, uid: uid, name: uid}
 	for _, o := range opts {
 		o(v)
+	}
+	if v.watermarks != nil && kind != kindSource {
+		j.errorf("graph: %s: Watermarks applies to sources only", v)
 	}
 	j.vertices = append(j.vertices, v)
 	return v

@@ -4,7 +4,8 @@
 // # Building a job
 //
 // A Job is built with typed functions: Source, Map, Filter, FlatMap,
-// Process, KeyBy + ProcessKeyed, Union and Sink; Iterate and CloseWith
+// Process, KeyBy + ProcessKeyed (or Reduce, a running reduction per key),
+// Union and Sink; Iterate and CloseWith
 // close a loop over a feedback edge (see Iteration: loops are exactly-once
 // and end when quiescent; any other cycle is rejected). Every operator takes a uid
 // that must be unique and stable across versions of the program, because
@@ -17,6 +18,38 @@
 // (emit before every checkpoint's barrier, e.g. a writer's committables),
 // InputEnder (emit at the end of the input), SinkEnder, Closer, and, for
 // keyed functions, TimerHandler.
+//
+// # Event time
+//
+// Event time is Unix nanoseconds (int64). A source with the Watermarks
+// option (a WatermarkStrategy: Timestamp extractor, OutOfOrderness bound,
+// emission Interval, IdleTimeout) emits watermarks: every Interval of its
+// subtask's clock the highest event time it emitted minus the bound minus
+// 1 (Flink's BoundedOutOfOrdernessWatermarks), and Idle when it emitted
+// nothing for IdleTimeout. Watermarks are per source subtask, not per split
+// (see WatermarkStrategy). They are in-band events (marker M4) and flow
+// through every edge kind and chain; each subtask's input watermark is the
+// minimum over its inputs, idle ones left out, and it forwards it only when
+// it goes up (align.WatermarkValve, internal/task EventTime). A loop
+// head's feedback inputs take no part: event time in a loop is that of the
+// loop's input. At the end of its input every subtask sends the final
+// watermark (marker.MaxWatermark), also without a strategy.
+//
+// A ProcessKeyed function registers event-time timers per key with
+// KeyedContext.RegisterEventTimer next to the processing-time ones
+// (RegisterTimer); both are keyed state (EventTimerState, TimerState),
+// checkpointed and moved with their key group. Event-time timers fire in
+// time order when the input watermark reaches them, before the watermark
+// goes downstream (so what they emit precedes it), and all of them at the
+// final watermark; OnTimer tells them apart by KeyedContext.TimeDomain and
+// sees the watermark in CurrentWatermark. Records carry no timestamp: an
+// operator computes a record's event time from the record.
+//
+// A subtask never emits a watermark at or below one it emitted before the
+// checkpoint it restores: the last one is in its head's snapshot (union
+// list state internal/task.WatermarkState, "_watermark"; restored at
+// another parallelism, the lowest of the old subtasks'), and a restored
+// keyed operator starts at it (EV1, EV2 below).
 //
 // # Running a job
 //
@@ -142,4 +175,23 @@
 //   - G6: a restart restores only this execution's checkpoints or its
 //     starting point.
 //   - G7: OnEvent is called from the execution's goroutine only, in order.
+//   - EV1 (event-time timers): every registration of an event-time timer
+//     that was not deleted fires once in the history a restore continues
+//     (a firing after the restored checkpoint is replayed, so with an
+//     exactly-once sink its output is published once); within a subtask
+//     in time order, when the input watermark reaches
+//     it, before that watermark is forwarded; every pending one fires at
+//     the final watermark or, registered after it, right after the batch
+//     that registered it (or at EndInput) (TestEventTimeExactlyOnce,
+//     TestEventTimersAtEndOfInput, TestEventTimeLoop).
+//   - EV2 (no watermark regression): the watermarks a subtask emits
+//     strictly increase within an attempt and, after a restore at the
+//     same parallelism, start above the last one it emitted before the
+//     restored checkpoint; a keyed function's CurrentWatermark never
+//     goes back, across restores too (it starts at the restored one). A record whose
+//     event time is at most OutOfOrderness behind the highest one its
+//     source subtask emitted before it is never late (at or below
+//     CurrentWatermark) downstream, idle sources apart: a subtask that
+//     was idle may emit records behind the watermark its readers reached
+//     meanwhile, as in Flink.
 package graph

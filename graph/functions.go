@@ -206,8 +206,13 @@ func KeyedState[K comparable](c *Context) *state.KeyedBackend[K] {
 // KeyedContext is the Context of a keyed subtask during Process.
 type KeyedContext[K comparable] struct {
 	*Context
-	backend *state.KeyedBackend[K]
-	timers  *timerService[K]
+	backend     *state.KeyedBackend[K]
+	timers      *timerService[K]
+	eventTimers *timerService[K]
+	// watermark is the input watermark; domain the domain of the timer
+	// that fires (see TimeDomain).
+	watermark int64
+	domain    TimeDomain
 }
 
 // CurrentKey is the key of the record being processed.

@@ -29,9 +29,10 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	if newFn == nil {
 		j.errorf("graph: source %q has a nil function", uid)
 	}
+	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{fn: newFn(), out: out}
+		op := &sourceOp[T]{fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -138,7 +139,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
 		}
-		m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op}
+		m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op, Watermark: op.AdvanceWatermark}
 		m.PreBarrier = preBarrier[OUT](&op.hooks, op.fn, out)
 		return m, op.ProcessBatch
 	}
@@ -574,11 +575,22 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 	if o.backendCfg.Backend == PebbleState && !o.backendCfg.FullCheckpoints {
 		o.native = b
 	}
-	ts, err := newTimerService(b, info.MaxParallelism)
+	ts, err := newTimerService(b, info.MaxParallelism, TimerState)
 	if err != nil {
 		return err
 	}
-	o.kctx = &KeyedContext[K]{Context: o.ctx, backend: b, timers: ts}
+	ets, err := newTimerService(b, info.MaxParallelism, EventTimerState)
+	if err != nil {
+		return err
+	}
+	o.kctx = &KeyedContext[K]{Context: o.ctx, backend: b, timers: ts, eventTimers: ets, watermark: marker.MinWatermark}
+	if info.Restored != nil {
+		// A keyed operator heads its chain (its input is a hash edge), so
+		// the subtask's persisted watermark is its input watermark.
+		if o.kctx.watermark, err = task.DecodeWatermark(info.Restored.Lists, info.Subtask, info.Parallelism, info.String()); err != nil {
+			return err
+		}
+	}
 	o.maxP, o.kgs = info.MaxParallelism, info.KeyGroups
 	o.setTime(time.Now())
 	return o.initialize()
@@ -604,16 +616,36 @@ func (o *keyedOp[K, IN, OUT]) NextTimer() (time.Time, bool) { return o.kctx.time
 // FireTimers implements task.Timers.
 func (o *keyedOp[K, IN, OUT]) FireTimers(now time.Time) error {
 	o.setTime(now)
-	return o.kctx.timers.fire(now, func(at time.Time) error {
+	return o.fire(o.kctx.timers, ProcessingTime, now.UnixNano())
+}
+
+// AdvanceWatermark is the member's task.Member.Watermark: the input
+// watermark reached at, so the event-time timers at or below it fire, in
+// time order.
+func (o *keyedOp[K, IN, OUT]) AdvanceWatermark(at int64) error {
+	o.kctx.watermark = at
+	o.setTime(time.Now())
+	return o.fire(o.kctx.eventTimers, EventTime, at)
+}
+
+// fire fires the timers of ts due at upto, telling OnTimer their domain.
+func (o *keyedOp[K, IN, OUT]) fire(ts *timerService[K], d TimeDomain, upto int64) error {
+	o.kctx.domain = d
+	return ts.fire(upto, func(at time.Time) error {
 		if o.onTimer == nil {
-			return fmt.Errorf("a timer for key %v fired but the function (%T) does not implement graph.TimerHandler", o.backend.CurrentKey(), o.fn)
+			return fmt.Errorf("a %s timer for key %v fired but the function (%T) does not implement graph.TimerHandler", d, o.backend.CurrentKey(), o.fn)
 		}
 		return o.onTimer.OnTimer(o.kctx, at, o.out)
 	})
 }
 
-// EndInput handles the pending timers by the operator's TimerPolicy, then
-// calls the function's EndInput. Dropped timers are always logged.
+// EndInput handles the pending processing-time timers by the operator's
+// TimerPolicy, then fires the event-time timers still pending, then calls
+// the function's EndInput. Dropped timers are always logged. (The final
+// watermark, before EndInput, fired every event-time timer registered
+// until then, and ProcessBatch those registered by records after it; those
+// registered by processing-time timers firing here fire now, so none is
+// lost.)
 func (o *keyedOp[K, IN, OUT]) EndInput() error {
 	ts := o.kctx.timers
 	if last, ok := ts.latest(); ok {
@@ -629,6 +661,9 @@ func (o *keyedOp[K, IN, OUT]) EndInput() error {
 				o.logf("graph: operator %s: end of input: fired the pending processing-time timers up to %v, dropped %d registered meanwhile for later times", who, time.Unix(0, last).Format(time.RFC3339Nano), n)
 			}
 		}
+	}
+	if err := o.AdvanceWatermark(marker.MaxWatermark); err != nil {
+		return fmt.Errorf("event-time timer at end of input: %w", err)
 	}
 	if o.ender != nil {
 		o.setTime(time.Now())
@@ -649,11 +684,27 @@ func (o *keyedOp[K, IN, OUT]) Close() error {
 	return err
 }
 
+// ProcessBatch processes a batch of records. After the final watermark
+// (records that come round a loop, or that an upstream emitted at the end
+// of its input), the event-time timers the batch registered fire right
+// after it: no later watermark would fire them, and in a loop they must
+// fire while the loop still runs (EndInput would be too late: the loop has
+// terminated then).
 func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []task.Keyed[K, IN]) error {
 	o.setTime(time.Now())
+	var err error
 	if o.verify {
-		return o.processVerified(recs)
+		err = o.processVerified(recs)
+	} else {
+		err = o.process(recs)
 	}
+	if err == nil && o.kctx.watermark == marker.MaxWatermark {
+		err = o.fire(o.kctx.eventTimers, EventTime, marker.MaxWatermark)
+	}
+	return err
+}
+
+func (o *keyedOp[K, IN, OUT]) process(recs []task.Keyed[K, IN]) error {
 	for i := range recs {
 		r := &recs[i]
 		kg := int(r.KeyGroup)
@@ -716,7 +767,14 @@ type sourceOp[T any] struct {
 	fn    SourceFunc[T]
 	batch BatchSourceFunc[T] // fn, when it reads batches
 	out   *task.Output[T]
+	// ts is the WatermarkStrategy's Timestamp and gen the subtask's
+	// generator; both nil without a strategy.
+	ts  func(T) int64
+	gen *task.WatermarkGenerator
 }
+
+// Watermarks implements task.WatermarkSource.
+func (o *sourceOp[T]) Watermarks() *task.WatermarkGenerator { return o.gen }
 
 func (o *sourceOp[T]) Open(info task.Info) error {
 	o.hooks.fn = o.fn
@@ -730,6 +788,12 @@ func (o *sourceOp[T]) Emit(max int) (bool, error) {
 	if o.batch != nil {
 		dst := o.out.Free() // never empty
 		n, err := o.batch.ReadBatch(o.ctx, dst[:min(len(dst), max)])
+		if o.ts != nil {
+			// Before Advance, which may send the buffer.
+			for i := range dst[:n] {
+				o.gen.Observe(o.ts(dst[i]))
+			}
+		}
 		o.out.Advance(n)
 		return o.emitted(n, err)
 	}
@@ -737,6 +801,9 @@ func (o *sourceOp[T]) Emit(max int) (bool, error) {
 		r, err := o.fn.Next(o.ctx)
 		if err != nil {
 			return o.emitted(i, err)
+		}
+		if o.ts != nil {
+			o.gen.Observe(o.ts(r))
 		}
 		o.out.Collect(r)
 	}

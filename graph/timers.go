@@ -12,9 +12,13 @@ import (
 )
 
 // TimerHandler is implemented by a KeyedProcessFunc that registers
-// processing-time timers with KeyedContext.RegisterTimer. OnTimer runs on
-// the subtask goroutine with ctx scoped to the timer's key, so keyed state
-// reads and writes act on that key.
+// processing-time timers with KeyedContext.RegisterTimer or event-time
+// timers with KeyedContext.RegisterEventTimer. OnTimer runs on the subtask
+// goroutine with ctx scoped to the timer's key, so keyed state reads and
+// writes act on that key; ctx.TimeDomain tells the two kinds apart.
+// Event-time timers fire in time order when the input watermark reaches
+// them, before the watermark goes downstream, and all of them at the end
+// of the input (see RegisterEventTimer).
 //
 // Timers are keyed state: they are part of every checkpoint, move with
 // their key group on restore, and fire after a restore if they were
@@ -153,10 +157,10 @@ func (h *timerHeap[K]) Pop() any {
 	return x
 }
 
-// newTimerService registers TimerState and rebuilds the heap from restored
-// timers.
-func newTimerService[K comparable](b *state.KeyedBackend[K], maxP int) (*timerService[K], error) {
-	l, err := state.KeyedList[K, int64](b, TimerState)
+// newTimerService registers the keyed list state name (TimerState or
+// EventTimerState) and rebuilds the heap from restored timers.
+func newTimerService[K comparable](b *state.KeyedBackend[K], maxP int, name string) (*timerService[K], error) {
+	l, err := state.KeyedList[K, int64](b, name)
 	if err != nil {
 		return nil, err
 	}
@@ -211,10 +215,10 @@ func (t *timerService[K]) NextTimer() (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// fire pops every timer due at now and calls fn with the current key set to
-// the timer's key.
-func (t *timerService[K]) fire(now time.Time, fn func(at time.Time) error) error {
-	n := now.UnixNano()
+// fire pops every timer due at n (Unix nanoseconds, at or before) and calls
+// fn with the current key set to the timer's key, in time order; a timer
+// registered meanwhile fires too if it is due.
+func (t *timerService[K]) fire(n int64, fn func(at time.Time) error) error {
 	for len(t.heap) > 0 && t.heap[0].at <= n {
 		tk := heap.Pop(&t.heap).(timerKey[K])
 		if _, ok := t.set[tk]; !ok {

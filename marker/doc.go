@@ -1,6 +1,7 @@
 // Package marker defines the control events that travel through a dataflow
-// graph in band with records: checkpoint barriers, cancel markers and the
-// end-of-input marker.
+// graph in band with records: checkpoint barriers, cancel markers, the
+// end-of-input marker, and the event-time events: watermarks and the
+// idle/active status of a channel.
 //
 // Invariants:
 //
@@ -14,4 +15,16 @@
 //     channel state is complete; if the subtask aborts it afterwards, a
 //     cancel marker for it follows the barrier.
 //   - M3: after EndOfInput on a channel, nothing else is sent on it.
+//   - M4 (watermarks): watermark events (EventWatermark) strictly increase
+//     per channel and are never priority events: they keep their place
+//     among the records of their channel (behind an aligned checkpoint's
+//     blocked channel they wait with its records), and a priority barrier
+//     overtakes them without copying them (unaligned channel state holds
+//     data only). EventIdle and EventActive alternate per channel,
+//     starting from active. A subtask sends MaxWatermark once, at the end
+//     of its input, before what its operators emit at the end of their
+//     input (EndInput) and before EndOfInput; no watermark follows it.
+//
+// Event time is in Unix nanoseconds (int64), the clock of time.Time and of
+// the processing-time timers.
 package marker

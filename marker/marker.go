@@ -171,6 +171,16 @@ const (
 	EventCancel
 	// EventEndOfInput says the sender will send nothing more on this channel.
 	EventEndOfInput
+	// EventWatermark carries a watermark in Barrier.Timestamp (event time
+	// in Unix nanoseconds): the sender promises that no record with an
+	// event time at or below it follows on this channel (M4).
+	EventWatermark
+	// EventIdle says the sender's output is idle: until EventActive, its
+	// channel does not hold the receiver's watermark back.
+	EventIdle
+	// EventActive says the sender's output is active again after
+	// EventIdle.
+	EventActive
 )
 
 func (t EventType) String() string {
@@ -181,12 +191,20 @@ func (t EventType) String() string {
 		return "cancel"
 	case EventEndOfInput:
 		return "end-of-input"
+	case EventWatermark:
+		return "watermark"
+	case EventIdle:
+		return "idle"
+	case EventActive:
+		return "active"
 	}
 	return fmt.Sprintf("event(%d)", uint8(t))
 }
 
 // Event is one in-band control event. For EventBarrier, Barrier is set; for
-// EventCancel, Barrier.ID holds the cancelled checkpoint id.
+// EventCancel, Barrier.ID holds the cancelled checkpoint id; for
+// EventWatermark, Barrier.Timestamp holds the watermark (Watermark), so
+// that an event stays as small as it was before watermarks existed.
 type Event struct {
 	Type    EventType
 	Barrier Barrier
@@ -201,6 +219,30 @@ func NewCancel(id int64) Event { return Event{Type: EventCancel, Barrier: Barrie
 // EndOfInput is the end-of-input event.
 var EndOfInput = Event{Type: EventEndOfInput}
 
+// NewWatermark returns a watermark event for event time at (Unix
+// nanoseconds).
+func NewWatermark(at int64) Event {
+	return Event{Type: EventWatermark, Barrier: Barrier{Timestamp: at}}
+}
+
+// Watermark is the watermark of an EventWatermark event.
+func (e Event) Watermark() int64 { return e.Barrier.Timestamp }
+
+// Idle and Active are the watermark status events.
+var (
+	Idle   = Event{Type: EventIdle}
+	Active = Event{Type: EventActive}
+)
+
+// MinWatermark is the watermark before any (nothing promised; never sent).
+// MaxWatermark is the watermark at the end of input: a subtask sends it
+// once its input ended, before EndOfInput, so every event-time timer
+// downstream fires.
+const (
+	MinWatermark int64 = math.MinInt64
+	MaxWatermark int64 = math.MaxInt64
+)
+
 // Priority reports whether the event may overtake queued data buffers
 // (unaligned barriers only).
 func (e Event) Priority() bool {
@@ -213,6 +255,20 @@ func (e Event) String() string {
 		return e.Barrier.String()
 	case EventCancel:
 		return fmt.Sprintf("cancel(%d)", e.Barrier.ID)
+	case EventWatermark:
+		return "watermark(" + FormatWatermark(e.Watermark()) + ")"
 	}
 	return e.Type.String()
+}
+
+// FormatWatermark prints a watermark, MinWatermark and MaxWatermark as
+// "min" and "max".
+func FormatWatermark(at int64) string {
+	switch at {
+	case MinWatermark:
+		return "min"
+	case MaxWatermark:
+		return "max"
+	}
+	return fmt.Sprint(at)
 }

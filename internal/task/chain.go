@@ -20,6 +20,13 @@ type Member struct {
 	EndInput func() error
 	// Timers are the member's processing-time timers; nil if it has none.
 	Timers Timers
+	// Watermark, if set, advances the member's event time to the
+	// watermark at (Unix nanoseconds): it fires the member's event-time
+	// timers at or below at, in time order (they may emit). The chain
+	// calls it head first, each member's output flushed into the next,
+	// before the watermark goes out on the subtask's channels (see
+	// EventTime).
+	Watermark func(at int64) error
 	// PreBarrier, if set, runs when the chain snapshots for a barrier
 	// while its input runs, before any member's snapshot, in chain order,
 	// each member's output flushed into the next: what it emits precedes
@@ -239,6 +246,48 @@ func (c *Chain) endMembers() error {
 		if m.EndInput != nil {
 			if err := m.EndInput(); err != nil {
 				return fmt.Errorf("task: %v: end of input: %w", m.Info, err)
+			}
+		}
+		if i < len(c.Members)-1 {
+			if err := m.Out.Flush(); err != nil {
+				return c.outErr(i, err)
+			}
+		}
+	}
+	return nil
+}
+
+// advanceWatermark advances the event time of every member with a
+// Watermark hook to at, head first. Every record emitted before reaches a
+// member before its timers fire (the local outputs are flushed first, T5),
+// and what a member's timers emit is flushed into the next member before
+// that one's timers fire.
+func (c *Chain) advanceWatermark(at int64) error {
+	err := c.advanceMembers(at)
+	c.reset()
+	return err
+}
+
+func (c *Chain) advanceMembers(at int64) error {
+	first := -1
+	for i := range c.Members {
+		if c.Members[i].Watermark != nil {
+			first = i
+			break
+		}
+	}
+	if first < 0 {
+		return nil
+	}
+	if err := c.flushLocal(); err != nil {
+		return err
+	}
+	for i := first; i < len(c.Members); i++ {
+		m := &c.Members[i]
+		if m.Watermark != nil {
+			c.active = i
+			if err := m.Watermark(at); err != nil {
+				return fmt.Errorf("task: %v: event-time timers at watermark %s: %w", m.Info, marker.FormatWatermark(at), err)
 			}
 		}
 		if i < len(c.Members)-1 {

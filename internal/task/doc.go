@@ -63,6 +63,27 @@
 // much, a head holds its other inputs (channel.Gate.Hold) and reads only
 // the feedback.
 //
+// # Event time
+//
+// A third pure machine, EventTime (eventtime.go, E1-E3), combines the
+// watermark events of the subtask's inputs with an align.WatermarkValve;
+// a source's inputs are its WatermarkGenerator's events (WG1-WG2: bounded
+// out-of-orderness, periodic on the loop's clock, idleness), ticked after
+// each batch when Due (one comparison) and after an idle wait. RunInput
+// feeds it every watermark, idle or active event it reads, and the
+// aligner's Deliver of each channel's end of input; the aligner never sees
+// watermarks. An emitted watermark fires the chain's event-time timers
+// (Member.Watermark, head first, each output flushed into the next), then
+// goes out on every channel after the records before it (broadcast
+// flushes). DoEndInput sends the final MaxWatermark first, then ends the
+// chain's input, so every event-time timer fires before EndInput. The
+// snapshot of the head carries EventTime.Current in union list state
+// WatermarkState; a restored subtask starts its valve there, so it never
+// emits a watermark at or below one it emitted before the checkpoint (at
+// another parallelism: the lowest of the old subtasks'). Nothing of this
+// runs per record: watermarks are events, and a source without a strategy
+// has no generator.
+//
 // # The protocol with the job master (FLIP-147)
 //
 // Checkpoint barriers enter at the sources, by MailTrigger, and travel

@@ -257,6 +257,9 @@ type runner struct {
 	channels recorders
 	// loop is the subtask's loop bookkeeping (nil outside loops).
 	loop *loopState
+	// et is the subtask's event-time bookkeeping, wm its output buffer.
+	et *EventTime
+	wm []align.WatermarkOutput
 	// promoted is a barrier the loop promoted at its alignment deadline
 	// (channel.Gate.PromoteTimedOut) before the aligner saw it: the buffers
 	// it overtook become input channel state of its checkpoint on its
@@ -321,6 +324,66 @@ func newRunner(cfg *Config, chain *Chain, source bool) *runner {
 		}
 	}
 	return r
+}
+
+// startEventTime sets up the event-time bookkeeping of a subtask with n
+// input channels (a source: 1) and the given feedback channels, restoring
+// the watermark the head persisted (WatermarkState).
+func (r *runner) startEventTime(n int, feedback []bool) error {
+	head := &r.chain.Members[0].Info
+	restored := marker.MinWatermark
+	if head.Restored != nil {
+		at, err := DecodeWatermark(head.Restored.Lists, head.Subtask, head.Parallelism, head.String())
+		if err != nil {
+			return err
+		}
+		restored = at
+	}
+	r.et = NewEventTime(n, feedback, restored)
+	return nil
+}
+
+// stepEventTime feeds a watermark event of an input to the event-time
+// bookkeeping and carries out its outputs.
+func (r *runner) stepEventTime(ev align.WatermarkEvent) error {
+	r.wm = r.et.Step(r.wm[:0], ev)
+	return r.emitWatermarks()
+}
+
+// emitWatermarks carries out r.wm in order: a watermark fires the chain's
+// event-time timers, then goes out on every channel (after every record
+// emitted before it and by the timers: broadcast flushes first).
+func (r *runner) emitWatermarks() error {
+	for _, o := range r.wm {
+		var ev marker.Event
+		switch o.Kind {
+		case align.EmitWatermark:
+			if err := r.chain.advanceWatermark(o.At); err != nil {
+				return err
+			}
+			ev = marker.NewWatermark(o.At)
+		case align.EmitIdle:
+			ev = marker.Idle
+		case align.EmitActive:
+			ev = marker.Active
+		}
+		if err := r.broadcast(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// watermarkEvent is the valve's input for a watermark event read from
+// channel ch.
+func watermarkEvent(ch int, ev marker.Event) align.WatermarkEvent {
+	switch ev.Type {
+	case marker.EventWatermark:
+		return align.ChannelWatermark{Ch: ch, At: ev.Watermark()}
+	case marker.EventIdle:
+		return align.ChannelIdle{Ch: ch}
+	}
+	return align.ChannelActive{Ch: ch}
 }
 
 // report sends rep to the master; Task defaults to the head's id.
@@ -414,6 +477,12 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				return true, err
 			}
 		case DoEndInput:
+			// The final watermark first (E2): every event-time timer
+			// fires before EndInput.
+			r.wm = r.et.End(r.wm[:0])
+			if err := r.emitWatermarks(); err != nil {
+				return true, err
+			}
 			if err := r.chain.endInput(); err != nil {
 				return true, err
 			}
@@ -472,6 +541,8 @@ func (r *runner) snapshot(ctx context.Context, a Action) error {
 	if err != nil {
 		return err
 	}
+	head := &r.chain.Members[0].Info
+	acks[0].State.Lists = EncodeWatermark(acks[0].State.Lists, head.Subtask, head.Parallelism, r.et.Current())
 	end := r.cfg.now()
 	m := a.Metrics
 	m.SyncDuration = end.Sub(start)
@@ -775,6 +846,28 @@ func guard(info Info, chain *Chain, err *error) {
 func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chain) (err error) {
 	defer guard(cfg.Info, chain, &err)
 	r := newRunner(cfg, chain, true)
+	if err := r.startEventTime(1, nil); err != nil {
+		return err
+	}
+	var gen *WatermarkGenerator
+	if ws, ok := src.(WatermarkSource); ok {
+		gen = ws.Watermarks()
+	}
+	var genOut []align.WatermarkEvent
+	// tick feeds the generator the clock when it is due (once per batch:
+	// one clock read, which the flush check below needs anyway).
+	tick := func(now time.Time) error {
+		if gen == nil || now.UnixNano() < gen.Due() {
+			return nil
+		}
+		genOut = gen.Tick(now.UnixNano(), genOut[:0])
+		for _, ev := range genOut {
+			if err := r.stepEventTime(ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if err := r.restoreOutputs(ctx); err != nil {
 		return err
 	}
@@ -843,6 +936,13 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 				return ctx.Err()
 			}
 			t.Stop()
+			if r.emitting() {
+				// An idle source still advances (or declares idle) its
+				// event time.
+				if err := tick(cfg.now()); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		if err != nil {
@@ -858,10 +958,14 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			}
 			continue
 		}
+		now := cfg.now()
+		if err := tick(now); err != nil {
+			return err
+		}
 		// Partly filled buffers are flushed on the interval, but not into
 		// a full output: they would fill it with small buffers until Send
 		// blocks (and the downstream is busy anyway).
-		if now := cfg.now(); now.Sub(lastFlush) >= cfg.FlushInterval && r.chain.tail().Out.Available() {
+		if now.Sub(lastFlush) >= cfg.FlushInterval && r.chain.tail().Out.Available() {
 			if err := r.flushAll(); err != nil {
 				return err
 			}
@@ -885,6 +989,9 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	al, err := align.New[*channel.Buffer[IN]](acfg)
 	if err != nil {
 		return fmt.Errorf("task: %v: %w", cfg.Info, err)
+	}
+	if err := r.startEventTime(gate.Len(), acfg.Feedback); err != nil {
+		return err
 	}
 	if err := r.restoreOutputs(ctx); err != nil {
 		return err
@@ -1125,6 +1232,14 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				in.Kind, in.Barrier = align.Cancel, it.Event.Barrier
 			case marker.EventEndOfInput:
 				in.Kind = align.EndOfInput
+			case marker.EventWatermark, marker.EventIdle, marker.EventActive:
+				// Not the aligner's: every record read before it on its
+				// channel was delivered, and a blocked channel holds its
+				// watermarks back with its records (M4).
+				if err := r.stepEventTime(watermarkEvent(ch, it.Event)); err != nil {
+					return err
+				}
+				continue
 			default:
 				return fmt.Errorf("task: %v: unknown event %v on input %d", cfg.Info, it.Event, ch)
 			}
@@ -1187,6 +1302,10 @@ func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*chan
 					return true, fmt.Errorf("task: %v: %w", r.cfg.Info, err)
 				}
 				gate.Recycle(a.Channel, a.Item)
+			} else if err := r.stepEventTime(align.ChannelEnded{Ch: a.Channel}); err != nil {
+				// The end of a channel makes its watermark MaxWatermark:
+				// the last one emits it.
+				return true, err
 			}
 		case align.Block:
 			gate.Block(a.Channel)

@@ -301,6 +301,9 @@ func barrier(id int64) marker.Event { return marker.NewBarrier(marker.Barrier{ID
 const (
 	b1  = "barrier(1 checkpoint aligned)"
 	eoi = "end-of-input"
+	// wmMax is the final watermark, which every subtask sends at the end
+	// of its input before EndInput's output and end-of-input (E2).
+	wmMax = "watermark(max)"
 )
 
 // TestRunInputAlignedBarrier: two inputs, records on both sides of barrier
@@ -346,7 +349,7 @@ func TestRunInputAlignedBarrier(t *testing.T) {
 		toks := h.readUntil(marker.EventEndOfInput)
 		pre, post = cut(t, toks, b1)
 		require.Equal(t, []string{"1", "10", "11", "2"}, sortedCopy(pre))
-		require.Equal(t, []string{"12", "3", eoi}, sortedCopy(post))
+		require.Equal(t, []string{"12", "3", eoi, wmMax}, sortedCopy(post))
 		require.Equal(t, eoi, post[len(post)-1])
 		require.Empty(t, h.readNow(), "nothing after end-of-input")
 	})
@@ -414,7 +417,7 @@ func TestRunInputCancelMarker(t *testing.T) {
 		toks := h.readUntil(marker.EventEndOfInput)
 		pre, post := cut(t, toks, "cancel(1)")
 		require.Equal(t, []string{"1", "10"}, sortedCopy(pre))
-		require.Equal(t, []string{"11", "2", eoi}, sortedCopy(post))
+		require.Equal(t, []string{"11", "2", eoi, wmMax}, sortedCopy(post))
 		require.NotContains(t, toks, b1)
 	})
 }
@@ -453,10 +456,11 @@ func TestRunInputChain(t *testing.T) {
 			"tail rec 10", "tail rec 20", "tail rec 30",
 			"head snapshot 1", "tail snapshot 1",
 			"head rec 4",
-			"head end-input", "tail rec 40", "tail rec 99", "tail end-input",
+			// The final watermark flushes the chain before EndInput.
+			"tail rec 40", "head end-input", "tail rec 99", "tail end-input",
 			"head close", "tail close",
 		}, h.rec.log())
-		require.Equal(t, []string{"10", "20", "30", b1, "40", "99", eoi}, h.readUntil(marker.EventEndOfInput))
+		require.Equal(t, []string{"10", "20", "30", b1, "40", wmMax, "99", eoi}, h.readUntil(marker.EventEndOfInput))
 	})
 }
 
@@ -490,7 +494,7 @@ func TestRunInputNotifications(t *testing.T) {
 			"head complete 5", "tail complete 5",
 			"head close", "tail close",
 		}, h.rec.log())
-		require.Equal(t, []string{eoi}, h.readUntil(marker.EventEndOfInput))
+		require.Equal(t, []string{wmMax, eoi}, h.readUntil(marker.EventEndOfInput))
 	})
 }
 
@@ -849,7 +853,7 @@ func TestRunSourceTrigger(t *testing.T) {
 			"tail rec 4", "tail rec 5", "tail end-input",
 			"src close", "tail close",
 		}, h.rec.log())
-		require.Equal(t, []string{"0", "1", "2", "3", b1, "4", "5", eoi}, h.readUntil(marker.EventEndOfInput))
+		require.Equal(t, []string{"0", "1", "2", "3", b1, "4", "5", wmMax, eoi}, h.readUntil(marker.EventEndOfInput))
 	})
 }
 
@@ -876,7 +880,7 @@ func TestRunSourceEndOfInput(t *testing.T) {
 		require.Equal(t, int64(1), ended.ID)
 		require.Equal(t, checkpoint.TaskID{Operator: "src"}, ended.Task)
 		synctest.Wait()
-		require.Equal(t, []string{b1, "0", "1", "2", eoi}, h.readNow(), "the input ended at once")
+		require.Equal(t, []string{b1, "0", "1", "2", wmMax, eoi}, h.readNow(), "the input ended at once")
 
 		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 1}}) // handled: ignored
 		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 2}})
@@ -1012,7 +1016,7 @@ func TestRunSourceCancelAtEnd(t *testing.T) {
 		h.cancel()
 		require.ErrorIs(t, h.wait(), context.Canceled)
 		synctest.Wait()
-		require.Equal(t, []string{"0", "1", eoi}, h.readNow())
+		require.Equal(t, []string{"0", "1", wmMax, eoi}, h.readNow())
 	})
 }
 
@@ -1132,7 +1136,7 @@ func TestRunInputSkipsAbortedCheckpoint(t *testing.T) {
 
 		require.NotContains(t, h.rec.log(), "head snapshot 1")
 		toks := h.readUntil(marker.EventEndOfInput)
-		require.Equal(t, []string{"1", "cancel(1)", "2", "barrier(2 checkpoint aligned)", eoi}, toks)
+		require.Equal(t, []string{"1", "cancel(1)", "2", "barrier(2 checkpoint aligned)", wmMax, eoi}, toks)
 	})
 }
 
@@ -1155,7 +1159,7 @@ func TestRunInputEndedTakesCheckpointsByMail(t *testing.T) {
 		ended := h.report()
 		require.Equal(t, ReportInputEnded, ended.Kind)
 		require.Equal(t, int64(1), ended.ID)
-		require.Equal(t, []string{"10", b1, "20", "7", eoi}, h.readUntil(marker.EventEndOfInput),
+		require.Equal(t, []string{"10", b1, "20", wmMax, "7", eoi}, h.readUntil(marker.EventEndOfInput),
 			"EndInput's output precedes end-of-input")
 
 		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 1}})

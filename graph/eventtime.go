@@ -1,0 +1,141 @@
+package graph
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/snapflow/snapflow/internal/task"
+)
+
+// Event time.
+//
+// Event time is in Unix nanoseconds (int64, the clock of time.Time), in
+// records as in watermarks and timers. Records carry no timestamp of their
+// own: a source's WatermarkStrategy extracts it (Timestamp) to generate the
+// watermarks, and an operator that needs it computes it from the record the
+// same way.
+
+// WatermarkStrategy says how a source generates watermarks: Flink's
+// WatermarkStrategy.forBoundedOutOfOrderness with a timestamp assigner and
+// idleness. Set it with the Watermarks option on Source.
+//
+// Each source subtask generates its own watermarks (not one per split: a
+// SourceFunc does not say which split a record comes from, so a subtask
+// reading several splits, source.Indexed's strided splits or several
+// files, takes the maximum over all of them, and the bound must cover the
+// disorder between its splits too). Downstream, every subtask's input
+// watermark is the minimum over its input channels, idle ones left out,
+// and a subtask's watermarks never go back, not even after a restore (the
+// last one is in its snapshot).
+type WatermarkStrategy[T any] struct {
+	// Timestamp returns the event time of a record. It runs once per
+	// record the source emits.
+	Timestamp func(T) int64
+	// OutOfOrderness is how far a record's event time may be behind the
+	// highest event time the subtask emitted before it: the watermark is
+	// that highest time minus OutOfOrderness minus 1 (Flink's
+	// BoundedOutOfOrdernessWatermarks), so such a record is never late.
+	// 0: ascending event times.
+	OutOfOrderness time.Duration
+	// Interval is how often the subtask emits a watermark (processing
+	// time, the subtask's clock); 0: 200ms.
+	Interval time.Duration
+	// IdleTimeout makes a source subtask that emitted no record for that
+	// long idle: it stops holding back the watermark of the subtasks that
+	// read it, until it emits again. 0: never idle.
+	IdleTimeout time.Duration
+}
+
+// Watermarks sets the WatermarkStrategy of a source emitting records of
+// type T. Validation rejects it on other operators, for another record
+// type, without a Timestamp function or with a negative duration.
+func Watermarks[T any](s WatermarkStrategy[T]) Option {
+	return func(v *vertex) { v.watermarks = s }
+}
+
+// sourceWatermarks checks v's strategy for records of type T and returns it
+// (nil Timestamp: none).
+func sourceWatermarks[T any](j *Job, v *vertex) WatermarkStrategy[T] {
+	if v.watermarks == nil {
+		return WatermarkStrategy[T]{}
+	}
+	s, ok := v.watermarks.(WatermarkStrategy[T])
+	var zero T
+	switch {
+	case !ok:
+		j.errorf("graph: %s: the WatermarkStrategy is for records of another type (%s); the source emits %T", v, typeArg(v.watermarks), zero)
+	case s.Timestamp == nil:
+		j.errorf("graph: %s: the WatermarkStrategy has no Timestamp function", v)
+	case s.OutOfOrderness < 0 || s.Interval < 0 || s.IdleTimeout < 0:
+		j.errorf("graph: %s: the WatermarkStrategy has a negative duration (out of orderness %v, interval %v, idle timeout %v)", v, s.OutOfOrderness, s.Interval, s.IdleTimeout)
+	default:
+		return s
+	}
+	return WatermarkStrategy[T]{}
+}
+
+func typeArg(s any) string {
+	t := fmt.Sprintf("%T", s)
+	if i := len("graph.WatermarkStrategy["); len(t) > i+1 {
+		return t[i : len(t)-1]
+	}
+	return t
+}
+
+// generator is the subtask's watermark generator of s, nil without one.
+func (s WatermarkStrategy[T]) generator() *task.WatermarkGenerator {
+	if s.Timestamp == nil {
+		return nil
+	}
+	return task.NewWatermarkGenerator(task.GeneratorConfig{OutOfOrderness: s.OutOfOrderness, Interval: s.Interval, IdleTimeout: s.IdleTimeout})
+}
+
+// TimeDomain says which clock a timer was registered on.
+type TimeDomain uint8
+
+const (
+	// ProcessingTime timers (KeyedContext.RegisterTimer) fire by the
+	// subtask's clock.
+	ProcessingTime TimeDomain = iota
+	// EventTime timers (KeyedContext.RegisterEventTimer) fire when the
+	// input watermark reaches them.
+	EventTime
+)
+
+func (d TimeDomain) String() string {
+	switch d {
+	case ProcessingTime:
+		return "processing-time"
+	case EventTime:
+		return "event-time"
+	}
+	return fmt.Sprintf("time-domain(%d)", uint8(d))
+}
+
+// EventTimerState is the name of the keyed list state that holds the
+// event-time timers of a key (Unix nanoseconds), next to TimerState.
+const EventTimerState = "_event_timers"
+
+// RegisterEventTimer registers an event-time timer for the current key: it
+// fires, once, when the operator's input watermark reaches at (at or
+// above), before that watermark goes downstream; at the end of the input
+// the final watermark (marker.MaxWatermark) fires every pending one. A
+// timer at or below the current watermark fires with the next watermark,
+// and after the final watermark right after the batch of records that
+// registered it (at the end of the input, if a processing-time timer
+// did). A second registration of the same key and
+// time is a no-op.
+func (c *KeyedContext[K]) RegisterEventTimer(at time.Time) { c.eventTimers.register(at.UnixNano()) }
+
+// DeleteEventTimer deletes the current key's event-time timer at that
+// time, if any.
+func (c *KeyedContext[K]) DeleteEventTimer(at time.Time) { c.eventTimers.delete(at.UnixNano()) }
+
+// CurrentWatermark is the operator's input watermark (Unix nanoseconds):
+// marker.MinWatermark before the first, marker.MaxWatermark after the end
+// of the input. Inside OnTimer of an event-time timer it is the watermark
+// that fires it.
+func (c *KeyedContext[K]) CurrentWatermark() int64 { return c.watermark }
+
+// TimeDomain is the domain of the timer that fires, inside OnTimer.
+func (c *KeyedContext[K]) TimeDomain() TimeDomain { return c.domain }

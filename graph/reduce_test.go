@@ -1,0 +1,81 @@
+package graph_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/sink"
+	"github.com/snapflow/snapflow/source"
+)
+
+// TestReduce: a running sum per key with Reduce, across a failure and a
+// restore: every key's outputs are exactly its running sums in record
+// order (the source reads each key's records in order: key parity is the
+// source subtask), once each.
+func TestReduce(t *testing.T) {
+	const n = 100_000
+	committer := sink.NewMemory[rec]()
+	f := newFailer(1000)
+	job := graph.NewJob("reduce", graph.Config{
+		Parallelism: 2,
+		Checkpoint:  graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: t.TempDir(), TolerableFailures: -1},
+		Restart:     graph.FixedDelay(2, time.Millisecond),
+		Logf:        t.Logf,
+		OnEvent: func(e graph.Event) {
+			if e.Kind == graph.CheckpointCompleted && e.Attempt == 0 {
+				f.completed[0].Store(true)
+			}
+		},
+	})
+	// The first attempt's sources wait at an eighth of the input for a
+	// completed checkpoint, so that the failure has one to restore.
+	src := graph.Source(job, "source", func() graph.SourceFunc[rec] {
+		return &pausedUntil[rec]{Indexed: source.NewIndexed(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }), from: n / 8, open: f.checkpointed}
+	})
+	sums := graph.Reduce(graph.KeyBy(src, func(r rec) int64 { return r.Key }), "sum", func(v, r rec) rec {
+		return rec{Key: r.Key, I: v.I + r.I}
+	})
+	fail := graph.Process(sums, "fail", func() graph.ProcessFunc[rec, rec] { return failRec{f} })
+	graph.Sink(fail, "sink", sink.Publishing[rec](committer, sink.WithLogf(t.Logf)))
+	e, err := job.Start(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, e.Wait())
+	require.True(t, f.fired[0].Load(), "the injected failure happened")
+	require.Equal(t, 1, e.Stats().Counts.Restored, "restored a checkpoint")
+
+	want := map[int64]int{}
+	sum := make([]int64, numKeys)
+	for i := range int64(n) {
+		sum[i%numKeys] += i
+		want[sum[i%numKeys]*numKeys+i%numKeys]++
+	}
+	got := map[int64]int{}
+	for _, r := range committer.Published() {
+		got[r.I*numKeys+r.Key]++
+	}
+	require.Equal(t, len(want), len(got))
+	require.Equal(t, want, got)
+}
+
+// failRec passes records on and fails by its failer.
+type failRec struct{ f *failer }
+
+func (s failRec) Process(ctx *graph.Context, r rec, out graph.Collector[rec]) error {
+	if err := s.f.check(ctx.Task().Attempt); err != nil {
+		return err
+	}
+	out.Collect(r)
+	return nil
+}
+
+func TestReduceValidation(t *testing.T) {
+	j := graph.NewJob("nil-reduce", graph.Config{})
+	src := graph.Source(j, "src", source.Generate(10, func(i int64) int64 { return i }))
+	r := graph.Reduce[int64, int64](graph.KeyBy(src, func(v int64) int64 { return v }), "sum", nil)
+	graph.Sink(r, "sink", sink.Publishing[int64](sink.NewMemory[int64]()))
+	require.ErrorContains(t, j.Validate(), `graph: operator "sum" has a nil reduce function`)
+}
