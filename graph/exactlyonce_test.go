@@ -178,7 +178,18 @@ func TestExactlyOnceWithFailures(t *testing.T) {
 // failure (duplicates are allowed).
 func TestAtLeastOnceNoLoss(t *testing.T) {
 	const n = 200_000
-	job, c, fired := exactlyOnceJob(t, n, t.TempDir(), []int64{n / 5}, marker.AtLeastOnce, true)
+	// The sink slows down until the failure happened, so that a
+	// checkpoint completes (the failure waits for one) before the records
+	// run out, also on a loaded machine.
+	var failed []atomic.Bool
+	var count atomic.Int64
+	slow := func(out) {
+		if !failed[0].Load() && count.Add(1)%64 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	job, c, fired := exactlyOnceJobWith(t, n, t.TempDir(), []int64{n / 5}, graph.CheckpointConfig{Mode: marker.AtLeastOnce}, true, slow)
+	failed = fired
 	require.NoError(t, job.Run(context.Background()))
 	seen := map[int64]bool{}
 	for _, o := range c.Published() {
