@@ -51,7 +51,9 @@ import (
 //     complete checkpoint references, because retention deletes a
 //     checkpoint's _metadata (ST3) before the collection that follows
 //     reads the references that are left, and a collection that cannot
-//     read a complete checkpoint's _metadata deletes nothing.
+//     read a complete checkpoint's _metadata deletes nothing (and fails
+//     neither OpenStorage nor Write: it is logged, and package restore
+//     decides what the damaged checkpoint means).
 //   - ST14: a subtask reuses a shared file only while it is live in its
 //     instance, and Pebble never revives a file, so a file that the newest
 //     complete checkpoint does not reference is not live at any later

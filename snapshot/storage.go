@@ -366,7 +366,9 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
 	}
 	if err := s.collectShared(0); err != nil {
-		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
+		// Nothing was deleted (a damaged checkpoint's references cannot be
+		// read): the restore decides what the damage means.
+		s.logf("snapshot: open storage %s: deleting unreferenced shared state failed (retried after the next checkpoint): %v", s.jobDir, err)
 	}
 	return s, nil
 }

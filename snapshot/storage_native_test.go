@@ -245,3 +245,25 @@ func TestStorageNativeCrash(t *testing.T) {
 		require.Equal(t, refShared(want...), sharedNames(t, s), "%s: shared/ holds exactly what is referenced", name)
 	}
 }
+
+// TestStorageNativeCorruptCheckpoint: a complete checkpoint whose
+// _metadata is damaged cannot tell what it references, so OpenStorage
+// deletes nothing from shared/ (and says so) but opens: the restore
+// decides what the damage means.
+func TestStorageNativeCorruptCheckpoint(t *testing.T) {
+	fs := vfs.NewMem()
+	s := openTestStorage(t, fs, StorageOptions{Retain: 2})
+	n := &nativeInstance{fs: vfs.NewMem(), dir: "/work/chk"}
+	n.set(t, map[string]string{"000001.sst": "one", "MANIFEST-000003": "m1"})
+	md1, ref1 := nativeTestMD(t, s, 1, n, nil)
+	_, err := s.Write(md1)
+	require.NoError(t, err)
+	require.NoError(t, writeFileSynced(fs, s.JobDir()+"/chk-1/_metadata", []byte("garbage")))
+	require.NoError(t, writeFileSynced(fs, s.JobDir()+"/shared/unreferenced.sst", []byte("x")))
+	logs, logf := logRecorder()
+	s = openTestStorage(t, fs, StorageOptions{Retain: 2, Logf: logf})
+	require.Len(t, *logs, 1)
+	require.Contains(t, (*logs)[0], "deleting unreferenced shared state failed")
+	require.Contains(t, (*logs)[0], "chk-1")
+	require.Equal(t, append(refShared(ref1), "unreferenced.sst"), sharedNames(t, s))
+}
