@@ -129,25 +129,29 @@ func pebbleJob(t testing.TB, r *pebbleRun) (*graph.Job, []atomic.Bool) {
 	return job, fired
 }
 
-// pebbleWorkDirs lists the Pebble working directories in dir.
-func pebbleWorkDirs(t testing.TB, dir string) []string {
+// pebbleWorkDirs lists the Pebble working directories in dir, and with
+// chks also the directories of native snapshots next to them
+// (<working directory>.chk-N).
+func pebbleWorkDirs(t testing.TB, dir string, chks ...bool) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	var ds []string
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "snapflow-keyed-") {
-			ds = append(ds, e.Name())
+		n := e.Name()
+		if strings.HasPrefix(n, "snapflow-keyed-") && (!strings.Contains(n, ".chk-") || len(chks) > 0 && chks[0]) {
+			ds = append(ds, n)
 		}
 	}
 	return ds
 }
 
 // requireNoWorkDirs checks that dir, the StateConfig.Pebble.Dir of ended
-// executions, still exists and holds no Pebble working directory.
+// executions, still exists and holds no Pebble working directory and no
+// native snapshot's directory.
 func requireNoWorkDirs(t testing.TB, dir, what string) {
 	t.Helper()
-	require.Empty(t, pebbleWorkDirs(t, dir), "Pebble working directories left in %s after %s", dir, what)
+	require.Empty(t, pebbleWorkDirs(t, dir, true), "Pebble working directories left in %s after %s", dir, what)
 }
 
 // completions returns an OnEvent that sends the ids of completed
