@@ -148,7 +148,7 @@ func (n *NativeSnapshot) Release() {
 		delete(s.chks, n.Dir)
 		_ = s.fs.RemoveAll(n.Dir)
 	}
-	if n.ref != nil && s.db != nil {
+	if n.ref != nil {
 		known := make(map[string]checkpoint.NativeFile)
 		for _, f := range n.ref.Files {
 			if f.Shared {
@@ -327,45 +327,43 @@ func readNative(fs vfs.FS, nr checkpoint.NativeRestore, r keygroup.Range, out []
 // scanNative appends the KeyGroupState records of state st in the key
 // groups kgs of r, the stored bytes as they are (see NativeKeyGroups).
 func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
-	{
-		isMap := false
-		if st.Desc != nil {
-			d, err := decodeDesc(st.Desc)
-			if err != nil {
-				return nil, fmt.Errorf("decoding the descriptor of keyed state %q: %w", st.Name, err)
-			}
-			isMap = d.Kind == kindMap
-		}
-		cur := -1
-		var ferr error
-		err := scanState(r, kgs, st.ID, nil, func(kg int, key, val []byte) bool {
-			if kg != cur {
-				cur = kg
-				g := checkpoint.KeyGroupState{State: st.Name, KeyGroup: kg}
-				if st.Desc != nil {
-					g.Entries = append(g.Entries, checkpoint.KeyedEntry{Value: st.Desc})
-				}
-				out = append(out, g)
-			}
-			e := checkpoint.KeyedEntry{Key: slices.Clone(key[pebblePrefixLen:]), Value: slices.Clone(val)}
-			if isMap {
-				n, err := valueLen(e.Key)
-				if err != nil {
-					ferr = fmt.Errorf("keyed state %q in key group %d: stored key %x: %w", st.Name, kg, key, err)
-					return false
-				}
-				e.Key, e.UserKey = e.Key[:n:n], e.Key[n:]
-			}
-			g := &out[len(out)-1]
-			g.Entries = append(g.Entries, e)
-			return true
-		})
-		if err == nil {
-			err = ferr
-		}
+	isMap := false
+	if st.Desc != nil {
+		d, err := decodeDesc(st.Desc)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("decoding the descriptor of keyed state %q: %w", st.Name, err)
 		}
+		isMap = d.Kind == kindMap
+	}
+	cur := -1
+	var ferr error
+	err := scanState(r, kgs, st.ID, nil, func(kg int, key, val []byte) bool {
+		if kg != cur {
+			cur = kg
+			g := checkpoint.KeyGroupState{State: st.Name, KeyGroup: kg}
+			if st.Desc != nil {
+				g.Entries = append(g.Entries, checkpoint.KeyedEntry{Value: st.Desc})
+			}
+			out = append(out, g)
+		}
+		e := checkpoint.KeyedEntry{Key: slices.Clone(key[pebblePrefixLen:]), Value: slices.Clone(val)}
+		if isMap {
+			n, err := valueLen(e.Key)
+			if err != nil {
+				ferr = fmt.Errorf("keyed state %q in key group %d: stored key %x: %w", st.Name, kg, key, err)
+				return false
+			}
+			e.Key, e.UserKey = e.Key[:n:n], e.Key[n:]
+		}
+		g := &out[len(out)-1]
+		g.Entries = append(g.Entries, e)
+		return true
+	})
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
