@@ -99,7 +99,8 @@ const rootExample = `  snapdemo                                  # the demo
   snapdemo gen --records 1000000 --out signals.ndjson
   snapdemo checkpoints snapdemo-replay/sensors/checkpoints --json
   snapdemo inspect snapdemo-replay/sensors/checkpoints/<job-id>/chk-4 --operator per-key-step --state key-state
-  snapdemo verify --kills 20 --seed 7`
+  snapdemo verify --kills 20 --seed 7
+  snapdemo savepoint snapdemo-replay/sensors/checkpoints --stop   # of a running replay`
 
 // newRootCmd builds the command tree. stdout and stderr are where the
 // commands print.
@@ -137,8 +138,8 @@ func newRootCmd(ctx context.Context, stdout, stderr io.Writer) *cobra.Command {
 	f.Int64Var(&o.failAt, "fail-at", 6, "fail the first attempt when the source reaches this offset (0: never)")
 	f.StringVar(&o.mode, "mode", "aligned", "checkpoint mode: aligned, unaligned or at-least-once")
 
-	root.AddCommand(newReplayCmd(ctx, g, stdout, stderr), newGenCmd(g, stdout), newCheckpointsCmd(g, stdout), newInspectCmd(g, stdout), newVerifyCmd(ctx, g, stdout, stderr),
-		newBenchCmd(ctx, g, stdout, stderr))
+	root.AddCommand(newReplayCmd(ctx, g, stdout, stderr), newGenCmd(g, stdout), newCheckpointsCmd(g, stdout), newInspectCmd(g, stdout),
+		newSavepointCmd(ctx, stdout), newVerifyCmd(ctx, g, stdout, stderr), newBenchCmd(ctx, g, stdout, stderr))
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

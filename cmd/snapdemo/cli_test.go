@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -221,6 +223,62 @@ func gen(t *testing.T, dir, name string, args ...string) string {
 	return path
 }
 
+// running is a replay running in the background (see startReplay).
+type running struct {
+	cmd    *exec.Cmd
+	stdout bytes.Buffer
+	log    strings.Builder // stderr, JSON lines
+	stderr io.Reader
+}
+
+// startReplay starts snapdemo with args in dir and returns once the job
+// completed n checkpoints.
+func startReplay(t *testing.T, dir string, args []string, n int) *running {
+	t.Helper()
+	r := &running{cmd: exec.Command(snapdemoBinary(t), args...)}
+	r.cmd.Dir = dir
+	r.cmd.Stdout = &r.stdout
+	stderr, err := r.cmd.StderrPipe()
+	require.NoError(t, err)
+	r.stderr = stderr
+	require.NoError(t, r.cmd.Start())
+	t.Cleanup(func() { _ = r.cmd.Process.Kill() })
+	sc := bufio.NewScanner(stderr)
+	completed := 0
+	for completed < n && sc.Scan() {
+		r.log.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), `"msg":"checkpoint completed"`) {
+			completed++
+		}
+	}
+	require.Equal(t, n, completed, r.log.String())
+	return r
+}
+
+// wait waits for the replay to end and returns its exit code.
+func (r *running) wait(t *testing.T) int {
+	t.Helper()
+	rest, _ := io.ReadAll(r.stderr)
+	r.log.Write(rest)
+	err := r.cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	require.NoError(t, err)
+	return 0
+}
+
+// requireOnce requires every id of the table exactly once, n of them.
+func requireOnce(t *testing.T, table string, n int) {
+	t.Helper()
+	ids := tableIDs(t, table)
+	require.Len(t, ids, n)
+	for id, k := range ids {
+		require.Equal(t, 1, k, "offset %s", id)
+	}
+}
+
 // TestCLIReplaySIGINTResume: Ctrl-C in the middle keeps the checkpoints;
 // --restore latest resumes, exactly once.
 func TestCLIReplaySIGINTResume(t *testing.T) {
@@ -228,32 +286,12 @@ func TestCLIReplaySIGINTResume(t *testing.T) {
 	dir := t.TempDir()
 	data := gen(t, dir, "signals.ndjson", "--records", "20000", "--devices", "20", "--seed", "3")
 	args := []string{"replay", "--data", data, "--rate", "8000", "--interval", "50ms", "--parallelism", "2", "--log-format", "json", "--progress", "log"}
-	cmd := exec.Command(snapdemoBinary(t), args...)
-	cmd.Dir = dir
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	sc := bufio.NewScanner(stderr)
-	var log strings.Builder
-	completed := 0
-	for completed < 3 && sc.Scan() {
-		log.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), `"msg":"checkpoint completed"`) {
-			completed++
-		}
-	}
-	require.Equal(t, 3, completed, log.String())
-	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
-	rest, _ := io.ReadAll(stderr)
-	log.Write(rest)
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	require.ErrorAs(t, err, &ee, log.String())
-	require.Equal(t, exitInterrupted, ee.ExitCode(), "%s\n%s", out.String(), log.String())
-	require.Contains(t, log.String(), "interrupted: the job was cancelled")
-	require.Contains(t, log.String(), "--restore latest")
+	run := startReplay(t, dir, args, 3)
+	require.NoError(t, run.cmd.Process.Signal(syscall.SIGINT))
+	code := run.wait(t)
+	require.Equal(t, exitInterrupted, code, "%s\n%s", run.stdout.String(), run.log.String())
+	require.Contains(t, run.log.String(), "interrupted: the job was cancelled")
+	require.Contains(t, run.log.String(), "--restore latest")
 	table := filepath.Join(dir, "snapdemo-replay", "signals.ndjson", "table")
 	partial := tableIDs(t, table)
 	require.Less(t, len(partial), 20000, "interrupted in the middle")
@@ -268,11 +306,78 @@ func TestCLIReplaySIGINTResume(t *testing.T) {
 	// the checkpoint it completed last, if it was interrupted before.
 	require.GreaterOrEqual(t, rep.EarlierRuns, int64(len(partial)), "the first run's rows stay")
 	require.Len(t, rep.Checkpoints.RestoredFrom, 1)
-	ids := tableIDs(t, table)
-	require.Len(t, ids, 20000)
-	for id, n := range ids {
-		require.Equal(t, 1, n, "offset %s", id)
+	requireOnce(t, table, 20000)
+}
+
+// TestCLISavepointStopRescale: snapdemo savepoint takes a savepoint of a
+// running replay, and with --stop stops it with one; the stopped run
+// committed each of its records once, and a replay restoring the savepoint
+// at another parallelism commits the rest, exactly once. Without a running
+// replay (none, or one killed), savepoint says so, with exit code 2.
+func TestCLISavepointStopRescale(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := gen(t, dir, "signals.ndjson", "--records", "20000", "--devices", "30", "--seed", "4")
+	checkpoints := filepath.Join(dir, "snapdemo-replay", "signals.ndjson", "checkpoints")
+	table := filepath.Join(dir, "snapdemo-replay", "signals.ndjson", "table")
+
+	none := snapdemo(t, dir, "savepoint", dir)
+	require.Equal(t, exitUsage, none.code, none)
+	require.Contains(t, none.stderr, "no running replay in "+dir)
+
+	args := []string{"replay", "--data", data, "--rate", "6000", "--interval", "100ms", "--parallelism", "2", "--log-format", "json", "--progress", "log"}
+	run := startReplay(t, dir, args, 2)
+	again := snapdemo(t, dir, args...)
+	require.Equal(t, exitUsage, again.code, again)
+	require.Contains(t, again.stderr, "another replay of this job is running")
+
+	sp := snapdemo(t, dir, "savepoint", checkpoints, "--json")
+	require.Equal(t, 0, sp.code, sp)
+	var taken savepointReply
+	require.NoError(t, json.Unmarshal([]byte(sp.stdout), &taken), sp)
+	require.False(t, taken.Stopped)
+	require.FileExists(t, filepath.Join(dir, taken.Path, "_metadata"))
+
+	stop := snapdemo(t, dir, "savepoint", checkpoints, "--stop")
+	require.Equal(t, 0, stop.code, stop)
+	m := regexp.MustCompile(`(?m)^savepoint (\S+)$`).FindStringSubmatch(stop.stdout)
+	require.NotNil(t, m, stop)
+	stoppedWith := m[1]
+	require.Contains(t, stop.stdout, "stopped after it")
+	require.Equal(t, 0, run.wait(t), "%s\n%s", run.stdout.String(), run.log.String())
+	require.Contains(t, run.stdout.String(), "stopped with savepoint "+stoppedWith)
+	require.Contains(t, run.stdout.String(), "0 duplicates, 0 lost, 0 unexpected")
+	jobDirs, err := filepath.Glob(filepath.Join(checkpoints, "*", controlFileName))
+	require.NoError(t, err)
+	require.Empty(t, jobDirs, "the control file is removed when the replay ends")
+	partial := tableIDs(t, table)
+	require.NotEmpty(t, partial)
+	require.Less(t, len(partial), 20000, "stopped in the middle")
+	for id, k := range partial {
+		require.Equal(t, 1, k, "offset %s", id)
 	}
+
+	// The savepoint restores at another parallelism; the keys move to the
+	// subtasks that own their key groups at parallelism 3.
+	r := snapdemo(t, dir, append(args[:len(args)-4], "--restore", filepath.Join(dir, stoppedWith), "--parallelism", "3", "--rate", "0", "--json")...)
+	require.Equal(t, 0, r.code, r)
+	var rep replayReport
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep), r)
+	require.True(t, rep.Verdict.ExactlyOnce, r)
+	require.EqualValues(t, len(partial), rep.EarlierRuns)
+	requireOnce(t, table, 20000)
+
+	// A killed replay leaves its control file behind.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	stale := filepath.Join(dir, "stale")
+	require.NoError(t, os.MkdirAll(stale, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(stale, controlFileName), []byte(`{"pid":1,"addr":"`+dead+`"}`), 0o644))
+	gone := snapdemo(t, dir, "savepoint", stale)
+	require.Equal(t, exitUsage, gone.code, gone)
+	require.Contains(t, gone.stderr, "no running replay answers at "+dead)
 }
 
 // TestCLIVerify: 20 SIGKILLs over two modes and two parallelisms, zero

@@ -13,6 +13,7 @@
 //	snapdemo gen [--devices N] [--records N] [--seed S] [--disorder D] [--format ndjson|csv|json] [--out FILE]
 //	snapdemo checkpoints DIR [--json]
 //	snapdemo inspect PATH [--operator UID [--state NAME [--key K] [--limit N]]] [--json]
+//	snapdemo savepoint DIR [--stop] [--timeout D] [--json]
 //	snapdemo verify [--data ...] [--kills K] [--seed S] [--modes M,...] [--parallelism P,...] [--json]
 //	snapdemo bench [--scenario S,...] [--repeat N] [--out DIR] [--quick] [--beam auto|off|DIR]
 //
@@ -59,6 +60,17 @@
 // builtin:sensors is the single-hop sensor network readings of
 // data/sensor-network (CC BY 4.0; its NOTICE and README ship with it and
 // replay prints the attribution).
+//
+// # savepoint
+//
+// A running replay serves a control endpoint on a loopback port and names
+// it in <job dir>/_control.json (removed when it ends; a killed replay
+// leaves it behind, and its port does not answer). savepoint DIR asks it
+// for a savepoint (Execution.TriggerSavepoint), and with --stop to stop
+// with one (Execution.Stop: the sinks commit what it covers); that replay
+// then judges its committed rows with the records after the savepoint as
+// pending, and a replay with --restore PATH, at any parallelism, commits
+// them. A second replay of a job whose replay is running is refused.
 //
 // # verify
 //

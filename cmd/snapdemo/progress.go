@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -18,10 +19,41 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
+// logWriter is where a replay's logs go: a log line written while the
+// progress bar shows clears the bar's line first (the bar draws itself
+// again at its next update), so that no stale copy of the bar stays above
+// the log lines.
+type logWriter struct {
+	w     io.Writer
+	mu    sync.Mutex
+	clear func() error // nil while no bar shows
+}
+
+func (l *logWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clear != nil {
+		_ = l.clear()
+	}
+	return l.w.Write(p)
+}
+
+func (l *logWriter) setBar(pb *progressbar.ProgressBar) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.clear = nil
+	if pb != nil {
+		l.clear = pb.Clear
+	}
+}
+
 // showProgress shows the replay's progress until done closes: a bar on a
 // terminal (bytes read, records/s, checkpoints completed, backpressure),
 // else a log line every two seconds.
-func showProgress(done <-chan struct{}, exec *graph.Execution, files statser, ds *dataset, tr *tracker, log *slog.Logger, bar, enabled bool, w io.Writer) {
+func showProgress(done <-chan struct{}, exec *graph.Execution, files statser, ds *dataset, tr *tracker, log *slog.Logger, logs *logWriter, bar, enabled bool, w io.Writer) {
 	if !enabled {
 		<-done
 		return
@@ -39,6 +71,7 @@ func showProgress(done <-chan struct{}, exec *graph.Execution, files statser, ds
 			progressbar.OptionClearOnFinish(),
 			progressbar.OptionSetDescription("replay"),
 		)
+		logs.setBar(pb)
 	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
@@ -49,7 +82,8 @@ func showProgress(done <-chan struct{}, exec *graph.Execution, files statser, ds
 		select {
 		case <-done:
 			if pb != nil {
-				pb.Finish()
+				logs.setBar(nil)
+				_ = pb.Finish()
 			}
 			st := files.Stats()
 			log.Info("progress", "records", st.Records, "bytes", st.BytesRead, "checkpoints", tr.completed.Load(),

@@ -33,6 +33,8 @@ import (
 const replayJobName = "snapdemo-replay"
 
 type replayOpts struct {
+	// logs is where the logger writes (it clears the progress bar).
+	logs                  *logWriter
 	data, format, key, id string
 	checkpointDir         string
 	interval              time.Duration
@@ -88,7 +90,8 @@ func newReplayCmd(ctx context.Context, g *globalFlags, stdout, stderr io.Writer)
 		Example: replayExample,
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			log, err := g.newLogger(stderr)
+			o.logs = &logWriter{w: stderr}
+			log, err := g.newLogger(o.logs)
 			if err != nil {
 				return err
 			}
@@ -140,16 +143,20 @@ func parseState(s string) (graph.StateBackend, error) {
 
 // replayReport is replay's result (--json prints it).
 type replayReport struct {
-	Dataset     string         `json:"dataset"`
-	Format      string         `json:"format"`
-	Key         string         `json:"key"`
-	Identity    string         `json:"identity"`
-	Sink        string         `json:"sink"`
-	JobID       string         `json:"job_id"`
-	Execution   string         `json:"execution"`
-	Mode        string         `json:"mode"`
-	Parallelism int            `json:"parallelism"`
-	Interrupted bool           `json:"interrupted,omitempty"`
+	Dataset     string `json:"dataset"`
+	Format      string `json:"format"`
+	Key         string `json:"key"`
+	Identity    string `json:"identity"`
+	Sink        string `json:"sink"`
+	JobID       string `json:"job_id"`
+	Execution   string `json:"execution"`
+	Mode        string `json:"mode"`
+	Parallelism int    `json:"parallelism"`
+	Interrupted bool   `json:"interrupted,omitempty"`
+	// Savepoint is the savepoint the job stopped with (snapdemo savepoint
+	// --stop); the verdict then counts the records still to come as
+	// pending.
+	Savepoint   string         `json:"stopped_with_savepoint,omitempty"`
 	Error       string         `json:"error,omitempty"`
 	Verdict     *verdict       `json:"verdict,omitempty"`
 	Attempts    []attemptSum   `json:"attempts,omitempty"`
@@ -285,6 +292,10 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 
 	jobID := snapshot.JobIDFromName(o.jobName)
 	jobDir := filepath.Join(o.checkpointDir, jobID)
+	if info, err := readControl(ctx, filepath.Join(jobDir, controlFileName)); err == nil {
+		return usagef("another replay of this job is running (pid %d, since %s): stop it first (Ctrl-C, or snapdemo savepoint --stop %s)",
+			info.PID, info.Started.Format(time.RFC3339), jobDir)
+	}
 	if err := checkFresh(ctx, log, o, out, jobDir); err != nil {
 		return err
 	}
@@ -343,16 +354,24 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 		return fmt.Errorf("starting the job: %v", err)
 	}
 	rep.Execution = exec.ID()
+	ctl, err := startControl(jobDir, exec, log)
+	if err != nil {
+		exec.Cancel()
+		_ = exec.Wait()
+		return err
+	}
 	done := make(chan struct{})
 	var pwg sync.WaitGroup
 	pwg.Add(1)
 	go func() {
 		defer pwg.Done()
-		showProgress(done, exec, files, ds, tr, log, bar, o.progress != "none", stdout)
+		showProgress(done, exec, files, ds, tr, log, o.logs, bar, o.progress != "none", stdout)
 	}()
 	runErr := exec.Wait()
+	ctl.close()
 	close(done)
 	pwg.Wait()
+	stoppedWith, stopped := ctl.stoppedWith()
 
 	st := exec.Stats()
 	tr.mu.Lock()
@@ -392,6 +411,10 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 	if err != nil {
 		return fmt.Errorf("reading the committed output back: %w", err)
 	}
+	if stopped {
+		v.stopped()
+		rep.Savepoint = stoppedWith
+	}
 	rep.Verdict = v
 	rep.Attempts, rep.EarlierRuns = attemptSums(v, shortID(exec.ID()))
 	if o.json {
@@ -400,6 +423,10 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 		fmt.Fprintf(stdout, "\n== verdict (%s; identity: %s)\n", out, sch.idText())
 		v.print(stdout)
 		tellAttempts(stdout, rep, tr)
+		if stopped {
+			fmt.Fprintf(stdout, "stopped with savepoint %s (snapdemo savepoint --stop): resume with the same command and --restore %s, at any --parallelism\n",
+				stoppedWith, stoppedWith)
+		}
 		fmt.Fprintln(stdout, "\n== checkpoints")
 		if len(tr.restored) > 0 {
 			fmt.Fprintf(stdout, "restored from checkpoint(s) %s\n", joinInts(tr.restored))

@@ -19,7 +19,10 @@ type verdict struct {
 	Duplicates int64 `json:"duplicates"`
 	Lost       int64 `json:"lost"`
 	// Unexpected counts committed rows whose id is not in the input.
-	Unexpected  int64 `json:"unexpected"`
+	Unexpected int64 `json:"unexpected"`
+	// Pending counts the input records not committed yet by a run that
+	// stopped with a savepoint (see stopped); Lost is then 0.
+	Pending     int64 `json:"pending,omitempty"`
 	ExactlyOnce bool  `json:"exactly_once"`
 	// Guarantee is what the checkpoint mode promises: "exactly-once"
 	// (aligned, unaligned) or "at-least-once" (duplicates allowed, no
@@ -149,13 +152,38 @@ func compare(in, got []uint64) comparison {
 	return c
 }
 
+// stopped judges the output of a job that stopped with a savepoint before
+// the end of its input: the records it did not commit are pending, not
+// lost (the run that resumes from the savepoint commits them, and judges
+// the whole input again), and the guarantee holds if no record is
+// committed twice or out of nowhere.
+func (v *verdict) stopped() {
+	v.Pending, v.Lost = v.Lost, 0
+	v.ExactlyOnce = v.Duplicates == 0 && v.Unexpected == 0
+	if v.ExactlyOnce {
+		v.Examples = nil // they named the pending records
+	}
+	if v.Guarantee == "exactly-once" {
+		v.Held = v.ExactlyOnce
+	}
+}
+
 func (v *verdict) summary() string {
-	return fmt.Sprintf("%d records in, %d rows committed, %d distinct, %d duplicates, %d lost, %d unexpected",
+	s := fmt.Sprintf("%d records in, %d rows committed, %d distinct, %d duplicates, %d lost, %d unexpected",
 		v.RecordsIn, v.Rows, v.Distinct, v.Duplicates, v.Lost, v.Unexpected)
+	if v.Pending > 0 {
+		s += fmt.Sprintf(", %d pending", v.Pending)
+	}
+	return s
 }
 
 func (v *verdict) print(w io.Writer) {
 	fmt.Fprintln(w, v.summary())
+	if v.Pending > 0 && v.ExactlyOnce {
+		fmt.Fprintf(w, "every committed record exactly once; %d records are still to come (the job stopped with a savepoint): "+
+			"restore it to commit them\n", v.Pending)
+		return
+	}
 	if v.ExactlyOnce {
 		fmt.Fprintf(w, "every input record exactly once in the committed output: %d records, %d rows\n", v.RecordsIn, v.Rows)
 		return
