@@ -8,15 +8,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -31,7 +34,7 @@ import (
 // a directory TestMain removes.
 var (
 	binDir    string
-	binary    string
+	binPath   string
 	buildOnce sync.Once
 	buildErr  error
 )
@@ -50,15 +53,15 @@ func snapdemoBinary(t *testing.T) string {
 		if binDir, buildErr = os.MkdirTemp("", "snapdemo-bin-"); buildErr != nil {
 			return
 		}
-		binary = filepath.Join(binDir, "snapdemo")
-		build := exec.Command("go", "build", "-o", binary, ".")
+		binPath = filepath.Join(binDir, "snapdemo")
+		build := exec.Command("go", "build", "-o", binPath, ".")
 		out, err := build.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("building snapdemo: %v\n%s", err, out)
 		}
 	})
 	require.NoError(t, buildErr)
-	return binary
+	return binPath
 }
 
 type result struct {
@@ -553,6 +556,45 @@ func TestCompare(t *testing.T) {
 	require.EqualValues(t, 1, v.Unexpected) // 5
 	require.False(t, v.ExactlyOnce)
 	require.True(t, compare([]uint64{3, 1, 2}, []uint64{1, 2, 3}).ExactlyOnce)
+}
+
+// TestIDSetsPartitioned: the verdict over ids spilled to hash partitions
+// counts what the in-memory one counts.
+func TestIDSetsPartitioned(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	var in, got []uint64
+	for range 20000 {
+		h := rng.Uint64()
+		in = append(in, h)
+		switch rng.IntN(50) {
+		case 0: // lost
+		case 1: // duplicated
+			got = append(got, h, h)
+		case 2: // and one unexpected
+			got = append(got, h, rng.Uint64())
+		default:
+			got = append(got, h)
+		}
+	}
+	want := compare(slices.Clone(in), slices.Clone(got))
+	require.False(t, want.ExactlyOnce)
+	for _, parts := range []int{1, 2, 16} {
+		s, err := newIDSets(parts)
+		require.NoError(t, err)
+		for _, h := range in {
+			require.NoError(t, s.add(0, h))
+		}
+		for _, h := range got {
+			require.NoError(t, s.add(1, h))
+		}
+		c, err := s.compare()
+		require.NoError(t, err)
+		s.close()
+		require.Equal(t, want.verdict, c.verdict, "%d partitions", parts)
+		require.Len(t, c.badHashes, 5)
+	}
 }
 
 // TestFastObject: the fast JSON path makes what encoding/json makes, or

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math/bits"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -41,30 +46,49 @@ func idHash(id string) uint64 {
 	return h.Sum64()
 }
 
+// judgeBudget bounds the memory judge holds ids in: 8 bytes per id of the
+// input and of the output each. Above it, the ids are spilled to
+// temporary files by hash partition and each partition is judged in turn.
+const judgeBudget = 64 << 20
+
 // judge compares the ids of the input (streamed again) with those of the
-// committed output. It holds 8 bytes per record of each, sorted.
+// committed output, by record identity (hashes of the ids, a multiset
+// each). Memory stays bounded whatever the input's size: when the ids
+// could exceed judgeBudget, they are written to temporary files in hash
+// partitions (a partition's ids meet only their own partition's), and the
+// partitions are compared one at a time.
 func judge(ctx context.Context, ds *dataset, sch *schema, out output, atLeastOnce bool) (*verdict, error) {
-	var in, got []uint64
-	err := scanFields(ds, func(f *fields, raw []byte, line int64) error {
+	parts := 1
+	// At least ~40 bytes of input per record; twice for the output.
+	for est := ds.Size / 40 * 16; est/int64(parts) > judgeBudget && parts < 1<<12; {
+		parts *= 2
+	}
+	ids, err := newIDSets(parts)
+	if err != nil {
+		return nil, err
+	}
+	defer ids.close()
+	err = scanFields(ds, func(f *fields, raw []byte, line int64) error {
 		r, err := sch.record(f, raw)
 		if err != nil {
 			return &inputError{ds.Name, line, err}
 		}
-		in = append(in, idHash(r.ID))
-		return nil
+		return ids.add(0, idHash(r.ID))
 	})
 	if err != nil {
 		return nil, err
 	}
 	byAttempt := map[string]int64{}
 	if err := out.scan(ctx, func(r ReplayRow) error {
-		got = append(got, idHash(r.ID))
 		byAttempt[fmt.Sprintf("%s/%d", r.Run, r.Attempt)]++
-		return nil
+		return ids.add(1, idHash(r.ID))
 	}); err != nil {
 		return nil, err
 	}
-	v := compare(in, got)
+	v, err := ids.compare()
+	if err != nil {
+		return nil, err
+	}
 	v.ByAttempt = byAttempt
 	v.Guarantee, v.Held = "exactly-once", v.ExactlyOnce
 	if atLeastOnce {
@@ -95,6 +119,118 @@ func judge(ctx context.Context, ds *dataset, sch *schema, out output, atLeastOnc
 		}
 	}
 	return &v.verdict, nil
+}
+
+// idSets holds the id hashes of the input (side 0) and of the output
+// (side 1): in memory with one partition, else in a temporary file per
+// side and partition (the top bits of the hash choose it).
+type idSets struct {
+	mem   [2][]uint64
+	dir   string
+	files [2][]*os.File
+	bufs  [2][]*bufio.Writer
+	shift uint
+}
+
+func newIDSets(parts int) (*idSets, error) {
+	s := &idSets{}
+	if parts == 1 {
+		return s, nil
+	}
+	s.shift = uint(64 - bits.TrailingZeros(uint(parts)))
+	dir, err := os.MkdirTemp("", "snapdemo-verdict-")
+	if err != nil {
+		return nil, fmt.Errorf("verdict: %w", err)
+	}
+	s.dir = dir
+	for side := range 2 {
+		for p := range parts {
+			f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%d-%d", side, p)))
+			if err != nil {
+				s.close()
+				return nil, fmt.Errorf("verdict: %w", err)
+			}
+			s.files[side] = append(s.files[side], f)
+			s.bufs[side] = append(s.bufs[side], bufio.NewWriterSize(f, 16<<10))
+		}
+	}
+	return s, nil
+}
+
+func (s *idSets) add(side int, h uint64) error {
+	if s.dir == "" {
+		s.mem[side] = append(s.mem[side], h)
+		return nil
+	}
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], h)
+	_, err := s.bufs[side][h>>s.shift].Write(b[:])
+	return err
+}
+
+// compare compares the two sides, partition by partition.
+func (s *idSets) compare() (comparison, error) {
+	if s.dir == "" {
+		return compare(s.mem[0], s.mem[1]), nil
+	}
+	total := comparison{badWhat: map[uint64]string{}}
+	var in, got []uint64
+	for p := range s.files[0] {
+		var err error
+		if in, err = s.read(0, p, in[:0]); err != nil {
+			return total, err
+		}
+		if got, err = s.read(1, p, got[:0]); err != nil {
+			return total, err
+		}
+		c := compare(in, got)
+		total.RecordsIn += c.RecordsIn
+		total.Rows += c.Rows
+		total.Distinct += c.Distinct
+		total.Duplicates += c.Duplicates
+		total.Lost += c.Lost
+		total.Unexpected += c.Unexpected
+		for _, h := range c.badHashes {
+			if len(total.badHashes) < 5 {
+				total.badHashes = append(total.badHashes, h)
+				total.badWhat[h] = c.badWhat[h]
+			}
+		}
+	}
+	total.ExactlyOnce = total.Duplicates == 0 && total.Lost == 0 && total.Unexpected == 0
+	return total, nil
+}
+
+// read returns the hashes of one side's partition p, appended to dst.
+func (s *idSets) read(side, p int, dst []uint64) ([]uint64, error) {
+	if err := s.bufs[side][p].Flush(); err != nil {
+		return nil, fmt.Errorf("verdict: %w", err)
+	}
+	f := s.files[side][p]
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("verdict: %w", err)
+	}
+	r := bufio.NewReaderSize(f, 64<<10)
+	var b [8]byte
+	for {
+		if _, err := io.ReadFull(r, b[:]); err == io.EOF {
+			return dst, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("verdict: %s: %w", f.Name(), err)
+		}
+		dst = append(dst, binary.LittleEndian.Uint64(b[:]))
+	}
+}
+
+func (s *idSets) close() {
+	for side := range s.files {
+		for _, f := range s.files[side] {
+			f.Close()
+		}
+	}
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
+	}
 }
 
 type comparison struct {
