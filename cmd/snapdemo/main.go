@@ -319,7 +319,11 @@ func tell(w io.Writer, st *story, tbl *filetable.Table, sigs []Signal, restoredF
 		if len(replayed) == 0 {
 			fmt.Fprintf(w, "replayed: none; the first attempt processed nothing after that checkpoint.\n")
 		} else {
-			fmt.Fprintf(w, "replayed: offsets %s were processed by the first attempt after checkpoint %d and again after the restore.\n",
+			what := "offsets %s were"
+			if len(replayed) == 1 {
+				what = "offset %s was"
+			}
+			fmt.Fprintf(w, "replayed: "+what+" processed by the first attempt after checkpoint %d and again after the restore.\n",
 				strings.Join(replayed, ", "), restoredFrom)
 			fmt.Fprintf(w, "none appears twice: the first attempt wrote them to data files that no checkpoint completed for, so no snapshot references them; the restored device state did not count them either.\n")
 		}
