@@ -775,12 +775,15 @@ func (c *Coordinator) handleAck(a Ack, now time.Time) {
 	sub.AckTime = now
 	sub.SubtaskMetrics = a.Metrics
 	sub.StateSize = size
+	stored := st.StoredSize()
+	sub.StoredSize = stored
 	in, out := st.InFlightBytes()
 	sub.InFlightSize = in + out
 	p.st.Acked = p.nAcked
 	p.st.LatestAck = now
 	p.st.EndToEnd = now.Sub(p.trigger)
 	p.st.StateSize += size
+	p.st.StoredSize += stored
 	p.st.InFlightSize += in + out
 	c.stats.update(&p.st)
 

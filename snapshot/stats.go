@@ -46,7 +46,11 @@ type SubtaskStats struct {
 	// AckTime is zero until the subtask acknowledged.
 	AckTime time.Time
 	SubtaskMetrics
+	// StateSize is SubtaskState.Size: the full size of its state.
 	StateSize int64
+	// StoredSize is SubtaskState.StoredSize: what this checkpoint stored
+	// of it (less with incremental checkpoints).
+	StoredSize int64
 	// InFlightSize is the subtask's persisted in-flight data: the payload
 	// bytes of its channel state, input and output channels together
 	// (SubtaskState.InFlightBytes; Flink's "Persisted In-Flight Data").
@@ -68,6 +72,10 @@ type CheckpointStats struct {
 	EndToEnd time.Duration
 	// StateSize sums SubtaskState.Size over the acknowledged subtasks.
 	StateSize int64
+	// StoredSize sums SubtaskState.StoredSize: the bytes this checkpoint
+	// stored, without the files of earlier incremental checkpoints it
+	// references (Flink's "checkpointed data size").
+	StoredSize int64
 	// InFlightSize sums SubtaskStats.InFlightSize over the acknowledged
 	// subtasks: the checkpoint's persisted in-flight data (channel state),
 	// not counted in StateSize.
@@ -380,7 +388,19 @@ func (s *Stats) Format(w io.Writer) error {
 		fmt.Fprintf(tw, " delay %v/%v/%v\n", sum.StartDelay.Min, sum.StartDelay.Avg, sum.StartDelay.Max)
 	}
 	if len(s.History) > 0 {
-		t := statsTable{header: []string{"id", "kind", "mode", "status", "trigger", "e2e", "size", "in-flight", "acked", "sync", "async", "align", "delay", "info"}}
+		// stored: only if some checkpoint stored less than its size
+		// (incremental checkpoints).
+		incremental := false
+		for i := range s.History {
+			incremental = incremental || s.History[i].StoredSize != s.History[i].StateSize
+		}
+		stored := func(n int64) string {
+			if !incremental {
+				return "0B"
+			}
+			return fmtBytes(n)
+		}
+		t := statsTable{header: []string{"id", "kind", "mode", "status", "trigger", "e2e", "size", "stored", "in-flight", "acked", "sync", "async", "align", "delay", "info"}}
 		for i := range s.History {
 			h := &s.History[i]
 			info := h.Path
@@ -392,7 +412,7 @@ func (s *Stats) Format(w io.Writer) error {
 				mode = h.Alignment()
 			}
 			t.add(fmt.Sprint(h.ID), h.Kind.String(), mode, h.Status.String(), fmtTime(h.TriggerTime), fmt.Sprint(h.EndToEnd), fmtBytes(h.StateSize),
-				fmtBytes(h.InFlightSize), fmt.Sprintf("%d/%d", h.Acked, h.Total), fmt.Sprint(h.MaxSync()), fmt.Sprint(h.MaxAsync()),
+				stored(h.StoredSize), fmtBytes(h.InFlightSize), fmt.Sprintf("%d/%d", h.Acked, h.Total), fmt.Sprint(h.MaxSync()), fmt.Sprint(h.MaxAsync()),
 				fmt.Sprint(h.MaxAlignment()), fmt.Sprint(h.MaxStartDelay()), info)
 		}
 		t.write(tw, "")
@@ -435,7 +455,7 @@ func (t *statsTable) add(cells ...string) { t.rows = append(t.rows, cells) }
 func (t *statsTable) write(w io.Writer, indent string) {
 	keep := make([]bool, len(t.header))
 	for i, h := range t.header {
-		keep[i] = h != "in-flight" && h != "async" && h != "align"
+		keep[i] = h != "in-flight" && h != "stored" && h != "async" && h != "align"
 		for _, r := range t.rows {
 			if r[i] != "0s" && r[i] != "0B" {
 				keep[i] = true

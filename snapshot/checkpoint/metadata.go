@@ -134,6 +134,19 @@ func (s *SubtaskState) Size() int64 {
 	return n
 }
 
+// StoredSize is the part of Size this checkpoint stored itself: Size less
+// the native state files that earlier checkpoints stored and this one
+// references (Flink's "checkpointed data size", against Size's "full
+// checkpoint data size"). It is Size for every checkpoint without native
+// state.
+func (s *SubtaskState) StoredSize() int64 {
+	n := s.Size()
+	if s.Native != nil {
+		n -= s.Native.Bytes() - s.Native.Uploaded
+	}
+	return n
+}
+
 // InFlightBytes returns the payload bytes of the subtask's channel state
 // (persisted in-flight data), per kind: from Channels if set, else from the
 // ChannelState reference; zero without channel state.

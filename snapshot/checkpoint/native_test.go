@@ -63,3 +63,22 @@ func TestNativeStateRefValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestStoredSize: a subtask's stored size leaves out the native files that
+// earlier checkpoints stored; without native state it is its size.
+func TestStoredSize(t *testing.T) {
+	st := SubtaskState{
+		Lists: []NamedList{{Name: "offsets", Items: [][]byte{make([]byte, 10)}}},
+		Native: &NativeStateRef{
+			Files:    []NativeFile{{Name: "000004.sst", Shared: true, Size: 100}, {Name: "MANIFEST-000001", Size: 50}},
+			Uploaded: 50,
+		},
+	}
+	if st.Size() != 160 || st.StoredSize() != 60 {
+		t.Fatalf("size %d, stored %d; want 160, 60", st.Size(), st.StoredSize())
+	}
+	st.Native = nil
+	if st.StoredSize() != 10 {
+		t.Fatalf("stored %d without native state; want 10", st.StoredSize())
+	}
+}
