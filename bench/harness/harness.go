@@ -121,8 +121,18 @@ type Result struct {
 	// PeakRSSBytes is the child process's peak resident set (Beam).
 	PeakRSSBytes uint64             `json:"peak_rss_bytes,omitempty"`
 	Checkpoint   *CheckpointFigures `json:"checkpoint,omitempty"`
+	// Figures are other figures of the variant, each over the rounds, in
+	// the order measured (a name ending in "ms" is milliseconds, in
+	// "bytes" bytes).
+	Figures []Figure `json:"figures,omitempty"`
 	// Error says why this variant has no figures.
 	Error string `json:"error,omitempty"`
+}
+
+// Figure is a named figure over the rounds.
+type Figure struct {
+	Name string `json:"name"`
+	Stat *Stat  `json:"stat"`
 }
 
 // Scenario is the outcome of one named scenario.

@@ -62,6 +62,9 @@ func TestQuickRun(t *testing.T) {
 					require.Positive(t, r.PeakHeapBytes, "%s %s", r.Case, r.Impl)
 				}
 			}
+			if sc.Name == "state" {
+				requireIncremental(t, sc.Results)
+			}
 			require.Positive(t, ratios, "a scenario compares something")
 			require.NotEmpty(t, sc.Plots)
 			for _, p := range sc.Plots {
@@ -71,6 +74,29 @@ func TestQuickRun(t *testing.T) {
 				require.Contains(t, string(md), "]("+p+")")
 			}
 		})
+	}
+}
+
+// requireIncremental: in the state scenario, the checkpoint after the
+// 1 % update stores less than its full size in Pebble and all of it on the
+// heap, and every engine variant measured its restores.
+func requireIncremental(t *testing.T, rs []Result) {
+	t.Helper()
+	for _, r := range rs {
+		fig := map[string]float64{}
+		for _, f := range r.Figures {
+			require.GreaterOrEqual(t, f.Stat.Min, 0.0, "%s %s: %s", r.Case, r.Impl, f.Name)
+			fig[f.Name] = f.Stat.Median
+		}
+		require.Positive(t, fig["restore ms"], "%s %s", r.Case, r.Impl)
+		switch r.Impl {
+		case "pebble":
+			require.Less(t, fig["update 1% checkpoint stored bytes"], fig["update 1% checkpoint full bytes"], r.Case)
+			require.Positive(t, fig["rescale 2->3 restore ms"], r.Case)
+		case "heap":
+			require.Equal(t, fig["update 1% checkpoint stored bytes"], fig["update 1% checkpoint full bytes"], r.Case)
+			require.Positive(t, fig["rescale 2->3 restore ms"], r.Case)
+		}
 	}
 }
 

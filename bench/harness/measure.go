@@ -40,6 +40,8 @@ type sizes struct {
 	maxRun     time.Duration
 	// beamStateless and beamKeyed are the records of the peer scenario.
 	beamStateless, beamKeyed int64
+	// state are the state sizes of the keyed-state scenario, in bytes.
+	state []int64
 }
 
 var fullSizes = sizes{
@@ -49,6 +51,7 @@ var fullSizes = sizes{
 	bpRate: 8_000_000, bpBuffers: []int{256, 1024}, bpCapacity: 8,
 	interval: 100 * time.Millisecond, want: 5, maxRun: 4 * time.Second,
 	beamStateless: 2_000_000, beamKeyed: 400_000,
+	state: []int64{10 << 20, 100 << 20, 1 << 30},
 }
 
 var quickSizes = sizes{
@@ -61,6 +64,7 @@ var quickSizes = sizes{
 	// slowly; a run normally stops after its first checkpoint.
 	interval: 10 * time.Millisecond, want: 1, maxRun: 5 * time.Second,
 	beamStateless: 20_000, beamKeyed: 5_000,
+	state: []int64{1 << 20},
 }
 
 func quiet(string, ...any) {}
@@ -88,6 +92,10 @@ type variant struct {
 	ratios []float64
 	ck     *ckAcc
 	errs   []string
+	// figs are the values of the named figures, names in the order first
+	// added.
+	figs  map[string][]float64
+	names []string
 }
 
 // variants keeps the variants of a scenario in the order first seen.
@@ -117,6 +125,16 @@ func (v *variant) addRatio(x float64, of string) {
 	v.res.RatioOf = of
 }
 
+func (v *variant) addFigure(name string, x float64) {
+	if v.figs == nil {
+		v.figs = map[string][]float64{}
+	}
+	if _, ok := v.figs[name]; !ok {
+		v.names = append(v.names, name)
+	}
+	v.figs[name] = append(v.figs[name], x)
+}
+
 func (v *variant) fail(round int, format string, args ...any) {
 	v.errs = append(v.errs, fmt.Sprintf("round %d: ", round+1)+fmt.Sprintf(format, args...))
 }
@@ -128,6 +146,9 @@ func (vs *variants) results() []Result {
 		r := v.res
 		r.RecordsPerS = statOf(v.rates)
 		r.Ratio = statOf(v.ratios)
+		for _, name := range v.names {
+			r.Figures = append(r.Figures, Figure{Name: name, Stat: statOf(v.figs[name])})
+		}
 		if v.ck != nil {
 			r.Checkpoint = v.ck.figures()
 		}

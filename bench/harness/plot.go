@@ -185,6 +185,15 @@ func plotScenario(dir string, sc *Scenario) ([]string, error) {
 		err = save("checkpoint-overhead.svg", func(path string) error { return checkpointPlot(path, sc.Results) })
 	case "backpressure":
 		err = save("backpressure-duration.svg", func(path string) error { return backpressurePlot(path, sc.Results) })
+	case "state":
+		for _, fig := range []struct{ name, file, title string }{
+			{"restore ms", "state-restore.svg", "Restore time vs state size (p=2)"},
+			{"full checkpoint ms", "state-checkpoint.svg", "Full checkpoint time vs state size (p=2)"},
+		} {
+			if err = save(fig.file, func(path string) error { return figurePlot(path, fig.title, fig.name, sc.Results) }); err != nil {
+				break
+			}
+		}
 	case "skew":
 		err = save("skew-duration.svg", func(path string) error { return skewPlot(path, sc.Results) })
 	}
@@ -247,6 +256,26 @@ func skewPlot(path string, rs []Result) error {
 		ss = append(ss, s)
 	}
 	return linePlot(path, "Checkpoint end-to-end duration with one slow subtask (p=4)", "", "median end-to-end ms (log)", xs, ss, true)
+}
+
+// figurePlot plots the named figure of every impl over the cases (one
+// line per impl), log scale.
+func figurePlot(path, title, name string, rs []Result) error {
+	var xs []string
+	for _, r := range rs {
+		if indexOf(xs, r.Case) < 0 {
+			xs = append(xs, r.Case)
+		}
+	}
+	var ss seriesSet
+	for _, r := range rs {
+		for _, f := range r.Figures {
+			if f.Name == name {
+				ss.get(r.Impl, len(xs)).set(indexOf(xs, r.Case), f.Stat)
+			}
+		}
+	}
+	return linePlot(path, title, "", "median "+name+" (log)", xs, ss, true)
 }
 
 func indexOf(xs []string, x string) int {

@@ -43,17 +43,24 @@ func Markdown(rep *Report) string {
 			fmt.Fprintf(&b, "**Skipped**: %s\n", sc.Skipped)
 			continue
 		}
-		ck := false
+		ck, figs := false, false
 		for _, r := range sc.Results {
 			ck = ck || r.Checkpoint != nil
+			figs = figs || len(r.Figures) > 0
 		}
 		b.WriteString("| case | impl | records/s | ratio | peak memory |")
 		if ck {
 			b.WriteString(" checkpoints | end-to-end ms (max) | alignment ms | start delay ms | persisted | channels hold |")
 		}
+		if figs {
+			b.WriteString(" figures |")
+		}
 		b.WriteString("\n|---|---|---|---|---|")
 		if ck {
 			b.WriteString("---|---|---|---|---|---|")
+		}
+		if figs {
+			b.WriteString("---|")
 		}
 		b.WriteString("\n")
 		for _, r := range sc.Results {
@@ -78,11 +85,17 @@ func Markdown(rep *Report) string {
 					b.WriteString(" | | | | | |")
 				}
 			}
+			if figs {
+				fmt.Fprintf(&b, " %s |", fmtFigures(r.Figures))
+			}
 			b.WriteString("\n")
 			if r.Error != "" {
 				fmt.Fprintf(&b, "| | | *%s* | | |", strings.ReplaceAll(r.Error, "|", "/"))
 				if ck {
 					b.WriteString(" | | | | | |")
+				}
+				if figs {
+					b.WriteString(" |")
 				}
 				b.WriteString("\n")
 			}
@@ -96,6 +109,19 @@ func Markdown(rep *Report) string {
 		fmt.Fprintf(&b, "\n(%.0f s)\n", sc.Seconds)
 	}
 	return b.String()
+}
+
+// fmtFigures formats figures as "name: value" pairs, bytes in KiB or MiB.
+func fmtFigures(fs []Figure) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		v := fmtStat(f.Stat, "%.1f", 1)
+		if strings.HasSuffix(f.Name, "bytes") {
+			v = fmtBytes(f.Stat)
+		}
+		parts[i] = strings.TrimSuffix(f.Name, " bytes") + ": " + v
+	}
+	return strings.Join(parts, "; ")
 }
 
 func quickNote(q bool) string {
