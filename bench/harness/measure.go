@@ -42,6 +42,9 @@ type sizes struct {
 	beamStateless, beamKeyed int64
 	// state are the state sizes of the keyed-state scenario, in bytes.
 	state []int64
+	// io is the records of the file sources and the file table, kafka
+	// and postgres those of the Kafka and PostgreSQL sinks (io scenario).
+	io, kafka, postgres int64
 }
 
 var fullSizes = sizes{
@@ -52,6 +55,7 @@ var fullSizes = sizes{
 	interval: 100 * time.Millisecond, want: 5, maxRun: 4 * time.Second,
 	beamStateless: 2_000_000, beamKeyed: 400_000,
 	state: []int64{10 << 20, 100 << 20, 1 << 30},
+	io:    1_000_000, kafka: 200_000, postgres: 200_000,
 }
 
 var quickSizes = sizes{
@@ -65,6 +69,7 @@ var quickSizes = sizes{
 	interval: 10 * time.Millisecond, want: 1, maxRun: 5 * time.Second,
 	beamStateless: 20_000, beamKeyed: 5_000,
 	state: []int64{1 << 20},
+	io:    5_000, kafka: 2_000, postgres: 2_000,
 }
 
 func quiet(string, ...any) {}

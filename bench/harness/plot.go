@@ -185,6 +185,10 @@ func plotScenario(dir string, sc *Scenario) ([]string, error) {
 		err = save("checkpoint-overhead.svg", func(path string) error { return checkpointPlot(path, sc.Results) })
 	case "backpressure":
 		err = save("backpressure-duration.svg", func(path string) error { return backpressurePlot(path, sc.Results) })
+	case "io":
+		err = save("io-ratio.svg", func(path string) error {
+			return ratioPlot(path, "Engine / plain loop (records/s, same round)", "ratio", sc.Results, false)
+		})
 	case "state":
 		for _, fig := range []struct{ name, file, title string }{
 			{"restore ms", "state-restore.svg", "Restore time vs state size (p=2)"},

@@ -74,6 +74,16 @@ var scenarios = []scenario{
 		run: runState,
 	},
 	{
+		name:  "io",
+		title: "Sinks and sources: engine vs plain loops",
+		description: "The file sources (NDJSON, JSON array, CSV by struct tags and by a hand-written decoder), the file " +
+			"table, Kafka on kfake (exactly-once and at-least-once) and PostgreSQL (the two-phase-commit sink with COPY " +
+			"and INSERT, the upsert sink), one subtask, checkpoints every 100 ms, each against a plain loop doing the same " +
+			"I/O without the engine; the transactional sinks' visibility delay. Ratio: engine records/s over the loop's, " +
+			"same round.",
+		run: runIO,
+	},
+	{
 		name:  "memory",
 		title: "Memory bounded by configuration",
 		description: "The engine's stateless and keyed pipelines at p=2 with aligned checkpoints every 100 ms over " +

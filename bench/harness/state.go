@@ -218,7 +218,7 @@ func (r *runner) rawPebbleRound(vs *variants, cs string, keys int64) error {
 	v := vs.get(cs, "raw-pebble")
 	var ckMs float64
 	s, err := measure(func() error {
-		db, err := pebble.Open(filepath.Join(dir, "db"), &pebble.Options{})
+		db, err := pebble.Open(filepath.Join(dir, "db"), &pebble.Options{Logger: quietPebble{}})
 		if err != nil {
 			return err
 		}
@@ -257,7 +257,7 @@ func (r *runner) rawPebbleRound(vs *variants, cs string, keys int64) error {
 	v.addRate(keys, s)
 	v.addFigure("full checkpoint ms", ckMs)
 	t := time.Now()
-	db, err := pebble.Open(filepath.Join(dir, "chk"), &pebble.Options{})
+	db, err := pebble.Open(filepath.Join(dir, "chk"), &pebble.Options{Logger: quietPebble{}})
 	if err != nil {
 		return err
 	}
@@ -271,6 +271,13 @@ func (r *runner) rawPebbleRound(vs *variants, cs string, keys int64) error {
 	}
 	return err
 }
+
+// quietPebble drops raw Pebble's informational logs.
+type quietPebble struct{}
+
+func (quietPebble) Infof(string, ...any)         {}
+func (quietPebble) Errorf(f string, args ...any) { fmt.Fprintf(os.Stderr, "pebble: "+f+"\n", args...) }
+func (quietPebble) Fatalf(f string, args ...any) { panic(fmt.Sprintf("pebble: "+f, args...)) }
 
 func mibLabel(b int64) string {
 	if b >= 1<<30 {
