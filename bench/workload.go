@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/snapshot"
@@ -114,3 +115,26 @@ func RawHandoff(n int64, batchSize, capacity int) int64 {
 	}
 	return c
 }
+
+// MemCopy is the machine's memory bandwidth, for reference: it copies a
+// 64 MiB buffer into another (larger than the caches) until total bytes
+// were copied, and returns the bytes copied and the time the copies took
+// (not counting the buffers' allocation). Reading and writing every byte,
+// it bounds any pipeline that touches its records once.
+func MemCopy(total int64) (int64, time.Duration) {
+	const size = 64 << 20
+	src, dst := make([]byte, size), make([]byte, size)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	copy(dst, src) // fault the pages in
+	var n int64
+	start := time.Now()
+	for n < total {
+		n += int64(copy(dst, src))
+	}
+	return n, time.Since(start)
+}
+
+// MemCopyBytes is what MemCopy holds in memory.
+const MemCopyBytes = 2 * 64 << 20

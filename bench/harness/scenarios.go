@@ -22,7 +22,8 @@ var scenarios = []scenario{
 			"each against its hand-written goroutines-and-channels baseline (bench/pipeline.go, bench/keyed.go: " +
 			"batches of 256, 8 queued; the keyed one hash-partitions into as many consumers), checkpoints off. " +
 			"The raw batched Go channel hand-off (one producer, one consumer, 256 x int64 batches) is the machine's " +
-			"limit for moving records between goroutines. Ratio: engine records/s over the baseline's in the same round.",
+			"limit for moving records between goroutines, and a copy of 8-byte records between 64 MiB buffers its memory " +
+			"bandwidth (its memory is the two buffers). Ratio: engine records/s over the baseline's in the same round.",
 		run: runThroughput,
 	},
 	{
@@ -129,6 +130,8 @@ func runThroughput(ctx context.Context, r *runner, sc *Scenario) error {
 			return fmt.Errorf("raw hand-off: %d records, want %d", got, r.sz.raw)
 		}
 		vs.get("raw batched channel hand-off", "go-chan").addRate(r.sz.raw, raw)
+		copied, d := bench.MemCopy(r.sz.raw * 8)
+		vs.get("memory bandwidth: 8-byte records copied", "memcopy").addRate(copied/8, sample{dur: d, peak: bench.MemCopyBytes})
 		r.logf("throughput: round %d done", round+1)
 	}
 	sc.Results = vs.results()
