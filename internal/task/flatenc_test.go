@@ -498,3 +498,34 @@ func BenchmarkEncodeRecords(b *testing.B) {
 	bench("int64/fast", ints, func() ([]byte, error) { return encodeRecords(ints) })
 	bench("int64/msgpack", ints, func() ([]byte, error) { return encodeMsgpack(ints) })
 }
+
+// BenchmarkDecodeRecords decodes what BenchmarkEncodeRecords encodes: a
+// buffer of channel state read back at a restore.
+func BenchmarkDecodeRecords(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	keyed := make([]Keyed[int64, int64], 4096)
+	for i := range keyed {
+		keyed[i] = Keyed[int64, int64]{Rec: r.Int64(), Key: r.Int64N(1 << 20), KeyGroup: uint16(r.IntN(128))}
+	}
+	ints := make([]int64, 4096)
+	for i := range ints {
+		ints[i] = r.Int64()
+	}
+	b.Run("keyed", func(b *testing.B) { benchDecode(b, keyed) })
+	b.Run("int64", func(b *testing.B) { benchDecode(b, ints) })
+}
+
+func benchDecode[E any](b *testing.B, recs []E) {
+	buf, err := encodeRecords(recs)
+	require.NoError(b, err)
+	got, err := decodeRecords[E](buf, "bench")
+	require.NoError(b, err)
+	require.Equal(b, recs, got)
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decodeRecords[E](buf, "bench"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
