@@ -23,11 +23,13 @@ plots. Every scenario measures the engine and what it is compared with
 interleaved in one run, --repeat rounds, and reports the median and the
 spread (min-max) of each ratio, records/s and peak memory.
 
-Scenarios: ` + "throughput, beam, checkpoint, backpressure, skew, memory" + `
+Scenarios: SCENARIOS
 (default: all; see BENCHMARKS.md). The beam scenario builds and runs the
 Apache Beam peer (bench/beam, a Go module of its own; its first build takes
 minutes): --beam auto finds it from the current directory up, --beam off
-skips it, --beam DIR names it.
+skips it, --beam DIR names it. The io scenario starts a throwaway
+PostgreSQL server when its binaries (initdb) are installed, and says why
+not otherwise; its Kafka is franz-go's in-process kfake.
 
 --quick runs every scenario at smoke-test sizes (seconds; the figures mean
 nothing). The full run takes several minutes on 2 cores: run it on a
@@ -50,7 +52,7 @@ func newBenchCmd(ctx context.Context, g *globalFlags, stdout, stderr io.Writer) 
 	cmd := &cobra.Command{
 		Use:     "bench",
 		Short:   "Run the benchmark scenarios and write a report with plots (docs/bench)",
-		Long:    benchLong,
+		Long:    strings.Replace(benchLong, "SCENARIOS", strings.Join(harness.Names(), ", "), 1),
 		Example: benchExample,
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
