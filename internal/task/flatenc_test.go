@@ -470,15 +470,7 @@ func FuzzFlatEncode(f *testing.F) {
 // BenchmarkEncodeRecords compares the fast path with msgpack on buffers of
 // 4096 records.
 func BenchmarkEncodeRecords(b *testing.B) {
-	r := rand.New(rand.NewPCG(5, 6))
-	keyed := make([]Keyed[int64, int64], 4096)
-	for i := range keyed {
-		keyed[i] = Keyed[int64, int64]{Rec: r.Int64(), Key: r.Int64N(1 << 20), KeyGroup: uint16(r.IntN(128))}
-	}
-	ints := make([]int64, 4096)
-	for i := range ints {
-		ints[i] = r.Int64()
-	}
+	keyed, ints := benchRecords()
 	bench := func(name string, recs any, enc func() ([]byte, error)) {
 		b.Run(name, func(b *testing.B) {
 			out, err := enc()
@@ -502,6 +494,14 @@ func BenchmarkEncodeRecords(b *testing.B) {
 // BenchmarkDecodeRecords decodes what BenchmarkEncodeRecords encodes: a
 // buffer of channel state read back at a restore.
 func BenchmarkDecodeRecords(b *testing.B) {
+	keyed, ints := benchRecords()
+	b.Run("keyed", func(b *testing.B) { benchDecode(b, keyed) })
+	b.Run("int64", func(b *testing.B) { benchDecode(b, ints) })
+}
+
+// benchRecords are the buffers of the encoding benchmarks: 4096 keyed
+// records and 4096 int64s, random.
+func benchRecords() ([]Keyed[int64, int64], []int64) {
 	r := rand.New(rand.NewPCG(5, 6))
 	keyed := make([]Keyed[int64, int64], 4096)
 	for i := range keyed {
@@ -511,8 +511,7 @@ func BenchmarkDecodeRecords(b *testing.B) {
 	for i := range ints {
 		ints[i] = r.Int64()
 	}
-	b.Run("keyed", func(b *testing.B) { benchDecode(b, keyed) })
-	b.Run("int64", func(b *testing.B) { benchDecode(b, ints) })
+	return keyed, ints
 }
 
 func benchDecode[E any](b *testing.B, recs []E) {
