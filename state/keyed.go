@@ -464,7 +464,11 @@ type KeyedSnapshot struct {
 	n     int
 }
 
-// Entries is the number of keyed entries in the view.
+// Entries is the number of keyed entries in the view, or more: Pebble
+// states that took blind writes (puts that did not read whether their key
+// was stored) count an overwritten entry twice, and natively restored ones
+// count as many. It bounds the entries from above, for deciding whether a
+// snapshot is small enough to inline.
 func (s *KeyedSnapshot) Entries() int { return s.n }
 
 // Encode encodes the view as Snapshot does (S1): the same bytes as a

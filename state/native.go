@@ -26,7 +26,14 @@ type nativeTable interface {
 	nativeInfo() (uint16, []byte, int)
 }
 
-func (t *pebbleTable[K, V]) nativeInfo() (uint16, []byte, int) { return t.id, t.sp.desc, t.n }
+// nativeInfo returns the state id, descriptor and entries of t, -1 when
+// only an upper bound is known.
+func (t *pebbleTable[K, V]) nativeInfo() (uint16, []byte, int) {
+	if t.approx {
+		return t.id, t.sp.desc, -1
+	}
+	return t.id, t.sp.desc, t.n
+}
 
 // newInstanceID returns a random id for a Pebble instance (F12).
 func newInstanceID() string {

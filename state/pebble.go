@@ -393,7 +393,13 @@ type pebbleTable[K comparable, V any] struct {
 	kbuf       []byte
 	ke, ve     *encoder
 	dec        *decoder
-	n          int // stored entries
+	n          int // stored entries; an upper bound once approx
+	// approx: a blind write (a put that did not read whether its key was
+	// stored, see cacheSlot) may have overwritten an entry, so n may count
+	// it twice. n then bounds the entries from above, which is all an
+	// inline-or-file decision needs; native snapshots report the count
+	// unknown, and a restore counts them.
+	approx bool
 	// ck and cv hold the key and value being encoded or decoded, so that
 	// the per-record calls pass no pointer to a local (which would escape
 	// through the spec's functions).
@@ -498,7 +504,7 @@ func (t *pebbleTable[K, V]) load(es []restoredEntry[K], restore func(e *restored
 	if err := batch.Commit(pebble.NoSync); err != nil {
 		return err
 	}
-	t.n = len(kvs)
+	t.n, t.approx = len(kvs), false
 	return nil
 }
 
@@ -590,12 +596,12 @@ func (t *pebbleTable[K, V]) put(k K, kg int, v V) {
 		t.cachePut(t.kbuf, v)
 		return
 	}
+	// A blind write when it is not known whether the key is stored (see
+	// approx): a Get per put would cost more than the write.
 	had := t.has
-	if !t.known {
-		had = t.exists(t.kbuf)
-	}
+	t.approx = t.approx || !t.known
 	t.cv = v
-	t.setRaw(t.kbuf, &t.cv, had)
+	t.setRaw(t.kbuf, &t.cv, had && t.known)
 	var zero V
 	t.cv = zero
 	t.known, t.has = true, true
@@ -943,12 +949,10 @@ func (m *pebbleMapTable[K, UK, V]) put(k K, kg int, uk UK, v V) {
 		m.t.cachePut(key, v)
 		return
 	}
-	had := m.has
-	if !m.known {
-		had = m.t.exists(key)
-	}
+	had := m.has // a blind write unless known, as pebbleTable.put
+	m.t.approx = m.t.approx || !m.known
 	m.t.cv = v
-	m.t.setRaw(key, &m.t.cv, had)
+	m.t.setRaw(key, &m.t.cv, had && m.known)
 	var zero V
 	m.t.cv = zero
 	m.known, m.has = true, true

@@ -45,8 +45,9 @@ type cacheEntry[V any] struct {
 	enc  []byte
 	hash uint64
 	// has: the key has an entry (val); dirty: Pebble does not have it
-	// yet; ref: CLOCK's reference bit.
-	has, dirty, ref bool
+	// yet; ref: CLOCK's reference bit; unknown: a blind slot, whose key may
+	// or may not be stored (has is false), written at once.
+	has, dirty, ref, unknown bool
 }
 
 func newWriteCache[V any](n int) *writeCache[V] {
@@ -117,11 +118,19 @@ func (c *writeCache[V]) setDirty(s int32) {
 	}
 }
 
-// cacheSlot returns the slot of key (with hash h) in t's cache, loading
-// it from Pebble on a miss (without decoding the value when !load, for a
-// write: then only whether it exists is read). The slot is valid until
-// the next cacheSlot, drop or flush-and-evict.
-func (t *pebbleTable[K, V]) cacheSlot(key []byte, load bool) int32 {
+// How cacheSlot fills a slot on a miss.
+const (
+	slotLoad   = iota // read and decode the value
+	slotExists        // read only whether the key exists (a remove)
+	slotBlind         // read nothing (a put, which overwrites it)
+)
+
+// cacheSlot returns the slot of key (with hash h) in t's cache, filling it
+// from Pebble on a miss as mode says: a blind slot does not know whether
+// the key exists (has is false, unknown true), and the caller writes it at
+// once. The slot is valid until the next cacheSlot, drop or
+// flush-and-evict.
+func (t *pebbleTable[K, V]) cacheSlot(key []byte, mode int) int32 {
 	c := t.c
 	h := c.hash(key)
 	if s := c.find(key, h); s >= 0 {
@@ -131,17 +140,18 @@ func (t *pebbleTable[K, V]) cacheSlot(key []byte, load bool) int32 {
 	var has bool
 	var zero V
 	t.cv = zero
-	if load {
+	switch mode {
+	case slotLoad:
 		has = t.getRaw(key, &t.cv)
-	} else {
+	case slotExists:
 		has = t.exists(key)
 	}
 	s := t.cacheInsert(key, h)
 	e := &c.ents[s]
-	e.has = has
-	if load {
+	e.has, e.unknown = has, mode == slotBlind
+	if mode == slotLoad {
 		e.val = t.cv
-	} // else has but not decoded: the caller writes the slot at once
+	} // else not decoded: the caller writes the slot at once
 	t.cv = zero
 	return s
 }
@@ -267,7 +277,7 @@ func (t *pebbleTable[K, V]) flush() {
 func (t *pebbleTable[K, V]) cacheGet(key []byte) (V, bool) {
 	s := t.cslot
 	if s < 0 {
-		s = t.cacheSlot(key, true)
+		s = t.cacheSlot(key, slotLoad)
 		t.cslot = s
 	}
 	e := &t.c.ents[s]
@@ -278,7 +288,7 @@ func (t *pebbleTable[K, V]) cacheGet(key []byte) (V, bool) {
 func (t *pebbleTable[K, V]) cachePut(key []byte, v V) {
 	s := t.cslot
 	if s < 0 {
-		s = t.cacheSlot(key, false)
+		s = t.cacheSlot(key, slotBlind)
 		t.cslot = s
 	}
 	t.ve.buf = t.ve.buf[:0]
@@ -292,9 +302,12 @@ func (t *pebbleTable[K, V]) cachePut(key []byte, v V) {
 	e := &t.c.ents[s]
 	e.enc = append(e.enc[:0], vb...)
 	if !e.has {
+		// A blind write may overwrite a stored entry: n becomes an upper
+		// bound (see pebbleTable.approx).
 		t.n++
+		t.approx = t.approx || e.unknown
 	}
-	e.val, e.has = v, true
+	e.val, e.has, e.unknown = v, true, false
 	t.c.setDirty(s)
 }
 
@@ -304,7 +317,7 @@ func (t *pebbleTable[K, V]) cachePut(key []byte, v V) {
 func (t *pebbleTable[K, V]) cacheRemove(key []byte) bool {
 	s := t.cslot
 	if s < 0 {
-		s = t.cacheSlot(key, false)
+		s = t.cacheSlot(key, slotExists)
 		t.cslot = s
 	}
 	e := &t.c.ents[s]

@@ -278,7 +278,8 @@ func runModel(t *testing.T, seed uint64) {
 			require.NoError(t, err)
 			pv, err := peb.b.Freeze()
 			require.NoError(t, err)
-			require.Equal(t, hv.Entries(), pv.Entries(), "seed %d step %d: view entries", seed, step)
+			// Pebble's count is an upper bound (blind writes).
+			require.GreaterOrEqual(t, pv.Entries(), hv.Entries(), "seed %d step %d: view entries", seed, step)
 			views = append(views, view{hv, pv, want.clone()})
 		case op < 97:
 			if len(views) > 0 {
