@@ -167,7 +167,9 @@ func readControl(ctx context.Context, file string) (controlInfo, error) {
 	if err := json.Unmarshal(raw, &info); err != nil || info.Addr == "" {
 		return info, usagef("%s: not a control file of snapdemo replay", file)
 	}
-	if _, err := call(ctx, http.MethodGet, info, "/status", 5*time.Second); err != nil {
+	// The port of a killed replay may have been taken by another process,
+	// even another replay's endpoint: the execution must be the file's.
+	if rep, err := call(ctx, http.MethodGet, info, "/status", 5*time.Second); err != nil || rep.Execution != info.Execution {
 		return info, usagef("no running replay answers at %s (pid %d, %s): a replay that was killed leaves its control file behind", info.Addr, info.PID, file)
 	}
 	return info, nil
