@@ -27,8 +27,9 @@
 // emission Interval, IdleTimeout) emits watermarks: every Interval of its
 // subtask's clock the highest event time it emitted minus the bound minus
 // 1 (Flink's BoundedOutOfOrdernessWatermarks), and Idle when it emitted
-// nothing for IdleTimeout. Watermarks are per source subtask, not per split
-// (see WatermarkStrategy). They are in-band events (marker M4) and flow
+// nothing for IdleTimeout. Watermarks are per source subtask, or per split
+// for a SplitSourceFunc (the subtask's is then the minimum over its
+// splits, idle ones left out). They are in-band events (marker M4) and flow
 // through every edge kind and chain; each subtask's input watermark is the
 // minimum over its inputs, idle ones left out, and it forwards it only when
 // it goes up (align.WatermarkValve, internal/task EventTime). A loop

@@ -32,7 +32,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator()}
+		op := &sourceOp[T]{fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -824,17 +824,23 @@ type sourceOp[T any] struct {
 	// generator; both nil without a strategy.
 	ts  func(T) int64
 	gen *task.WatermarkGenerator
+	// splits generates per split when fn is a SplitSourceFunc (split),
+	// instead of gen, with cfg; see splits.go.
+	cfg    task.GeneratorConfig
+	split  SplitSourceFunc[T]
+	splits *task.SplitWatermarks
 }
-
-// Watermarks implements task.WatermarkSource.
-func (o *sourceOp[T]) Watermarks() *task.WatermarkGenerator { return o.gen }
 
 func (o *sourceOp[T]) Open(info task.Info) error {
 	o.hooks.fn = o.fn
 	if err := o.open(info); err != nil {
 		return err
 	}
-	return o.initialize()
+	if err := o.initialize(); err != nil {
+		return err
+	}
+	o.openSplits()
+	return nil
 }
 
 func (o *sourceOp[T]) Emit(max int) (bool, error) {
@@ -855,7 +861,12 @@ func (o *sourceOp[T]) Emit(max int) (bool, error) {
 		if err != nil {
 			return o.emitted(i, err)
 		}
-		if o.ts != nil {
+		switch {
+		case o.splits != nil:
+			if err := o.observeSplit(o.ts(r)); err != nil {
+				return false, err
+			}
+		case o.ts != nil:
 			o.gen.Observe(o.ts(r))
 		}
 		o.out.Collect(r)
