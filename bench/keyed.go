@@ -91,6 +91,32 @@ func (s *sumSink) EndInput(*graph.Context) error {
 	return nil
 }
 
+// EngineKeyedCo is EngineKeyed with two sources, of the records below
+// n/2 and of the rest, connected into a keyed two-input operator
+// (graph.KeyedCoProcess) whose inputs share each key's count: the same
+// result as EngineKeyed over n records.
+func EngineKeyedCo(n int64, p int, cfg graph.Config, total *KeyedTotal) *graph.Job {
+	cfg.Parallelism = p
+	j := graph.NewJob("bench-keyed-co", cfg)
+	low := graph.Source(j, "low", source.Generate(n/2, Gen))
+	high := graph.Source(j, "high", source.Generate(n-n/2, func(i int64) int64 { return Gen(n/2 + i) }))
+	counts := graph.KeyedCoProcess(graph.KeyBy(low, KeyFn), graph.KeyBy(high, KeyFn), "count",
+		func() graph.KeyedCoProcessFunc[int64, int64, int64, int64] { return coCount{&runningCount{}} })
+	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { return &sumSink{total: total} })
+	return j
+}
+
+// coCount counts the records of both inputs of a key in one count.
+type coCount struct{ *runningCount }
+
+func (c coCount) Process1(ctx *graph.KeyedContext[int64], v int64, out graph.Collector[int64]) error {
+	return c.Process(ctx, v, out)
+}
+
+func (c coCount) Process2(ctx *graph.KeyedContext[int64], v int64, out graph.Collector[int64]) error {
+	return c.Process(ctx, v, out)
+}
+
 // EngineKeyed builds the keyed pipeline over n records with parallelism p;
 // the sink's result lands in total. The keyed operator and the sink are
 // chained; source and keyed operator are joined by a hash-partitioned edge

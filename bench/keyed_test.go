@@ -88,19 +88,26 @@ func TestVerifyKeys(t *testing.T) {
 // allocates nothing per record in steady state: the allocations of a run
 // over ten times the records differ by far less than one per buffer. (The
 // keys are all in state after the first records, so value state updates
-// existing entries.)
+// existing entries.) So does the keyed two-input path (EngineKeyedCo):
+// both producers convert their records on the edge, the operator branches
+// on the input.
 func TestKeyedPathZeroAllocsPerRecord(t *testing.T) {
 	if raceEnabled {
 		// The race detector allocates on its own; .ci/run runs this test
 		// again without it, where it must pass.
 		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without -race")
 	}
-	for _, p := range []int{1, 2} {
-		t.Run(fmt.Sprintf("p=%d", p), func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		engine func(n int64, p int, cfg graph.Config, total *KeyedTotal) *graph.Job
+		p      int
+	}{{"keyed/p=1", EngineKeyed, 1}, {"keyed/p=2", EngineKeyed, 2}, {"two-input/p=2", EngineKeyedCo, 2}} {
+		p := tc.p
+		t.Run(tc.name, func(t *testing.T) {
 			allocs := func(n int64) float64 {
 				return testing.AllocsPerRun(2, func() {
 					var total KeyedTotal
-					if err := EngineKeyed(n, p, graph.Config{Logf: t.Logf}, &total).Run(context.Background()); err != nil {
+					if err := tc.engine(n, p, graph.Config{Logf: t.Logf}, &total).Run(context.Background()); err != nil {
 						t.Fatal(err)
 					}
 					if total.Result() != ExpectedKeyed(n) {

@@ -117,7 +117,7 @@ func asyncExactlyOnceJob(t testing.TB, n, keys int64, dir string, failAt []int64
 	src := graph.Source(job, "source", source.Generate(n, func(i int64) rec { return rec{Key: i % keys, I: i} }))
 	sums := graph.ProcessKeyed(graph.KeyBy(src, func(r rec) int64 { return r.Key }), "sum",
 		func() graph.KeyedProcessFunc[int64, rec, out] {
-			return &runningSum{failAt: failAt, counters: counters, fired: fired}
+			return &runningSum{injector: injector{failAt: failAt, counters: counters, fired: fired}}
 		})
 	graph.Sink(sums, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))
 	return job, committer, fired

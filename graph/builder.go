@@ -79,11 +79,13 @@ type edge struct {
 	part     Partitioning
 	// chained: both ends run in one subtask (set by Validate).
 	chained bool
-	// newChan creates a *channel.Chan[T] for the edge's element type T.
+	// newChan creates a *channel.Chan[E] for the edge's element type E
+	// (elem).
 	newChan func(channel.Config) any
-	// partitioner is a hash edge's hashPartitioner[T, K] (operators.go):
-	// it makes the edge's channels (of task.Keyed[K, T]) and each
-	// upstream's output edge. Nil for other partitionings.
+	// partitioner is a hash edge's hashPartitioner[T, K] (operators.go),
+	// or a two-input operator's input's coEdge (coprocess.go): it makes
+	// the edge's channels (of task.Keyed[K, T], or of the operator's
+	// input type) and each upstream's output edge. Nil otherwise.
 	partitioner any
 	// elem is the type of the records the edge's channels carry (T, or
 	// task.Keyed[K, T] on a hash edge).
@@ -255,7 +257,7 @@ func newEdge[T any](from, to *vertex, part Partitioning, partitioner any) *edge 
 		elem:    reflect.TypeFor[T](),
 	}
 	if m, ok := partitioner.(chanMaker); ok {
-		e.elem = m.elemType()
+		e.newChan, e.elem = m.newChan, m.elemType()
 	}
 	return e
 }

@@ -5,7 +5,8 @@
 //
 // A Job is built with typed functions: Source, Map, Filter, FlatMap,
 // Process, KeyBy + ProcessKeyed (or Reduce, a running reduction per key),
-// Union and Sink; Iterate and CloseWith
+// Union, the two-input CoProcess, KeyedCoProcess, BroadcastProcess and
+// KeyedBroadcastProcess, and Sink; Iterate and CloseWith
 // close a loop over a feedback edge (see Iteration: loops are exactly-once
 // and end when quiescent; any other cycle is rejected). Every operator takes a uid
 // that must be unique and stable across versions of the program, because
@@ -26,8 +27,9 @@
 // emission Interval, IdleTimeout) emits watermarks: every Interval of its
 // subtask's clock the highest event time it emitted minus the bound minus
 // 1 (Flink's BoundedOutOfOrdernessWatermarks), and Idle when it emitted
-// nothing for IdleTimeout. Watermarks are per source subtask, not per split
-// (see WatermarkStrategy). They are in-band events (marker M4) and flow
+// nothing for IdleTimeout. Watermarks are per source subtask, or per split
+// for a SplitSourceFunc (the subtask's is then the minimum over its
+// splits, idle ones left out). They are in-band events (marker M4) and flow
 // through every edge kind and chain; each subtask's input watermark is the
 // minimum over its inputs, idle ones left out, and it forwards it only when
 // it goes up (align.WatermarkValve, internal/task EventTime). A loop
@@ -50,6 +52,21 @@
 // list state internal/task.WatermarkState, "_watermark"; restored at
 // another parallelism, the lowest of the old subtasks'), and a restored
 // keyed operator starts at it (EV1, EV2 below).
+//
+// # Two-input operators
+//
+// CoProcess connects two streams of different types into one operator
+// (Flink's ConnectedStreams with a CoProcessFunction): Process1 gets the
+// first input's records, Process2 the second's, on one goroutine.
+// KeyedCoProcess connects two KeyedStreams with the same key type: keyed
+// state and timers are the key's, shared by both inputs, checkpointed and
+// rescaled by key group. BroadcastProcess and KeyedBroadcastProcess
+// connect a stream to a Broadcast() stream (the broadcast state pattern):
+// ProcessBroadcast sees every broadcast record on every subtask and alone
+// writes the BroadcastState, which the other input reads. Internally both
+// inputs' records travel as one type (see coprocess.go): the operator
+// reads a single input gate, so barriers align across both inputs, its
+// watermark is the minimum over both, and its input ends when both ended.
 //
 // # Running a job
 //

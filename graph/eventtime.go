@@ -19,11 +19,11 @@ import (
 // WatermarkStrategy.forBoundedOutOfOrderness with a timestamp assigner and
 // idleness. Set it with the Watermarks option on Source.
 //
-// Each source subtask generates its own watermarks (not one per split: a
-// SourceFunc does not say which split a record comes from, so a subtask
-// reading several splits, source.Indexed's strided splits or several
-// files, takes the maximum over all of them, and the bound must cover the
-// disorder between its splits too). Downstream, every subtask's input
+// Each source subtask generates its own watermarks, per split if its
+// function is a SplitSourceFunc (then the subtask's watermark is the
+// minimum over its splits, idle ones left out); otherwise a subtask
+// reading several splits takes the maximum over all of them, and the
+// bound must cover the disorder between its splits too. Downstream, every subtask's input
 // watermark is the minimum over its input channels, idle ones left out,
 // and a subtask's watermarks never go back, not even after a restore (the
 // last one is in its snapshot).
@@ -87,7 +87,11 @@ func (s WatermarkStrategy[T]) generator() *task.WatermarkGenerator {
 	if s.Timestamp == nil {
 		return nil
 	}
-	return task.NewWatermarkGenerator(task.GeneratorConfig{OutOfOrderness: s.OutOfOrderness, Interval: s.Interval, IdleTimeout: s.IdleTimeout})
+	return task.NewWatermarkGenerator(s.config())
+}
+
+func (s WatermarkStrategy[T]) config() task.GeneratorConfig {
+	return task.GeneratorConfig{OutOfOrderness: s.OutOfOrderness, Interval: s.Interval, IdleTimeout: s.IdleTimeout}
 }
 
 // TimeDomain says which clock a timer was registered on.

@@ -33,27 +33,42 @@ type out struct {
 const numKeys = 100
 
 // runningSum is a keyed operator: per key it keeps the running sum of the
-// mapped values in keyed state and emits it with every record.
-//
-// It injects failures: attempt a fails at the first record, from the
+// mapped values in keyed state and emits it with every record. It injects
+// failures (injector).
+type runningSum struct {
+	sum *state.ValueState[int64, int64]
+	injector
+}
+
+// injector injects failures: attempt a fails at the first record, from the
 // failAt[a]-th the attempt's subtasks saw, that a subtask sees after it was
 // notified of a completed checkpoint of the attempt. So every injected
 // failure has a checkpoint to restore, and the test can insist on a
 // restore per failure.
-type runningSum struct {
-	sum       *state.ValueState[int64, int64]
+type injector struct {
 	failAt    []int64 // failAt[attempt]: fail from this many records seen in that attempt
 	counters  []atomic.Int64
 	fired     []atomic.Bool // fired[attempt]: the failure of that attempt happened
 	completed bool          // this subtask was notified of a completed checkpoint
 }
 
-func (r *runningSum) NotifyCheckpointComplete(int64) error {
+func (r *injector) NotifyCheckpointComplete(int64) error {
 	r.completed = true
 	return nil
 }
 
-func (r *runningSum) NotifyCheckpointAborted(int64) error { return nil }
+func (r *injector) NotifyCheckpointAborted(int64) error { return nil }
+
+// inject counts a record of attempt a and returns the injected failure if
+// it is due.
+func (r *injector) inject(a int) error {
+	if a < len(r.failAt) && r.failAt[a] > 0 {
+		if seen := r.counters[a].Add(1); seen >= r.failAt[a] && r.completed && r.fired[a].CompareAndSwap(false, true) {
+			return fmt.Errorf("injected failure at record %d of attempt %d", seen, a)
+		}
+	}
+	return nil
+}
 
 func (r *runningSum) InitializeState(ctx *graph.Context) error {
 	v, err := state.Value[int64, int64](graph.KeyedState[int64](ctx), "sum")
@@ -62,10 +77,8 @@ func (r *runningSum) InitializeState(ctx *graph.Context) error {
 }
 
 func (r *runningSum) Process(ctx *graph.KeyedContext[int64], in rec, o graph.Collector[out]) error {
-	if a := ctx.Task().Attempt; a < len(r.failAt) && r.failAt[a] > 0 {
-		if seen := r.counters[a].Add(1); seen >= r.failAt[a] && r.completed && r.fired[a].CompareAndSwap(false, true) {
-			return fmt.Errorf("injected failure at record %d of attempt %d", seen, a)
-		}
+	if err := r.inject(ctx.Task().Attempt); err != nil {
+		return err
 	}
 	s, _ := r.sum.Value()
 	s += in.I
@@ -102,7 +115,7 @@ func exactlyOnceJobWith(t testing.TB, n int64, dir string, failAt []int64, cc gr
 	mapped := graph.Map(src, "double", func(r rec) rec { r.I *= 2; return r })
 	sums := graph.ProcessKeyed(graph.KeyBy(mapped, func(r rec) int64 { return r.Key }), "sum",
 		func() graph.KeyedProcessFunc[int64, rec, out] {
-			return &runningSum{failAt: failAt, counters: counters, fired: fired}
+			return &runningSum{injector: injector{failAt: failAt, counters: counters, fired: fired}}
 		})
 	if slow != nil {
 		sums = graph.Map(sums, "slow", func(o out) out { slow(o); return o })

@@ -152,6 +152,9 @@ type Context struct {
 	ckpt       bool
 	operators  *state.OperatorStore
 	keyed      any // *state.KeyedBackend[K] for keyed operators
+	// broadcast is the broadcast state of a broadcast operator (see
+	// RegisterBroadcastState), nil for others.
+	broadcast *broadcastStore
 }
 
 func newContext(in task.Info) (*Context, error) {

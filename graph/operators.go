@@ -32,7 +32,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator()}
+		op := &sourceOp[T]{fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -132,16 +132,9 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	connect(s.s, v)
 	key := s.key
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
-		out := outFor[OUT](ctx, a, v, i, next)
-		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
-		op.onTimer, _ = op.fn.(TimerHandler[K, OUT])
-		op.ender, op.openErr = inputEnder[OUT](v, op.fn)
-		if op.fn == nil {
-			op.openErr = nilFunction(v)
-		}
-		m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op, Watermark: op.AdvanceWatermark}
-		m.PreBarrier = preBarrier[OUT](&op.hooks, op.fn, out)
-		return m, op.ProcessBatch
+		fn := newFn()
+		op := newKeyedOp(a, v, kopts, key, outFor[OUT](ctx, a, v, i, next), fn, fn)
+		return op.member(a, v, i), op.ProcessBatch
 	}
 	// The input channels are hash-partitioned: they carry each record with
 	// its key and key group (see hashPartitioner).
@@ -188,7 +181,8 @@ type batchFunc[IN, OUT any] func(ctx *Context, recs []IN, out *task.Output[OUT])
 
 // addOperator adds an unkeyed one-input operator; mk is called once per
 // subtask attempt and returns the batch function and the user function value
-// (nil for plain funcs) whose optional hooks are honoured.
+// (nil for plain funcs) whose optional hooks are honoured, or hooks with
+// it (a broadcast operator's, with its broadcast state).
 func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bool, mk func() (batchFunc[IN, OUT], any)) *Stream[OUT] {
 	j := s.job
 	v := j.addVertex(kindOperator, uid, opts)
@@ -198,23 +192,34 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 	}
 	connect(s, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
-		out := outFor[OUT](ctx, a, v, i, next)
 		process, fn := mk()
-		op := &fnOp[IN]{hooks: hooks{fn: fn}, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
-		ender, err := inputEnder[OUT](v, fn)
-		op.openErr = err
-		if process == nil {
-			op.openErr = nilFunction(v)
+		h, ok := fn.(hooks) // a broadcast operator's, with its state
+		if !ok {
+			h = hooks{fn: fn}
 		}
-		if ender != nil {
-			op.endInput = func() error { return ender.EndInput(op.ctx, out) }
-		}
-		m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}
-		m.PreBarrier = preBarrier[OUT](&op.hooks, fn, out)
-		return m, op.ProcessBatch
+		return unkeyedMember(a, v, i, outFor[OUT](ctx, a, v, i, next), h, process)
 	}
 	v.run = runInput[IN](v)
 	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
+}
+
+// unkeyedMember is subtask i's chain member of the unkeyed operator v, and
+// its ProcessBatch: h carries the user function value whose hooks are
+// honoured (nil for plain funcs), process is the batch function (nil: the
+// factory returned a nil function).
+func unkeyedMember[IN, OUT any](a *attempt, v *vertex, i int, out *task.Output[OUT], h hooks, process batchFunc[IN, OUT]) (task.Member, any) {
+	op := &fnOp[IN]{hooks: h, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
+	ender, err := inputEnder[OUT](v, h.fn)
+	op.openErr = err
+	if process == nil {
+		op.openErr = nilFunction(v)
+	}
+	if ender != nil {
+		op.endInput = func() error { return ender.EndInput(op.ctx, out) }
+	}
+	m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}
+	m.PreBarrier = preBarrier[OUT](&op.hooks, h.fn, out)
+	return m, op.ProcessBatch
 }
 
 // preBarrier returns the task hook that calls fn's PrepareBarrier, or nil.
@@ -315,6 +320,10 @@ type hooks struct {
 	// openErr fails Open (a misdeclared hook found when the function was
 	// made).
 	openErr error
+	// broadcast is the broadcast state of a broadcast operator
+	// (BroadcastProcess, KeyedBroadcastProcess), nil for others; it is
+	// written to operator state at every snapshot.
+	broadcast *broadcastStore
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -322,6 +331,9 @@ func (h *hooks) open(info task.Info) error {
 		return h.openErr
 	}
 	c, err := newContext(info)
+	if c != nil {
+		c.broadcast = h.broadcast
+	}
 	h.ctx = c
 	h.keyedFiles, h.task = info.KeyedState, info.ID()
 	return err
@@ -365,6 +377,9 @@ func (h *hooks) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.A
 		if err := s.SnapshotState(sc); err != nil {
 			return checkpoint.SubtaskState{}, nil, err
 		}
+	}
+	if err := h.broadcast.snapshot(); err != nil {
+		return checkpoint.SubtaskState{}, nil, err
 	}
 	lists, err := h.ctx.operators.Snapshot()
 	if err != nil {
@@ -529,6 +544,27 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	restoreFS vfs.FS
 }
 
+// newKeyedOp is a keyed operator of vertex v writing to out: fn handles
+// its records (nil for an operator with its own ProcessBatch), user is the
+// user function value whose hooks are honoured (nil: the factory returned
+// a nil function).
+func newKeyedOp[K comparable, IN, OUT any](a *attempt, v *vertex, kopts keyedOpts, key func(IN) K, out *task.Output[OUT], fn KeyedProcessFunc[K, IN, OUT], user any) *keyedOp[K, IN, OUT] {
+	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user}, fn: fn, key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
+	op.onTimer, _ = user.(TimerHandler[K, OUT])
+	op.ender, op.openErr = inputEnder[OUT](v, user)
+	if user == nil {
+		op.openErr = nilFunction(v)
+	}
+	return op
+}
+
+// member is the operator as subtask i's chain member.
+func (o *keyedOp[K, IN, OUT]) member(a *attempt, v *vertex, i int) task.Member {
+	m := task.Member{Info: a.info(v, i), Op: o, Out: o.out, EndInput: o.EndInput, Timers: o, Watermark: o.AdvanceWatermark}
+	m.PreBarrier = preBarrier[OUT](&o.hooks, o.hooks.fn, o.out)
+	return m
+}
+
 // setTime hands the keyed-state backend the processing time (state TTL):
 // the StateClock's if set, else now. It runs once per buffer of records,
 // before timers fire, before snapshots and before the other calls into the
@@ -542,7 +578,6 @@ func (o *keyedOp[K, IN, OUT]) setTime(now time.Time) {
 }
 
 func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
-	o.hooks.fn = o.fn
 	if err := o.open(info); err != nil {
 		return err
 	}
@@ -633,7 +668,7 @@ func (o *keyedOp[K, IN, OUT]) fire(ts *timerService[K], d TimeDomain, upto int64
 	o.kctx.domain = d
 	return ts.fire(upto, func(at time.Time) error {
 		if o.onTimer == nil {
-			return fmt.Errorf("a %s timer for key %v fired but the function (%T) does not implement graph.TimerHandler", d, o.backend.CurrentKey(), o.fn)
+			return fmt.Errorf("a %s timer for key %v fired but the function (%T) does not implement graph.TimerHandler", d, o.backend.CurrentKey(), o.hooks.fn)
 		}
 		return o.onTimer.OnTimer(o.kctx, at, o.out)
 	})
@@ -698,6 +733,12 @@ func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []task.Keyed[K, IN]) error {
 	} else {
 		err = o.process(recs)
 	}
+	return o.batchDone(err)
+}
+
+// batchDone ends a batch that returned err: after the final watermark,
+// the event-time timers it registered fire now (see ProcessBatch).
+func (o *keyedOp[K, IN, OUT]) batchDone(err error) error {
 	if err == nil && o.kctx.watermark == marker.MaxWatermark {
 		err = o.fire(o.kctx.eventTimers, EventTime, marker.MaxWatermark)
 	}
@@ -724,21 +765,33 @@ func (o *keyedOp[K, IN, OUT]) process(recs []task.Keyed[K, IN]) error {
 func (o *keyedOp[K, IN, OUT]) processVerified(recs []task.Keyed[K, IN]) error {
 	for i := range recs {
 		r := &recs[i]
-		kg := int(r.KeyGroup)
+		if err := o.enter(r); err != nil {
+			return err
+		}
+		if err := o.fn.Process(o.kctx, r.Rec, o.out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// enter makes r's key the current key, after checking its key group and,
+// with verify, the key function: the per-record step of processVerified
+// and of two-input operators.
+func (o *keyedOp[K, IN, OUT]) enter(r *task.Keyed[K, IN]) error {
+	kg := int(r.KeyGroup)
+	if o.verify {
 		if k := o.key(r.Rec); k != r.Key {
 			return fmt.Errorf("the key function is not deterministic: record %v had key %v when it was partitioned and has key %v now (%s is set)", r.Rec, r.Key, k, verifyKeysEnv)
 		}
 		if want := keygroup.Of(r.Key, o.maxP); kg != want {
 			return fmt.Errorf("key %v arrived with key group %d, but it hashes to key group %d (%s is set)", r.Key, kg, want, verifyKeysEnv)
 		}
-		if !o.kgs.Contains(kg) {
-			return o.foreignKeyGroup(r.Key, kg)
-		}
-		o.backend.SetCurrentKey(r.Key, kg)
-		if err := o.fn.Process(o.kctx, r.Rec, o.out); err != nil {
-			return err
-		}
 	}
+	if !o.kgs.Contains(kg) {
+		return o.foreignKeyGroup(r.Key, kg)
+	}
+	o.backend.SetCurrentKey(r.Key, kg)
 	return nil
 }
 
@@ -771,17 +824,23 @@ type sourceOp[T any] struct {
 	// generator; both nil without a strategy.
 	ts  func(T) int64
 	gen *task.WatermarkGenerator
+	// splits generates per split when fn is a SplitSourceFunc (split),
+	// instead of gen, with cfg; see splits.go.
+	cfg    task.GeneratorConfig
+	split  SplitSourceFunc[T]
+	splits *task.SplitWatermarks
 }
-
-// Watermarks implements task.WatermarkSource.
-func (o *sourceOp[T]) Watermarks() *task.WatermarkGenerator { return o.gen }
 
 func (o *sourceOp[T]) Open(info task.Info) error {
 	o.hooks.fn = o.fn
 	if err := o.open(info); err != nil {
 		return err
 	}
-	return o.initialize()
+	if err := o.initialize(); err != nil {
+		return err
+	}
+	o.openSplits()
+	return nil
 }
 
 func (o *sourceOp[T]) Emit(max int) (bool, error) {
@@ -802,7 +861,12 @@ func (o *sourceOp[T]) Emit(max int) (bool, error) {
 		if err != nil {
 			return o.emitted(i, err)
 		}
-		if o.ts != nil {
+		switch {
+		case o.splits != nil:
+			if err := o.observeSplit(o.ts(r)); err != nil {
+				return false, err
+			}
+		case o.ts != nil:
 			o.gen.Observe(o.ts(r))
 		}
 		o.out.Collect(r)
@@ -841,7 +905,7 @@ func (h hashPartitioner[T, K]) elemType() reflect.Type { return reflect.TypeFor[
 
 // edge returns the output edge of one upstream subtask over chans, its
 // channels to every downstream subtask in subtask order.
-func (h hashPartitioner[T, K]) edge(chans []any, maxP int) task.Edge[T] {
+func (h hashPartitioner[T, K]) edge(chans []any, _ Partitioning, _, maxP int) task.Edge[T] {
 	senders := make([]channel.Sender[task.Keyed[K, T]], len(chans))
 	for i, c := range chans {
 		senders[i] = c.(*channel.Chan[task.Keyed[K, T]])

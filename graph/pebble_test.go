@@ -115,7 +115,7 @@ func pebbleJob(t testing.TB, r *pebbleRun) (*graph.Job, []atomic.Bool) {
 	mapped := graph.Map(src, "double", func(x rec) rec { x.I *= 2; return x }, graph.Parallelism(2))
 	sums := graph.ProcessKeyed(graph.KeyBy(mapped, func(x rec) int64 { return x.Key }), "sum",
 		func() graph.KeyedProcessFunc[int64, rec, out] {
-			return &runningSum{failAt: r.failAt, counters: counters, fired: fired}
+			return &runningSum{injector: injector{failAt: r.failAt, counters: counters, fired: fired}}
 		})
 	seen, every := r.seen, r.slowEvery
 	slow := graph.Map(sums, "slow", func(o out) out {

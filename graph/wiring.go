@@ -23,11 +23,6 @@ func (a *attempt) wireChannels() []interface{ Gauges() channel.Gauges } {
 			chans := make([][]any, v.parallelism)
 			a.chans[ed] = chans
 			newChan := ed.newChan
-			if ed.part == Hash {
-				// A hash edge's channels carry keyed records, not the
-				// stream's.
-				newChan = ed.partitioner.(chanMaker).newChan
-			}
 			for i := range chans {
 				chans[i] = make([]any, ed.to.parallelism)
 				for k := range chans[i] {
@@ -146,52 +141,63 @@ func (a *attempt) loopFor(chain []*vertex, i int) *task.Loop {
 
 // chanMaker makes the channels of an edge whose channel element type is
 // not the stream's record type: a hash edge's hashPartitioner, whose
-// channels carry task.Keyed records.
+// channels carry task.Keyed records, and a two-input operator's coEdge,
+// whose channels carry both inputs' records as one type.
 type chanMaker interface {
 	newChan(channel.Config) any
 	elemType() reflect.Type
 }
 
-// keyedEdger is a hash edge's hashPartitioner for records T: it builds an
-// upstream subtask's output edge over that subtask's channels (one per
-// downstream subtask, in order) for downstream max parallelism maxP.
-type keyedEdger[T any] interface {
-	edge(chans []any, maxP int) task.Edge[T]
+// edger is the partitioner of an edge whose upstream output is not a plain
+// route over channels of its records T (a hash edge's hashPartitioner, a
+// two-input operator's coEdge): it builds the output edge of upstream
+// subtask i over that subtask's channels (one per downstream subtask,
+// in order, nil where the partitioning never sends) for downstream max
+// parallelism maxP.
+type edger[T any] interface {
+	edge(chans []any, part Partitioning, i, maxP int) task.Edge[T]
 }
 
 // outputFor returns the output of subtask i of v.
 func outputFor[T any](ctx context.Context, a *attempt, v *vertex, i int) *task.Output[T] {
 	edges := make([]task.Edge[T], 0, len(v.outputs))
 	for _, e := range v.outputs {
-		if e.part == Hash {
-			// Key extraction and hashing happen once per record, here; the
-			// key and key group travel with the record (task.KeyedEdge).
-			hp := e.partitioner.(keyedEdger[T])
-			edges = append(edges, hp.edge(a.chans[e][i], e.to.maxParallelism))
+		if ed, ok := e.partitioner.(edger[T]); ok {
+			// A hash edge: key extraction and hashing happen once per
+			// record, here; the key and key group travel with the record
+			// (task.KeyedEdge). A two-input operator's input: the records
+			// are converted first (task.MapEdge).
+			edges = append(edges, ed.edge(a.chans[e][i], e.part, i, e.to.maxParallelism))
 			continue
 		}
-		var te task.Edge[T]
-		for _, c := range a.chans[e][i] {
-			if c != nil {
-				te.Chans = append(te.Chans, c.(*channel.Chan[T]))
-			}
-		}
-		switch e.part {
-		case Forward:
-			te.Route = func(T) int { return 0 }
-		case Rebalance:
-			next, n := i%len(te.Chans), len(te.Chans)
-			te.Route = func(T) int {
-				c := next
-				if next++; next == n {
-					next = 0
-				}
-				return c
-			}
-		case Broadcast:
-			te.Route = nil
-		}
-		edges = append(edges, te)
+		edges = append(edges, routedEdge[T](a.chans[e][i], e.part, i))
 	}
 	return task.NewOutput(ctx, edges)
+}
+
+// routedEdge is the output edge of upstream subtask i over chans (nil
+// entries left out) for a forward, rebalance or broadcast partitioning.
+func routedEdge[T any](chans []any, part Partitioning, i int) task.Edge[T] {
+	var te task.Edge[T]
+	for _, c := range chans {
+		if c != nil {
+			te.Chans = append(te.Chans, c.(*channel.Chan[T]))
+		}
+	}
+	switch part {
+	case Forward:
+		te.Route = func(T) int { return 0 }
+	case Rebalance:
+		next, n := i%len(te.Chans), len(te.Chans)
+		te.Route = func(T) int {
+			c := next
+			if next++; next == n {
+				next = 0
+			}
+			return c
+		}
+	case Broadcast:
+		te.Route = nil
+	}
+	return te
 }

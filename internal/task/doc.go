@@ -68,7 +68,9 @@
 // A third pure machine, EventTime (eventtime.go, E1-E3), combines the
 // watermark events of the subtask's inputs with an align.WatermarkValve;
 // a source's inputs are its WatermarkGenerator's events (WG1-WG2: bounded
-// out-of-orderness, periodic on the loop's clock, idleness), ticked after
+// out-of-orderness, periodic on the loop's clock, idleness), or those of
+// its SplitWatermarks, a generator per split combined by a valve over the
+// splits (SW1-SW2), ticked after
 // each batch when Due (one comparison) and after an idle wait. RunInput
 // feeds it every watermark, idle or active event it reads, and the
 // aligner's Deliver of each channel's end of input; the aligner never sees

@@ -188,8 +188,9 @@ func DecodeWatermark(lists []checkpoint.NamedList, i, p int, where string) (int6
 // WatermarkSource is implemented by a source operator with a watermark
 // strategy: RunSource ticks its generator.
 type WatermarkSource interface {
-	// Watermarks is the source's generator; nil for none.
-	Watermarks() *WatermarkGenerator
+	// Watermarks is the source's generator, nil for none. RunSource asks
+	// once, after the chain opened (a source knows its splits then).
+	Watermarks() Generator
 }
 
 // GeneratorConfig configures a WatermarkGenerator. Times are event time in

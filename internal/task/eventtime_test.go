@@ -19,7 +19,8 @@ import (
 // TestEventTimeDataDriven runs the scripts in testdata/eventtime. If it
 // fails, run `go test ./internal/task -run TestEventTimeDataDriven
 // -rewrite` and inspect the diff; keep it only if every changed line is
-// right by E1-E3 and WG1-WG2 (eventtime.go).
+// right by E1-E3 and WG1-WG2 (eventtime.go) and SW1-SW2
+// (splitwatermarks.go).
 //
 // Commands:
 //
@@ -30,13 +31,13 @@ import (
 //	...
 //	    feeds the inputs in order and prints "<input>: <outputs>" for
 //	    each ("-" for none), then the current watermark
-//	generator [bound=<ns>] [interval=<ns>] [idle=<ns>]
-//	    a fresh WatermarkGenerator
+//	generator [bound=<ns>] [interval=<ns>] [idle=<ns>] [splits=<n>]
+//	    a fresh WatermarkGenerator, or SplitWatermarks over n splits
 //	gen
-//	observe <ts>... | tick <now> | due
+//	observe <ts>... | observe <split>:<ts>... | tick <now> | due
 //	...
-//	    feeds the generator; a tick prints its events ("-" for none) and
-//	    Due, due prints Due
+//	    feeds the generator (with splits: records of those splits); a
+//	    tick prints its events ("-" for none) and Due, due prints Due
 //
 // Every run checks E1 (strictly increasing watermarks above the restored
 // one, nothing after MaxWatermark) and prints violations.
@@ -45,7 +46,8 @@ func TestEventTimeDataDriven(t *testing.T) {
 		var e *EventTime
 		var last int64
 		var maxed bool
-		var g *WatermarkGenerator
+		var g Generator
+		var observe func(split int, ts int64) // SplitWatermarks.Observe, nil for one generator
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			switch d.Cmd {
 			case "event-time":
@@ -115,7 +117,13 @@ func TestEventTimeDataDriven(t *testing.T) {
 					d.ScanArgs(t, "idle", &v)
 					cfg.IdleTimeout = time.Duration(v)
 				}
-				g = NewWatermarkGenerator(cfg)
+				g, observe = NewWatermarkGenerator(cfg), nil
+				if d.HasArg("splits") {
+					var n int
+					d.ScanArgs(t, "splits", &n)
+					sw := NewSplitWatermarks(n, cfg)
+					g, observe = sw, sw.Observe
+				}
 				return "ok\n"
 			case "gen":
 				var b strings.Builder
@@ -124,7 +132,15 @@ func TestEventTimeDataDriven(t *testing.T) {
 					switch f[0] {
 					case "observe":
 						for _, ts := range f[1:] {
-							g.Observe(int64(atoi(t, ts)))
+							if observe == nil {
+								g.(*WatermarkGenerator).Observe(int64(atoi(t, ts)))
+								continue
+							}
+							split, at, ok := strings.Cut(ts, ":")
+							if !ok {
+								d.Fatalf(t, "observe %q: want <split>:<ts> with splits", ts)
+							}
+							observe(atoi(t, split), int64(atoi(t, at)))
 						}
 					case "due":
 						fmt.Fprintf(&b, "due %d\n", g.Due())
@@ -299,7 +315,7 @@ type wmSource struct {
 	idleUntil time.Time
 }
 
-func (s *wmSource) Watermarks() *WatermarkGenerator { return s.gen }
+func (s *wmSource) Watermarks() Generator { return s.gen }
 
 func (s *wmSource) Emit(max int) (bool, error) {
 	if s.next == s.idleAt {

@@ -21,7 +21,8 @@ type Edge[T any] struct {
 	// to all channels. It is not called when there is one channel.
 	Route func(T) int
 
-	// keyed, set by KeyedEdge, writes the edge in place of Chans and Route.
+	// keyed, set by KeyedEdge and MapEdge, writes the edge in place of
+	// Chans and Route.
 	keyed edgeWriter[T]
 }
 
@@ -51,6 +52,42 @@ func (k *Keyed[K, T]) group() int { return int(k.KeyGroup) }
 // keygroup.CheckParallelism(len(chans), maxP) holds.
 func KeyedEdge[K comparable, T any](chans []channel.Sender[Keyed[K, T]], key func(T) K, maxP int) Edge[T] {
 	return Edge[T]{keyed: &keyedEdge[K, T]{lanes: newLanes(chans), key: key, assign: keygroup.NewAssigner(maxP, len(chans))}}
+}
+
+// MapEdge returns an edge that converts every record with wrap and writes
+// the result to e, an edge over channels of E (made with KeyedEdge, or with
+// Chans and Route over E): the input edge of a two-input operator, whose
+// channels carry the records of both inputs as one type. The conversion
+// runs once per record into a scratch batch allocated once, so the record
+// path allocates nothing more than e's.
+func MapEdge[T, E any](e Edge[E], wrap func(T) E) Edge[T] {
+	w := e.keyed
+	if w == nil {
+		w = &routeEdge[E]{lanes: newLanes(e.Chans), route: e.Route}
+	}
+	return Edge[T]{keyed: &mapEdge[T, E]{edgeWriter: w, wrap: wrap, scratch: make([]E, max(w.bufferSize(), 1))}}
+}
+
+// mapEdge is an edge made by MapEdge: everything but write is the
+// wrapped edge's.
+type mapEdge[T, E any] struct {
+	edgeWriter[E]
+	wrap    func(T) E
+	scratch []E
+}
+
+func (m *mapEdge[T, E]) write(ctx context.Context, recs []T) error {
+	for len(recs) > 0 {
+		k := min(len(recs), len(m.scratch))
+		for i := range recs[:k] {
+			m.scratch[i] = m.wrap(recs[i])
+		}
+		if err := m.edgeWriter.write(ctx, m.scratch[:k]); err != nil {
+			return err
+		}
+		recs = recs[k:]
+	}
+	return nil
 }
 
 // Output batches the records a subtask emits and sends them to its channels

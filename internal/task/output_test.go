@@ -576,3 +576,81 @@ func TestChannelStateRecordsRoundTrip(t *testing.T) {
 	_, err = decodeRecords[Keyed[string, rec]](b[:len(b)-3], "input channel state of x")
 	require.ErrorContains(t, err, "input channel state of x")
 }
+
+// TestMapEdge: a mapped edge converts every record once and writes the
+// result through the edge it wraps (hash-partitioned or routed), events
+// after the records; the rest of the edge (flush, events, restored state)
+// is the wrapped edge's, in its element type. The record path allocates
+// nothing in steady state.
+func TestMapEdge(t *testing.T) {
+	kcs, kss := keyedChans(2, 4)
+	rcs := newChans(3, 4)
+	next := 0
+	route := func(int) int { c := next; next = (next + 1) % 3; return c }
+	calls := 0
+	wrap := func(r int) int { calls++; return 10 * r }
+	o := NewOutput(context.Background(), []Edge[int]{
+		MapEdge(KeyedEdge(kss, func(e int) int { return e % 37 }, 128), wrap),
+		MapEdge(Edge[int]{Chans: senders(rcs), Route: route}, wrap),
+	})
+	const n = 100
+	for i := range n {
+		o.Collect(i)
+	}
+	require.NoError(t, o.BroadcastEvent(marker.NewBarrier(marker.Barrier{ID: 1})))
+	require.Equal(t, 2*n, calls, "one conversion per record and edge")
+	var keyed, routed []int
+	for c, ch := range kcs {
+		recs, events := drainKeyed(ch)
+		require.Equal(t, []string{"barrier(1 checkpoint aligned)"}, events)
+		for _, r := range recs {
+			require.Equal(t, r.Rec%37, r.Key, "keyed by the converted record")
+			require.Equal(t, c, keygroup.Owner(128, 2, int(r.KeyGroup)))
+			keyed = append(keyed, r.Rec)
+		}
+	}
+	for c, ch := range rcs {
+		_, items := drainChan(ch)
+		require.Equal(t, "barrier(1 checkpoint aligned)", items[len(items)-1])
+		for k, it := range items[:len(items)-1] {
+			require.Equal(t, 10*(3*k+c), it, "round robin, in order")
+			routed = append(routed, it.(int))
+		}
+	}
+	slices.Sort(keyed)
+	slices.Sort(routed)
+	want := make([]int, n)
+	for i := range want {
+		want[i] = 10 * i
+	}
+	require.Equal(t, want, keyed)
+	require.Equal(t, want, routed)
+
+	// Restored output state is in the wrapped edge's element type, routed
+	// anew by its key group.
+	kg := keygroup.Of(74%37, 128)
+	enc, err := encodeRecords([]Keyed[int, int]{{Rec: 74, Key: 74 % 37, KeyGroup: uint16(kg)}})
+	require.NoError(t, err)
+	require.NoError(t, o.RestoreRouted(context.Background(), 0, [][]byte{enc}, "test"))
+	recs, _ := drainKeyed(kcs[keygroup.Owner(128, 2, kg)])
+	require.Len(t, recs, 1)
+	require.Equal(t, 74, recs[0].Rec)
+
+	steady := func() {
+		for i := range 512 {
+			o.Collect(i)
+		}
+		for _, c := range kcs {
+			for it, ok := c.TryPoll(); ok; it, ok = c.TryPoll() {
+				c.Recycle(it.Buf)
+			}
+		}
+		for _, c := range rcs {
+			for it, ok := c.TryPoll(); ok; it, ok = c.TryPoll() {
+				c.Recycle(it.Buf)
+			}
+		}
+	}
+	steady() // warm up the free lists
+	require.Zero(t, testing.AllocsPerRun(20, steady))
+}

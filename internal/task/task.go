@@ -849,10 +849,7 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 	if err := r.startEventTime(1, nil); err != nil {
 		return err
 	}
-	var gen *WatermarkGenerator
-	if ws, ok := src.(WatermarkSource); ok {
-		gen = ws.Watermarks()
-	}
+	var gen Generator
 	var genOut []align.WatermarkEvent
 	// tick feeds the generator the clock when it is due (once per batch:
 	// one clock read, which the flush check below needs anyway).
@@ -875,6 +872,9 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 		return err
 	}
 	defer r.close(&err)
+	if ws, ok := src.(WatermarkSource); ok {
+		gen = ws.Watermarks()
+	}
 	batch := max(cfg.BatchSize, 1)
 	lastFlush := cfg.now()
 	for {
