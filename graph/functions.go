@@ -152,6 +152,11 @@ type Context struct {
 	ckpt       bool
 	operators  *state.OperatorStore
 	keyed      any // *state.KeyedBackend[K] for keyed operators
+	// sides are the operator's declared side outputs (OutputTag.Emit);
+	// sideErr is the first emission to an undeclared one, which fails the
+	// subtask when the call into the function returns (hooks.sideErr).
+	sides   []sideSlot
+	sideErr error
 }
 
 func newContext(in task.Info) (*Context, error) {

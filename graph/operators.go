@@ -102,7 +102,7 @@ func FlatMap[IN, OUT any](s *Stream[IN], uid string, f func(IN, Collector[OUT]),
 // Process applies a (possibly stateful) function to an unkeyed stream.
 // newFn is called once per subtask attempt.
 func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN, OUT], opts ...Option) *Stream[OUT] {
-	return addOperator(s, uid, opts, newFn == nil, func() (batchFunc[IN, OUT], any) {
+	out := addOperator(s, uid, opts, newFn == nil, func() (batchFunc[IN, OUT], any) {
 		fn := newFn()
 		if fn == nil {
 			return nil, nil
@@ -116,6 +116,8 @@ func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN
 			return nil
 		}, fn
 	})
+	out.parts[0].v.sidesOK = true
+	return out
 }
 
 // ProcessKeyed applies a keyed function: state registered through
@@ -124,7 +126,7 @@ func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN
 func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, newFn func() KeyedProcessFunc[K, IN, OUT], opts ...Option) *Stream[OUT] {
 	j := s.s.job
 	v := j.addVertex(kindOperator, uid, opts)
-	v.keyed = true
+	v.keyed, v.sidesOK = true, true
 	kopts, _ := keyedOptions.take(v)
 	if newFn == nil {
 		j.errorf("graph: operator %q has a nil function", uid)
@@ -139,7 +141,8 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
 		}
-		m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput, Timers: op, Watermark: op.AdvanceWatermark}
+		m := task.Member{Info: a.info(v, i), Op: op, EndInput: op.EndInput, Timers: op, Watermark: op.AdvanceWatermark}
+		op.sides, m.Out = withSides(ctx, a, v, i, out)
 		m.PreBarrier = preBarrier[OUT](&op.hooks, op.fn, out)
 		return m, op.ProcessBatch
 	}
@@ -209,7 +212,8 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		if ender != nil {
 			op.endInput = func() error { return ender.EndInput(op.ctx, out) }
 		}
-		m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}
+		m := task.Member{Info: a.info(v, i), Op: op, EndInput: op.EndInput}
+		op.sides, m.Out = withSides(ctx, a, v, i, out)
 		m.PreBarrier = preBarrier[OUT](&op.hooks, fn, out)
 		return m, op.ProcessBatch
 	}
@@ -224,7 +228,7 @@ func preBarrier[OUT any](h *hooks, fn any, out Collector[OUT]) func(marker.Barri
 		return nil
 	}
 	return func(b marker.Barrier) error {
-		return p.PrepareBarrier(&SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}, out)
+		return h.sideErr(p.PrepareBarrier(&SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}, out))
 	}
 }
 
@@ -285,7 +289,7 @@ func outFor[T any](ctx context.Context, a *attempt, v *vertex, i int, next any) 
 	if next != nil {
 		return task.LocalOut(a.job.cfg.BufferSize, next.(func([]T) error))
 	}
-	return outputFor[T](ctx, a, v, i)
+	return outputFor[T](ctx, a, v, i, "")
 }
 
 // hooks carries the lifecycle of a user function value: state
@@ -315,6 +319,8 @@ type hooks struct {
 	// openErr fails Open (a misdeclared hook found when the function was
 	// made).
 	openErr error
+	// sides are the subtask's side outputs, for its Context.
+	sides []sideSlot
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -322,6 +328,7 @@ func (h *hooks) open(info task.Info) error {
 		return h.openErr
 	}
 	c, err := newContext(info)
+	c.sides = h.sides
 	h.ctx = c
 	h.keyedFiles, h.task = info.KeyedState, info.ID()
 	return err
@@ -473,9 +480,19 @@ func (h *hooks) NotifyAborted(id int64) error {
 
 func (h *hooks) EndInput() error {
 	if h.endInput != nil {
-		return h.endInput()
+		return h.sideErr(h.endInput())
 	}
 	return nil
+}
+
+// sideErr is err, or else the function's emission to an undeclared side
+// output (Context.sideErr): checked once per call into the function, not
+// per record.
+func (h *hooks) sideErr(err error) error {
+	if err == nil && h.ctx != nil {
+		return h.ctx.sideErr
+	}
+	return err
 }
 
 func (h *hooks) Close() error {
@@ -498,7 +515,7 @@ func (o *fnOp[IN]) Open(info task.Info) error {
 	return o.initialize()
 }
 
-func (o *fnOp[IN]) ProcessBatch(recs []IN) error { return o.process(o.ctx, recs) }
+func (o *fnOp[IN]) ProcessBatch(recs []IN) error { return o.sideErr(o.process(o.ctx, recs)) }
 
 // keyedOp runs a keyed operator: before each record it sets the current
 // key and key group of the keyed-state backend. Both come with the record
@@ -631,12 +648,12 @@ func (o *keyedOp[K, IN, OUT]) AdvanceWatermark(at int64) error {
 // fire fires the timers of ts due at upto, telling OnTimer their domain.
 func (o *keyedOp[K, IN, OUT]) fire(ts *timerService[K], d TimeDomain, upto int64) error {
 	o.kctx.domain = d
-	return ts.fire(upto, func(at time.Time) error {
+	return o.sideErr(ts.fire(upto, func(at time.Time) error {
 		if o.onTimer == nil {
 			return fmt.Errorf("a %s timer for key %v fired but the function (%T) does not implement graph.TimerHandler", d, o.backend.CurrentKey(), o.fn)
 		}
 		return o.onTimer.OnTimer(o.kctx, at, o.out)
-	})
+	}))
 }
 
 // EndInput handles the pending processing-time timers by the operator's
@@ -667,7 +684,7 @@ func (o *keyedOp[K, IN, OUT]) EndInput() error {
 	}
 	if o.ender != nil {
 		o.setTime(time.Now())
-		return o.ender.EndInput(o.ctx, o.out)
+		return o.sideErr(o.ender.EndInput(o.ctx, o.out))
 	}
 	return nil
 }
@@ -701,7 +718,7 @@ func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []task.Keyed[K, IN]) error {
 	if err == nil && o.kctx.watermark == marker.MaxWatermark {
 		err = o.fire(o.kctx.eventTimers, EventTime, marker.MaxWatermark)
 	}
-	return err
+	return o.sideErr(err)
 }
 
 func (o *keyedOp[K, IN, OUT]) process(recs []task.Keyed[K, IN]) error {

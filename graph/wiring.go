@@ -159,10 +159,14 @@ type keyedEdger[T any] interface {
 	edge(chans []any, maxP int) task.Edge[T]
 }
 
-// outputFor returns the output of subtask i of v.
-func outputFor[T any](ctx context.Context, a *attempt, v *vertex, i int) *task.Output[T] {
+// outputFor returns the output of subtask i of v over its edges of side
+// output side ("": the main output).
+func outputFor[T any](ctx context.Context, a *attempt, v *vertex, i int, side string) *task.Output[T] {
 	edges := make([]task.Edge[T], 0, len(v.outputs))
 	for _, e := range v.outputs {
+		if e.side != side {
+			continue
+		}
 		if e.part == Hash {
 			// Key extraction and hashing happen once per record, here; the
 			// key and key group travel with the record (task.KeyedEdge).
