@@ -4,7 +4,8 @@
 // # Building a job
 //
 // A Job is built with typed functions: Source, Map, Filter, FlatMap,
-// Process, KeyBy + ProcessKeyed (or Reduce, a running reduction per key),
+// Process, KeyBy + ProcessKeyed (or Reduce, a running reduction per key, and
+// Aggregate, a running state.AggregateFunction per key),
 // Union and Sink, SideOutputOf for side outputs; Iterate and CloseWith
 // close a loop over a feedback edge (see Iteration: loops are exactly-once
 // and end when quiescent; any other cycle is rejected). Every operator takes a uid
