@@ -157,6 +157,8 @@ type Context struct {
 	// subtask when the call into the function returns (hooks.sideErr).
 	sides   []sideSlot
 	sideErr error
+	// logf is the job's logger (Logf), nil outside keyed operators.
+	logf func(format string, args ...any)
 }
 
 func newContext(in task.Info) (*Context, error) {

@@ -588,7 +588,7 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 	if err != nil {
 		return fmt.Errorf("keyed state (%v backend): %w", o.backendCfg.Backend, err)
 	}
-	o.backend, o.keyed, o.ctx.keyed = b, b, b
+	o.backend, o.keyed, o.ctx.keyed, o.ctx.logf = b, b, b, o.logf
 	if o.backendCfg.Backend == PebbleState && !o.backendCfg.FullCheckpoints {
 		o.native = b
 	}
