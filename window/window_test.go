@@ -219,14 +219,13 @@ func (r *run) job(t *testing.T) *graph.Job {
 
 // batchWindows is the reference: the windows of every record, by a plain
 // loop, keyed by (key, window).
-func batchWindows(g events, a spec, skip map[int64]bool) map[wkey][]int64 {
+func batchWindows(n int64, at func(int64) ev, a spec) map[wkey][]int64 {
 	m := map[wkey][]int64{}
 	if a.gap > 0 {
 		byKey := map[int64][]ev{}
-		for i := range g.n {
-			if e := g.at(i); !skip[i] {
-				byKey[e.Key] = append(byKey[e.Key], e)
-			}
+		for i := range n {
+			e := at(i)
+			byKey[e.Key] = append(byKey[e.Key], e)
 		}
 		for k, es := range byKey {
 			slices.SortFunc(es, func(a, b ev) int { return cmp.Compare(a.TS, b.TS) })
@@ -242,11 +241,8 @@ func batchWindows(g events, a spec, skip map[int64]bool) map[wkey][]int64 {
 			m[wkey{k, window.Window{Start: start, End: last + a.gap}}] = cur
 		}
 	} else {
-		for i := range g.n {
-			e := g.at(i)
-			if skip[i] {
-				continue
-			}
+		for i := range n {
+			e := at(i)
 			for s := e.TS - mod(e.TS, a.slide); s > e.TS-a.size; s -= a.slide {
 				k := wkey{e.Key, window.Window{Start: s, End: s + a.size}}
 				m[k] = append(m[k], e.ID)
@@ -302,7 +298,7 @@ func check(t *testing.T, r *run, s spec) {
 		late[e.ID] = true
 		require.Greater(t, r.g.delay(e.ID), bound, "record %+v is late but within the out-of-orderness bound", e)
 	}
-	want := batchWindows(r.g, s, nil)
+	want := batchWindows(r.g.n, r.g.at, s)
 	panes := map[wkey][]result{}
 	for _, res := range r.results.Published() {
 		k := wkey{res.Key, res.Window}
