@@ -97,9 +97,19 @@ const (
 	// ElementState holds the elements of each window of a ProcessFunc
 	// without an aggregate, by window and arrival index.
 	ElementState = "_window_elements"
-	// SessionState lists each key's sessions, by start.
+	// SessionState lists each key's sessions, by start, each with the
+	// window its state is kept under.
 	SessionState = "_window_sessions"
 )
+
+// sessionEntry is one session of a key: its window W, and the window S its
+// slot (and elements) are stored under: the state window of the session
+// it grew from, so that extending or merging a session moves no state but
+// that of the sessions merged into it (Flink's MergingWindowSet).
+type sessionEntry struct {
+	W Window `msgpack:"w"`
+	S Window `msgpack:"s"`
+}
 
 // slot is the state of one window of a key.
 type slot[ACC any] struct {
@@ -141,7 +151,7 @@ type op[K comparable, IN, ACC, OUT any] struct {
 	wins  *state.MapState[K, Window, slot[ACC]]
 	elems *state.MapState[K, elemKey, IN]
 	// sessions lists a key's sessions, by start (session assigners).
-	sessions *state.ValueState[K, []Window]
+	sessions *state.ValueState[K, []sessionEntry]
 	// buf, due and elemBuf are reused per record and firing.
 	buf     []Window
 	due     []dueWindow[ACC]
@@ -150,9 +160,10 @@ type op[K comparable, IN, ACC, OUT any] struct {
 	dropped int64
 }
 
+// dueWindow is a window w whose slot s is stored under sw.
 type dueWindow[ACC any] struct {
-	w Window
-	s slot[ACC]
+	w, sw Window
+	s     slot[ACC]
 }
 
 // build adds the window operator uid over s after validating spec.
@@ -226,7 +237,7 @@ func (o *op[K, IN, ACC, OUT]) InitializeState(ctx *graph.Context) error {
 		}
 	}
 	if o.a.kind == session {
-		if o.sessions, err = state.Value[K, []Window](b, SessionState); err != nil {
+		if o.sessions, err = state.Value[K, []sessionEntry](b, SessionState); err != nil {
 			return err
 		}
 	}
@@ -265,7 +276,7 @@ func (o *op[K, IN, ACC, OUT]) Process(ctx *graph.KeyedContext[K], in IN, out gra
 		}
 		onTime = true
 		s, ok := o.wins.Get(w)
-		if err := o.addTo(ctx, w, s, !ok, in, wm, out); err != nil {
+		if err := o.addTo(ctx, w, w, s, !ok, in, wm, out); err != nil {
 			return err
 		}
 	}
@@ -294,23 +305,24 @@ type invalidRecord struct{ err error }
 func (e invalidRecord) Error() string   { return e.err.Error() }
 func (e invalidRecord) Unwrap() []error { return []error{e.err, restore.ErrUnrecoverable} }
 
-// addTo adds in to window w whose slot is s (fresh: new window, maybe
-// merged from others; the first record when s.N is 0), registers
-// its timers when new, and fires it at once when the watermark wm passed
-// its end already (a late record within the allowed lateness).
-func (o *op[K, IN, ACC, OUT]) addTo(ctx *graph.KeyedContext[K], w Window, s slot[ACC], fresh bool, in IN, wm int64, out graph.Collector[OUT]) error {
+// addTo adds in to window w, whose slot is s, stored under sw (w itself
+// but for sessions), registers its timers when fresh (a new window, maybe
+// merged from others; its first record when s.N is 0), and fires it at
+// once when the watermark wm passed its end already (a late record within
+// the allowed lateness).
+func (o *op[K, IN, ACC, OUT]) addTo(ctx *graph.KeyedContext[K], w, sw Window, s slot[ACC], fresh bool, in IN, wm int64, out graph.Collector[OUT]) error {
 	if o.f.keep {
-		o.elems.Put(elemKey{w, s.N}, in)
+		o.elems.Put(elemKey{sw, s.N}, in)
 	} else {
 		s.Acc = o.f.add(s.Acc, in, s.N == 0)
 	}
 	s.N++
-	o.wins.Put(w, s)
+	o.wins.Put(sw, s)
 	if fresh {
 		o.register(ctx, w, wm)
 	}
 	if w.MaxTimestamp() <= wm {
-		return o.fire(ctx, w, s, out)
+		return o.fire(ctx, w, sw, s, out)
 	}
 	return nil
 }
@@ -333,18 +345,19 @@ func (o *op[K, IN, ACC, OUT]) register(ctx *graph.KeyedContext[K], w Window, wm 
 }
 
 // addSession adds in to its session nw merged with every session of the
-// key it touches (the key's SessionState list): their accumulators merge
-// (elements move) into the covering window, in start order, which keeps
-// the highest firing count of its parts.
+// key it touches (the key's SessionState list). The first of them (by
+// start) keeps its state window; the others' accumulators merge into it
+// with the function's merge, in start order (their elements move), and
+// the result keeps the highest firing count of its parts.
 func (o *op[K, IN, ACC, OUT]) addSession(ctx *graph.KeyedContext[K], in IN, nw Window, wm int64, out graph.Collector[OUT]) error {
 	list, _ := o.sessions.Value()
 	o.due = o.due[:0]
 	target := nw
-	for _, w := range list {
-		if w.intersects(nw) {
-			s, _ := o.wins.Get(w)
-			o.due = append(o.due, dueWindow[ACC]{w, s})
-			target = target.cover(w)
+	for _, x := range list {
+		if x.W.intersects(nw) {
+			s, _ := o.wins.Get(x.S)
+			o.due = append(o.due, dueWindow[ACC]{x.W, x.S, s})
+			target = target.cover(x.W)
 		}
 	}
 	if o.cleanup(target) <= wm {
@@ -352,39 +365,40 @@ func (o *op[K, IN, ACC, OUT]) addSession(ctx *graph.KeyedContext[K], in IN, nw W
 		return nil
 	}
 	if len(o.due) == 1 && o.due[0].w == target {
-		return o.addTo(ctx, target, o.due[0].s, false, in, wm, out)
+		return o.addTo(ctx, target, o.due[0].sw, o.due[0].s, false, in, wm, out)
 	}
-	// A new session: the list changes (a fresh slice: the stored one may
-	// be shared with a snapshot).
-	nl := make([]Window, 0, len(list)+1-len(o.due))
-	for _, w := range list {
-		if !w.intersects(nw) {
-			nl = append(nl, w)
-		}
+	sw, m := target, slot[ACC]{}
+	if len(o.due) > 0 {
+		sw, m = o.due[0].sw, o.due[0].s // list is sorted: the earliest
 	}
-	nl = append(nl, target)
-	slices.SortFunc(nl, func(a, b Window) int { return cmp.Compare(a.Start, b.Start) })
-	o.sessions.Update(nl)
-	var m slot[ACC]
-	for i, d := range o.due { // in start order: list is sorted
-		switch {
-		case o.f.keep:
+	for _, d := range o.due[min(1, len(o.due)):] {
+		if o.f.keep {
 			for k := range d.s.N {
-				v, _ := o.elems.Get(elemKey{d.w, k})
-				o.elems.Remove(elemKey{d.w, k})
-				o.elems.Put(elemKey{target, m.N + k}, v)
+				v, _ := o.elems.Get(elemKey{d.sw, k})
+				o.elems.Remove(elemKey{d.sw, k})
+				o.elems.Put(elemKey{sw, m.N + k}, v)
 			}
-		case i == 0:
-			m.Acc = d.s.Acc
-		default:
+		} else {
 			m.Acc = o.f.merge(m.Acc, d.s.Acc)
 		}
 		m.N += d.s.N
 		m.Fired = max(m.Fired, d.s.Fired)
-		o.wins.Remove(d.w)
+		o.wins.Remove(d.sw)
 	}
-	// The merged window is new (its old parts' timers find nothing).
-	return o.addTo(ctx, target, m, true, in, wm, out)
+	// The list changes (a fresh slice: the stored one may be shared with a
+	// snapshot).
+	nl := make([]sessionEntry, 0, len(list)+1-len(o.due))
+	for _, x := range list {
+		if !x.W.intersects(nw) {
+			nl = append(nl, x)
+		}
+	}
+	nl = append(nl, sessionEntry{W: target, S: sw})
+	slices.SortFunc(nl, func(a, b sessionEntry) int { return cmp.Compare(a.W.Start, b.W.Start) })
+	o.sessions.Update(nl)
+	// The session has new bounds: register its timers (its parts' timers
+	// find nothing).
+	return o.addTo(ctx, target, sw, m, true, in, wm, out)
 }
 
 // late handles a record that belongs to no window still kept.
@@ -413,13 +427,13 @@ func (o *op[K, IN, ACC, OUT]) OnTimer(ctx *graph.KeyedContext[K], at time.Time, 
 	}
 	t := at.UnixNano()
 	o.due = o.due[:0]
-	var list []Window
+	var list []sessionEntry
 	if o.a.kind == session {
 		list, _ = o.sessions.Value()
-		for _, w := range list {
-			if w.MaxTimestamp() == t || o.cleanup(w) == t {
-				s, _ := o.wins.Get(w)
-				o.due = append(o.due, dueWindow[ACC]{w, s})
+		for _, x := range list {
+			if x.W.MaxTimestamp() == t || o.cleanup(x.W) == t {
+				s, _ := o.wins.Get(x.S)
+				o.due = append(o.due, dueWindow[ACC]{x.W, x.S, s})
 			}
 		}
 	} else {
@@ -430,27 +444,27 @@ func (o *op[K, IN, ACC, OUT]) OnTimer(ctx *graph.KeyedContext[K], at time.Time, 
 				break
 			}
 			if s, ok := o.wins.Get(w); ok {
-				o.due = append(o.due, dueWindow[ACC]{w, s})
+				o.due = append(o.due, dueWindow[ACC]{w, w, s})
 			}
 		}
 	}
 	removed := false
 	for _, d := range o.due {
 		if d.w.MaxTimestamp() == t {
-			if err := o.fire(ctx, d.w, d.s, out); err != nil {
+			if err := o.fire(ctx, d.w, d.sw, d.s, out); err != nil {
 				return err
 			}
 		}
 		if o.cleanup(d.w) == t {
-			o.remove(d.w, d.s.N)
+			o.remove(d.sw, d.s.N)
 			removed = true
 		}
 	}
 	if removed && o.a.kind == session {
-		nl := make([]Window, 0, len(list))
-		for _, w := range list {
-			if o.cleanup(w) != t {
-				nl = append(nl, w)
+		nl := make([]sessionEntry, 0, len(list))
+		for _, x := range list {
+			if o.cleanup(x.W) != t {
+				nl = append(nl, x)
 			}
 		}
 		if len(nl) == 0 {
@@ -462,12 +476,13 @@ func (o *op[K, IN, ACC, OUT]) OnTimer(ctx *graph.KeyedContext[K], at time.Time, 
 	return nil
 }
 
-// fire emits window w's result and counts the firing.
-func (o *op[K, IN, ACC, OUT]) fire(ctx *graph.KeyedContext[K], w Window, s slot[ACC], out graph.Collector[OUT]) error {
+// fire emits window w's result (its slot s stored under sw) and counts
+// the firing.
+func (o *op[K, IN, ACC, OUT]) fire(ctx *graph.KeyedContext[K], w, sw Window, s slot[ACC], out graph.Collector[OUT]) error {
 	o.elemBuf = o.elemBuf[:0]
 	if o.f.keep {
 		for k := range s.N {
-			v, ok := o.elems.Get(elemKey{w, k})
+			v, ok := o.elems.Get(elemKey{sw, k})
 			if !ok {
 				return fmt.Errorf("window: operator %q: element %d of %d of window %v of key %v missing from its state", o.uid, k, s.N, w, ctx.CurrentKey())
 			}
@@ -481,12 +496,12 @@ func (o *op[K, IN, ACC, OUT]) fire(ctx *graph.KeyedContext[K], w Window, s slot[
 	clear(o.elemBuf)
 	if o.cleanup(w) > w.MaxTimestamp() {
 		s.Fired++
-		o.wins.Put(w, s)
+		o.wins.Put(sw, s)
 	}
 	return nil
 }
 
-// remove drops window w (of n elements) from the state.
+// remove drops the slot stored under window w (of n elements).
 func (o *op[K, IN, ACC, OUT]) remove(w Window, n int64) {
 	o.wins.Remove(w)
 	if o.f.keep {
