@@ -13,17 +13,19 @@ import (
 	"github.com/snapflow/snapflow/state"
 )
 
-// TestReduce: a running sum per key with Reduce, across a failure and a
-// restore: every key's outputs are exactly its running sums in record
-// order (the source reads each key's records in order: key parity is the
-// source subtask), once each.
-func TestReduce(t *testing.T) {
-	const n = 100_000
-	committer := sink.NewMemory[rec]()
+// runKeyedFailing runs source -> keyBy(key) -> op -> fail -> publishing
+// sink with checkpoints and one failure injected after a completed
+// checkpoint (the first attempt's sources wait at an eighth of the input
+// for one, so that the failure has one to restore), and returns the
+// published records.
+func runKeyedFailing[T any](t *testing.T, n int64, backend graph.StateBackend, op func(*graph.KeyedStream[int64, rec]) *graph.Stream[T]) []T {
+	t.Helper()
+	committer := sink.NewMemory[T]()
 	f := newFailer(1000)
-	job := graph.NewJob("reduce", graph.Config{
+	job := graph.NewJob("keyed-failing", graph.Config{
 		Parallelism: 2,
 		Checkpoint:  graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: t.TempDir(), TolerableFailures: -1},
+		State:       graph.StateConfig{Backend: backend, Pebble: state.PebbleEngine{Dir: t.TempDir()}},
 		Restart:     graph.FixedDelay(2, time.Millisecond),
 		Logf:        t.Logf,
 		OnEvent: func(e graph.Event) {
@@ -32,22 +34,39 @@ func TestReduce(t *testing.T) {
 			}
 		},
 	})
-	// The first attempt's sources wait at an eighth of the input for a
-	// completed checkpoint, so that the failure has one to restore.
 	src := graph.Source(job, "source", func() graph.SourceFunc[rec] {
 		return &pausedUntil[rec]{Indexed: source.NewIndexed(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }), from: n / 8, open: f.checkpointed}
 	})
-	sums := graph.Reduce(graph.KeyBy(src, func(r rec) int64 { return r.Key }), "sum", func(v, r rec) rec {
-		return rec{Key: r.Key, I: v.I + r.I}
-	})
-	fail := graph.Process(sums, "fail", func() graph.ProcessFunc[rec, rec] { return failRec{f} })
-	graph.Sink(fail, "sink", sink.Publishing[rec](committer, sink.WithLogf(t.Logf)))
+	fail := graph.Process(op(graph.KeyBy(src, func(r rec) int64 { return r.Key })), "fail", func() graph.ProcessFunc[T, T] { return failPass[T]{f} })
+	graph.Sink(fail, "sink", sink.Publishing[T](committer, sink.WithLogf(t.Logf)))
 	e, err := job.Start(context.Background())
 	require.NoError(t, err)
 	require.NoError(t, e.Wait())
 	require.True(t, f.fired[0].Load(), "the injected failure happened")
 	require.Equal(t, 1, e.Stats().Counts.Restored, "restored a checkpoint")
+	return committer.Published()
+}
 
+// failPass passes records on and fails by its failer.
+type failPass[T any] struct{ f *failer }
+
+func (s failPass[T]) Process(ctx *graph.Context, r T, out graph.Collector[T]) error {
+	if err := s.f.check(ctx.Task().Attempt); err != nil {
+		return err
+	}
+	out.Collect(r)
+	return nil
+}
+
+// TestReduce: a running sum per key with Reduce, across a failure and a
+// restore: every key's outputs are exactly its running sums in record
+// order (the source reads each key's records in order: key parity is the
+// source subtask), once each.
+func TestReduce(t *testing.T) {
+	const n = 100_000
+	published := runKeyedFailing(t, n, graph.HeapState, func(s *graph.KeyedStream[int64, rec]) *graph.Stream[rec] {
+		return graph.Reduce(s, "sum", func(v, r rec) rec { return rec{Key: r.Key, I: v.I + r.I} })
+	})
 	want := map[int64]int{}
 	sum := make([]int64, numKeys)
 	for i := range int64(n) {
@@ -55,22 +74,11 @@ func TestReduce(t *testing.T) {
 		want[sum[i%numKeys]*numKeys+i%numKeys]++
 	}
 	got := map[int64]int{}
-	for _, r := range committer.Published() {
+	for _, r := range published {
 		got[r.I*numKeys+r.Key]++
 	}
 	require.Equal(t, len(want), len(got))
 	require.Equal(t, want, got)
-}
-
-// failRec passes records on and fails by its failer.
-type failRec struct{ f *failer }
-
-func (s failRec) Process(ctx *graph.Context, r rec, out graph.Collector[rec]) error {
-	if err := s.f.check(ctx.Task().Attempt); err != nil {
-		return err
-	}
-	out.Collect(r)
-	return nil
 }
 
 func TestReduceValidation(t *testing.T) {
@@ -100,17 +108,6 @@ func (meanAgg) Merge(a, b meanAcc) meanAcc {
 	return meanAcc{Key: a.Key, Sum: a.Sum + b.Sum, Count: a.Count + b.Count}
 }
 
-// failOut passes records on and fails by its failer.
-type failOut struct{ f *failer }
-
-func (s failOut) Process(ctx *graph.Context, o out, c graph.Collector[out]) error {
-	if err := s.f.check(ctx.Task().Attempt); err != nil {
-		return err
-	}
-	c.Collect(o)
-	return nil
-}
-
 // TestAggregate: a running aggregation per key with Aggregate, on the heap
 // and in Pebble, across a failure and a restore: every key's outputs are
 // exactly its running (count, sum) pairs, once each.
@@ -118,31 +115,9 @@ func TestAggregate(t *testing.T) {
 	const n = 60_000
 	for _, backend := range []graph.StateBackend{graph.HeapState, graph.PebbleState} {
 		t.Run(backend.String(), func(t *testing.T) {
-			committer := sink.NewMemory[out]()
-			f := newFailer(1000)
-			job := graph.NewJob("aggregate", graph.Config{
-				Parallelism: 2,
-				Checkpoint:  graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: t.TempDir(), TolerableFailures: -1},
-				State:       graph.StateConfig{Backend: backend, Pebble: state.PebbleEngine{Dir: t.TempDir()}},
-				Restart:     graph.FixedDelay(2, time.Millisecond),
-				Logf:        t.Logf,
-				OnEvent: func(e graph.Event) {
-					if e.Kind == graph.CheckpointCompleted && e.Attempt == 0 {
-						f.completed[0].Store(true)
-					}
-				},
+			published := runKeyedFailing(t, n, backend, func(s *graph.KeyedStream[int64, rec]) *graph.Stream[out] {
+				return graph.Aggregate(s, "mean", state.AggregateFunction[rec, meanAcc, out](meanAgg{}))
 			})
-			src := graph.Source(job, "source", func() graph.SourceFunc[rec] {
-				return &pausedUntil[rec]{Indexed: source.NewIndexed(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }), from: n / 8, open: f.checkpointed}
-			})
-			means := graph.Aggregate(graph.KeyBy(src, func(r rec) int64 { return r.Key }), "mean", state.AggregateFunction[rec, meanAcc, out](meanAgg{}))
-			fail := graph.Process(means, "fail", func() graph.ProcessFunc[out, out] { return failOut{f} })
-			graph.Sink(fail, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))
-			e, err := job.Start(context.Background())
-			require.NoError(t, err)
-			require.NoError(t, e.Wait())
-			require.True(t, f.fired[0].Load(), "the injected failure happened")
-			require.Equal(t, 1, e.Stats().Counts.Restored, "restored a checkpoint")
 
 			// Records of a key arrive in an order that depends on the two
 			// source subtasks, so the running sums do not; the counts do,
@@ -158,7 +133,7 @@ func TestAggregate(t *testing.T) {
 				}
 			}
 			got := map[[2]int64]int{}
-			for _, o := range committer.Published() {
+			for _, o := range published {
 				got[[2]int64{o.Key, o.I}]++
 				if o.I == n/numKeys {
 					require.Equal(t, total[o.Key], o.Sum, "key %d total", o.Key)
