@@ -46,6 +46,10 @@
 // sees the watermark in CurrentWatermark. Records carry no timestamp: an
 // operator computes a record's event time from the record.
 //
+// Windows (tumbling, sliding, sessions, allowed lateness, late side
+// output) are in package window, built on ProcessKeyed, keyed state and
+// these timers; graph does not import it.
+//
 // A subtask never emits a watermark at or below one it emitted before the
 // checkpoint it restores: the last one is in its head's snapshot (union
 // list state internal/task.WatermarkState, "_watermark"; restored at
