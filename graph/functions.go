@@ -157,7 +157,7 @@ type Context struct {
 	// subtask when the call into the function returns (hooks.sideErr).
 	sides   []sideSlot
 	sideErr error
-	// logf is the job's logger (Logf), nil outside keyed operators.
+	// logf is the job's logger (Logf).
 	logf func(format string, args ...any)
 }
 

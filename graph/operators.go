@@ -32,7 +32,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator()}
+		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -135,7 +135,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	key := s.key
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[OUT](ctx, a, v, i, next)
-		op := &keyedOp[K, IN, OUT]{fn: newFn(), key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
+		op := &keyedOp[K, IN, OUT]{hooks: hooks{logf: a.job.logf}, fn: newFn(), key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
 		op.onTimer, _ = op.fn.(TimerHandler[K, OUT])
 		op.ender, op.openErr = inputEnder[OUT](v, op.fn)
 		if op.fn == nil {
@@ -163,7 +163,7 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 	connect(s, v)
 	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
 		fn := newFn()
-		op := &fnOp[T]{hooks: hooks{fn: fn}, process: func(c *Context, recs []T) error {
+		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf}, process: func(c *Context, recs []T) error {
 			for _, r := range recs {
 				if err := fn.Write(c, r); err != nil {
 					return err
@@ -203,7 +203,7 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[OUT](ctx, a, v, i, next)
 		process, fn := mk()
-		op := &fnOp[IN]{hooks: hooks{fn: fn}, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
+		op := &fnOp[IN]{hooks: hooks{fn: fn, logf: a.job.logf}, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
 		ender, err := inputEnder[OUT](v, fn)
 		op.openErr = err
 		if process == nil {
@@ -319,8 +319,10 @@ type hooks struct {
 	// openErr fails Open (a misdeclared hook found when the function was
 	// made).
 	openErr error
-	// sides are the subtask's side outputs, for its Context.
+	// sides are the subtask's side outputs, and logf the job's logger,
+	// for its Context.
 	sides []sideSlot
+	logf  func(format string, args ...any)
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -328,7 +330,7 @@ func (h *hooks) open(info task.Info) error {
 		return h.openErr
 	}
 	c, err := newContext(info)
-	c.sides = h.sides
+	c.sides, c.logf = h.sides, h.logf
 	h.ctx = c
 	h.keyedFiles, h.task = info.KeyedState, info.ID()
 	return err
@@ -536,7 +538,6 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	onTimer TimerHandler[K, OUT] // nil when fn has no timers
 	ender   InputEnder[OUT]      // nil when fn has no EndInput
 	policy  TimerPolicy
-	logf    func(format string, args ...any)
 	// clock is the StateClock, nil for the default (see setTime).
 	clock func() time.Time
 	// backendCfg selects the keyed-state backend (Config.State).
@@ -588,7 +589,7 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 	if err != nil {
 		return fmt.Errorf("keyed state (%v backend): %w", o.backendCfg.Backend, err)
 	}
-	o.backend, o.keyed, o.ctx.keyed, o.ctx.logf = b, b, b, o.logf
+	o.backend, o.keyed, o.ctx.keyed = b, b, b
 	if o.backendCfg.Backend == PebbleState && !o.backendCfg.FullCheckpoints {
 		o.native = b
 	}

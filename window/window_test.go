@@ -255,6 +255,14 @@ func batchWindows(n int64, at func(int64) ev, a spec) map[wkey][]int64 {
 	return m
 }
 
+// propertyRecords is the input size of the randomized tests.
+func propertyRecords() int64 {
+	if raceEnabled {
+		return 5_000
+	}
+	return 20_000
+}
+
 func mod(a, b int64) int64 { return ((a % b) + b) % b }
 
 type wkey struct {
@@ -423,7 +431,7 @@ func TestWindowsProperty(t *testing.T) {
 			s, lateness, maxDelay := shape(rng, kind)
 			p, srcP := 1+rng.IntN(4), 1+rng.IntN(4)
 			t.Run(fmt.Sprintf("%v/%s/p=%d/src=%d/%+v/lateness=%v", backend, kind, p, srcP, s, lateness), func(t *testing.T) {
-				r := &run{g: events{n: 20_000, maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
+				r := &run{g: events{n: propertyRecords(), maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
 					p: p, srcP: srcP, backend: backend, results: sink.NewMemory[result](), late: sink.NewMemory[ev]()}
 				require.NoError(t, r.job(t).Run(context.Background()))
 				check(t, r, s)
@@ -449,7 +457,7 @@ func TestWindowsExactlyOnce(t *testing.T) {
 				at = append(at, 1+rng.Int64N(200))
 			}
 			t.Run(fmt.Sprintf("%v/%s/p=%d/src=%d/fail=%v", backend, kind, p, srcP, at), func(t *testing.T) {
-				r := &run{g: events{n: 20_000, maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
+				r := &run{g: events{n: propertyRecords(), maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
 					p: p, srcP: srcP, backend: backend, dir: t.TempDir(), f: newFailer(at...),
 					results: sink.NewMemory[result](), late: sink.NewMemory[ev]()}
 				e, err := r.job(t).Start(context.Background())
@@ -478,7 +486,7 @@ func TestWindowsRescale(t *testing.T) {
 			s, lateness, maxDelay := shape(rng, kind)
 			t.Run(fmt.Sprintf("%v/%s", backend, kind), func(t *testing.T) {
 				dir := t.TempDir()
-				r := &run{g: events{n: 20_000, maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
+				r := &run{g: events{n: propertyRecords(), maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
 					p: 2, srcP: 2, backend: backend, dir: dir, latest: true,
 					results: sink.NewMemory[result](), late: sink.NewMemory[ev]()}
 				var e *graph.Execution
