@@ -83,7 +83,7 @@ type Context[K comparable] struct {
 
 // ProcessFunc computes the output of one window firing from all its
 // elements, in the order they arrived (Flink's ProcessWindowFunction). The
-// slice is valid during the call only. A function value implementing
+// slice and the Context are valid during the call only. A function value implementing
 // graph.Initializer is initialized with the operator.
 type ProcessFunc[K comparable, IN, OUT any] interface {
 	Process(ctx *Context[K], elements []IN, out graph.Collector[OUT]) error
@@ -152,10 +152,11 @@ type op[K comparable, IN, ACC, OUT any] struct {
 	elems *state.MapState[K, elemKey, IN]
 	// sessions lists a key's sessions, by start (session assigners).
 	sessions *state.ValueState[K, []sessionEntry]
-	// buf, due and elemBuf are reused per record and firing.
+	// buf, due, elemBuf and wctx are reused per record and firing.
 	buf     []Window
 	due     []dueWindow[ACC]
 	elemBuf []IN
+	wctx    Context[K]
 	// dropped counts the late records without a LateOutput.
 	dropped int64
 }
@@ -489,8 +490,8 @@ func (o *op[K, IN, ACC, OUT]) fire(ctx *graph.KeyedContext[K], w, sw Window, s s
 			o.elemBuf = append(o.elemBuf, v)
 		}
 	}
-	c := &Context[K]{KeyedContext: ctx, Window: w, Pane: s.Fired, Count: s.N}
-	if err := o.f.emit(c, s.Acc, o.elemBuf, out); err != nil {
+	o.wctx = Context[K]{KeyedContext: ctx, Window: w, Pane: s.Fired, Count: s.N}
+	if err := o.f.emit(&o.wctx, s.Acc, o.elemBuf, out); err != nil {
 		return err
 	}
 	clear(o.elemBuf)
