@@ -100,7 +100,8 @@ func FlatMap[IN, OUT any](s *Stream[IN], uid string, f func(IN, Collector[OUT]),
 }
 
 // Process applies a (possibly stateful) function to an unkeyed stream.
-// newFn is called once per subtask attempt.
+// newFn is called once per subtask attempt. The function may emit to the
+// side outputs declared with SideOutputs (OutputTag.Emit).
 func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN, OUT], opts ...Option) *Stream[OUT] {
 	out := addOperator(s, uid, opts, newFn == nil, func() (batchFunc[IN, OUT], any) {
 		fn := newFn()
@@ -122,7 +123,8 @@ func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN
 
 // ProcessKeyed applies a keyed function: state registered through
 // KeyedState is scoped to the key of the current record. The operator's
-// subtasks own contiguous key-group ranges.
+// subtasks own contiguous key-group ranges. The function may emit to the
+// side outputs declared with SideOutputs (OutputTag.Emit).
 func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, newFn func() KeyedProcessFunc[K, IN, OUT], opts ...Option) *Stream[OUT] {
 	j := s.s.job
 	v := j.addVertex(kindOperator, uid, opts)
