@@ -418,6 +418,15 @@ func shape(rng *rand.Rand, kind string) (spec, time.Duration, int64) {
 	return spec{gap: gap}, time.Duration(500 * step), 400 * step
 }
 
+// randomRun draws a run of kind (a window shape and lateness by shape,
+// parallelism 1-4 for the windows and the sources) on backend.
+func randomRun(rng *rand.Rand, seed uint64, backend graph.StateBackend, kind string) (*run, spec) {
+	s, lateness, maxDelay := shape(rng, kind)
+	return &run{g: events{n: propertyRecords(), maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
+		p: 1 + rng.IntN(4), srcP: 1 + rng.IntN(4), backend: backend,
+		results: sink.NewMemory[result](), late: sink.NewMemory[ev]()}, s
+}
+
 // TestWindowsProperty: random event streams (bounded disorder plus
 // stragglers, an idle source, random parallelism 1-4) through tumbling,
 // sliding and session windows, on the heap and in Pebble: the committed
@@ -428,11 +437,8 @@ func TestWindowsProperty(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	for _, backend := range []graph.StateBackend{graph.HeapState, graph.PebbleState} {
 		for _, kind := range []string{"tumbling", "sliding", "session"} {
-			s, lateness, maxDelay := shape(rng, kind)
-			p, srcP := 1+rng.IntN(4), 1+rng.IntN(4)
-			t.Run(fmt.Sprintf("%v/%s/p=%d/src=%d/%+v/lateness=%v", backend, kind, p, srcP, s, lateness), func(t *testing.T) {
-				r := &run{g: events{n: propertyRecords(), maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
-					p: p, srcP: srcP, backend: backend, results: sink.NewMemory[result](), late: sink.NewMemory[ev]()}
+			r, s := randomRun(rng, seed, backend, kind)
+			t.Run(fmt.Sprintf("%v/%s/p=%d/src=%d/%+v/lateness=%v", backend, kind, r.p, r.srcP, s, r.lateness), func(t *testing.T) {
 				require.NoError(t, r.job(t).Run(context.Background()))
 				check(t, r, s)
 				if kind != "session" {
@@ -450,16 +456,14 @@ func TestWindowsExactlyOnce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 2))
 	for _, backend := range []graph.StateBackend{graph.HeapState, graph.PebbleState} {
 		for _, kind := range []string{"tumbling", "sliding", "session"} {
-			s, lateness, maxDelay := shape(rng, kind)
-			p, srcP := 1+rng.IntN(4), 1+rng.IntN(4)
+			r, s := randomRun(rng, seed, backend, kind)
 			at := []int64{1 + rng.Int64N(200)}
 			if rng.IntN(2) == 0 {
 				at = append(at, 1+rng.Int64N(200))
 			}
-			t.Run(fmt.Sprintf("%v/%s/p=%d/src=%d/fail=%v", backend, kind, p, srcP, at), func(t *testing.T) {
-				r := &run{g: events{n: propertyRecords(), maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
-					p: p, srcP: srcP, backend: backend, dir: t.TempDir(), f: newFailer(at...),
-					results: sink.NewMemory[result](), late: sink.NewMemory[ev]()}
+			r.f = newFailer(at...)
+			t.Run(fmt.Sprintf("%v/%s/p=%d/src=%d/fail=%v", backend, kind, r.p, r.srcP, at), func(t *testing.T) {
+				r.dir = t.TempDir()
 				e, err := r.job(t).Start(context.Background())
 				require.NoError(t, err)
 				require.NoError(t, e.Wait())
@@ -483,12 +487,10 @@ func TestWindowsRescale(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	for _, backend := range []graph.StateBackend{graph.HeapState, graph.PebbleState} {
 		for _, kind := range []string{"tumbling", "sliding", "session"} {
-			s, lateness, maxDelay := shape(rng, kind)
+			r, s := randomRun(rng, seed, backend, kind)
+			r.p, r.srcP, r.latest = 2, 2, true
 			t.Run(fmt.Sprintf("%v/%s", backend, kind), func(t *testing.T) {
-				dir := t.TempDir()
-				r := &run{g: events{n: propertyRecords(), maxDelay: maxDelay, seed: seed}, assigner: s.assigner(), lateness: lateness,
-					p: 2, srcP: 2, backend: backend, dir: dir, latest: true,
-					results: sink.NewMemory[result](), late: sink.NewMemory[ev]()}
+				r.dir = t.TempDir()
 				var e *graph.Execution
 				started := make(chan struct{})
 				var stopped atomic.Bool
