@@ -66,6 +66,11 @@ type vertex struct {
 	// watermarks is a source's WatermarkStrategy[T] (the Watermarks
 	// option), nil if none.
 	watermarks any
+	// sides are the side outputs the operator declares (SideOutputs);
+	// sidesOK is set by the builders whose functions can emit them
+	// (Process, ProcessKeyed).
+	sides   []SideTag
+	sidesOK bool
 }
 
 func (v *vertex) String() string {
@@ -93,6 +98,9 @@ type edge struct {
 	// feedback: the edge closes an iteration (Iteration.CloseWith). Its
 	// channels are unbounded and it is never chained.
 	feedback bool
+	// side is the id of the side output the edge carries ("" for the main
+	// output). A side edge is never chained.
+	side string
 }
 
 // stream is one upstream of a Stream: a vertex and how to partition its
@@ -101,6 +109,9 @@ type stream struct {
 	v           *vertex
 	part        Partitioning
 	partitioner any // see edge.partitioner
+	// side is the id of v's side output the stream is ("": v's main
+	// output; see SideOutputOf).
+	side string
 	// iter, with v nil, stands for the feedback of an iteration that is
 	// not closed yet (Iteration.Stream): connecting it registers the
 	// consumer, and CloseWith adds the feedback edges.
@@ -246,7 +257,9 @@ func connect[T any](in *Stream[T], v *vertex) {
 			st.iter.heads = append(st.iter.heads, feedbackHead{to: v, part: st.part, partitioner: st.partitioner})
 			continue
 		}
-		link(newEdge[T](st.v, v, st.part, st.partitioner))
+		e := newEdge[T](st.v, v, st.part, st.partitioner)
+		e.side = st.side
+		link(e)
 	}
 }
 

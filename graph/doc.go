@@ -4,9 +4,11 @@
 // # Building a job
 //
 // A Job is built with typed functions: Source, Map, Filter, FlatMap,
-// Process, KeyBy + ProcessKeyed (or Reduce, a running reduction per key),
-// Union, the two-input CoProcess, KeyedCoProcess, BroadcastProcess and
-// KeyedBroadcastProcess, and Sink; Iterate and CloseWith
+// Process, KeyBy + ProcessKeyed (or Reduce, a running reduction per key, and
+// Aggregate, a running state.AggregateFunction per key), Union, the
+// two-input CoProcess, KeyedCoProcess, BroadcastProcess and
+// KeyedBroadcastProcess, Sink, and SideOutputOf for side outputs; Iterate
+// and CloseWith
 // close a loop over a feedback edge (see Iteration: loops are exactly-once
 // and end when quiescent; any other cycle is rejected). Every operator takes a uid
 // that must be unique and stable across versions of the program, because
@@ -47,6 +49,10 @@
 // sees the watermark in CurrentWatermark. Records carry no timestamp: an
 // operator computes a record's event time from the record.
 //
+// Windows (tumbling, sliding, sessions, allowed lateness, late side
+// output) are in package window, built on ProcessKeyed, keyed state and
+// these timers; graph does not import it.
+//
 // A subtask never emits a watermark at or below one it emitted before the
 // checkpoint it restores: the last one is in its head's snapshot (union
 // list state internal/task.WatermarkState, "_watermark"; restored at
@@ -67,6 +73,29 @@
 // inputs' records travel as one type (see coprocess.go): the operator
 // reads a single input gate, so barriers align across both inputs, its
 // watermark is the minimum over both, and its input ends when both ended.
+//
+// # Side outputs
+//
+// A Process or ProcessKeyed function emits to typed side outputs besides
+// its main output (Flink's OutputTag and ctx.output): the operator
+// declares each tag with the SideOutputs option, the function calls
+// OutputTag.Emit from any of its calls (Process, OnTimer, EndInput,
+// PrepareBarrier), and SideOutputOf(main, tag) is the stream of what it
+// emitted, partitioned and consumed like any other. Validation rejects a
+// SideOutputOf whose operator does not declare the tag (id and type),
+// SideOutputs on other operators, and duplicate or empty ids; an Emit to
+// an undeclared tag fails the subtask when the call returns (checked once
+// per call, Context.sideErr). Each side output is its own task.Output over
+// its edges; with side edges the member's Emitter is a task.Outputs over
+// all of them, so barriers, watermarks and end of input go out on every
+// edge, main and side, each after the records emitted to it before (SO1:
+// side records are covered by checkpoints exactly as main records are, in
+// every mode; an unaligned barrier's overtaken side buffers are output
+// channel state under the operator-wide edge index, rerouted on a rescale
+// like main ones). Side edges are never chained, so an operator whose side
+// output is read is the last member of its chain; an operator without side
+// outputs gets its plain output, with nothing added per record. A declared
+// side output nobody reads drops its records, as in Flink.
 //
 // # Running a job
 //

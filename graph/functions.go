@@ -155,6 +155,13 @@ type Context struct {
 	// broadcast is the broadcast state of a broadcast operator (see
 	// RegisterBroadcastState), nil for others.
 	broadcast *broadcastStore
+	// sides are the operator's declared side outputs (OutputTag.Emit);
+	// sideErr is the first emission to an undeclared one, which fails the
+	// subtask when the call into the function returns (hooks.sideErr).
+	sides   []sideSlot
+	sideErr error
+	// logf is the job's logger (Logf).
+	logf func(format string, args ...any)
 }
 
 func newContext(in task.Info) (*Context, error) {

@@ -125,7 +125,7 @@ func (i *Iteration[T]) CloseWith(feedback *Stream[T]) {
 				part, partitioner = st.part, st.partitioner
 			}
 			e := newEdge[T](st.v, h.to, part, partitioner)
-			e.feedback = true
+			e.feedback, e.side = true, st.side
 			link(e)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"log"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -293,9 +294,10 @@ func (j *Job) Validate() error {
 		if v.kind == kindSource {
 			sources++
 		}
-		if v.kind != kindSink && len(v.outputs) == 0 {
+		if v.kind != kindSink && !slices.ContainsFunc(v.outputs, func(e *edge) bool { return e.side == "" }) {
 			add("graph: %s is not connected: nothing consumes its output (add a sink or remove it)", v)
 		}
+		errs = append(errs, validateSides(v)...)
 		for _, e := range v.inputs {
 			if e.part == Auto {
 				if e.from.parallelism == v.parallelism {
@@ -400,14 +402,15 @@ var (
 )
 
 // chainable reports whether v can run in the subtask of its only
-// producer: a forward edge, equal parallelism, the producer has no other
-// consumer, and neither side opted out.
+// producer: a forward edge of its main output (side outputs are never
+// chained), equal parallelism, the producer has no other consumer, and
+// neither side opted out.
 func (j *Job) chainable(v *vertex) bool {
 	if j.cfg.DisableChaining || v.noChain || len(v.inputs) != 1 {
 		return false
 	}
 	e := v.inputs[0]
-	return !e.feedback && e.part == Forward && len(e.from.outputs) == 1 && !e.from.noChain && e.from.parallelism == v.parallelism
+	return !e.feedback && e.side == "" && e.part == Forward && len(e.from.outputs) == 1 && !e.from.noChain && e.from.parallelism == v.parallelism
 }
 
 // buildChains groups the vertices into chains (Flink's operator chaining):

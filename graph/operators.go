@@ -32,7 +32,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
+		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -100,9 +100,10 @@ func FlatMap[IN, OUT any](s *Stream[IN], uid string, f func(IN, Collector[OUT]),
 }
 
 // Process applies a (possibly stateful) function to an unkeyed stream.
-// newFn is called once per subtask attempt.
+// newFn is called once per subtask attempt. The function may emit to the
+// side outputs declared with SideOutputs (OutputTag.Emit).
 func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN, OUT], opts ...Option) *Stream[OUT] {
-	return addOperator(s, uid, opts, newFn == nil, func() (batchFunc[IN, OUT], any) {
+	out := addOperator(s, uid, opts, newFn == nil, func() (batchFunc[IN, OUT], any) {
 		fn := newFn()
 		if fn == nil {
 			return nil, nil
@@ -116,15 +117,18 @@ func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN
 			return nil
 		}, fn
 	})
+	out.parts[0].v.sidesOK = true
+	return out
 }
 
 // ProcessKeyed applies a keyed function: state registered through
 // KeyedState is scoped to the key of the current record. The operator's
-// subtasks own contiguous key-group ranges.
+// subtasks own contiguous key-group ranges. The function may emit to the
+// side outputs declared with SideOutputs (OutputTag.Emit).
 func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, newFn func() KeyedProcessFunc[K, IN, OUT], opts ...Option) *Stream[OUT] {
 	j := s.s.job
 	v := j.addVertex(kindOperator, uid, opts)
-	v.keyed = true
+	v.keyed, v.sidesOK = true, true
 	kopts, _ := keyedOptions.take(v)
 	if newFn == nil {
 		j.errorf("graph: operator %q has a nil function", uid)
@@ -134,7 +138,9 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		fn := newFn()
 		op := newKeyedOp(a, v, kopts, key, outFor[OUT](ctx, a, v, i, next), fn, fn)
-		return op.member(a, v, i), op.ProcessBatch
+		m := op.member(a, v, i)
+		op.sides, m.Out = withSides(ctx, a, v, i, op.out)
+		return m, op.ProcessBatch
 	}
 	// The input channels are hash-partitioned: they carry each record with
 	// its key and key group (see hashPartitioner).
@@ -153,7 +159,7 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 	connect(s, v)
 	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
 		fn := newFn()
-		op := &fnOp[T]{hooks: hooks{fn: fn}, process: func(c *Context, recs []T) error {
+		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf}, process: func(c *Context, recs []T) error {
 			for _, r := range recs {
 				if err := fn.Write(c, r); err != nil {
 					return err
@@ -197,7 +203,8 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		if !ok {
 			h = hooks{fn: fn}
 		}
-		return unkeyedMember(a, v, i, outFor[OUT](ctx, a, v, i, next), h, process)
+		h.logf = a.job.logf
+		return unkeyedMember(ctx, a, v, i, outFor[OUT](ctx, a, v, i, next), h, process)
 	}
 	v.run = runInput[IN](v)
 	return &Stream[OUT]{job: j, parts: []stream{{v: v}}}
@@ -207,7 +214,7 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 // its ProcessBatch: h carries the user function value whose hooks are
 // honoured (nil for plain funcs), process is the batch function (nil: the
 // factory returned a nil function).
-func unkeyedMember[IN, OUT any](a *attempt, v *vertex, i int, out *task.Output[OUT], h hooks, process batchFunc[IN, OUT]) (task.Member, any) {
+func unkeyedMember[IN, OUT any](ctx context.Context, a *attempt, v *vertex, i int, out *task.Output[OUT], h hooks, process batchFunc[IN, OUT]) (task.Member, any) {
 	op := &fnOp[IN]{hooks: h, process: func(c *Context, recs []IN) error { return process(c, recs, out) }}
 	ender, err := inputEnder[OUT](v, h.fn)
 	op.openErr = err
@@ -217,7 +224,8 @@ func unkeyedMember[IN, OUT any](a *attempt, v *vertex, i int, out *task.Output[O
 	if ender != nil {
 		op.endInput = func() error { return ender.EndInput(op.ctx, out) }
 	}
-	m := task.Member{Info: a.info(v, i), Op: op, Out: out, EndInput: op.EndInput}
+	m := task.Member{Info: a.info(v, i), Op: op, EndInput: op.EndInput}
+	op.sides, m.Out = withSides(ctx, a, v, i, out)
 	m.PreBarrier = preBarrier[OUT](&op.hooks, h.fn, out)
 	return m, op.ProcessBatch
 }
@@ -229,7 +237,7 @@ func preBarrier[OUT any](h *hooks, fn any, out Collector[OUT]) func(marker.Barri
 		return nil
 	}
 	return func(b marker.Barrier) error {
-		return p.PrepareBarrier(&SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}, out)
+		return h.sideErr(p.PrepareBarrier(&SnapshotContext{Context: h.ctx, CheckpointID: b.ID, Timestamp: b.Timestamp, Options: b.Options}, out))
 	}
 }
 
@@ -290,7 +298,7 @@ func outFor[T any](ctx context.Context, a *attempt, v *vertex, i int, next any) 
 	if next != nil {
 		return task.LocalOut(a.job.cfg.BufferSize, next.(func([]T) error))
 	}
-	return outputFor[T](ctx, a, v, i)
+	return outputFor[T](ctx, a, v, i, "")
 }
 
 // hooks carries the lifecycle of a user function value: state
@@ -324,6 +332,10 @@ type hooks struct {
 	// (BroadcastProcess, KeyedBroadcastProcess), nil for others; it is
 	// written to operator state at every snapshot.
 	broadcast *broadcastStore
+	// sides are the subtask's side outputs, and logf the job's logger,
+	// for its Context.
+	sides []sideSlot
+	logf  func(format string, args ...any)
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -333,6 +345,7 @@ func (h *hooks) open(info task.Info) error {
 	c, err := newContext(info)
 	if c != nil {
 		c.broadcast = h.broadcast
+		c.sides, c.logf = h.sides, h.logf
 	}
 	h.ctx = c
 	h.keyedFiles, h.task = info.KeyedState, info.ID()
@@ -488,9 +501,19 @@ func (h *hooks) NotifyAborted(id int64) error {
 
 func (h *hooks) EndInput() error {
 	if h.endInput != nil {
-		return h.endInput()
+		return h.sideErr(h.endInput())
 	}
 	return nil
+}
+
+// sideErr is err, or else the function's emission to an undeclared side
+// output (Context.sideErr): checked once per call into the function, not
+// per record.
+func (h *hooks) sideErr(err error) error {
+	if err == nil && h.ctx != nil {
+		return h.ctx.sideErr
+	}
+	return err
 }
 
 func (h *hooks) Close() error {
@@ -513,7 +536,7 @@ func (o *fnOp[IN]) Open(info task.Info) error {
 	return o.initialize()
 }
 
-func (o *fnOp[IN]) ProcessBatch(recs []IN) error { return o.process(o.ctx, recs) }
+func (o *fnOp[IN]) ProcessBatch(recs []IN) error { return o.sideErr(o.process(o.ctx, recs)) }
 
 // keyedOp runs a keyed operator: before each record it sets the current
 // key and key group of the keyed-state backend. Both come with the record
@@ -534,7 +557,6 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	onTimer TimerHandler[K, OUT] // nil when fn has no timers
 	ender   InputEnder[OUT]      // nil when fn has no EndInput
 	policy  TimerPolicy
-	logf    func(format string, args ...any)
 	// clock is the StateClock, nil for the default (see setTime).
 	clock func() time.Time
 	// backendCfg selects the keyed-state backend (Config.State).
@@ -549,7 +571,7 @@ type keyedOp[K comparable, IN, OUT any] struct {
 // user function value whose hooks are honoured (nil: the factory returned
 // a nil function).
 func newKeyedOp[K comparable, IN, OUT any](a *attempt, v *vertex, kopts keyedOpts, key func(IN) K, out *task.Output[OUT], fn KeyedProcessFunc[K, IN, OUT], user any) *keyedOp[K, IN, OUT] {
-	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user}, fn: fn, key: key, out: out, policy: kopts.policy, logf: a.job.logf, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
+	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
 	op.onTimer, _ = user.(TimerHandler[K, OUT])
 	op.ender, op.openErr = inputEnder[OUT](v, user)
 	if user == nil {
@@ -666,12 +688,12 @@ func (o *keyedOp[K, IN, OUT]) AdvanceWatermark(at int64) error {
 // fire fires the timers of ts due at upto, telling OnTimer their domain.
 func (o *keyedOp[K, IN, OUT]) fire(ts *timerService[K], d TimeDomain, upto int64) error {
 	o.kctx.domain = d
-	return ts.fire(upto, func(at time.Time) error {
+	return o.sideErr(ts.fire(upto, func(at time.Time) error {
 		if o.onTimer == nil {
 			return fmt.Errorf("a %s timer for key %v fired but the function (%T) does not implement graph.TimerHandler", d, o.backend.CurrentKey(), o.hooks.fn)
 		}
 		return o.onTimer.OnTimer(o.kctx, at, o.out)
-	})
+	}))
 }
 
 // EndInput handles the pending processing-time timers by the operator's
@@ -702,7 +724,7 @@ func (o *keyedOp[K, IN, OUT]) EndInput() error {
 	}
 	if o.ender != nil {
 		o.setTime(time.Now())
-		return o.ender.EndInput(o.ctx, o.out)
+		return o.sideErr(o.ender.EndInput(o.ctx, o.out))
 	}
 	return nil
 }
@@ -742,7 +764,7 @@ func (o *keyedOp[K, IN, OUT]) batchDone(err error) error {
 	if err == nil && o.kctx.watermark == marker.MaxWatermark {
 		err = o.fire(o.kctx.eventTimers, EventTime, marker.MaxWatermark)
 	}
-	return err
+	return o.sideErr(err)
 }
 
 func (o *keyedOp[K, IN, OUT]) process(recs []task.Keyed[K, IN]) error {

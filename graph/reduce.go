@@ -38,3 +38,39 @@ func (r *reducer[K, T]) Process(_ *KeyedContext[K], rec T, out Collector[T]) err
 	out.Collect(rec)
 	return nil
 }
+
+// AggregateState is the name of the keyed aggregating state in which
+// Aggregate keeps each key's accumulator.
+const AggregateState = "_aggregate"
+
+// Aggregate is Flink's running KeyedStream.aggregate: per key an
+// accumulator, created by agg.CreateAccumulator for the key's first
+// record, to which every record is added (agg.Add); after each record the
+// current result (agg.GetResult) is emitted, as Reduce emits its value.
+// The accumulator is keyed aggregating state AggregateState, so it is
+// checkpointed and rescales with its key group. agg must be deterministic
+// (a restore replays records into the restored accumulator).
+func Aggregate[K comparable, IN, ACC, OUT any](s *KeyedStream[K, IN], uid string, agg state.AggregateFunction[IN, ACC, OUT], opts ...Option) *Stream[OUT] {
+	if agg == nil {
+		s.s.job.errorf("graph: operator %q has a nil aggregate function", uid)
+	}
+	return ProcessKeyed(s, uid, func() KeyedProcessFunc[K, IN, OUT] { return &aggregator[K, IN, ACC, OUT]{agg: agg} }, opts...)
+}
+
+type aggregator[K comparable, IN, ACC, OUT any] struct {
+	agg state.AggregateFunction[IN, ACC, OUT]
+	s   *state.AggregatingState[K, IN, ACC, OUT]
+}
+
+func (a *aggregator[K, IN, ACC, OUT]) InitializeState(ctx *Context) error {
+	s, err := state.Aggregating[K](KeyedState[K](ctx), AggregateState, a.agg)
+	a.s = s
+	return err
+}
+
+func (a *aggregator[K, IN, ACC, OUT]) Process(_ *KeyedContext[K], rec IN, out Collector[OUT]) error {
+	a.s.Add(rec)
+	r, _ := a.s.Get()
+	out.Collect(r)
+	return nil
+}

@@ -158,10 +158,14 @@ type edger[T any] interface {
 	edge(chans []any, part Partitioning, i, maxP int) task.Edge[T]
 }
 
-// outputFor returns the output of subtask i of v.
-func outputFor[T any](ctx context.Context, a *attempt, v *vertex, i int) *task.Output[T] {
+// outputFor returns the output of subtask i of v over its edges of side
+// output side ("": the main output).
+func outputFor[T any](ctx context.Context, a *attempt, v *vertex, i int, side string) *task.Output[T] {
 	edges := make([]task.Edge[T], 0, len(v.outputs))
 	for _, e := range v.outputs {
+		if e.side != side {
+			continue
+		}
 		if ed, ok := e.partitioner.(edger[T]); ok {
 			// A hash edge: key extraction and hashing happen once per
 			// record, here; the key and key group travel with the record

@@ -1,0 +1,5 @@
+//go:build !race
+
+package window_test
+
+const raceEnabled = false

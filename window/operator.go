@@ -1,0 +1,521 @@
+package window
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/restore"
+	"github.com/snapflow/snapflow/state"
+)
+
+// Spec configures a window operator over records T.
+type Spec[T any] struct {
+	// Assigner says which windows a record belongs to (required).
+	Assigner Assigner
+	// Timestamp returns a record's event time, Unix nanoseconds: required
+	// for event-time assigners (usually the source's
+	// WatermarkStrategy.Timestamp), unused in processing time.
+	Timestamp func(T) int64
+	// AllowedLateness keeps an event-time window's state that long after
+	// the watermark passed its end: a record for it arriving meanwhile
+	// updates it and fires it again at once (Result.Pane counts the
+	// firings before). 0: the state goes when the window fires.
+	AllowedLateness time.Duration
+	// LateOutput receives the records that came after every window they
+	// belong to was cleaned up (watermark at or past its end - 1 +
+	// AllowedLateness). Nil: they are counted and logged (the first of
+	// each subtask and every power of two, with the record, and the count
+	// when the subtask closes), never dropped silently.
+	LateOutput *graph.OutputTag[T]
+	// MaxFutureSkew, if positive, makes a record invalid whose event time
+	// is more than that ahead of the subtask's clock (a device with a
+	// wrong clock would keep its windows open for good).
+	MaxFutureSkew time.Duration
+	// Invalid receives the invalid records: Timestamp returned
+	// NoTimestamp or a time beyond ±2^61 ns (±73 years around 1970), or
+	// one beyond MaxFutureSkew. Nil: an invalid record fails the job, no
+	// restart (restore.ErrUnrecoverable: a restart would replay it),
+	// naming the operator and the record.
+	Invalid *graph.OutputTag[T]
+	// MaxWindowsPerKey, if positive, is the state budget: validation
+	// rejects tumbling and sliding windows of which more would be open at
+	// once per key, ceil((size + AllowedLateness) / slide). (Sessions of a
+	// key do not overlap: one is open per key, plus those kept for
+	// lateness, which depends on the data.)
+	MaxWindowsPerKey int
+	// AllowUnwatermarked accepts event-time windows on a stream from a
+	// source without a WatermarkStrategy. Only the final watermark comes
+	// from such a source, so the windows fire at the end of the input
+	// only: right for a bounded batch job, a mistake otherwise, so
+	// validation rejects it by default.
+	AllowUnwatermarked bool
+}
+
+// Result is the result of one firing of a window of key Key.
+type Result[K comparable, V any] struct {
+	Key    K      `msgpack:"k"`
+	Window Window `msgpack:"w"`
+	Value  V      `msgpack:"v"`
+	// Pane counts the window's firings before this one: 0 for the first
+	// (on time, or the first record arrived late), n for the n-th update
+	// by a late record within the allowed lateness. A consumer keeps the
+	// result of the highest pane.
+	Pane int `msgpack:"p"`
+	// Count is the number of records in the window.
+	Count int64 `msgpack:"n"`
+}
+
+// Context is what a ProcessFunc sees of its window: the keyed context (key,
+// keyed state, side outputs, watermark) and the window's metadata.
+type Context[K comparable] struct {
+	*graph.KeyedContext[K]
+	Window Window
+	// Pane and Count are as in Result.
+	Pane  int
+	Count int64
+}
+
+// ProcessFunc computes the output of one window firing from all its
+// elements, in the order they arrived (Flink's ProcessWindowFunction). The
+// slice and the Context are valid during the call only. A function value implementing
+// graph.Initializer is initialized with the operator.
+type ProcessFunc[K comparable, IN, OUT any] interface {
+	Process(ctx *Context[K], elements []IN, out graph.Collector[OUT]) error
+}
+
+// Names of the keyed states of a window operator.
+const (
+	// WindowState maps a window to its slot: accumulator, record count,
+	// firings.
+	WindowState = "_window"
+	// ElementState holds the elements of each window of a ProcessFunc
+	// without an aggregate, by window and arrival index.
+	ElementState = "_window_elements"
+	// SessionState lists each key's sessions, by start, each with the
+	// window its state is kept under.
+	SessionState = "_window_sessions"
+)
+
+// sessionEntry is one session of a key: its window W, and the window S its
+// slot (and elements) are stored under: the state window of the session
+// it grew from, so that extending or merging a session moves no state but
+// that of the sessions merged into it (Flink's MergingWindowSet).
+type sessionEntry struct {
+	W Window `msgpack:"w"`
+	S Window `msgpack:"s"`
+}
+
+// slot is the state of one window of a key.
+type slot[ACC any] struct {
+	Acc ACC `msgpack:"a"`
+	// N is the number of records; Fired the number of firings so far.
+	N     int64 `msgpack:"n"`
+	Fired int   `msgpack:"f"`
+}
+
+// elemKey is an element's key in ElementState.
+type elemKey struct {
+	W Window `msgpack:"w"`
+	I int64  `msgpack:"i"`
+}
+
+// fns are the window function of an operator, on accumulators ACC: add
+// (first: the window had no record) and merge (sessions) for an
+// incremental aggregate, or keep to store the elements; emit computes a
+// firing's output.
+type fns[K comparable, IN, ACC, OUT any] struct {
+	add   func(acc ACC, in IN, first bool) ACC
+	merge func(a, b ACC) ACC
+	keep  bool
+	emit  func(c *Context[K], acc ACC, elems []IN, out graph.Collector[OUT]) error
+	// init is the ProcessFunc's Initializer, if any.
+	init graph.Initializer
+}
+
+// op is the window operator: a keyed process function over the keyed
+// state WindowState (and ElementState) and the timers of its domain.
+type op[K comparable, IN, ACC, OUT any] struct {
+	uid      string
+	spec     Spec[IN]
+	a        Assigner
+	lateness int64
+	f        fns[K, IN, ACC, OUT]
+
+	ctx   *graph.Context
+	wins  *state.MapState[K, Window, slot[ACC]]
+	elems *state.MapState[K, elemKey, IN]
+	// sessions lists a key's sessions, by start (session assigners).
+	sessions *state.ValueState[K, []sessionEntry]
+	// buf, due, elemBuf and wctx are reused per record and firing.
+	buf     []Window
+	due     []dueWindow[ACC]
+	elemBuf []IN
+	wctx    Context[K]
+	// dropped counts the late records without a LateOutput.
+	dropped int64
+}
+
+// dueWindow is a window w whose slot s is stored under sw.
+type dueWindow[ACC any] struct {
+	w, sw Window
+	s     slot[ACC]
+}
+
+// build adds the window operator uid over s after validating spec.
+func build[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid string, spec Spec[IN], newFns func() fns[K, IN, ACC, OUT], opts []graph.Option) *graph.Stream[OUT] {
+	if err := validate(s, spec); err != nil {
+		s.Reject(fmt.Errorf("window: operator %q: %w", uid, err))
+	}
+	var tags []graph.SideTag
+	if spec.LateOutput != nil {
+		tags = append(tags, spec.LateOutput)
+	}
+	if spec.Invalid != nil {
+		tags = append(tags, spec.Invalid)
+	}
+	if len(tags) > 0 {
+		opts = append(slices.Clip(opts), graph.SideOutputs(tags...))
+	}
+	return graph.ProcessKeyed(s, uid, func() graph.KeyedProcessFunc[K, IN, OUT] {
+		return &op[K, IN, ACC, OUT]{uid: uid, spec: spec, a: spec.Assigner, lateness: int64(spec.AllowedLateness), f: newFns()}
+	}, opts...)
+}
+
+// validate reports every problem of spec on s, joined.
+func validate[K comparable, T any](s *graph.KeyedStream[K, T], spec Spec[T]) error {
+	var errs []error
+	a := spec.Assigner
+	if err := a.check(); err != nil {
+		errs = append(errs, err)
+	}
+	if a.span() > maxTime || spec.AllowedLateness > maxTime {
+		errs = append(errs, fmt.Errorf("the window size or gap (%v) or allowed lateness (%v) is beyond %v", time.Duration(a.span()), spec.AllowedLateness, time.Duration(maxTime)))
+	}
+	if spec.AllowedLateness < 0 {
+		errs = append(errs, fmt.Errorf("the allowed lateness %v must not be negative", spec.AllowedLateness))
+	}
+	if spec.MaxFutureSkew < 0 {
+		errs = append(errs, fmt.Errorf("MaxFutureSkew %v must not be negative", spec.MaxFutureSkew))
+	}
+	if spec.LateOutput != nil && spec.Invalid != nil && spec.LateOutput.ID() == spec.Invalid.ID() {
+		errs = append(errs, fmt.Errorf("LateOutput and Invalid have the same id %q", spec.Invalid.ID()))
+	}
+	switch a.domain {
+	case graph.EventTime:
+		if spec.Timestamp == nil {
+			errs = append(errs, fmt.Errorf("%v need a Timestamp function", a))
+		}
+		if srcs := s.SourcesWithoutWatermarks(); len(srcs) > 0 && !spec.AllowUnwatermarked {
+			errs = append(errs, fmt.Errorf("%v, but sources %s upstream have no WatermarkStrategy (graph.Watermarks), so the windows would fire at the end of the input only (set AllowUnwatermarked for a bounded job that wants that)", a, strings.Join(srcs, ", ")))
+		}
+	case graph.ProcessingTime:
+		if spec.AllowedLateness != 0 || spec.LateOutput != nil || spec.MaxFutureSkew != 0 || spec.Invalid != nil {
+			errs = append(errs, fmt.Errorf("AllowedLateness, LateOutput, MaxFutureSkew and Invalid apply to event-time windows, not to %v", a))
+		}
+	}
+	if b := spec.MaxWindowsPerKey; b > 0 && a.check() == nil && a.perKey(int64(spec.AllowedLateness)) > int64(b) {
+		errs = append(errs, fmt.Errorf("%v with allowed lateness %v keep up to %d windows open per key, above the budget MaxWindowsPerKey %d", a, spec.AllowedLateness, a.perKey(int64(spec.AllowedLateness)), b))
+	}
+	return errors.Join(errs...)
+}
+
+func (o *op[K, IN, ACC, OUT]) InitializeState(ctx *graph.Context) error {
+	b := graph.KeyedState[K](ctx)
+	o.ctx = ctx
+	var err error
+	if o.wins, err = state.Map[K, Window, slot[ACC]](b, WindowState); err != nil {
+		return err
+	}
+	if o.f.keep {
+		if o.elems, err = state.Map[K, elemKey, IN](b, ElementState); err != nil {
+			return err
+		}
+	}
+	if o.a.kind == session {
+		if o.sessions, err = state.Value[K, []sessionEntry](b, SessionState); err != nil {
+			return err
+		}
+	}
+	if o.f.init != nil {
+		return o.f.init.InitializeState(ctx)
+	}
+	return nil
+}
+
+// cleanup is when w's state goes: the end of the allowed lateness.
+func (o *op[K, IN, ACC, OUT]) cleanup(w Window) int64 { return w.MaxTimestamp() + o.lateness }
+
+func (o *op[K, IN, ACC, OUT]) Process(ctx *graph.KeyedContext[K], in IN, out graph.Collector[OUT]) error {
+	var ts, wm int64
+	if o.a.domain == graph.EventTime {
+		ts, wm = o.spec.Timestamp(in), ctx.CurrentWatermark()
+		if why := o.invalid(ts); why != "" {
+			if o.spec.Invalid != nil {
+				o.spec.Invalid.Emit(ctx, in)
+				return nil
+			}
+			return invalidRecord{fmt.Errorf("window: operator %q: record %+v of key %v %s (set Spec.Invalid to route such records to a side output)", o.uid, in, ctx.CurrentKey(), why)}
+		}
+	} else {
+		ts = time.Now().UnixNano()
+		wm = marker.MinWatermark // processing time: nothing is late
+	}
+	o.buf = o.a.assign(o.buf[:0], ts)
+	if o.a.kind == session {
+		return o.addSession(ctx, in, o.buf[0], wm, out)
+	}
+	onTime := false
+	for _, w := range o.buf {
+		if o.cleanup(w) <= wm {
+			continue
+		}
+		onTime = true
+		s, ok := o.wins.Get(w)
+		if err := o.addTo(ctx, w, w, s, !ok, in, wm, out); err != nil {
+			return err
+		}
+	}
+	if !onTime {
+		o.late(ctx, in, ts, wm)
+	}
+	return nil
+}
+
+// invalid says why event time ts is invalid ("" if it is not).
+func (o *op[K, IN, ACC, OUT]) invalid(ts int64) string {
+	switch {
+	case ts == NoTimestamp:
+		return "has no timestamp"
+	case ts < minTime || ts > maxTime:
+		return fmt.Sprintf("has timestamp %d, beyond ±2^61 ns", ts)
+	case o.spec.MaxFutureSkew > 0 && ts > time.Now().Add(o.spec.MaxFutureSkew).UnixNano():
+		return fmt.Sprintf("has timestamp %s, more than MaxFutureSkew %v ahead of the clock", time.Unix(0, ts).UTC().Format(time.RFC3339Nano), o.spec.MaxFutureSkew)
+	}
+	return ""
+}
+
+// invalidRecord is the error of an invalid record: no restart can cure it.
+type invalidRecord struct{ err error }
+
+func (e invalidRecord) Error() string   { return e.err.Error() }
+func (e invalidRecord) Unwrap() []error { return []error{e.err, restore.ErrUnrecoverable} }
+
+// addTo adds in to window w, whose slot is s, stored under sw (w itself
+// but for sessions), registers its timers when fresh (a new window, maybe
+// merged from others; its first record when s.N is 0), and fires it at
+// once when the watermark wm passed its end already (a late record within
+// the allowed lateness).
+func (o *op[K, IN, ACC, OUT]) addTo(ctx *graph.KeyedContext[K], w, sw Window, s slot[ACC], fresh bool, in IN, wm int64, out graph.Collector[OUT]) error {
+	if o.f.keep {
+		o.elems.Put(elemKey{sw, s.N}, in)
+	} else {
+		s.Acc = o.f.add(s.Acc, in, s.N == 0)
+	}
+	s.N++
+	o.wins.Put(sw, s)
+	if fresh {
+		o.register(ctx, w, wm)
+	}
+	if w.MaxTimestamp() <= wm {
+		return o.fire(ctx, w, sw, s, out)
+	}
+	return nil
+}
+
+// register registers w's timers: its firing (unless the watermark wm
+// passed it: addTo fires it then) and, with allowed lateness, its
+// cleanup. Timers are never deleted: one that finds no window due is a
+// no-op (OnTimer), so windows of a key sharing a time need no counting.
+func (o *op[K, IN, ACC, OUT]) register(ctx *graph.KeyedContext[K], w Window, wm int64) {
+	if o.a.domain == graph.ProcessingTime {
+		ctx.RegisterTimer(time.Unix(0, w.MaxTimestamp()))
+		return
+	}
+	if w.MaxTimestamp() > wm {
+		ctx.RegisterEventTimer(time.Unix(0, w.MaxTimestamp()))
+	}
+	if o.lateness > 0 {
+		ctx.RegisterEventTimer(time.Unix(0, o.cleanup(w)))
+	}
+}
+
+// addSession adds in to its session nw merged with every session of the
+// key it touches (the key's SessionState list). The first of them (by
+// start) keeps its state window; the others' accumulators merge into it
+// with the function's merge, in start order (their elements move), and
+// the result keeps the highest firing count of its parts.
+func (o *op[K, IN, ACC, OUT]) addSession(ctx *graph.KeyedContext[K], in IN, nw Window, wm int64, out graph.Collector[OUT]) error {
+	list, _ := o.sessions.Value()
+	o.due = o.due[:0]
+	target := nw
+	for _, x := range list {
+		if x.W.intersects(nw) {
+			s, _ := o.wins.Get(x.S)
+			o.due = append(o.due, dueWindow[ACC]{x.W, x.S, s})
+			target = target.cover(x.W)
+		}
+	}
+	if o.cleanup(target) <= wm {
+		o.late(ctx, in, nw.Start, wm)
+		return nil
+	}
+	if len(o.due) == 1 && o.due[0].w == target {
+		return o.addTo(ctx, target, o.due[0].sw, o.due[0].s, false, in, wm, out)
+	}
+	sw, m := target, slot[ACC]{}
+	if len(o.due) > 0 {
+		sw, m = o.due[0].sw, o.due[0].s // list is sorted: the earliest
+	}
+	for _, d := range o.due[min(1, len(o.due)):] {
+		if o.f.keep {
+			for k := range d.s.N {
+				v, _ := o.elems.Get(elemKey{d.sw, k})
+				o.elems.Remove(elemKey{d.sw, k})
+				o.elems.Put(elemKey{sw, m.N + k}, v)
+			}
+		} else {
+			m.Acc = o.f.merge(m.Acc, d.s.Acc)
+		}
+		m.N += d.s.N
+		m.Fired = max(m.Fired, d.s.Fired)
+		o.wins.Remove(d.sw)
+	}
+	// The list changes (a fresh slice: the stored one may be shared with a
+	// snapshot).
+	nl := make([]sessionEntry, 0, len(list)+1-len(o.due))
+	for _, x := range list {
+		if !x.W.intersects(nw) {
+			nl = append(nl, x)
+		}
+	}
+	nl = append(nl, sessionEntry{W: target, S: sw})
+	slices.SortFunc(nl, func(a, b sessionEntry) int { return cmp.Compare(a.W.Start, b.W.Start) })
+	o.sessions.Update(nl)
+	// The session has new bounds: register its timers (its parts' timers
+	// find nothing).
+	return o.addTo(ctx, target, sw, m, true, in, wm, out)
+}
+
+// late handles a record that belongs to no window still kept.
+func (o *op[K, IN, ACC, OUT]) late(ctx *graph.KeyedContext[K], in IN, ts, wm int64) {
+	if o.spec.LateOutput != nil {
+		o.spec.LateOutput.Emit(ctx, in)
+		return
+	}
+	o.dropped++
+	if o.dropped&(o.dropped-1) == 0 {
+		ctx.Logf("window: operator %q: dropped late record %+v of key %v (event time %d, watermark %s, allowed lateness %v); %d dropped so far: set Spec.LateOutput to keep them",
+			o.uid, in, ctx.CurrentKey(), ts, marker.FormatWatermark(wm), time.Duration(o.lateness), o.dropped)
+	}
+}
+
+// OnTimer fires the key's windows whose end the timer is at and removes
+// those whose cleanup it is. The timer at a window's end is registered
+// only while the watermark is below it (register), so it fires the window
+// once; a window the watermark had passed already fired when its record
+// came (addTo). Tumbling and sliding windows are found from the time (a
+// window ending at t+1, one whose cleanup is t), sessions in the key's
+// SessionState list: point reads, no scan of the key's state.
+func (o *op[K, IN, ACC, OUT]) OnTimer(ctx *graph.KeyedContext[K], at time.Time, out graph.Collector[OUT]) error {
+	if d := ctx.TimeDomain(); d != o.a.domain {
+		return fmt.Errorf("window: operator %q: a %v timer fired for %v", o.uid, d, o.a)
+	}
+	t := at.UnixNano()
+	o.due = o.due[:0]
+	var list []sessionEntry
+	if o.a.kind == session {
+		list, _ = o.sessions.Value()
+		for _, x := range list {
+			if x.W.MaxTimestamp() == t || o.cleanup(x.W) == t {
+				s, _ := o.wins.Get(x.S)
+				o.due = append(o.due, dueWindow[ACC]{x.W, x.S, s})
+			}
+		}
+	} else {
+		ends := [2]int64{t + 1, t + 1 - o.lateness}
+		for i, end := range ends {
+			w := Window{end - o.a.size, end}
+			if i == 1 && end == ends[0] {
+				break
+			}
+			if s, ok := o.wins.Get(w); ok {
+				o.due = append(o.due, dueWindow[ACC]{w, w, s})
+			}
+		}
+	}
+	removed := false
+	for _, d := range o.due {
+		if d.w.MaxTimestamp() == t {
+			if err := o.fire(ctx, d.w, d.sw, d.s, out); err != nil {
+				return err
+			}
+		}
+		if o.cleanup(d.w) == t {
+			o.remove(d.sw, d.s.N)
+			removed = true
+		}
+	}
+	if removed && o.a.kind == session {
+		nl := make([]sessionEntry, 0, len(list))
+		for _, x := range list {
+			if o.cleanup(x.W) != t {
+				nl = append(nl, x)
+			}
+		}
+		if len(nl) == 0 {
+			o.sessions.Clear()
+		} else {
+			o.sessions.Update(nl)
+		}
+	}
+	return nil
+}
+
+// fire emits window w's result (its slot s stored under sw) and counts
+// the firing.
+func (o *op[K, IN, ACC, OUT]) fire(ctx *graph.KeyedContext[K], w, sw Window, s slot[ACC], out graph.Collector[OUT]) error {
+	o.elemBuf = o.elemBuf[:0]
+	if o.f.keep {
+		for k := range s.N {
+			v, ok := o.elems.Get(elemKey{sw, k})
+			if !ok {
+				return fmt.Errorf("window: operator %q: element %d of %d of window %v of key %v missing from its state", o.uid, k, s.N, w, ctx.CurrentKey())
+			}
+			o.elemBuf = append(o.elemBuf, v)
+		}
+	}
+	o.wctx = Context[K]{KeyedContext: ctx, Window: w, Pane: s.Fired, Count: s.N}
+	if err := o.f.emit(&o.wctx, s.Acc, o.elemBuf, out); err != nil {
+		return err
+	}
+	clear(o.elemBuf)
+	if o.cleanup(w) > w.MaxTimestamp() {
+		s.Fired++
+		o.wins.Put(sw, s)
+	}
+	return nil
+}
+
+// remove drops the slot stored under window w (of n elements).
+func (o *op[K, IN, ACC, OUT]) remove(w Window, n int64) {
+	o.wins.Remove(w)
+	if o.f.keep {
+		for k := range n {
+			o.elems.Remove(elemKey{w, k})
+		}
+	}
+}
+
+// Close logs how many late records the subtask dropped.
+func (o *op[K, IN, ACC, OUT]) Close() error {
+	if o.dropped > 0 && o.ctx != nil {
+		o.ctx.Logf("window: operator %q: dropped %d late records in this attempt (set Spec.LateOutput to keep them)", o.uid, o.dropped)
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package window
+
+import (
+	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/state"
+)
+
+// Reduce windows s by spec and reduces each window's records with f, one
+// value per window (incremental: the records are not kept), emitting a
+// Result per firing. f must be deterministic and must not keep or modify
+// its arguments' memory.
+func Reduce[K comparable, T any](s *graph.KeyedStream[K, T], uid string, spec Spec[T], f func(a, b T) T, opts ...graph.Option) *graph.Stream[Result[K, T]] {
+	if f == nil {
+		s.Reject(errNil(uid, "reduce function"))
+	}
+	return build(s, uid, spec, func() fns[K, T, T, Result[K, T]] {
+		return fns[K, T, T, Result[K, T]]{
+			add: func(acc, in T, first bool) T {
+				if first {
+					return in
+				}
+				return f(acc, in)
+			},
+			merge: f,
+			emit: func(c *Context[K], acc T, _ []T, out graph.Collector[Result[K, T]]) error {
+				out.Collect(result(c, acc))
+				return nil
+			},
+		}
+	}, opts)
+}
+
+// Aggregate windows s by spec and aggregates each window's records with
+// agg, one accumulator per window (incremental: the records are not
+// kept), emitting a Result of agg.GetResult per firing. Sessions merge
+// accumulators with agg.Merge.
+func Aggregate[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid string, spec Spec[IN], agg state.AggregateFunction[IN, ACC, OUT], opts ...graph.Option) *graph.Stream[Result[K, OUT]] {
+	if agg == nil {
+		s.Reject(errNil(uid, "aggregate function"))
+	}
+	return build(s, uid, spec, func() fns[K, IN, ACC, Result[K, OUT]] {
+		return fns[K, IN, ACC, Result[K, OUT]]{
+			add:   aggAdd(agg),
+			merge: func(a, b ACC) ACC { return agg.Merge(a, b) },
+			emit: func(c *Context[K], acc ACC, _ []IN, out graph.Collector[Result[K, OUT]]) error {
+				out.Collect(result(c, agg.GetResult(acc)))
+				return nil
+			},
+		}
+	}, opts)
+}
+
+// Process windows s by spec and hands fn all records of a window, with
+// its metadata, at every firing. The records are kept in keyed state
+// (ElementState) until the window is cleaned up; prefer Aggregate or
+// AggregateProcess when the function can be incremental. newFn is called
+// once per subtask attempt.
+func Process[K comparable, IN, OUT any](s *graph.KeyedStream[K, IN], uid string, spec Spec[IN], newFn func() ProcessFunc[K, IN, OUT], opts ...graph.Option) *graph.Stream[OUT] {
+	if newFn == nil {
+		s.Reject(errNil(uid, "process function"))
+	}
+	return build(s, uid, spec, func() fns[K, IN, struct{}, OUT] {
+		fn := newFn()
+		init, _ := fn.(graph.Initializer)
+		return fns[K, IN, struct{}, OUT]{
+			keep: true,
+			init: init,
+			emit: func(c *Context[K], _ struct{}, elems []IN, out graph.Collector[OUT]) error {
+				return fn.Process(c, elems, out)
+			},
+		}
+	}, opts)
+}
+
+// AggregateProcess is Flink's aggregate(agg, windowFunction): each
+// window keeps one accumulator of agg (incremental), and at every firing
+// fn gets its result, as the one element, with the window's metadata.
+func AggregateProcess[K comparable, IN, ACC, V, OUT any](s *graph.KeyedStream[K, IN], uid string, spec Spec[IN], agg state.AggregateFunction[IN, ACC, V], newFn func() ProcessFunc[K, V, OUT], opts ...graph.Option) *graph.Stream[OUT] {
+	if agg == nil || newFn == nil {
+		s.Reject(errNil(uid, "aggregate or process function"))
+	}
+	return build(s, uid, spec, func() fns[K, IN, ACC, OUT] {
+		fn := newFn()
+		init, _ := fn.(graph.Initializer)
+		one := make([]V, 1)
+		return fns[K, IN, ACC, OUT]{
+			add:   aggAdd(agg),
+			merge: func(a, b ACC) ACC { return agg.Merge(a, b) },
+			init:  init,
+			emit: func(c *Context[K], acc ACC, _ []IN, out graph.Collector[OUT]) error {
+				one[0] = agg.GetResult(acc)
+				return fn.Process(c, one, out)
+			},
+		}
+	}, opts)
+}
+
+func aggAdd[IN, ACC, OUT any](agg state.AggregateFunction[IN, ACC, OUT]) func(ACC, IN, bool) ACC {
+	return func(acc ACC, in IN, first bool) ACC {
+		if first {
+			acc = agg.CreateAccumulator()
+		}
+		return agg.Add(in, acc)
+	}
+}
+
+func result[K comparable, V any](c *Context[K], v V) Result[K, V] {
+	return Result[K, V]{Key: c.CurrentKey(), Window: c.Window, Value: v, Pane: c.Pane, Count: c.Count}
+}
