@@ -156,14 +156,27 @@ func (r *run) kafkaOutput() (ids map[int64]int, perKey map[int64][]int64) {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	require.NoError(r.t, err)
 	defer cl.Close()
+	// The first fetch (metadata, connection, a first response) can take
+	// seconds on a loaded machine: wait for it as long as the topic holds
+	// anything, then stop after a quiet interval.
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(context.Background(), kafkaOut)
+	require.NoError(r.t, err)
+	wait := 500 * time.Millisecond
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			wait = 10 * time.Second
+		}
+	})
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		fs := cl.PollFetches(ctx)
 		cancel()
 		recs := fs.Records()
 		if len(recs) == 0 {
 			return ids, perKey
 		}
+		wait = 2 * time.Second
 		for _, rec := range recs {
 			var c counted
 			require.NoError(r.t, msgpack.Unmarshal(rec.Value, &c))
