@@ -334,4 +334,3 @@ type keyedOdds struct{}
 func (keyedOdds) Process(ctx *graph.KeyedContext[int64], v int64, out graph.Collector[int64]) error {
 	return odds{}.Process(ctx.Context, v, out)
 }
-
