@@ -188,22 +188,14 @@ func pairedRound(vs *variants, cs string, n, want int64, plain, engine side) err
 	return nil
 }
 
-// result returns a side's run and got over a function that computes its
-// result while it runs.
-func result(f func() (int64, error)) (run func() error, got func() (int64, error)) {
-	var n int64
-	return func() error {
-			var err error
-			n, err = f()
-			return err
-		}, func() (int64, error) {
-			return n, nil
-		}
-}
-
+// sideOf is the side whose run computes its result, f: got returns what
+// the last run computed.
 func sideOf(f func() (int64, error)) side {
-	run, got := result(f)
-	return side{run: run, got: got}
+	var n int64
+	return side{
+		run: func() (err error) { n, err = f(); return err },
+		got: func() (int64, error) { return n, nil },
+	}
 }
 
 // addDelays adds the p50, p99 and max of sorted delays (ms) as figures.
