@@ -13,7 +13,7 @@ func Reduce[K comparable, T any](s *graph.KeyedStream[K, T], uid string, spec Sp
 	if f == nil {
 		s.Reject(errNil(uid, "reduce function"))
 	}
-	return build(s, uid, spec, func() fns[K, T, T, Result[K, T]] {
+	return build(s, uid, spec, false, func() fns[K, T, T, Result[K, T]] {
 		return fns[K, T, T, Result[K, T]]{
 			add: func(acc, in T, first bool) T {
 				if first {
@@ -38,10 +38,11 @@ func Aggregate[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid 
 	if agg == nil {
 		s.Reject(errNil(uid, "aggregate function"))
 	}
-	return build(s, uid, spec, func() fns[K, IN, ACC, Result[K, OUT]] {
+	return build(s, uid, spec, false, func() fns[K, IN, ACC, Result[K, OUT]] {
 		return fns[K, IN, ACC, Result[K, OUT]]{
 			add:   aggAdd(agg),
 			merge: func(a, b ACC) ACC { return agg.Merge(a, b) },
+			user:  []any{agg},
 			emit: func(c *Context[K], acc ACC, _ []IN, out graph.Collector[Result[K, OUT]]) error {
 				out.Collect(result(c, agg.GetResult(acc)))
 				return nil
@@ -59,12 +60,11 @@ func Process[K comparable, IN, OUT any](s *graph.KeyedStream[K, IN], uid string,
 	if newFn == nil {
 		s.Reject(errNil(uid, "process function"))
 	}
-	return build(s, uid, spec, func() fns[K, IN, struct{}, OUT] {
+	return build(s, uid, spec, true, func() fns[K, IN, struct{}, OUT] {
 		fn := newFn()
-		init, _ := fn.(graph.Initializer)
 		return fns[K, IN, struct{}, OUT]{
 			keep: true,
-			init: init,
+			user: []any{fn},
 			emit: func(c *Context[K], _ struct{}, elems []IN, out graph.Collector[OUT]) error {
 				return fn.Process(c, elems, out)
 			},
@@ -79,14 +79,13 @@ func AggregateProcess[K comparable, IN, ACC, V, OUT any](s *graph.KeyedStream[K,
 	if agg == nil || newFn == nil {
 		s.Reject(errNil(uid, "aggregate or process function"))
 	}
-	return build(s, uid, spec, func() fns[K, IN, ACC, OUT] {
+	return build(s, uid, spec, false, func() fns[K, IN, ACC, OUT] {
 		fn := newFn()
-		init, _ := fn.(graph.Initializer)
 		one := make([]V, 1)
 		return fns[K, IN, ACC, OUT]{
 			add:   aggAdd(agg),
 			merge: func(a, b ACC) ACC { return agg.Merge(a, b) },
-			init:  init,
+			user:  []any{agg, fn},
 			emit: func(c *Context[K], acc ACC, _ []IN, out graph.Collector[OUT]) error {
 				one[0] = agg.GetResult(acc)
 				return fn.Process(c, one, out)
