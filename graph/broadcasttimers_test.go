@@ -313,7 +313,9 @@ func TestApplyToKeyedState(t *testing.T) {
 			}, graph.Parallelism(1))
 			data := graph.Source(job, "data", source.Generate(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }), graph.Parallelism(2))
 			res := graph.KeyedBroadcastProcess(graph.KeyBy(data, func(r rec) int64 { return r.Key }), cmds.Broadcast(), "apply",
-				func() graph.KeyedBroadcastProcessFunc[int64, rec, rule, visit] { return &applyCounter{processed: &processed} })
+				func() graph.KeyedBroadcastProcessFunc[int64, rec, rule, visit] {
+					return &applyCounter{processed: &processed}
+				})
 			got := collectSink(job, res)
 			require.NoError(t, job.Run(context.Background()))
 			var want []visit
