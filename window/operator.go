@@ -54,7 +54,10 @@ type Spec[T any] struct {
 	// a record that would give its key more open sessions than
 	// MaxWindowsPerKey fails the job, no restart (restore.ErrUnrecoverable:
 	// a restart would replay it), naming the operator, the key and the
-	// limit.
+	// limit. Leave headroom: the count includes the sessions the watermark
+	// has not closed yet (see "State budget" in the package
+	// documentation). Tumbling and sliding windows are checked by
+	// validation only.
 	MaxWindowsPerKey int
 	// MaxElementsPerWindow, if positive, is the state budget of a Process
 	// function, which keeps every element of a window (ElementState)

@@ -33,7 +33,9 @@ func Reduce[K comparable, T any](s *graph.KeyedStream[K, T], uid string, spec Sp
 // Aggregate windows s by spec and aggregates each window's records with
 // agg, one accumulator per window (incremental: the records are not
 // kept), emitting a Result of agg.GetResult per firing. Sessions merge
-// accumulators with agg.Merge.
+// accumulators with agg.Merge. agg's lifecycle hooks, if it has any, run
+// once per subtask on this one value (see Lifecycle in the package
+// documentation).
 func Aggregate[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid string, spec Spec[IN], agg state.AggregateFunction[IN, ACC, OUT], opts ...graph.Option) *graph.Stream[Result[K, OUT]] {
 	if agg == nil {
 		s.Reject(errNil(uid, "aggregate function"))
