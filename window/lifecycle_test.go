@@ -2,6 +2,7 @@ package window_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/sink"
+	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/window"
 )
 
@@ -214,4 +216,89 @@ func checkHooks(t *testing.T, log []string, names []string) {
 	}
 	require.GreaterOrEqual(t, len(completes), 2, "%q", log)
 	require.Equal(t, slices.Contains(names, "fn"), processed, "the ProcessFunc fired between init and close: %q", log)
+}
+
+// failingProcess is hookedProcess that fails its first attempt once two
+// checkpoints completed.
+type failingProcess struct {
+	hookedProcess[ev]
+	failed *atomic.Bool
+}
+
+func (p failingProcess) Process(ctx *window.Context[int64], es []ev, out graph.Collector[int64]) error {
+	if ctx.Task().Attempt == 0 && p.completes.Load() >= 2 && p.failed.CompareAndSwap(false, true) {
+		return errors.New("injected failure")
+	}
+	return p.hookedProcess.Process(ctx, es, out)
+}
+
+// gatedIndexed is a replayable source of ordered records that pauses at
+// n/2 until gate reports true.
+type gatedIndexed struct {
+	*source.Indexed[ev]
+	n    int64
+	gate func() bool
+}
+
+func (g *gatedIndexed) Next(ctx *graph.Context) (ev, error) {
+	if g.Position() == g.n/2 && !g.gate() {
+		return ev{}, graph.ErrNoRecord
+	}
+	return g.Indexed.Next(ctx)
+}
+
+// TestWindowFunctionLifecycleRestart: after a failure the failed
+// attempt's function is closed and the next attempt's, made anew by
+// newFn, is initialized with the restored state (ctx.Restored), then
+// snapshots only checkpoints after the restored one, as a ProcessKeyed
+// function; the output is exactly once.
+func TestWindowFunctionLifecycleRestart(t *testing.T) {
+	const n = 2_000
+	var log hookLog
+	var failed atomic.Bool
+	var made atomic.Int64
+	var restored atomic.Int64
+	j := graph.NewJob("lifecycle-restart", graph.Config{Parallelism: 2, Logf: t.Logf,
+		Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir()},
+		Restart:    graph.FixedDelay(1, time.Millisecond),
+		OnEvent: func(e graph.Event) {
+			if e.Kind == graph.JobRestored {
+				restored.Store(e.CheckpointID)
+			}
+		}})
+	fns := []*hooked{{name: "fn", log: &log}, {name: "fn", log: &log}}
+	src := graph.Source(j, "events", func() graph.SourceFunc[ev] {
+		return &gatedIndexed{Indexed: source.NewIndexed(n, ordered), n: n, gate: func() bool { return fns[0].completes.Load() >= 2 }}
+	}, graph.Parallelism(1), graph.Watermarks(graph.WatermarkStrategy[ev]{Timestamp: func(e ev) int64 { return e.TS }, Interval: time.Millisecond}))
+	sp := window.Spec[ev]{Assigner: window.TumblingEventTime(time.Duration(100 * step)), Timestamp: func(e ev) int64 { return e.TS }}
+	counts := window.Process(graph.KeyBy(src, func(e ev) int64 { return e.Key }), "w", sp, func() window.ProcessFunc[int64, ev, int64] {
+		h := fns[min(made.Add(1)-1, 1)]
+		return failingProcess{hookedProcess[ev]{h}, &failed}
+	}, graph.Parallelism(1))
+	m := sink.NewMemory[int64]()
+	graph.Sink(counts, "sink", sink.Publishing[int64](m))
+	require.NoError(t, j.Run(context.Background()))
+	require.True(t, failed.Load())
+	require.Equal(t, int64(2), made.Load(), "one function per attempt")
+	var total int64
+	for _, c := range m.Published() {
+		total += c
+	}
+	require.Equal(t, int64(n), total, "exactly once")
+
+	all := log.all()
+	second := slices.Index(all, "fn init true")
+	require.Positive(t, second, "the second attempt's function is initialized restored: %q", all)
+	require.Equal(t, "fn close", all[second-1], "the failed attempt's function is closed before: %q", all)
+	checkHooks(t, all[:second], []string{"fn"})
+	require.NotZero(t, restored.Load())
+	for _, e := range all[second+1:] {
+		if id, ok := strings.CutPrefix(e, "fn snapshot "); ok {
+			i, err := strconv.ParseInt(id, 10, 64)
+			require.NoError(t, err)
+			require.Greater(t, i, restored.Load(), "snapshots after the restored checkpoint: %q", all)
+		}
+	}
+	require.Equal(t, "fn close", all[len(all)-1])
+	require.Equal(t, 2, strings.Count(strings.Join(all, "\n"), "fn close"))
 }
