@@ -6,6 +6,7 @@ import (
 	"reflect"
 
 	"github.com/snapflow/snapflow/state"
+	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -203,4 +204,63 @@ func (b *BroadcastState[K, V]) check(op string) error {
 		b.store.err = err
 	}
 	return err
+}
+
+// ApplyToKeyedState is Flink's applyToKeyedState
+// (KeyedBroadcastProcessFunction.Context): called from ProcessBroadcast
+// of a KeyedBroadcastProcess function, it calls fn once for every key
+// that keys yields, with that key current, so that the function's keyed
+// state handles read and write that key's state (the KeyedStateFunction's
+// state argument). keys is the iterator over a keyed state of the
+// subtask's keys: the All method of a state.ValueState, KeyedListState or
+// ReducingState, AggregatingState.Accumulators, or MapStateKeys of a
+// state.MapState; only its keys are used. The keys are collected, each
+// once, before the first call, so fn may update or clear any state of the
+// key it visits (on the heap as in Pebble). It visits the keys of the
+// key groups this subtask owns, in no particular order; ProcessBroadcast
+// runs on every subtask, so every key of the operator is visited once.
+// The first error of fn stops the visit and is returned, naming the
+// operator and the key; fn cannot register timers (no KeyedContext).
+// Outside fn, keyed state handles in ProcessBroadcast act on whichever
+// key was current last: use them inside fn only.
+func ApplyToKeyedState[K comparable, V any](ctx *Context, keys iter.Seq2[K, V], fn func(key K) error) error {
+	who := ctx.Task()
+	if ctx.allKeys == nil {
+		return fmt.Errorf("graph: %s: ApplyToKeyedState is for ProcessBroadcast of a KeyedBroadcastProcess function", who)
+	}
+	b, ok := ctx.allKeys.(*state.KeyedBackend[K])
+	if !ok {
+		return fmt.Errorf("graph: %s: ApplyToKeyedState with keys of type %s, but the operator's keys are of another type (%T)", who, reflect.TypeFor[K](), ctx.allKeys)
+	}
+	if keys == nil || fn == nil {
+		return fmt.Errorf("graph: %s: ApplyToKeyedState with a nil key iterator or function", who)
+	}
+	seen := map[K]struct{}{}
+	var ks []K
+	for k := range keys {
+		if _, dup := seen[k]; !dup {
+			seen[k] = struct{}{}
+			ks = append(ks, k)
+		}
+	}
+	for _, k := range ks {
+		b.SetCurrentKey(k, keygroup.Of(k, b.MaxParallelism()))
+		if err := fn(k); err != nil {
+			return fmt.Errorf("graph: %s: ApplyToKeyedState at key %v: %w", who, k, err)
+		}
+	}
+	return nil
+}
+
+// MapStateKeys iterates over the keys of m that have entries, for
+// ApplyToKeyedState: a key with several entries comes once per entry
+// (ApplyToKeyedState visits it once), with the value of one of them.
+func MapStateKeys[K comparable, UK comparable, UV any](m *state.MapState[K, UK, UV]) iter.Seq2[K, UV] {
+	return func(yield func(K, UV) bool) {
+		for mk, v := range m.AllEntries() {
+			if !yield(mk.Key, v) {
+				return
+			}
+		}
+	}
 }

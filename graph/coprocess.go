@@ -61,8 +61,15 @@ type BroadcastProcessFunc[IN, BC, OUT any] interface {
 // the keyed records, with keyed state and timers, and reads the broadcast
 // state; ProcessBroadcast gets every broadcast record on every subtask and
 // writes it. No key is current in ProcessBroadcast: its ctx has no keyed
-// state (KeyedState returns nil). It may implement TimerHandler and the
-// hooks of a KeyedProcessFunc.
+// state (KeyedState returns nil), but ApplyToKeyedState visits every key
+// of a keyed state on the subtask, with that key current (Flink's
+// applyToKeyedState). It may implement TimerHandler and the hooks of a
+// KeyedProcessFunc: Process registers and deletes processing-time and
+// event-time timers through its KeyedContext (RegisterTimer, DeleteTimer,
+// RegisterEventTimer, DeleteEventTimer), OnTimer fires them with the
+// timer's key current, and they are keyed state, checkpointed, restored
+// and rescaled with their key groups as those of ProcessKeyed. OnTimer,
+// like Process, only reads the broadcast state.
 type KeyedBroadcastProcessFunc[K comparable, IN, BC, OUT any] interface {
 	Process(ctx *KeyedContext[K], in IN, out Collector[OUT]) error
 	ProcessBroadcast(ctx *Context, in BC, out Collector[OUT]) error
@@ -320,7 +327,7 @@ func (o *keyedCoOp[K, A, B, OUT]) ProcessBatch(recs []task.Keyed[K, coRec[A, B]]
 	o.setTime(time.Now())
 	if o.pb != nil && o.bctx == nil {
 		c := *o.ctx
-		c.keyed = nil
+		c.keyed, c.allKeys = nil, o.backend
 		o.bctx = &c
 	}
 	return o.batchDone(o.process(recs))

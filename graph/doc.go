@@ -69,7 +69,10 @@
 // rescaled by key group. BroadcastProcess and KeyedBroadcastProcess
 // connect a stream to a Broadcast() stream (the broadcast state pattern):
 // ProcessBroadcast sees every broadcast record on every subtask and alone
-// writes the BroadcastState, which the other input reads. Internally both
+// writes the BroadcastState, which the other input reads; in
+// KeyedBroadcastProcess the keyed input has keyed state and timers of both
+// domains as ProcessKeyed, and ProcessBroadcast visits every key of a
+// keyed state with ApplyToKeyedState. Internally both
 // inputs' records travel as one type (see coprocess.go): the operator
 // reads a single input gate, so barriers align across both inputs, its
 // watermark is the minimum over both, and its input ends when both ended.

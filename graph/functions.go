@@ -152,6 +152,10 @@ type Context struct {
 	ckpt       bool
 	operators  *state.OperatorStore
 	keyed      any // *state.KeyedBackend[K] for keyed operators
+	// allKeys is the keyed-state backend of a KeyedBroadcastProcess
+	// operator in the Context of ProcessBroadcast, which has no current
+	// key (keyed is nil), for ApplyToKeyedState; nil for others.
+	allKeys any
 	// broadcast is the broadcast state of a broadcast operator (see
 	// RegisterBroadcastState), nil for others.
 	broadcast *broadcastStore

@@ -64,8 +64,10 @@
 // above the size, an offset outside [0, slide), a negative allowed
 // lateness or MaxFutureSkew, lateness options on processing-time windows,
 // an event-time window without a Timestamp function or whose upstream
-// sources lack a WatermarkStrategy (unless AllowUnwatermarked), and
-// windows open per key above MaxWindowsPerKey (the state budget).
+// sources lack a WatermarkStrategy (unless AllowUnwatermarked), windows
+// open per key above MaxWindowsPerKey (the state budget, see below), a
+// negative budget, and MaxElementsPerWindow on a function that keeps no
+// elements.
 //
 // A record is invalid when its Timestamp is NoTimestamp, beyond ±2^61 ns
 // (so window bounds and timers cannot overflow), or more than
@@ -76,4 +78,46 @@
 // Processing-time windows take the subtask's clock (time.Now) when a
 // record arrives; their results depend on timing, not on the records'
 // contents.
+//
+// # State budget
+//
+// A key's window state grows with its open windows (a WindowState slot
+// each) and, for a ProcessFunc without an aggregate, with the elements of
+// each (ElementState). Tumbling and sliding windows keep at least
+// ceil((size + AllowedLateness) / slide) open per key; sessions, whose
+// number depends on the data, at least ceil((gap + AllowedLateness) /
+// gap) for records a little more than a gap apart, more when records come
+// out of order or the watermark lags (each opens a session the watermark
+// has not closed yet). Spec.MaxWindowsPerKey bounds both: validation
+// rejects windows whose minimum is above it (so an allowed lateness too
+// large for the budget is an error before running), and for sessions the
+// operator counts the key's open sessions, from its SessionState list,
+// at every record that opens one. Spec.MaxElementsPerWindow bounds the
+// elements a ProcessFunc's window keeps: a session that never sees a gap,
+// or a busy tumbling window, grows without it. A record beyond a budget
+// fails the job with restore.ErrUnrecoverable (a restart would replay it),
+// naming the operator, the record, its key and the limit: raise the
+// budget and restore the last checkpoint. Leave headroom for
+// watermark lag: the count includes the sessions the watermark has not
+// closed yet.
+//
+// # Lifecycle
+//
+// The window operator is the keyed process function graph sees, and it
+// passes the lifecycle hooks of graph functions on to the user's function
+// values: graph.Initializer (after the window state is registered, so
+// InitializeState may register more keyed or operator state),
+// graph.Snapshotter, graph.CheckpointListener (complete and aborted, with
+// the checkpoint id) and graph.Closer, called as for a ProcessKeyed
+// function: on the subtask goroutine, InitializeState before the first
+// record, SnapshotState at every checkpoint, the notifications after it,
+// Close when the subtask stops, normally or not. The values are the
+// ProcessFunc of Process and AggregateProcess, made once per subtask
+// attempt by newFn, and the state.AggregateFunction of Aggregate and
+// AggregateProcess, which is one value shared by every subtask: its hooks
+// run once per subtask, concurrently when the parallelism is above 1. In
+// AggregateProcess the aggregate function's hooks run before the
+// ProcessFunc's, and Close in reverse order. Reduce takes a plain func,
+// which has no methods: use Aggregate for a reduction with hooks.
+// EndInput and PrepareBarrier hooks of window functions are not called.
 package window

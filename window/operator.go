@@ -43,12 +43,30 @@ type Spec[T any] struct {
 	// restart (restore.ErrUnrecoverable: a restart would replay it),
 	// naming the operator and the record.
 	Invalid *graph.OutputTag[T]
-	// MaxWindowsPerKey, if positive, is the state budget: validation
-	// rejects tumbling and sliding windows of which more would be open at
-	// once per key, ceil((size + AllowedLateness) / slide). (Sessions of a
-	// key do not overlap: one is open per key, plus those kept for
-	// lateness, which depends on the data.)
+	// MaxWindowsPerKey, if positive, is the state budget in windows per
+	// key. Validation rejects tumbling and sliding windows of which more
+	// would be open at once per key, ceil((size + AllowedLateness) /
+	// slide), and sessions when ceil((gap + AllowedLateness) / gap)
+	// exceeds it: the sessions a key keeps open when its records come a
+	// little more than a gap apart. How many sessions a key has open
+	// depends on the data (out-of-order records open sessions the
+	// watermark has not closed yet), so it is also enforced at run time:
+	// a record that would give its key more open sessions than
+	// MaxWindowsPerKey fails the job, no restart (restore.ErrUnrecoverable:
+	// a restart would replay it), naming the operator, the key and the
+	// limit. Leave headroom: the count includes the sessions the watermark
+	// has not closed yet (see "State budget" in the package
+	// documentation). Tumbling and sliding windows are checked by
+	// validation only.
 	MaxWindowsPerKey int
+	// MaxElementsPerWindow, if positive, is the state budget of a Process
+	// function, which keeps every element of a window (ElementState)
+	// until the window is cleaned up: a record that would make a window
+	// hold more elements fails the job, no restart, naming the operator,
+	// the key, the window and the limit. A session that never sees a gap
+	// grows without it. Validation rejects it on Reduce, Aggregate and
+	// AggregateProcess, which keep one accumulator per window.
+	MaxElementsPerWindow int
 	// AllowUnwatermarked accepts event-time windows on a stream from a
 	// source without a WatermarkStrategy. Only the final watermark comes
 	// from such a source, so the windows fire at the end of the input
@@ -83,8 +101,11 @@ type Context[K comparable] struct {
 
 // ProcessFunc computes the output of one window firing from all its
 // elements, in the order they arrived (Flink's ProcessWindowFunction). The
-// slice and the Context are valid during the call only. A function value implementing
-// graph.Initializer is initialized with the operator.
+// slice and the Context are valid during the call only. A function value
+// implementing the lifecycle hooks of graph functions (graph.Initializer,
+// graph.Snapshotter, graph.CheckpointListener, graph.Closer) has them
+// called as a graph.ProcessKeyed function would (see "Lifecycle" in the
+// package documentation).
 type ProcessFunc[K comparable, IN, OUT any] interface {
 	Process(ctx *Context[K], elements []IN, out graph.Collector[OUT]) error
 }
@@ -134,8 +155,10 @@ type fns[K comparable, IN, ACC, OUT any] struct {
 	merge func(a, b ACC) ACC
 	keep  bool
 	emit  func(c *Context[K], acc ACC, elems []IN, out graph.Collector[OUT]) error
-	// init is the ProcessFunc's Initializer, if any.
-	init graph.Initializer
+	// user are the user's function values whose lifecycle hooks the
+	// operator calls, in this order (Close in reverse): the aggregate
+	// function, then the ProcessFunc.
+	user []any
 }
 
 // op is the window operator: a keyed process function over the keyed
@@ -167,9 +190,10 @@ type dueWindow[ACC any] struct {
 	s     slot[ACC]
 }
 
-// build adds the window operator uid over s after validating spec.
-func build[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid string, spec Spec[IN], newFns func() fns[K, IN, ACC, OUT], opts []graph.Option) *graph.Stream[OUT] {
-	if err := validate(s, spec); err != nil {
+// build adds the window operator uid over s after validating spec; keep
+// says whether its function keeps the elements (fns.keep).
+func build[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid string, spec Spec[IN], keep bool, newFns func() fns[K, IN, ACC, OUT], opts []graph.Option) *graph.Stream[OUT] {
+	if err := validate(s, spec, keep); err != nil {
 		s.Reject(fmt.Errorf("window: operator %q: %w", uid, err))
 	}
 	var tags []graph.SideTag
@@ -187,8 +211,9 @@ func build[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid stri
 	}, opts...)
 }
 
-// validate reports every problem of spec on s, joined.
-func validate[K comparable, T any](s *graph.KeyedStream[K, T], spec Spec[T]) error {
+// validate reports every problem of spec on s, joined; keep says whether
+// the function keeps the elements.
+func validate[K comparable, T any](s *graph.KeyedStream[K, T], spec Spec[T], keep bool) error {
 	var errs []error
 	a := spec.Assigner
 	if err := a.check(); err != nil {
@@ -219,8 +244,20 @@ func validate[K comparable, T any](s *graph.KeyedStream[K, T], spec Spec[T]) err
 			errs = append(errs, fmt.Errorf("AllowedLateness, LateOutput, MaxFutureSkew and Invalid apply to event-time windows, not to %v", a))
 		}
 	}
-	if b := spec.MaxWindowsPerKey; b > 0 && a.check() == nil && a.perKey(int64(spec.AllowedLateness)) > int64(b) {
-		errs = append(errs, fmt.Errorf("%v with allowed lateness %v keep up to %d windows open per key, above the budget MaxWindowsPerKey %d", a, spec.AllowedLateness, a.perKey(int64(spec.AllowedLateness)), b))
+	if spec.MaxWindowsPerKey < 0 || spec.MaxElementsPerWindow < 0 {
+		errs = append(errs, fmt.Errorf("MaxWindowsPerKey %d and MaxElementsPerWindow %d must not be negative (0: no budget)", spec.MaxWindowsPerKey, spec.MaxElementsPerWindow))
+	}
+	if b := spec.MaxWindowsPerKey; b > 0 && a.check() == nil && spec.AllowedLateness >= 0 && spec.AllowedLateness <= maxTime {
+		if n := a.perKey(int64(spec.AllowedLateness)); n > int64(b) {
+			what := "windows"
+			if a.kind == session {
+				what = "sessions (records a little more than a gap apart)"
+			}
+			errs = append(errs, fmt.Errorf("%v with allowed lateness %v keep up to %d %s open per key, above the budget MaxWindowsPerKey %d", a, spec.AllowedLateness, n, what, b))
+		}
+	}
+	if spec.MaxElementsPerWindow > 0 && !keep {
+		errs = append(errs, fmt.Errorf("MaxElementsPerWindow %d applies to Process functions, which keep a window's elements; this function keeps one accumulator per window", spec.MaxElementsPerWindow))
 	}
 	return errors.Join(errs...)
 }
@@ -242,8 +279,50 @@ func (o *op[K, IN, ACC, OUT]) InitializeState(ctx *graph.Context) error {
 			return err
 		}
 	}
-	if o.f.init != nil {
-		return o.f.init.InitializeState(ctx)
+	for _, u := range o.f.user {
+		if in, ok := u.(graph.Initializer); ok {
+			if err := in.InitializeState(ctx); err != nil {
+				return fmt.Errorf("window: operator %q: %T: %w", o.uid, u, err)
+			}
+		}
+	}
+	return nil
+}
+
+// SnapshotState calls the user functions' graph.Snapshotter hooks.
+func (o *op[K, IN, ACC, OUT]) SnapshotState(ctx *graph.SnapshotContext) error {
+	for _, u := range o.f.user {
+		if s, ok := u.(graph.Snapshotter); ok {
+			if err := s.SnapshotState(ctx); err != nil {
+				return fmt.Errorf("window: operator %q: %T: snapshot of checkpoint %d: %w", o.uid, u, ctx.CheckpointID, err)
+			}
+		}
+	}
+	return nil
+}
+
+// NotifyCheckpointComplete calls the user functions'
+// graph.CheckpointListener hooks.
+func (o *op[K, IN, ACC, OUT]) NotifyCheckpointComplete(id int64) error {
+	for _, u := range o.f.user {
+		if l, ok := u.(graph.CheckpointListener); ok {
+			if err := l.NotifyCheckpointComplete(id); err != nil {
+				return fmt.Errorf("window: operator %q: %T: checkpoint %d complete: %w", o.uid, u, id, err)
+			}
+		}
+	}
+	return nil
+}
+
+// NotifyCheckpointAborted calls the user functions'
+// graph.CheckpointListener hooks.
+func (o *op[K, IN, ACC, OUT]) NotifyCheckpointAborted(id int64) error {
+	for _, u := range o.f.user {
+		if l, ok := u.(graph.CheckpointListener); ok {
+			if err := l.NotifyCheckpointAborted(id); err != nil {
+				return fmt.Errorf("window: operator %q: %T: checkpoint %d aborted: %w", o.uid, u, id, err)
+			}
+		}
 	}
 	return nil
 }
@@ -313,6 +392,9 @@ func (e invalidRecord) Unwrap() []error { return []error{e.err, restore.ErrUnrec
 // the allowed lateness).
 func (o *op[K, IN, ACC, OUT]) addTo(ctx *graph.KeyedContext[K], w, sw Window, s slot[ACC], fresh bool, in IN, wm int64, out graph.Collector[OUT]) error {
 	if o.f.keep {
+		if b := o.spec.MaxElementsPerWindow; b > 0 && s.N >= int64(b) {
+			return overBudget{fmt.Errorf("window: operator %q: record %+v would be element %d of window %v of key %v, above the state budget MaxElementsPerWindow %d", o.uid, in, s.N+1, w, ctx.CurrentKey(), b)}
+		}
 		o.elems.Put(elemKey{sw, s.N}, in)
 	} else {
 		s.Acc = o.f.add(s.Acc, in, s.N == 0)
@@ -368,6 +450,11 @@ func (o *op[K, IN, ACC, OUT]) addSession(ctx *graph.KeyedContext[K], in IN, nw W
 	if len(o.due) == 1 && o.due[0].w == target {
 		return o.addTo(ctx, target, o.due[0].sw, o.due[0].s, false, in, wm, out)
 	}
+	if b := o.spec.MaxWindowsPerKey; b > 0 && len(list)-len(o.due)+1 > b {
+		if n := o.open(list, nw); n > b {
+			return overBudget{fmt.Errorf("window: operator %q: record %+v of key %v would open session %v, its key's session %d, above the state budget MaxWindowsPerKey %d (open sessions: %v)", o.uid, in, ctx.CurrentKey(), target, n, b, sessionWindows(list))}
+		}
+	}
 	sw, m := target, slot[ACC]{}
 	if len(o.due) > 0 {
 		sw, m = o.due[0].sw, o.due[0].s // list is sorted: the earliest
@@ -401,6 +488,36 @@ func (o *op[K, IN, ACC, OUT]) addSession(ctx *graph.KeyedContext[K], in IN, nw W
 	// find nothing).
 	return o.addTo(ctx, target, sw, m, true, in, wm, out)
 }
+
+// open is the number of sessions its key has open once nw is added to
+// list: the sessions nw does not touch and are not due (in event time
+// none is: a session's cleanup timer removes it when the watermark
+// reaches it; in processing time one whose end passed waits for its
+// timer), and nw merged with those it touches.
+func (o *op[K, IN, ACC, OUT]) open(list []sessionEntry, nw Window) int {
+	n := 1
+	for _, x := range list {
+		if !x.W.intersects(nw) && (o.a.domain == graph.EventTime || x.W.End >= nw.Start) {
+			n++
+		}
+	}
+	return n
+}
+
+func sessionWindows(list []sessionEntry) []Window {
+	ws := make([]Window, len(list))
+	for i, x := range list {
+		ws[i] = x.W
+	}
+	return ws
+}
+
+// overBudget is the error of a record beyond the state budget: a restart
+// would replay it, so none is tried.
+type overBudget struct{ err error }
+
+func (e overBudget) Error() string   { return e.err.Error() }
+func (e overBudget) Unwrap() []error { return []error{e.err, restore.ErrUnrecoverable} }
 
 // late handles a record that belongs to no window still kept.
 func (o *op[K, IN, ACC, OUT]) late(ctx *graph.KeyedContext[K], in IN, ts, wm int64) {
@@ -512,10 +629,20 @@ func (o *op[K, IN, ACC, OUT]) remove(w Window, n int64) {
 	}
 }
 
-// Close logs how many late records the subtask dropped.
+// Close logs how many late records the subtask dropped and calls the user
+// functions' graph.Closer hooks, in reverse order, all of them whatever
+// the errors.
 func (o *op[K, IN, ACC, OUT]) Close() error {
 	if o.dropped > 0 && o.ctx != nil {
 		o.ctx.Logf("window: operator %q: dropped %d late records in this attempt (set Spec.LateOutput to keep them)", o.uid, o.dropped)
 	}
-	return nil
+	var errs []error
+	for _, u := range slices.Backward(o.f.user) {
+		if c, ok := u.(graph.Closer); ok {
+			if err := c.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("window: operator %q: %T: close: %w", o.uid, u, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

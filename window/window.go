@@ -159,11 +159,15 @@ func (a Assigner) assign(dst []Window, ts int64) []Window {
 // span is the longest a window of a can be before merging (size or gap).
 func (a Assigner) span() int64 { return max(a.size, a.gap) }
 
-// perKey is the most windows of a key that are open at once for a record
-// stream without gaps: size/slide, plus those kept for lateness.
+// perKey is the most windows of a key that are open at once for an
+// in-order record stream: for tumbling and sliding windows, one without
+// gaps, size/slide plus those kept for lateness; for sessions, one whose
+// records come a little more than a gap apart, so that every record opens
+// a session and each stays for gap + lateness (out-of-order records can
+// keep more open: the operator counts them, see Spec.MaxWindowsPerKey).
 func (a Assigner) perKey(lateness int64) int64 {
 	if a.kind == session {
-		return 0
+		return (a.gap + lateness + a.gap - 1) / a.gap
 	}
 	return (a.size + lateness + a.slide - 1) / a.slide
 }

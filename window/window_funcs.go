@@ -13,7 +13,7 @@ func Reduce[K comparable, T any](s *graph.KeyedStream[K, T], uid string, spec Sp
 	if f == nil {
 		s.Reject(errNil(uid, "reduce function"))
 	}
-	return build(s, uid, spec, func() fns[K, T, T, Result[K, T]] {
+	return build(s, uid, spec, false, func() fns[K, T, T, Result[K, T]] {
 		return fns[K, T, T, Result[K, T]]{
 			add: func(acc, in T, first bool) T {
 				if first {
@@ -33,15 +33,18 @@ func Reduce[K comparable, T any](s *graph.KeyedStream[K, T], uid string, spec Sp
 // Aggregate windows s by spec and aggregates each window's records with
 // agg, one accumulator per window (incremental: the records are not
 // kept), emitting a Result of agg.GetResult per firing. Sessions merge
-// accumulators with agg.Merge.
+// accumulators with agg.Merge. agg's lifecycle hooks, if it has any, run
+// once per subtask on this one value (see Lifecycle in the package
+// documentation).
 func Aggregate[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid string, spec Spec[IN], agg state.AggregateFunction[IN, ACC, OUT], opts ...graph.Option) *graph.Stream[Result[K, OUT]] {
 	if agg == nil {
 		s.Reject(errNil(uid, "aggregate function"))
 	}
-	return build(s, uid, spec, func() fns[K, IN, ACC, Result[K, OUT]] {
+	return build(s, uid, spec, false, func() fns[K, IN, ACC, Result[K, OUT]] {
 		return fns[K, IN, ACC, Result[K, OUT]]{
 			add:   aggAdd(agg),
 			merge: func(a, b ACC) ACC { return agg.Merge(a, b) },
+			user:  []any{agg},
 			emit: func(c *Context[K], acc ACC, _ []IN, out graph.Collector[Result[K, OUT]]) error {
 				out.Collect(result(c, agg.GetResult(acc)))
 				return nil
@@ -59,12 +62,11 @@ func Process[K comparable, IN, OUT any](s *graph.KeyedStream[K, IN], uid string,
 	if newFn == nil {
 		s.Reject(errNil(uid, "process function"))
 	}
-	return build(s, uid, spec, func() fns[K, IN, struct{}, OUT] {
+	return build(s, uid, spec, true, func() fns[K, IN, struct{}, OUT] {
 		fn := newFn()
-		init, _ := fn.(graph.Initializer)
 		return fns[K, IN, struct{}, OUT]{
 			keep: true,
-			init: init,
+			user: []any{fn},
 			emit: func(c *Context[K], _ struct{}, elems []IN, out graph.Collector[OUT]) error {
 				return fn.Process(c, elems, out)
 			},
@@ -79,14 +81,13 @@ func AggregateProcess[K comparable, IN, ACC, V, OUT any](s *graph.KeyedStream[K,
 	if agg == nil || newFn == nil {
 		s.Reject(errNil(uid, "aggregate or process function"))
 	}
-	return build(s, uid, spec, func() fns[K, IN, ACC, OUT] {
+	return build(s, uid, spec, false, func() fns[K, IN, ACC, OUT] {
 		fn := newFn()
-		init, _ := fn.(graph.Initializer)
 		one := make([]V, 1)
 		return fns[K, IN, ACC, OUT]{
 			add:   aggAdd(agg),
 			merge: func(a, b ACC) ACC { return agg.Merge(a, b) },
-			init:  init,
+			user:  []any{agg, fn},
 			emit: func(c *Context[K], acc ACC, _ []IN, out graph.Collector[OUT]) error {
 				one[0] = agg.GetResult(acc)
 				return fn.Process(c, one, out)
