@@ -988,12 +988,12 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			return err
 		}
 		if eof {
-			if al != nil {
-				al.finish()
-			}
 			// DoEndInput flushes the chain before end-of-input.
 			if done, err := r.step(ctx, Event{Kind: OnInputEnded}); done || err != nil {
 				return err
+			}
+			if al != nil {
+				al.finish() // after the last records and MaxWatermark went out
 			}
 			continue
 		}
