@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/cockroachdb/datadriven"
@@ -405,4 +406,67 @@ func TestSourceAlignmentRestored(t *testing.T) {
 	require.False(t, sb.held())
 	sa.finish()
 	sb.finish()
+}
+
+// emitted is the records the source emitted so far, from the log.
+func emitted(h *harness) []string {
+	var out []string
+	for _, l := range h.rec.log() {
+		if v, ok := strings.CutPrefix(l, "src emit "); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// TestRunSourceAlignment: a source paused by its alignment group reads no
+// record but flushes what it read, acks a checkpoint triggered meanwhile
+// (snapshots while paused) and keeps emitting its watermark; it resumes
+// as soon as the other member catches up, within one batch of the
+// allowance, and reads to its end once that member finishes.
+func TestRunSourceAlignment(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, 0)
+		fs, chain := h.sourceChain(10)
+		src := &wmSource{fakeSource: *fs, idleAt: -1, gen: NewWatermarkGenerator(GeneratorConfig{Interval: time.Millisecond})}
+		chain.Members[0].Op = src
+		reg := NewAlignmentRegistry()
+		cfg := h.config("src", true)
+		cfg.Alignment = reg.Join("g", 25, time.Millisecond)
+		other := reg.Join("g", 25, 0)
+		other.Report(0)
+		h.runSource(cfg, src, chain)
+
+		// Record v has event time 10v: after record 3 the source's
+		// watermark is 29, above 0 + 25. One record per batch.
+		synctest.Wait()
+		require.Equal(t, []string{"0", "1", "2", "3"}, emitted(h))
+		require.True(t, cfg.Alignment.Paused())
+		time.Sleep(5 * time.Millisecond) // paused: the generator still ticks, nothing is read
+		synctest.Wait()
+		require.Equal(t, []string{"0", "1", "2", "3"}, emitted(h))
+		require.Equal(t, []string{"0", "watermark(-1)", "1", "2", "3", "watermark(29)"}, h.readNow(), "flushed, with its watermark")
+
+		h.mail.Put(Mail{Kind: MailTrigger, Barrier: marker.Barrier{ID: 1}})
+		a1, a2 := h.report(), h.report()
+		require.Equal(t, ReportAck, a1.Kind)
+		require.Equal(t, ReportAck, a2.Kind)
+		synctest.Wait()
+		require.Equal(t, []string{b1}, h.readNow())
+		require.True(t, cfg.Alignment.Paused(), "still paused after the checkpoint")
+
+		other.Report(45) // allows 70: records up to 8 (watermark 79 after it)
+		synctest.Wait()
+		require.Equal(t, []string{"0", "1", "2", "3", "4", "5", "6", "7", "8"}, emitted(h))
+		require.True(t, cfg.Alignment.Paused())
+
+		other.Finish()
+		ended := h.report()
+		require.Equal(t, ReportInputEnded, ended.Kind)
+		require.Len(t, emitted(h), 10)
+		h.mail.Put(Mail{Kind: MailFinish})
+		require.Equal(t, ReportFinished, h.report().Kind)
+		require.NoError(t, h.wait())
+		require.False(t, cfg.Alignment.Paused())
+	})
 }
