@@ -1,6 +1,7 @@
 package task
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -468,5 +469,55 @@ func TestRunSourceAlignment(t *testing.T) {
 		require.Equal(t, ReportFinished, h.report().Kind)
 		require.NoError(t, h.wait())
 		require.False(t, cfg.Alignment.Paused())
+	})
+}
+
+// TestRunSourceAlignmentStopAndCancel: a paused source takes a stop
+// savepoint (acks it and stops on MailStop without reading on, even when
+// resumed meanwhile: it is suspended), and a paused source ends at once
+// when its context is cancelled; either way it leaves its group.
+func TestRunSourceAlignmentStopAndCancel(t *testing.T) {
+	start := func(h *harness) (*Config, *AlignmentMember) {
+		fs, chain := h.sourceChain(10)
+		src := &wmSource{fakeSource: *fs, idleAt: -1, gen: NewWatermarkGenerator(GeneratorConfig{Interval: time.Millisecond})}
+		chain.Members[0].Op = src
+		reg := NewAlignmentRegistry()
+		cfg := h.config("src", true)
+		cfg.Alignment = reg.Join("g", 25, time.Millisecond)
+		other := reg.Join("g", 25, 0)
+		other.Report(0)
+		h.runSource(cfg, src, chain)
+		synctest.Wait()
+		require.Equal(t, []string{"0", "1", "2", "3"}, emitted(h))
+		require.True(t, cfg.Alignment.Paused())
+		return cfg, other
+	}
+	t.Run("stop", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			h := newHarness(t, 0)
+			cfg, other := start(h)
+			h.mail.Put(Mail{Kind: MailTrigger, Barrier: stopBarrier(1), Suspend: true})
+			require.Equal(t, ReportAck, h.report().Kind)
+			require.Equal(t, ReportAck, h.report().Kind)
+			other.Report(1000)
+			synctest.Wait()
+			require.Equal(t, []string{"0", "1", "2", "3"}, emitted(h), "suspended: nothing after the stop savepoint")
+			h.mail.Put(Mail{Kind: MailComplete, ID: 1})
+			h.mail.Put(Mail{Kind: MailStop})
+			require.Equal(t, ReportFinished, h.report().Kind)
+			require.NoError(t, h.wait())
+			require.True(t, cfg.Alignment.finished, "left the group")
+		})
+	})
+	t.Run("cancel", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			h := newHarness(t, 0)
+			cfg, other := start(h)
+			h.cancel()
+			require.ErrorIs(t, h.wait(), context.Canceled)
+			require.True(t, cfg.Alignment.finished, "left the group")
+			other.Report(5)
+			require.False(t, other.Paused())
+		})
 	})
 }
