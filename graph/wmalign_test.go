@@ -212,8 +212,9 @@ func (f *alRecorder) Process(ctx *graph.Context, r alRec, out graph.Collector[al
 }
 
 // alignmentJob builds the job; with aligned the sources share group "g",
-// with dir it checkpoints, and failAt > 0 injects one failure.
-func alignmentJob(t *testing.T, aligned bool, dir string, failAt int64) (*graph.Job, *sink.Memory[alRec], *alChecks) {
+// with dir it checkpoints, failAt > 0 injects one failure, and idle > 0
+// is the sources' IdleTimeout.
+func alignmentJob(t *testing.T, aligned bool, dir string, failAt int64, idle time.Duration) (*graph.Job, *sink.Memory[alRec], *alChecks) {
 	c := &alChecks{aligned: aligned, held: map[int64]bool{}}
 	cfg := graph.Config{Parallelism: 1, BufferSize: alBatch, Logf: t.Logf}
 	if dir != "" {
@@ -233,7 +234,7 @@ func alignmentJob(t *testing.T, aligned bool, dir string, failAt int64) (*graph.
 	}
 	job := graph.NewJob("watermark-alignment", cfg)
 	strategy := func(fast bool) graph.Option {
-		s := graph.WatermarkStrategy[alRec]{Timestamp: func(r alRec) int64 { return r.TS }, Interval: time.Millisecond}
+		s := graph.WatermarkStrategy[alRec]{Timestamp: func(r alRec) int64 { return r.TS }, Interval: time.Millisecond, IdleTimeout: idle}
 		if aligned {
 			s.Alignment = graph.WatermarkAlignment{Group: "g", MaxDrift: alDrift, UpdateInterval: time.Millisecond}
 		}
@@ -243,9 +244,10 @@ func alignmentJob(t *testing.T, aligned bool, dir string, failAt int64) (*graph.
 	// until the fast one is surely ahead: aligned, until a checkpoint of
 	// the attempt completed while the fast source was held (so a held
 	// source must take checkpoints, or the job never ends); unaligned,
-	// until the fast source emitted everything.
+	// until the fast source emitted everything (also aligned with
+	// idleness: the waiting slow source goes idle and holds nobody back).
 	gate := func(attempt int) bool { return c.fastDone.Load() }
-	if aligned {
+	if aligned && idle == 0 {
 		gate = func(attempt int) bool { return attempt > 1 || c.heldCompleted[attempt].Load() > 0 }
 	}
 	slow := graph.Source(job, "slow", func() graph.SourceFunc[alRec] {
@@ -312,7 +314,7 @@ func arrivalDrift(arrivals []alRec) time.Duration {
 // source waits for one); after an injected failure the job restores and
 // stays aligned; every record is published exactly once.
 func TestWatermarkAlignment(t *testing.T) {
-	job, committer, c := alignmentJob(t, true, t.TempDir(), alSlowN/2)
+	job, committer, c := alignmentJob(t, true, t.TempDir(), alSlowN/2, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	e, err := job.Start(ctx)
@@ -334,7 +336,7 @@ func TestWatermarkAlignment(t *testing.T) {
 // (the fast source emits everything while the slow one waits), so the
 // bound of TestWatermarkAlignment is one alignment keeps.
 func TestWatermarkAlignmentOff(t *testing.T) {
-	job, committer, c := alignmentJob(t, false, "", 0)
+	job, committer, c := alignmentJob(t, false, "", 0, 0)
 	require.NoError(t, job.Run(context.Background()))
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -343,6 +345,22 @@ func TestWatermarkAlignmentOff(t *testing.T) {
 	alExactlyOnce(t, committer.Published())
 	t.Logf("without alignment: %d fast records beyond the bound, the worst %v ahead; arrival drift %v",
 		c.violations, time.Duration(c.worst), arrivalDrift(c.arrivals[0]))
+}
+
+// TestWatermarkAlignmentIdle: a slow source that has no record for its
+// IdleTimeout goes idle and holds the fast one back no more: the slow
+// source waits until the fast one emitted everything, which would never
+// happen if an idle member still held the group (the job would hang).
+func TestWatermarkAlignmentIdle(t *testing.T) {
+	job, committer, c := alignmentJob(t, true, "", 0, 5*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, job.Run(ctx))
+	require.True(t, c.fastDone.Load())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.Positive(t, c.violations, "the fast source ran ahead while the slow one was idle")
+	alExactlyOnce(t, committer.Published())
 }
 
 // TestWatermarkAlignmentValidation: a group needs a Timestamp and a
