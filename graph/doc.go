@@ -59,6 +59,20 @@
 // another parallelism, the lowest of the old subtasks'), and a restored
 // keyed operator starts at it (EV1, EV2 below).
 //
+// Watermark alignment (Flink's withWatermarkAlignment): sources whose
+// strategies name the same WatermarkAlignment.Group, of any operators,
+// read in step: a source subtask whose watermark is more than its
+// MaxDrift ahead of the lowest watermark of the group's active members
+// reads nothing until that minimum catches up, so a join or window
+// downstream does not buffer a fast source's records while it waits for a
+// slow one. Idle members (IdleTimeout) hold nobody back, a member that
+// ended its input leaves the group, the slowest active member is never
+// paused (no deadlock), and a paused subtask still takes checkpoints and
+// emits its watermarks. It checks between batches, so it reads at most a
+// batch (Config.BufferSize records) beyond the allowance (EV3 below). Each
+// attempt has its groups afresh; restored members start from their
+// restored watermarks. See WatermarkAlignment.
+//
 // # Two-input operators
 //
 // CoProcess connects two streams of different types into one operator
@@ -243,4 +257,14 @@
 //     CurrentWatermark) downstream, idle sources apart: a subtask that
 //     was idle may emit records behind the watermark its readers reached
 //     meanwhile, as in Flink.
+//   - EV3 (watermark alignment): a source subtask in an alignment group
+//     reads a batch only when the watermark its records make due is at
+//     most the group's minimum (as its members last reported it) plus its
+//     MaxDrift, so while the slower members are active and have not ended
+//     their input its event times stay within MaxDrift plus one batch of
+//     the slowest one's (a restored member's first batch is admitted by
+//     its restored watermark: one batch more). The slowest active member
+//     is never paused, and a paused member serves its mailbox, so
+//     checkpoints, stop and cancellation go on (TestWatermarkAlignment,
+//     internal/task A1-A4).
 package graph

@@ -44,6 +44,48 @@ type WatermarkStrategy[T any] struct {
 	// long idle: it stops holding back the watermark of the subtasks that
 	// read it, until it emits again. 0: never idle.
 	IdleTimeout time.Duration
+	// Alignment puts the source into a watermark alignment group (Flink's
+	// withWatermarkAlignment); the zero value: none.
+	Alignment WatermarkAlignment
+}
+
+// WatermarkAlignment keeps the sources of a group from reading far ahead
+// of each other in event time (Flink's
+// WatermarkStrategy.withWatermarkAlignment): a source subtask whose
+// watermark is more than MaxDrift ahead of the lowest watermark in its
+// group stops reading until the others catch up, so that a downstream
+// join or window does not buffer the fast source's records while it waits
+// for the slow one's watermark.
+//
+// The group's members are the subtasks of every source whose strategy
+// names the group, of any operator and record type; each source keeps its
+// own MaxDrift. The group's minimum is over the active members: an idle
+// subtask (IdleTimeout) holds nobody back, one that has not reported a
+// watermark yet (no record yet) holds the group at the start of time, a
+// subtask that ended its input leaves the group, and when every member
+// is idle or ended nobody is paused. The slowest active member is never
+// paused, so alignment cannot deadlock.
+//
+// A paused subtask reads nothing (no Next, no ReadBatch) but still takes
+// checkpoints, answers cancellation and stop, flushes what it emitted and
+// emits its watermarks and idleness; it is resumed as soon as the group's
+// minimum allows it. It checks between batches, against the watermark
+// its records make due (not only the last one emitted), so a source
+// emits at most one batch (Config.BufferSize records) beyond what the
+// group allowed when it read the batch. A SplitSourceFunc subtask with
+// several splits checks its last emitted watermark instead (Interval
+// granularity). Members report their watermark at UpdateInterval, on
+// pausing, on idleness and at the end; a restarted job's members start
+// from their restored watermarks.
+type WatermarkAlignment struct {
+	// Group names the alignment group; "" for none.
+	Group string
+	// MaxDrift is how far ahead of the group's minimum watermark the
+	// source's subtasks may read; it must be positive.
+	MaxDrift time.Duration
+	// UpdateInterval is how often (processing time) a subtask reports its
+	// watermark to the group; 0: one second (Flink's default).
+	UpdateInterval time.Duration
 }
 
 // Watermarks sets the WatermarkStrategy of a source emitting records of
@@ -61,13 +103,22 @@ func sourceWatermarks[T any](j *Job, v *vertex) WatermarkStrategy[T] {
 	}
 	s, ok := v.watermarks.(WatermarkStrategy[T])
 	var zero T
+	al := s.Alignment
 	switch {
 	case !ok:
 		j.errorf("graph: %s: the WatermarkStrategy is for records of another type (%s); the source emits %T", v, typeArg(v.watermarks), zero)
+	case al.Group != "" && s.Timestamp == nil:
+		j.errorf("graph: %s: the WatermarkStrategy aligns the source in group %q but has no Timestamp function", v, al.Group)
 	case s.Timestamp == nil:
 		j.errorf("graph: %s: the WatermarkStrategy has no Timestamp function", v)
 	case s.OutOfOrderness < 0 || s.Interval < 0 || s.IdleTimeout < 0:
 		j.errorf("graph: %s: the WatermarkStrategy has a negative duration (out of orderness %v, interval %v, idle timeout %v)", v, s.OutOfOrderness, s.Interval, s.IdleTimeout)
+	case al.Group == "" && al != (WatermarkAlignment{}):
+		j.errorf("graph: %s: the WatermarkAlignment has no Group (max drift %v, update interval %v)", v, al.MaxDrift, al.UpdateInterval)
+	case al.Group != "" && al.MaxDrift <= 0:
+		j.errorf("graph: %s: the WatermarkAlignment of group %q has max drift %v; it must be positive", v, al.Group, al.MaxDrift)
+	case al.UpdateInterval < 0:
+		j.errorf("graph: %s: the WatermarkAlignment of group %q has a negative update interval %v", v, al.Group, al.UpdateInterval)
 	default:
 		return s
 	}
@@ -81,6 +132,10 @@ func typeArg(s any) string {
 	}
 	return t
 }
+
+// alignment is s's alignment setting, for the attempt's registry
+// (sourceAlignment), which does not know T.
+func (s WatermarkStrategy[T]) alignment() WatermarkAlignment { return s.Alignment }
 
 // generator is the subtask's watermark generator of s, nil without one.
 func (s WatermarkStrategy[T]) generator() *task.WatermarkGenerator {

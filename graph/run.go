@@ -181,6 +181,9 @@ type attempt struct {
 	// chans[e][i][k] carries records of edge e from upstream subtask i to
 	// downstream subtask k (nil where the partitioning never sends).
 	chans map[*edge][][]any
+	// aligned are the watermark alignment memberships of the source
+	// subtasks in a group, in a registry of this attempt's own.
+	aligned map[checkpoint.TaskID]*task.AlignmentMember
 }
 
 type memberFunc func(ctx context.Context, a *attempt, i int, next any) (task.Member, any)
@@ -197,6 +200,7 @@ func (j *Job) build(x *execution.Attempt) (*execution.Attempt, error) {
 		chans: map[*edge][][]any{},
 	}
 	x.Channels = a.wireChannels()
+	a.aligned = j.alignmentMembers()
 	for _, chain := range j.chains {
 		for i := 0; i < chain[0].parallelism; i++ {
 			mb := task.NewMailbox()
@@ -218,6 +222,31 @@ func (j *Job) build(x *execution.Attempt) (*execution.Attempt, error) {
 		}
 	}
 	return x, nil
+}
+
+// alignmentMembers registers every subtask of every source with a
+// watermark alignment group in a fresh registry, before any subtask of the
+// attempt starts (so none reads ahead of a member that has not started),
+// and returns their memberships (nil for a job without alignment). A
+// restarted attempt gets a fresh registry: its members start again, from
+// the watermarks they restore.
+func (j *Job) alignmentMembers() map[checkpoint.TaskID]*task.AlignmentMember {
+	var reg *task.AlignmentRegistry
+	var out map[checkpoint.TaskID]*task.AlignmentMember
+	for _, v := range j.vertices {
+		s, ok := v.watermarks.(interface{ alignment() WatermarkAlignment })
+		if v.kind != kindSource || !ok || s.alignment().Group == "" {
+			continue
+		}
+		al := s.alignment()
+		if reg == nil {
+			reg, out = task.NewAlignmentRegistry(), map[checkpoint.TaskID]*task.AlignmentMember{}
+		}
+		for i := range v.parallelism {
+			out[checkpoint.TaskID{Operator: v.uid, Subtask: i}] = reg.Join(al.Group, al.MaxDrift, al.UpdateInterval)
+		}
+	}
+	return out
 }
 
 // info describes subtask i of v.
@@ -247,6 +276,7 @@ func (a *attempt) taskConfig(v *vertex, i int) *task.Config {
 		Info: info, Mail: a.mails[info.ID()], Reports: a.reports,
 		FlushInterval: a.job.cfg.FlushInterval, BatchSize: a.job.cfg.BufferSize,
 	}
+	cfg.Alignment = a.aligned[info.ID()]
 	if v.loop != 0 {
 		for _, chain := range a.job.chains {
 			if chain[0] == v {

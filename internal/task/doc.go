@@ -86,6 +86,35 @@
 // runs per record: watermarks are events, and a source without a strategy
 // has no generator.
 //
+// # Watermark alignment
+//
+// A fourth pure machine, AlignmentGroup (wmalign.go, A1-A4, scripts in
+// testdata/wmalign and TestAlignmentRandom), is Flink's watermark
+// alignment for one group of source subtasks across operators: members
+// report their watermark, idleness and end; the group's Min is the lowest
+// watermark of its active unfinished members (a member that has not
+// reported counts as MinWatermark), and it pauses exactly the members
+// above Min + their drift (A1). Idle members do not count in Min, a group
+// without an active member pauses nobody, and the slowest active member
+// is never paused (A2), so alignment cannot deadlock: while a member is
+// active one active member can advance, and otherwise nobody waits.
+// AlignmentRegistry (wmalignrun.go) is its thin driver, one per attempt,
+// shared by the attempt's source subtasks (Config.Alignment): one mutex
+// per group around the machine, taken when a member reports (every
+// update interval, on getting ahead, on idleness and at the end), never
+// per record; it carries out Pause and Resume on the member's atomic flag
+// and wakes a resumed member through a channel, and publishes Min in an
+// atomic. RunSource checks between batches, never per record: when the
+// watermark its records make due (WatermarkGenerator.Pending, or the
+// emitted one for per-split generation) exceeds Min + drift it reports it
+// (the group pauses it unless it is the slowest), and while paused it
+// reads no batch but flushes, serves its mailbox (checkpoints, stop,
+// cancellation), ticks its generator (watermarks, idleness) and waits on
+// the wake-up, the mail, the generator's due time or the context; no
+// polling. A member reports the watermark it restored first (E3), so a
+// restarted group starts from the restored watermarks, and leaves the
+// group after its end of input went out, or when its loop returns.
+//
 // # The protocol with the job master (FLIP-147)
 //
 // Checkpoint barriers enter at the sources, by MailTrigger, and travel

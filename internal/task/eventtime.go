@@ -294,12 +294,29 @@ func (g *WatermarkGenerator) Tick(now int64, out []align.WatermarkEvent) []align
 	if now >= g.due {
 		g.due = now + int64(g.cfg.Interval)
 		if g.saw && !g.idle {
-			wm := marker.MinWatermark + 1
-			if b := int64(g.cfg.OutOfOrderness) + 1; g.max > marker.MinWatermark+b {
-				wm = g.max - b
-			}
-			out = append(out, align.ChannelWatermark{Ch: 0, At: wm})
+			out = append(out, align.ChannelWatermark{Ch: 0, At: g.watermark()})
 		}
 	}
 	return out
+}
+
+// watermark is max - OutOfOrderness - 1, saturating at MinWatermark+1
+// (WG1).
+func (g *WatermarkGenerator) watermark() int64 {
+	if b := int64(g.cfg.OutOfOrderness) + 1; g.max > marker.MinWatermark+b {
+		return g.max - b
+	}
+	return marker.MinWatermark + 1
+}
+
+// Pending is the watermark the records observed so far make due, which
+// the next Tick that emits one emits (WG1): MinWatermark before the first
+// record. Watermark alignment compares it between batches, so that a
+// source is held back within a batch of the group's allowance, not
+// within an Interval.
+func (g *WatermarkGenerator) Pending() int64 {
+	if !g.saw && !g.seen {
+		return marker.MinWatermark
+	}
+	return g.watermark()
 }

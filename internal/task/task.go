@@ -199,6 +199,9 @@ type Config struct {
 	// Loop places a subtask with inputs in a loop of a cyclic graph; nil
 	// when it is in none.
 	Loop *Loop
+	// Alignment is a source subtask's membership of its watermark
+	// alignment group (wmalignrun.go); nil when it is in none.
+	Alignment *AlignmentMember
 }
 
 // Loop describes a subtask's place in a loop (a strongly connected
@@ -851,6 +854,11 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 	}
 	var gen Generator
 	var genOut []align.WatermarkEvent
+	var al *sourceAlignment // watermark alignment, nil without
+	if cfg.Alignment != nil {
+		al = newSourceAlignment(cfg.Alignment, r.et)
+		defer al.finish()
+	}
 	// tick feeds the generator the clock when it is due (once per batch:
 	// one clock read, which the flush check below needs anyway).
 	tick := func(now time.Time) error {
@@ -861,6 +869,9 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 		for _, ev := range genOut {
 			if err := r.stepEventTime(ev); err != nil {
 				return err
+			}
+			if al != nil {
+				al.outputs(r.wm)
 			}
 		}
 		return nil
@@ -874,6 +885,9 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 	defer r.close(&err)
 	if ws, ok := src.(WatermarkSource); ok {
 		gen = ws.Watermarks()
+	}
+	if al != nil {
+		al.setGenerator(gen)
 	}
 	batch := max(cfg.BatchSize, 1)
 	lastFlush := cfg.now()
@@ -919,6 +933,28 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			}
 			continue
 		}
+		if al != nil && al.held() {
+			// Paused by watermark alignment: read nothing, but flush what
+			// was read, serve the mailbox (checkpoints) and tick the
+			// generator until resumed.
+			if err := r.flushAll(); err != nil {
+				return err
+			}
+			lastFlush = cfg.now()
+			select {
+			case <-al.m.Wake():
+			case <-al.due(gen, lastFlush):
+			case <-cfg.Mail.Ready():
+			case <-r.asyncReady():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			al.stop()
+			if err := tick(cfg.now()); err != nil {
+				return err
+			}
+			continue
+		}
 		eof, err := src.Emit(batch)
 		if errors.Is(err, ErrIdle) {
 			if err := r.flushAll(); err != nil {
@@ -956,11 +992,17 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			if done, err := r.step(ctx, Event{Kind: OnInputEnded}); done || err != nil {
 				return err
 			}
+			if al != nil {
+				al.finish() // after the last records and MaxWatermark went out
+			}
 			continue
 		}
 		now := cfg.now()
 		if err := tick(now); err != nil {
 			return err
+		}
+		if al != nil {
+			al.update(now)
 		}
 		// Partly filled buffers are flushed on the interval, but not into
 		// a full output: they would fill it with small buffers until Send
