@@ -250,6 +250,9 @@ func (b *KeyedBackend[K]) CurrentKeyGroup() int { return b.kg }
 // access. Snapshots skip the values expired at the time of Freeze.
 func (b *KeyedBackend[K]) SetTime(now time.Time) {
 	b.now, b.timeSet = now.UnixNano(), true
+	if b.peb != nil && len(b.peb.sweepers) > 0 {
+		b.peb.sweepTTL(b.now)
+	}
 }
 
 // Time returns the time of the last SetTime (the zero time.Time before
