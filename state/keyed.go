@@ -105,14 +105,6 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		states:   make(map[string]keyedState[K]),
 		restored: make(map[string]*restoredState[K]),
 	}
-	if testEngine != nil {
-		// Tests run the suites on Pebble (-state.engine=pebble).
-		s, err := openPebbleStore(*testEngine, r)
-		if err != nil {
-			return nil, err
-		}
-		b.peb = s
-	}
 	dec := newDecoder()
 	for _, g := range restored {
 		if !r.Contains(g.KeyGroup) {

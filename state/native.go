@@ -208,9 +208,6 @@ func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range,
 		if err != nil {
 			return nil, err
 		}
-		if b.peb != nil { // testEngine
-			_ = b.peb.close()
-		}
 		if b.peb, err = ingestNative(eng, r, src); err != nil {
 			return nil, err
 		}
@@ -228,10 +225,6 @@ func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range,
 	b, err := NewKeyedBackend[K](r, maxParallelism, nil)
 	if err != nil {
 		return nil, err
-	}
-	if b.peb != nil { // testEngine
-		_ = b.peb.close()
-		b.peb = nil
 	}
 	fs, dir, err := makeWorkDir(eng)
 	if err != nil {

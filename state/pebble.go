@@ -105,17 +105,9 @@ func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, max
 	if err != nil {
 		return nil, err
 	}
-	if b.peb != nil { // testEngine
-		_ = b.peb.close()
-	}
 	b.peb = s
 	return b, nil
 }
-
-// testEngine, set only by tests (-state.engine=pebble), makes
-// NewKeyedBackend store its state in Pebble, so that every test of the
-// package runs on both engines.
-var testEngine *PebbleEngine
 
 func openPebbleStore(eng PebbleEngine, r keygroup.Range) (*pebbleStore, error) {
 	fs, dir, err := makeWorkDir(eng)
