@@ -38,19 +38,30 @@ type tagOut struct {
 const tagTTL = time.Hour
 
 // bucketCounter keeps per key a map state bucket -> count with a TTL, and
-// injects failures as runningSum does (after a completed checkpoint).
+// injects failures as runningSum does (after a completed checkpoint), or,
+// if its records were all processed before a checkpoint completed, at
+// the next completion (the source waits for it).
 type bucketCounter struct {
 	buckets   *state.MapState[int64, int64, int64]
 	failAt    []int64
 	counters  []atomic.Int64
 	fired     []atomic.Bool
 	completed bool
+	attempt   int
 }
 
-func (c *bucketCounter) NotifyCheckpointComplete(int64) error { c.completed = true; return nil }
-func (c *bucketCounter) NotifyCheckpointAborted(int64) error  { return nil }
+func (c *bucketCounter) NotifyCheckpointComplete(id int64) error {
+	c.completed = true
+	if a := c.attempt; a < len(c.failAt) && c.failAt[a] > 0 && c.counters[a].Load() >= c.failAt[a] && c.fired[a].CompareAndSwap(false, true) {
+		return fmt.Errorf("injected failure at the completion of checkpoint %d in attempt %d", id, a)
+	}
+	return nil
+}
+
+func (c *bucketCounter) NotifyCheckpointAborted(int64) error { return nil }
 
 func (c *bucketCounter) InitializeState(ctx *graph.Context) error {
+	c.attempt = ctx.Task().Attempt
 	m, err := state.Map[int64, int64, int64](graph.KeyedState[int64](ctx), "buckets", state.WithTTL(state.TTLConfig{TTL: tagTTL}))
 	c.buckets = m
 	return err
@@ -144,9 +155,16 @@ func TestMapStateTTLExactlyOnce(t *testing.T) {
 			Logf:        t.Logf,
 		}
 		job := graph.NewJob("map-ttl", cfg)
-		src := graph.Source(job, "source", source.Generate(to, func(i int64) tagRec {
-			return tagRec{Key: i % numKeys, I: i, Bucket: tagBucket(i, model.from2, model.to2)}
-		}))
+		// The source ends only once the failure fired, so that it does
+		// even if no checkpoint completed before the last record.
+		src := graph.Source(job, "source", func() graph.SourceFunc[tagRec] {
+			return &waitingSource[tagRec]{
+				Indexed: source.NewIndexed(to, func(i int64) tagRec {
+					return tagRec{Key: i % numKeys, I: i, Bucket: tagBucket(i, model.from2, model.to2)}
+				}),
+				done: fired[0].Load,
+			}
+		})
 		counts := graph.ProcessKeyed(graph.KeyBy(src, func(r tagRec) int64 { return r.Key }), "buckets",
 			func() graph.KeyedProcessFunc[int64, tagRec, tagOut] {
 				return &bucketCounter{failAt: failAt, counters: counters, fired: fired}

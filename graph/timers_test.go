@@ -75,15 +75,16 @@ func (f *timeoutFn) NotifyCheckpointAborted(int64) error { return nil }
 
 // waitingSource emits its records, then has nothing (ErrNoRecord) until
 // done() reports true, then ends.
-type waitingSource struct {
-	*source.Indexed[int64]
+type waitingSource[T any] struct {
+	*source.Indexed[T]
 	done func() bool
 }
 
-func (w *waitingSource) Next(ctx *graph.Context) (int64, error) {
+func (w *waitingSource[T]) Next(ctx *graph.Context) (T, error) {
 	r, err := w.Indexed.Next(ctx)
 	if err != nil && !w.done() {
-		return 0, graph.ErrNoRecord
+		var zero T
+		return zero, graph.ErrNoRecord
 	}
 	return r, err
 }
@@ -99,7 +100,7 @@ func timerJob(t *testing.T, delay time.Duration, failAttempt int) (*graph.Job, *
 	j := graph.NewJob("timers", cfg)
 	var firedThisAttempt atomic.Int64
 	src := graph.Source(j, "src", func() graph.SourceFunc[int64] {
-		return &waitingSource{
+		return &waitingSource[int64]{
 			Indexed: source.NewIndexed(records, func(i int64) int64 { return i % keys }),
 			done:    func() bool { return firedThisAttempt.Load() >= keys },
 		}

@@ -105,14 +105,6 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		states:   make(map[string]keyedState[K]),
 		restored: make(map[string]*restoredState[K]),
 	}
-	if testEngine != nil {
-		// Tests run the suites on Pebble (-state.engine=pebble).
-		s, err := openPebbleStore(*testEngine, r)
-		if err != nil {
-			return nil, err
-		}
-		b.peb = s
-	}
 	dec := newDecoder()
 	for _, g := range restored {
 		if !r.Contains(g.KeyGroup) {
@@ -250,6 +242,9 @@ func (b *KeyedBackend[K]) CurrentKeyGroup() int { return b.kg }
 // access. Snapshots skip the values expired at the time of Freeze.
 func (b *KeyedBackend[K]) SetTime(now time.Time) {
 	b.now, b.timeSet = now.UnixNano(), true
+	if b.peb != nil && len(b.peb.sweepers) > 0 {
+		b.peb.sweepTTL(b.now)
+	}
 }
 
 // Time returns the time of the last SetTime (the zero time.Time before

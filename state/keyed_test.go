@@ -18,7 +18,13 @@ var all = keygroup.Range{Start: 0, End: maxP - 1}
 
 func newBackend[K comparable](t testing.TB, r keygroup.Range, restored []checkpoint.KeyGroupState) *KeyedBackend[K] {
 	t.Helper()
-	b, err := NewKeyedBackend[K](r, maxP, restored)
+	var b *KeyedBackend[K]
+	var err error
+	if testEngine != nil {
+		b, err = NewPebbleKeyedBackend[K](*testEngine, r, maxP, restored)
+	} else {
+		b, err = NewKeyedBackend[K](r, maxP, restored)
+	}
 	require.NoError(t, err)
 	return b
 }

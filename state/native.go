@@ -194,11 +194,25 @@ func (src NativeSource) remove() {
 // contains r and nothing else is restored, the instance is opened from its
 // files as they are and the key groups outside r are deleted (two range
 // deletions): nothing is decoded or rewritten, and registering a state
-// checks its descriptor (S11) but decodes no value. Otherwise (several
-// instances, a range that grew, or KeyGroupState records besides) the key
+// checks its descriptor (S11) but decodes no value. When r needs several
+// instances (or more of one than it has) and nothing else is restored, a
+// new instance ingests sstables built from the entries of r (ingest.go),
+// again without decoding a value. Otherwise (KeyGroupState records
+// besides, or a state whose descriptor differs between instances) the key
 // groups of r are read out of every instance (NativeKeyGroups) and
 // restored as records. The directories of src are removed either way.
 func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState, src NativeSource) (*KeyedBackend[K], error) {
+	if len(restored) == 0 && len(src.Restores) > 0 && !(len(src.Restores) == 1 && src.Restores[0].KeyGroupStart <= r.Start && src.Restores[0].KeyGroupEnd >= r.End) && ingestable(src.Restores) {
+		defer src.remove()
+		b, err := NewKeyedBackend[K](r, maxParallelism, nil)
+		if err != nil {
+			return nil, err
+		}
+		if b.peb, err = ingestNative(eng, r, src); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
 	if len(src.Restores) != 1 || len(restored) > 0 || src.Restores[0].KeyGroupStart > r.Start || src.Restores[0].KeyGroupEnd < r.End {
 		kgs, err := NativeKeyGroups(src, r)
 		if err != nil {
@@ -211,10 +225,6 @@ func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range,
 	b, err := NewKeyedBackend[K](r, maxParallelism, nil)
 	if err != nil {
 		return nil, err
-	}
-	if b.peb != nil { // testEngine
-		_ = b.peb.close()
-		b.peb = nil
 	}
 	fs, dir, err := makeWorkDir(eng)
 	if err != nil {

@@ -41,7 +41,7 @@ func nativeFill(t *testing.T, b *KeyedBackend[string], n, round int) {
 
 // nativeCopy takes a native snapshot of b and copies its files into a
 // restore directory, as a store and a restore would.
-func nativeCopy(t *testing.T, b *KeyedBackend[string], fs vfs.FS, dir string) checkpoint.NativeRestore {
+func nativeCopy[K comparable](t testing.TB, b *KeyedBackend[K], fs vfs.FS, dir string) checkpoint.NativeRestore {
 	t.Helper()
 	require.True(t, b.CanSnapshotNative())
 	ns, err := b.FreezeNative()
@@ -64,7 +64,7 @@ func sharedName(n string) bool { return len(n) > 4 && n[len(n)-4:] == ".sst" }
 // TestNativeSnapshotRestore takes native snapshots of Pebble backends and
 // restores them into the same range (the instance is adopted), a smaller
 // one (adopted, the other key groups deleted), a range spanning two
-// instances (read out as records) and the heap: every restored backend's
+// instances (ingested, in one sstable or in many) and the heap: every restored backend's
 // Snapshot equals the records the original backends' Snapshots hold in its
 // range, registered states and carried-over ones alike.
 func TestNativeSnapshotRestore(t *testing.T) {
@@ -109,14 +109,21 @@ func TestNativeSnapshotRestore(t *testing.T) {
 		r     keygroup.Range
 		from  []int
 		pebbl bool
+		// sst is ingestFileSize (0: as it is).
+		sst uint64
 	}{
-		{"same range", halves[0], []int{0}, true},
-		{"smaller range", keygroup.Range{Start: halves[1].Start + 3, End: halves[1].End - 5}, []int{1}, true},
-		{"two instances", keygroup.Range{Start: halves[0].End - 7, End: halves[1].Start + 9}, []int{0, 1}, true},
-		{"heap", halves[1], []int{1}, false},
+		{"same range", halves[0], []int{0}, true, 0},
+		{"smaller range", keygroup.Range{Start: halves[1].Start + 3, End: halves[1].End - 5}, []int{1}, true, 0},
+		{"two instances", keygroup.Range{Start: halves[0].End - 7, End: halves[1].Start + 9}, []int{0, 1}, true, 0},
+		{"two instances, many sstables", keygroup.Range{Start: halves[0].Start + 1, End: halves[1].End}, []int{1, 0}, true, 2 << 10},
+		{"heap", halves[1], []int{1}, false, 0},
 	}
 	for ci, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			if c.sst > 0 {
+				defer func(n uint64) { ingestFileSize = n }(ingestFileSize)
+				ingestFileSize = c.sst
+			}
 			src := NativeSource{FS: fs}
 			for _, i := range c.from {
 				src.Restores = append(src.Restores, again(i, fmt.Sprintf("/again/%d/%d", ci, i)))
@@ -136,6 +143,28 @@ func TestNativeSnapshotRestore(t *testing.T) {
 			for _, r := range src.Restores {
 				_, err := fs.Stat(r.Dir)
 				require.Error(t, err, "the restore directory %s is removed", r.Dir)
+			}
+			if len(c.from) > 1 {
+				// Ingested: the states are carried over with exact counts,
+				// and nothing is left of the built sstables.
+				require.Len(t, b.peb.native, 3)
+				entries := map[string]int64{}
+				for _, g := range inRange(c.r) {
+					n := int64(len(g.Entries))
+					if len(g.Entries) > 0 && g.Entries[0].Key == nil {
+						n-- // the descriptor entry
+					}
+					entries[g.State] += n
+				}
+				for name, st := range b.peb.native {
+					require.Equal(t, entries[name], st.Entries, "state %q", name)
+				}
+				_, err := fs.Stat(fs.PathJoin(b.peb.dir, "ingest"))
+				require.Error(t, err, "the built sstables are removed")
+				if c.sst > 0 {
+					m := b.peb.db.Metrics()
+					require.Greater(t, m.Total().TablesIngested, uint64(10), "ingested in many sstables")
+				}
 			}
 			// Carried over, unregistered: the snapshot holds them as they were.
 			got, err := b.Snapshot()

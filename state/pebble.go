@@ -47,6 +47,12 @@ type PebbleEngine struct {
 	// States whose values could change in place (see "Snapshots" in
 	// doc.go) are never cached.
 	WriteCacheEntries int
+	// TTLCleanupPeriod is how long, in the backend's time (SetTime), the
+	// background cleanup of a TTL state takes to examine all its entries
+	// once, removing the expired ones that no read found (0: one minute;
+	// negative: none, but every access examines a few entries, as on the
+	// heap). See "TTL on Pebble" in doc.go.
+	TTLCleanupPeriod time.Duration
 }
 
 // pebbleStore is the Pebble instance of one backend.
@@ -73,6 +79,13 @@ type pebbleStore struct {
 	known    map[string]checkpoint.NativeFile
 	chkSeq   int
 	chks     map[string]struct{}
+
+	// The paced TTL cleanup (pebble_ttl.go): the TTL tables it sweeps, the
+	// period of a whole pass in nanoseconds (negative: per access instead)
+	// and the backend time of its last step (0: none yet).
+	sweepers    []pacedSweep
+	sweepPeriod int64
+	sweptAt     int64
 }
 
 // pebbleDirs numbers the working directories made on a non-OS file system.
@@ -92,17 +105,9 @@ func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, max
 	if err != nil {
 		return nil, err
 	}
-	if b.peb != nil { // testEngine
-		_ = b.peb.close()
-	}
 	b.peb = s
 	return b, nil
 }
-
-// testEngine, set only by tests (-state.engine=pebble), makes
-// NewKeyedBackend store its state in Pebble, so that every test of the
-// package runs on both engines.
-var testEngine *PebbleEngine
 
 func openPebbleStore(eng PebbleEngine, r keygroup.Range) (*pebbleStore, error) {
 	fs, dir, err := makeWorkDir(eng)
@@ -178,8 +183,12 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 	case ce < 0:
 		ce = 0
 	}
+	period := int64(eng.TTLCleanupPeriod)
+	if period == 0 {
+		period = int64(defaultTTLCleanupPeriod)
+	}
 	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, snaps: make(map[*pebble.Snapshot]struct{}),
-		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{})}, nil
+		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{}), sweepPeriod: period}, nil
 }
 
 // quietLogger drops Pebble's informational logs.
@@ -444,6 +453,9 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *sp
 	}
 	delete(b.restored, name)
 	b.peb.registered(name, t)
+	if sp.sweeps {
+		b.peb.sweepers = append(b.peb.sweepers, pacedSweep{t: t})
+	}
 	return t, nil
 }
 
@@ -652,9 +664,22 @@ func (t *pebbleTable[K, V]) all(yield func(K, V) bool) {
 	}
 }
 
+// sweep is the per-access cleanup: none when the paced cleanup runs
+// (pebble_ttl.go), which examines entries in the same way.
 func (t *pebbleTable[K, V]) sweep(n int, now int64) {
-	if t.sp.live == nil || t.n == 0 || n <= 0 {
+	if t.s.sweepPeriod >= 0 {
 		return
+	}
+	t.sweepEntries(n, now)
+}
+
+// sweepEntries examines up to n stored entries after the last one it
+// examined before, starting over at the end, and removes (or, for lists,
+// prunes) the expired ones, skipping cached keys. It reports whether it
+// reached the end.
+func (t *pebbleTable[K, V]) sweepEntries(n int, now int64) (wrapped bool) {
+	if t.sp.live == nil || t.n == 0 || n <= 0 {
+		return t.n == 0
 	}
 	t.cgen = 0 // sweep may remove or rewrite the current key's entry
 	examined := 0
@@ -689,11 +714,12 @@ func (t *pebbleTable[K, V]) sweep(n int, now int64) {
 			panic(fmt.Sprintf("state: sweeping keyed state %q in Pebble: %v", t.name, err))
 		}
 		if examined < n {
-			t.sweepAt = nil // reached the end: start over
+			t.sweepAt, wrapped = nil, true // reached the end: start over
 			continue
 		}
 		t.sweepAt = append(last, 0) // the smallest key after last
 	}
+	return wrapped
 }
 
 func (t *pebbleTable[K, V]) freeze(name string) (frozen, error) {
@@ -894,7 +920,11 @@ func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], n
 	}
 	delete(b.restored, name)
 	b.peb.registered(name, t)
-	return &pebbleMapTable[K, UK, V]{t: t, gen: &b.gen, ue: t.ke}, nil
+	m := &pebbleMapTable[K, UK, V]{t: t, gen: &b.gen, ue: t.ke}
+	if sp.sweeps {
+		b.peb.sweepers = append(b.peb.sweepers, pacedSweep{t: m})
+	}
+	return m, nil
 }
 
 // setKey puts [prefix][key] of the current key k into the key buffer.
@@ -1102,12 +1132,21 @@ func (m *pebbleMapTable[K, UK, V]) all(yield func(MapKey[K, UK], V) bool) {
 }
 
 func (m *pebbleMapTable[K, UK, V]) sweep(n int, now int64) {
+	if m.t.s.sweepPeriod >= 0 {
+		return // the paced cleanup does it
+	}
+	m.sweepEntries(n, now)
+}
+
+func (m *pebbleMapTable[K, UK, V]) sweepEntries(n int, now int64) bool {
 	if m.iterating > 0 {
-		return
+		return false
 	}
 	m.ukOK = false
-	m.t.sweep(n, now)
+	return m.t.sweepEntries(n, now)
 }
+
+func (m *pebbleMapTable[K, UK, V]) stored() int { return m.t.n }
 
 func (m *pebbleMapTable[K, UK, V]) freeze(name string) (frozen, error) {
 	f, err := m.t.freeze(name)

@@ -25,6 +25,11 @@ var engineFlag = flag.String("state.engine", "heap", "the engine NewKeyedBackend
 // (-state.engine=pebble -state.pebble-cache=2).
 var cacheFlag = flag.Int("state.pebble-cache", 0, "PebbleEngine.WriteCacheEntries of the Pebble backends of the tests (0: default, -1: no cache)")
 
+// testEngine is the engine of the backends newBackend makes: nil for the
+// heap, or Pebble in memory with -state.engine=pebble, so that the suite
+// runs on both engines.
+var testEngine *PebbleEngine
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	switch *engineFlag {

@@ -70,6 +70,10 @@ type spec[K comparable, V any] struct {
 	// whether there were any; nil when values expire only as a whole.
 	live  func(v *V, now int64) bool
 	prune func(v *V, now int64) (V, bool)
+	// sweeps says that expired entries are cleaned up without being read
+	// (TTLConfig.IncrementalCleanup is not negative): per access on the
+	// heap, paced by time on Pebble (pebble_ttl.go).
+	sweeps bool
 }
 
 // plainKey encodes a key as keygroup.Hash does (boxed, not through a

@@ -67,7 +67,8 @@ func (t *ttlTable[K, V]) freeze(name string) (frozen, error) { return t.in.freez
 func ttlValueSpec[K comparable, V any](s ttlSettings, vals valueCodec[V], desc []byte, immutable bool) *spec[K, ttlValue[V]] {
 	return &spec[K, ttlValue[V]]{
 		key: plainKey[K], vals: ttlCodec[V]{vals}, valName: typeName[V](), desc: desc, immutable: immutable,
-		live: func(v *ttlValue[V], now int64) bool { return !s.expired(v.ts, now) },
+		live:   func(v *ttlValue[V], now int64) bool { return !s.expired(v.ts, now) },
+		sweeps: s.cleanup > 0,
 	}
 }
 
@@ -77,6 +78,7 @@ func ttlValueSpec[K comparable, V any](s ttlSettings, vals valueCodec[V], desc [
 func ttlListSpec[K comparable, V any](s ttlSettings, elems valueCodec[V], desc []byte, immutable bool) *spec[K, []ttlValue[V]] {
 	return &spec[K, []ttlValue[V]]{
 		key: plainKey[K], vals: listCodec[ttlValue[V]]{ttlCodec[V]{elems}}, valName: "[]" + typeName[V](), desc: desc, immutable: immutable,
+		sweeps: s.cleanup > 0,
 		live: func(l *[]ttlValue[V], now int64) bool {
 			for i := range *l {
 				if !s.expired((*l)[i].ts, now) {
@@ -198,6 +200,7 @@ func (t *ttlMap[K, UK, V]) freeze(name string) (frozen, error) { return t.in.fre
 func ttlMapSpec[K comparable, UK comparable, V any](s ttlSettings, vals valueCodec[V], desc []byte, immutable bool) *spec[MapKey[K, UK], ttlValue[V]] {
 	return &spec[MapKey[K, UK], ttlValue[V]]{
 		key: mapKeyCodec[K, UK], vals: ttlCodec[V]{vals}, valName: typeName[V](), desc: desc, immutable: immutable,
-		live: func(v *ttlValue[V], now int64) bool { return !s.expired(v.ts, now) },
+		live:   func(v *ttlValue[V], now int64) bool { return !s.expired(v.ts, now) },
+		sweeps: s.cleanup > 0,
 	}
 }
