@@ -108,8 +108,7 @@ func newTimerQueue[K comparable](b *KeyedBackend[K], name string, info stateInfo
 	return q, nil
 }
 
-// restoredTimer is a restored timer with its key group; kb is the key
-// encoded as a write encodes it.
+// restoredTimer is a restored timer with its key group.
 type restoredTimer[K comparable] struct {
 	kg  int
 	key K

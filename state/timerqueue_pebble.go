@@ -69,6 +69,7 @@ func newPebbleTimers[K comparable](q *TimerQueue[K], restored []restoredTimer[K]
 		c = defaultTimerCacheEntries
 	}
 	p := &pebbleTimers[K]{q: q, s: s, name: q.name, cap: c, kgs: make([]timerCache[K], len(q.pos)), ke: newEncoder(), dec: newDecoder()}
+	legacyID := -1 // the state id of converted legacy timers
 	if ns, ok := s.native[q.name]; ok {
 		if ns.Desc != nil {
 			// A timer queue's entries, in place under their id.
@@ -85,9 +86,7 @@ func newPebbleTimers[K comparable](q *TimerQueue[K], restored []restoredTimer[K]
 			if p.id, err = s.newID(q.name); err != nil {
 				return nil, err
 			}
-			if err := p.deleteState(ns.ID); err != nil {
-				return nil, err
-			}
+			legacyID = int(ns.ID)
 		}
 	} else {
 		id, err := s.newID(q.name)
@@ -100,7 +99,16 @@ func newPebbleTimers[K comparable](q *TimerQueue[K], restored []restoredTimer[K]
 		return nil, err
 	}
 	for i := range p.kgs {
-		p.refill(i, i+q.start)
+		if err := p.load1(i, i+q.start); err != nil {
+			return nil, fmt.Errorf("state: restoring timer queue %q: %w", q.name, err)
+		}
+	}
+	if legacyID >= 0 {
+		// Converted: the lists go only now, so that a failure above
+		// leaves them carried over (S3).
+		if err := p.deleteState(uint16(legacyID)); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -313,6 +321,13 @@ func (p *pebbleTimers[K]) bounds(kg int) {
 // made, so each refill makes one; refills come once per cap timers
 // popped.)
 func (p *pebbleTimers[K]) refill(i, kg int) {
+	if err := p.load1(i, kg); err != nil {
+		panic(fmt.Sprintf("state: %v", err))
+	}
+}
+
+// load1 is refill, returning its error.
+func (p *pebbleTimers[K]) load1(i, kg int) error {
 	c := &p.kgs[i]
 	p.bounds(kg)
 	lo := p.lo
@@ -321,14 +336,15 @@ func (p *pebbleTimers[K]) refill(i, kg int) {
 	}
 	it, err := p.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: p.hi})
 	if err != nil {
-		panic(fmt.Sprintf("state: iterating timer queue %q in Pebble: %v", p.name, err))
+		return fmt.Errorf("iterating timer queue %q in Pebble: %w", p.name, err)
 	}
 	ok := it.First()
 	for ; ok && len(c.c) < p.cap; ok = it.Next() {
 		t, err := p.decode(it.Key())
 		if err != nil {
 			_ = it.Close()
-			panic(fmt.Sprintf("state: timer queue %q in key group %d: %v", p.name, kg, err))
+			c.c = c.c[:0]
+			return fmt.Errorf("timer queue %q in key group %d: %w", p.name, kg, err)
 		}
 		c.c = append(c.c, t)
 	}
@@ -338,9 +354,10 @@ func (p *pebbleTimers[K]) refill(i, kg int) {
 		err = cerr
 	}
 	if err != nil {
-		panic(fmt.Sprintf("state: iterating timer queue %q in Pebble: %v", p.name, err))
+		return fmt.Errorf("iterating timer queue %q in Pebble: %w", p.name, err)
 	}
 	slices.Reverse(c.c)
+	return nil
 }
 
 // decode decodes a stored key into a cache entry.

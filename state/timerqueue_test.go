@@ -32,7 +32,9 @@ func timerBackends(t *testing.T, maxP, cache int, restored []checkpoint.KeyGroup
 	return map[string]*state.KeyedBackend[string]{"heap": h, "pebble": p}
 }
 
-func setKey(b *state.KeyedBackend[string], k string) { b.SetCurrentKey(k, keygroup.Of(k, b.MaxParallelism())) }
+func setKey(b *state.KeyedBackend[string], k string) {
+	b.SetCurrentKey(k, keygroup.Of(k, b.MaxParallelism()))
+}
 
 type firedTimer struct {
 	k  string
