@@ -171,8 +171,9 @@ func (d TimeDomain) String() string {
 	return fmt.Sprintf("time-domain(%d)", uint8(d))
 }
 
-// EventTimerState is the name of the keyed list state that holds the
-// event-time timers of a key (Unix nanoseconds), next to TimerState.
+// EventTimerState is the name of the keyed timer queue that holds the
+// event-time timers (Unix nanoseconds), next to TimerState (older
+// checkpoints: a keyed list state of int64 per key, converted on restore).
 const EventTimerState = "_event_timers"
 
 // RegisterEventTimer registers an event-time timer for the current key: it

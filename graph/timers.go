@@ -1,14 +1,11 @@
 package graph
 
 import (
-	"container/heap"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/snapflow/snapflow/state"
-	"github.com/snapflow/snapflow/state/keygroup"
 )
 
 // TimerHandler is implemented by a KeyedProcessFunc that registers
@@ -111,8 +108,10 @@ func (p *optionMap) take(v *vertex) (keyedOpts, bool) {
 	return o, ok
 }
 
-// TimerState is the name of the keyed list state that holds the timers
-// of a key (Unix nanoseconds).
+// TimerState is the name of the keyed timer queue (state.Timers) that
+// holds the processing-time timers (Unix nanoseconds). Checkpoints written
+// before timer queues hold it as a keyed list state of int64 per key,
+// which restores into the queue.
 const TimerState = "_timers"
 
 // RegisterTimer registers a processing-time timer for the current key. A
@@ -122,140 +121,61 @@ func (c *KeyedContext[K]) RegisterTimer(at time.Time) { c.timers.register(at.Uni
 // DeleteTimer deletes the current key's timer at that time, if any.
 func (c *KeyedContext[K]) DeleteTimer(at time.Time) { c.timers.delete(at.UnixNano()) }
 
-// timerService keeps the timers of one keyed subtask: a min-heap for firing
-// in time order, a set for deduplication and lazy deletion, and the
-// checkpointed keyed list state as the source of truth. Only that list
-// state is snapshotted: it is frozen with the rest of the keyed backend at
-// the barrier (copy-on-write, int64 elements) and encoded asynchronously;
-// heap and set are rebuilt from it on restore.
-//
-// Invariant: (k, at) is in set iff at is in k's TimerState list; the heap
-// holds every such pair (and possibly deleted ones, skipped when popped).
+// timerService keeps the timers of one domain of a keyed subtask in a
+// state.TimerQueue of the keyed backend: partitioned by key group, popped
+// in time order through a heap of the key groups' heads, snapshotted and
+// restored with the rest of the keyed state. On the heap backend the
+// queue is in memory; on Pebble every timer is one entry in a
+// time-ordered keyspace and only each key group's earliest timers are
+// cached (see "Timers" in package state's doc).
 type timerService[K comparable] struct {
 	backend *state.KeyedBackend[K]
-	persist *state.KeyedListState[K, int64]
+	q       *state.TimerQueue[K]
 	maxP    int
-	heap    timerHeap[K]
-	set     map[timerKey[K]]struct{}
 }
 
-type timerKey[K comparable] struct {
-	key K
-	at  int64
-}
-
-type timerHeap[K comparable] []timerKey[K]
-
-func (h timerHeap[K]) Len() int           { return len(h) }
-func (h timerHeap[K]) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h timerHeap[K]) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap[K]) Push(x any)        { *h = append(*h, x.(timerKey[K])) }
-func (h *timerHeap[K]) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
-// newTimerService registers the keyed list state name (TimerState or
-// EventTimerState) and rebuilds the heap from restored timers.
+// newTimerService registers the timer queue name (TimerState or
+// EventTimerState), restoring its timers.
 func newTimerService[K comparable](b *state.KeyedBackend[K], maxP int, name string) (*timerService[K], error) {
-	l, err := state.KeyedList[K, int64](b, name)
+	q, err := state.Timers[K](b, name)
 	if err != nil {
 		return nil, err
 	}
-	t := &timerService[K]{backend: b, persist: l, maxP: maxP, set: map[timerKey[K]]struct{}{}}
-	for k, ats := range l.All() {
-		for _, at := range ats {
-			tk := timerKey[K]{k, at}
-			t.set[tk] = struct{}{}
-			t.heap = append(t.heap, tk)
-		}
-	}
-	heap.Init(&t.heap)
-	return t, nil
+	return &timerService[K]{backend: b, q: q, maxP: maxP}, nil
 }
 
-func (t *timerService[K]) register(at int64) {
-	tk := timerKey[K]{t.backend.CurrentKey(), at}
-	if _, ok := t.set[tk]; ok {
-		return
-	}
-	t.set[tk] = struct{}{}
-	heap.Push(&t.heap, tk)
-	t.persist.Add(at)
-}
+func (t *timerService[K]) register(at int64) { t.q.Register(at) }
 
-func (t *timerService[K]) delete(at int64) {
-	tk := timerKey[K]{t.backend.CurrentKey(), at}
-	if _, ok := t.set[tk]; !ok {
-		return
-	}
-	delete(t.set, tk)
-	t.unpersist(at)
-}
-
-// unpersist removes at from the current key's list.
-func (t *timerService[K]) unpersist(at int64) {
-	l := t.persist.Get()
-	if i := slices.Index(l, at); i >= 0 {
-		t.persist.Update(slices.Delete(slices.Clone(l), i, i+1))
-	}
-}
+func (t *timerService[K]) delete(at int64) { t.q.Delete(at) }
 
 // NextTimer implements task.Timers.
 func (t *timerService[K]) NextTimer() (time.Time, bool) {
-	for len(t.heap) > 0 {
-		top := t.heap[0]
-		if _, ok := t.set[top]; ok {
-			return time.Unix(0, top.at), true
-		}
-		heap.Pop(&t.heap) // deleted
+	at, ok := t.q.Peek()
+	if !ok {
+		return time.Time{}, false
 	}
-	return time.Time{}, false
+	return time.Unix(0, at), true
 }
 
 // fire pops every timer due at n (Unix nanoseconds, at or before) and calls
 // fn with the current key set to the timer's key, in time order; a timer
 // registered meanwhile fires too if it is due.
 func (t *timerService[K]) fire(n int64, fn func(at time.Time) error) error {
-	for len(t.heap) > 0 && t.heap[0].at <= n {
-		tk := heap.Pop(&t.heap).(timerKey[K])
-		if _, ok := t.set[tk]; !ok {
-			continue
+	for {
+		at, ok := t.q.Peek()
+		if !ok || at > n {
+			return nil
 		}
-		delete(t.set, tk)
-		t.backend.SetCurrentKey(tk.key, keygroup.Of(tk.key, t.maxP))
-		t.unpersist(tk.at)
-		if err := fn(time.Unix(0, tk.at)); err != nil {
+		k, kg, at, _ := t.q.Poll()
+		t.backend.SetCurrentKey(k, kg)
+		if err := fn(time.Unix(0, at)); err != nil {
 			return err
 		}
 	}
-	return nil
 }
 
 // latest is the time of the latest pending timer, if any.
-func (t *timerService[K]) latest() (int64, bool) {
-	var last int64
-	found := false
-	for tk := range t.set {
-		if !found || tk.at > last {
-			last, found = tk.at, true
-		}
-	}
-	return last, found
-}
+func (t *timerService[K]) latest() (int64, bool) { return t.q.Latest() }
 
-// dropAll deletes every pending timer, from the heap and from the keyed
-// state, and returns how many there were.
-func (t *timerService[K]) dropAll() int {
-	n := len(t.set)
-	for tk := range t.set {
-		t.backend.SetCurrentKey(tk.key, keygroup.Of(tk.key, t.maxP))
-		t.unpersist(tk.at)
-	}
-	clear(t.set)
-	clear(t.heap)
-	t.heap = t.heap[:0]
-	return n
-}
+// dropAll deletes every pending timer and returns how many there were.
+func (t *timerService[K]) dropAll() int { return t.q.Clear() }

@@ -19,6 +19,9 @@ const (
 	kindList stateKind = "list"
 	// kindMap: one entry per (key, user key).
 	kindMap stateKind = "map"
+	// kindTimers: one entry per timer (key, user key: the time), no
+	// value (TimerQueue).
+	kindTimers stateKind = "timers"
 )
 
 // stateDesc is a keyed state's descriptor (S11): what a restore must know
@@ -55,7 +58,7 @@ func (i *stateInfo) desc() stateDesc {
 // i, or nil if the state has none.
 func (i *stateInfo) descBytes() []byte {
 	d := i.desc()
-	if d.Kind != kindMap && !d.TTL && !d.Codec {
+	if (d.Kind == kindValue || d.Kind == kindList) && !d.TTL && !d.Codec {
 		return nil
 	}
 	b, err := msgpack.Marshal(&d)
@@ -86,7 +89,7 @@ func decodeDesc(raw []byte) (*stateDesc, error) {
 		return nil, err
 	}
 	switch d.Kind {
-	case kindValue, kindList, kindMap:
+	case kindValue, kindList, kindMap, kindTimers:
 	default:
 		return nil, fmt.Errorf("unknown state kind %q", d.Kind)
 	}
@@ -97,8 +100,10 @@ func decodeDesc(raw []byte) (*stateDesc, error) {
 // descriptor entry records it (S11): for tools that read checkpoints
 // without the job's types (package inspect).
 type Layout struct {
-	// Kind is "value" (value, reducing and aggregating states), "list" or
-	// "map", or "" for a state without a descriptor: a value or list
+	// Kind is "value" (value, reducing and aggregating states), "list",
+	// "map" or "timers" (a TimerQueue: one entry per timer, the time as
+	// the user key, 8 bytes big-endian with the sign bit flipped, and no
+	// value), or "" for a state without a descriptor: a value or list
 	// state without TTL or codec, whose kind the snapshot does not record.
 	Kind string
 	// TTL says that every value carries an 8-byte big-endian timestamp

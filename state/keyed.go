@@ -136,7 +136,7 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 					g.State, raw, g.KeyGroup, rs.desc, rs.descKG)
 			}
 			first = 1
-			isMap = rs.d.Kind == kindMap
+			isMap = rs.d.Kind == kindMap || rs.d.Kind == kindTimers // entries with user keys
 			if rs.descKG < 0 {
 				rs.descKG = g.KeyGroup
 			}

@@ -344,14 +344,15 @@ func readNative(fs vfs.FS, nr checkpoint.NativeRestore, r keygroup.Range, out []
 // scanNative appends the KeyGroupState records of state st in the key
 // groups kgs of r, the stored bytes as they are (see NativeKeyGroups).
 func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
-	isMap := false
+	isMap, timers := false, false
 	if st.Desc != nil {
 		d, err := decodeDesc(st.Desc)
 		if err != nil {
 			return nil, fmt.Errorf("decoding the descriptor of keyed state %q: %w", st.Name, err)
 		}
-		isMap = d.Kind == kindMap
+		isMap, timers = d.Kind == kindMap, d.Kind == kindTimers
 	}
+	first := len(out)
 	cur := -1
 	var ferr error
 	err := scanState(r, kgs, st.ID, nil, func(kg int, key, val []byte) bool {
@@ -364,13 +365,22 @@ func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []c
 			out = append(out, g)
 		}
 		e := checkpoint.KeyedEntry{Key: slices.Clone(key[pebblePrefixLen:]), Value: slices.Clone(val)}
-		if isMap {
+		switch {
+		case isMap:
 			n, err := valueLen(e.Key)
 			if err != nil {
 				ferr = fmt.Errorf("keyed state %q in key group %d: stored key %x: %w", st.Name, kg, key, err)
 				return false
 			}
 			e.Key, e.UserKey = e.Key[:n:n], e.Key[n:]
+		case timers:
+			// [time, 8 bytes][key] (timerqueue_pebble.go): the time is
+			// the user key (timerqueue.go).
+			if len(e.Key) < 8 || len(e.Value) != 0 {
+				ferr = fmt.Errorf("timer queue %q in key group %d: stored timer %x is not a time and a key without a value", st.Name, kg, key)
+				return false
+			}
+			e.Key, e.UserKey, e.Value = e.Key[8:], e.Key[:8:8], nil
 		}
 		g := &out[len(out)-1]
 		g.Entries = append(g.Entries, e)
@@ -381,6 +391,14 @@ func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []c
 	}
 	if err != nil {
 		return nil, err
+	}
+	if timers {
+		// Stored by time, snapshotted by (key, time) (S1).
+		for i := first; i < len(out); i++ {
+			if err := sortTimers(st.Name, out[i].KeyGroup, out[i].Entries[1:]); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return out, nil
 }

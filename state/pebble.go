@@ -53,6 +53,10 @@ type PebbleEngine struct {
 	// negative: none, but every access examines a few entries, as on the
 	// heap). See "TTL on Pebble" in doc.go.
 	TTLCleanupPeriod time.Duration
+	// TimerCacheEntries bounds the timers of each key group of a timer
+	// queue (Timers) held in memory: its earliest ones (0: 128). The rest
+	// stay in Pebble only (see "Timers" in doc.go).
+	TimerCacheEntries int
 }
 
 // pebbleStore is the Pebble instance of one backend.
@@ -64,6 +68,8 @@ type pebbleStore struct {
 	nextID uint32
 	// cacheEntries is the write-back cache size of each table (0: none).
 	cacheEntries int
+	// timerCache is PebbleEngine.TimerCacheEntries (timerqueue_pebble.go).
+	timerCache int
 	// snaps holds the snapshots of the views not released yet, closed by
 	// Close at the latest.
 	snaps map[*pebble.Snapshot]struct{}
@@ -187,7 +193,7 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 	if period == 0 {
 		period = int64(defaultTTLCleanupPeriod)
 	}
-	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, snaps: make(map[*pebble.Snapshot]struct{}),
+	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, timerCache: eng.TimerCacheEntries, snaps: make(map[*pebble.Snapshot]struct{}),
 		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{}), sweepPeriod: period}, nil
 }
 
