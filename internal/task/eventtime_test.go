@@ -51,7 +51,7 @@ func TestEventTimeDataDriven(t *testing.T) {
 		var maxed bool
 		var g Generator
 		var sw *SplitWatermarks // nil for one generator
-		var genLast int64        // the generator's last watermark (SW2: they strictly increase)
+		var genLast int64       // the generator's last watermark (SW2: they strictly increase)
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			switch d.Cmd {
 			case "event-time":
