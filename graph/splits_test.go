@@ -120,7 +120,9 @@ func TestSplitLifecycle(t *testing.T) {
 		src := graph.Source(job, "split", func() graph.SourceFunc[int64] { return &lateSplit{addAt: addAt, added: -1} },
 			graph.Watermarks(graph.WatermarkStrategy[int64]{Timestamp: func(ts int64) int64 { return ts }, Interval: time.Nanosecond}))
 		keyed := graph.ProcessKeyed(graph.KeyBy(src, func(int64) int64 { return 0 }), "check",
-			func() graph.KeyedProcessFunc[int64, int64, int64] { return aboveCounter{lateCounter{&lateN, &marks}, &aboveN} })
+			func() graph.KeyedProcessFunc[int64, int64, int64] {
+				return aboveCounter{lateCounter{&lateN, &marks}, &aboveN}
+			})
 		graph.Sink(keyed, "sink", discardSink[int64])
 		require.NoError(t, job.Run(context.Background()))
 		return lateN.Load(), aboveN.Load()
