@@ -178,8 +178,9 @@ func CSVFunc[T any](pattern string, decode func(header, record []string) (T, err
 }
 
 // New returns the source function of one subtask (call it through
-// graph.Source). It implements graph.BatchSourceFunc, graph.Initializer,
-// graph.Snapshotter and graph.Closer.
+// graph.Source). It implements graph.BatchSourceFunc,
+// graph.SplitBatchSourceFunc (per-split watermarks, SRC8),
+// graph.Initializer, graph.Snapshotter and graph.Closer.
 func (f *Files[T]) New() graph.SourceFunc[T] { return &fileSource[T]{f: f} }
 
 // fileSource reads the splits assigned to one subtask, one after the

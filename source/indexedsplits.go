@@ -8,7 +8,7 @@ import (
 )
 
 // The split contract of the indexed sources (graph.SplitSourceFunc,
-// SRC6): the sources of Generate, Slice and GenerateRate say which of
+// SRC9): the sources of Generate, Slice and GenerateRate say which of
 // their SRC5 splits each record came from, and finish a split when they
 // read its last record, so that with a WatermarkStrategy each split has
 // its own watermark generator. Not *Indexed itself: a source embedding it
