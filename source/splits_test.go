@@ -212,3 +212,67 @@ func TestFileSplitWatermarks(t *testing.T) {
 	require.Zero(t, l.late.Load(), "late records: %v", l.first.Load())
 	require.Positive(t, l.above.Load(), "records of the second file behind a watermark above the first file's")
 }
+
+// nextSplits hides ReadBatch and ReadSplitBatch of an indexed source: the
+// engine reads it record by record (Next, Split), as it read every
+// SplitSourceFunc before ReadSplitBatch.
+type nextSplits struct {
+	f graph.SplitBatchSourceFunc[int64]
+}
+
+func (s nextSplits) Next(ctx *graph.Context) (int64, error) { return s.f.Next(ctx) }
+func (s nextSplits) Splits() int                            { return s.f.Splits() }
+func (s nextSplits) Split() int                             { return s.f.Split() }
+
+func (s nextSplits) InitializeState(ctx *graph.Context) error {
+	return s.f.(graph.Initializer).InitializeState(ctx)
+}
+
+// BenchmarkSplitWatermarks: a generated source of four interleaved splits
+// into a discarding sink, with per-split watermarks read in batches
+// (ReadSplitBatch), record by record (Next, Split), with one generator
+// (the split contract hidden), and without a WatermarkStrategy.
+//
+//	go test -run '^$' -bench SplitWatermarks -benchtime 2000000x ./source/
+func BenchmarkSplitWatermarks(b *testing.B) {
+	const splits = 4
+	at := stridedTime(splits)
+	for _, v := range []struct {
+		name     string
+		strategy bool
+		wrap     func(graph.SourceFunc[int64]) graph.SourceFunc[int64]
+	}{
+		{"batch", true, nil},
+		{"next", true, func(f graph.SourceFunc[int64]) graph.SourceFunc[int64] {
+			return nextSplits{f.(graph.SplitBatchSourceFunc[int64])}
+		}},
+		{"hidden", true, func(f graph.SourceFunc[int64]) graph.SourceFunc[int64] {
+			return hidden{f.(graph.BatchSourceFunc[int64])}
+		}},
+		{"none", false, nil},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			gen := source.Generate(int64(b.N), at)
+			newSrc := gen
+			if v.wrap != nil {
+				newSrc = func() graph.SourceFunc[int64] { return v.wrap(gen()) }
+			}
+			var opts []graph.Option
+			if v.strategy {
+				opts = append(opts, graph.Watermarks(graph.WatermarkStrategy[int64]{Timestamp: func(ts int64) int64 { return ts }}))
+			}
+			j := graph.NewJob("bench", graph.Config{Parallelism: 1, MaxParallelism: splits, Logf: func(string, ...any) {}})
+			graph.Sink(graph.Source(j, "src", newSrc, opts...), "sink", func() graph.SinkFunc[int64] { return discardInts{} })
+			b.ResetTimer()
+			if err := j.Run(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+type discardInts struct{}
+
+func (discardInts) Write(*graph.Context, int64) error { return nil }
+
+func (discardInts) WriteBatch(*graph.Context, []int64) error { return nil }
