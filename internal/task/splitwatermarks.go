@@ -69,6 +69,13 @@ type SplitWatermarks struct {
 	// none: the first Tick with no live split was at noneSince (SW3).
 	none      bool
 	noneSince int64
+	// due is the earliest Due of the live generators at the last Tick,
+	// and anyIdle says a live split was idle then: Due returns due
+	// without asking each generator unless one is idle (a record makes
+	// an idle generator due at once; otherwise Observe only puts a
+	// generator's Due later, and a Tick before it is due does nothing).
+	due     int64
+	anyIdle bool
 }
 
 // splitMark is a split's part in the minimum, as a valve's channel.
@@ -140,17 +147,26 @@ func (s *SplitWatermarks) Due() int64 {
 	if s.changed {
 		return 0
 	}
-	d := int64(math.MaxInt64)
-	for _, g := range s.gens {
-		if g != nil {
-			d = min(d, g.Due())
-		}
+	d := s.due
+	if s.anyIdle {
+		d = s.gensDue()
 	}
 	if t := int64(s.cfg.IdleTimeout); s.live == 0 && t > 0 && !s.idle {
 		if !s.none {
 			return 0
 		}
 		d = min(d, s.noneSince+t)
+	}
+	return d
+}
+
+// gensDue is the earliest Due of the live generators.
+func (s *SplitWatermarks) gensDue() int64 {
+	d := int64(math.MaxInt64)
+	for _, g := range s.gens {
+		if g != nil {
+			d = min(d, g.Due())
+		}
 	}
 	return d
 }
@@ -195,6 +211,10 @@ func (s *SplitWatermarks) Tick(now int64, out []align.WatermarkEvent) []align.Wa
 				}
 			}
 		}
+	}
+	s.due, s.anyIdle = s.gensDue(), false
+	for i := range s.splits {
+		s.anyIdle = s.anyIdle || s.splits[i].idle
 	}
 	if s.live == 0 {
 		if !s.none {
