@@ -31,7 +31,8 @@ type Generator interface {
 // (E3): so no watermark regresses after a restore, although the splits'
 // generators start afresh.
 //
-// Invariants (testdata/eventtime/splits, splits_lifecycle):
+// Invariants (testdata/eventtime/splits, splits_lifecycle;
+// TestSplitWatermarksRandom):
 //
 //   - SW1: a split's generator follows WG1-WG2 on its own records; a
 //     live split that had no record yet holds the subtask's watermark
