@@ -31,7 +31,8 @@
 // 1 (Flink's BoundedOutOfOrdernessWatermarks), and Idle when it emitted
 // nothing for IdleTimeout. Watermarks are per source subtask, or per split
 // for a SplitSourceFunc (the subtask's is then the minimum over its
-// splits, idle ones left out). They are in-band events (marker M4) and flow
+// live splits, idle and finished ones left out; the built-in sources are
+// SplitSourceFuncs, splits.go has the contract). They are in-band events (marker M4) and flow
 // through every edge kind and chain; each subtask's input watermark is the
 // minimum over its inputs, idle ones left out, and it forwards it only when
 // it goes up (align.WatermarkValve, internal/task EventTime). A loop

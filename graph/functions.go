@@ -166,6 +166,9 @@ type Context struct {
 	sideErr error
 	// logf is the job's logger (Logf).
 	logf func(format string, args ...any)
+	// splits is the split lifecycle of a SplitSourceFunc's subtask
+	// (AddSplit, FinishSplit; splits.go), nil elsewhere.
+	splits *splitLife
 }
 
 func newContext(in task.Info) (*Context, error) {

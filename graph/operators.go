@@ -848,9 +848,11 @@ type sourceOp[T any] struct {
 	gen *task.WatermarkGenerator
 	// splits generates per split when fn is a SplitSourceFunc (split),
 	// instead of gen, with cfg; see splits.go.
-	cfg    task.GeneratorConfig
-	split  SplitSourceFunc[T]
-	splits *task.SplitWatermarks
+	cfg        task.GeneratorConfig
+	split      SplitSourceFunc[T]
+	splitBatch SplitBatchSourceFunc[T] // split, when it reads batches
+	splitOf    []int32                 // ReadSplitBatch's splits
+	splits     *task.SplitWatermarks
 }
 
 func (o *sourceOp[T]) Open(info task.Info) error {
@@ -858,14 +860,17 @@ func (o *sourceOp[T]) Open(info task.Info) error {
 	if err := o.open(info); err != nil {
 		return err
 	}
+	o.initSplits()
 	if err := o.initialize(); err != nil {
 		return err
 	}
-	o.openSplits()
-	return nil
+	return o.openSplits()
 }
 
 func (o *sourceOp[T]) Emit(max int) (bool, error) {
+	if o.splitBatch != nil {
+		return o.emitSplitBatch(max)
+	}
 	if o.batch != nil {
 		dst := o.out.Free() // never empty
 		n, err := o.batch.ReadBatch(o.ctx, dst[:min(len(dst), max)])

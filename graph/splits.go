@@ -7,49 +7,221 @@ import (
 )
 
 // SplitSourceFunc is implemented by a SourceFunc whose subtask reads
-// several splits (files, strides of an index, partitions) and says which
-// one each record came from. With a WatermarkStrategy, the subtask then
-// generates watermarks per split, each split with its own bounded
-// out-of-orderness generator and idleness, and emits the minimum over its
-// non-idle splits (Flink's per-split watermarks): a split that is read
-// after another, or more slowly, does not find its records late, and the
-// bound need only cover the disorder within a split. A split that had no
-// record yet holds the watermark back unless it is idle (IdleTimeout).
-// The subtask's emitted watermark is persisted as without splits, so none
-// regresses after a restore (the splits' generators start afresh).
+// splits (files or byte ranges of them, strides of an index, partitions)
+// and says which one each record came from. With a WatermarkStrategy, the
+// subtask then generates watermarks per split, each split with its own
+// bounded out-of-orderness generator and idleness, and emits the minimum
+// over its live, non-idle splits (Flink's per-split watermarks in the
+// FLIP-27 SourceReader): a split that is read after another, or more
+// slowly, does not find its records late, and the bound need only cover
+// the disorder within a split. Without a WatermarkStrategy nothing of
+// this runs: the subtask reads as any source (ReadBatch, Next), and
+// Splits and Split are never asked.
 //
-// The records of a SplitSourceFunc are read one at a time (Next), also
-// when it implements BatchSourceFunc.
+// The contract:
+//
+//   - Splits are numbered by the subtask, densely from 0: the Splits
+//     counted when InitializeState returned (asked once, then), and after
+//     them, in order, those added by Context.AddSplit. Split names the
+//     split of the record Next returned last.
+//   - A split that had no record yet holds the subtask's watermark back
+//     (it may hold records older than any read so far) unless it is idle
+//     (IdleTimeout), and so does a split from its AddSplit on.
+//   - A split read to its end is finished with Context.FinishSplit: it
+//     leaves the minimum for good (as Flink's SourceReaderBase releases a
+//     finished split's watermark output), so the others' watermarks go on
+//     without it; its records emitted before stay before the watermarks
+//     that follow. A split finished before a checkpoint must be finished
+//     again after a restore (in InitializeState or before its first
+//     record), or it holds the watermark back at nothing. With every split
+//     finished the subtask holds its watermark (and turns idle after
+//     IdleTimeout) until it adds a split or ends its input, whose final
+//     watermark is the end of input's, as without splits.
+//   - The subtask's emitted watermark is persisted as without splits
+//     (task.WatermarkState), so none regresses after a restore, also at
+//     another parallelism where the splits were reassigned: the splits'
+//     generators start afresh, holding the watermark until their first
+//     records, and what they propose at or below the restored watermark is
+//     not emitted.
+//
+// Batches: a SplitSourceFunc that implements SplitBatchSourceFunc is read
+// with ReadSplitBatch when the subtask has a WatermarkStrategy, which
+// writes each record's split to a slice parallel to the records; the
+// subtask then observes each record's event time in its split's generator
+// with no call through an interface per record. A SplitSourceFunc without
+// it is read one record at a time (Next, then Split) with a strategy,
+// also when it implements BatchSourceFunc: a batch may mix splits.
 type SplitSourceFunc[T any] interface {
 	SourceFunc[T]
-	// Splits is the number of splits the subtask reads, numbered from 0.
-	// It is asked once, after InitializeState; 0 or 1 means no per-split
-	// watermarks.
+	// Splits is the number of splits the subtask reads when
+	// InitializeState returned, numbered from 0; asked once, then.
 	Splits() int
-	// Split is the split of the record Next returned last, below Splits.
+	// Split is the split of the record Next returned last.
 	Split() int
 }
 
-// openSplits starts the per-split watermarks of a SplitSourceFunc with a
-// WatermarkStrategy and more than one split.
-func (o *sourceOp[T]) openSplits() {
-	sf, ok := o.fn.(SplitSourceFunc[T])
-	if !ok || o.ts == nil {
+// SplitBatchSourceFunc is a SplitSourceFunc that reads batches with each
+// record's split (see SplitSourceFunc): ReadSplitBatch is ReadBatch that
+// also sets splits[i] to the split of dst[i] for every record it writes.
+// len(splits) == len(dst). The subtask uses it instead of ReadBatch only
+// with a WatermarkStrategy.
+type SplitBatchSourceFunc[T any] interface {
+	SplitSourceFunc[T]
+	BatchSourceFunc[T]
+	ReadSplitBatch(ctx *Context, dst []T, splits []int32) (int, error)
+}
+
+// splitLife is the split lifecycle of a SplitSourceFunc's subtask, behind
+// Context.AddSplit and FinishSplit.
+type splitLife struct {
+	fn   string // the subtask, for errors
+	open bool   // Splits was asked: the numbering is known
+	n    int    // splits known
+	// early are the splits finished before open (in InitializeState).
+	early []int
+	sw    *task.SplitWatermarks // nil without a WatermarkStrategy
+	done  []bool                // without sw: finished splits
+}
+
+// AddSplit adds a split to the splits the source subtask reads and
+// returns its number (see SplitSourceFunc): the next after the Splits
+// counted at InitializeState and those added before. With a
+// WatermarkStrategy the split holds the subtask's watermark back from now
+// on until its first records (or until it is idle). Call it on the
+// subtask's goroutine (in Next, ReadBatch, ReadSplitBatch, or a
+// checkpoint hook), before the split's first record, not in
+// InitializeState (count the split in Splits there: it panics). Outside a
+// SplitSourceFunc's subtask (a function wrapping one, another operator, a
+// nil Context) it does nothing and returns -1.
+func (c *Context) AddSplit() int {
+	l := c.splitLife()
+	if l == nil {
+		return -1
+	}
+	if !l.open {
+		panic(fmt.Sprintf("graph: %s: AddSplit in InitializeState: count the split in Splits", l.fn))
+	}
+	l.n++
+	if l.sw != nil {
+		return l.sw.Add()
+	}
+	l.done = append(l.done, false)
+	return l.n - 1
+}
+
+// FinishSplit says that split (a number below the splits counted and
+// added) is read to its end: it leaves the minimum of the subtask's
+// watermark for good (see SplitSourceFunc). Finishing a split again does
+// nothing. In InitializeState it takes effect when the splits are
+// counted, after it. It panics for a split that does not exist, and does
+// nothing outside a SplitSourceFunc's subtask (as AddSplit).
+func (c *Context) FinishSplit(split int) {
+	l := c.splitLife()
+	if l == nil {
 		return
 	}
-	if n := sf.Splits(); n > 1 {
-		o.split, o.splits, o.batch = sf, task.NewSplitWatermarks(n, o.cfg), nil
+	if !l.open {
+		l.early = append(l.early, split)
+		return
 	}
+	l.finish(split)
+}
+
+func (l *splitLife) finish(split int) {
+	if split < 0 || split >= l.n {
+		panic(fmt.Sprintf("graph: %s: FinishSplit(%d), but the source reads %d splits", l.fn, split, l.n))
+	}
+	if l.sw != nil {
+		l.sw.Finish(split)
+		return
+	}
+	l.done[split] = true
+}
+
+func (c *Context) splitLife() *splitLife {
+	if c == nil {
+		return nil
+	}
+	return c.splits
+}
+
+// initSplits makes ctx's split lifecycle when fn is a SplitSourceFunc,
+// before InitializeState.
+func (o *sourceOp[T]) initSplits() {
+	if _, ok := o.fn.(SplitSourceFunc[T]); ok && o.ctx != nil {
+		o.ctx.splits = &splitLife{fn: fmt.Sprint(o.ctx.info)}
+	}
+}
+
+// openSplits asks a SplitSourceFunc for its splits after InitializeState,
+// applies the splits finished there, and with a WatermarkStrategy starts
+// the per-split watermarks (instead of the subtask's one generator).
+func (o *sourceOp[T]) openSplits() error {
+	sf, ok := o.fn.(SplitSourceFunc[T])
+	if !ok || o.ctx == nil {
+		return nil
+	}
+	l := o.ctx.splits
+	l.n, l.open = sf.Splits(), true
+	if l.n < 0 {
+		return fmt.Errorf("graph: %s: Splits is %d", l.fn, l.n)
+	}
+	if o.ts != nil {
+		l.sw = task.NewSplitWatermarks(l.n, o.cfg)
+		o.split, o.splits = sf, l.sw
+		o.splitBatch, _ = o.fn.(SplitBatchSourceFunc[T])
+		if o.splitBatch == nil {
+			o.batch = nil // Next and Split, record by record
+		}
+	} else {
+		l.done = make([]bool, l.n)
+	}
+	for _, sp := range l.early {
+		if sp < 0 || sp >= l.n {
+			return fmt.Errorf("graph: %s: FinishSplit(%d) in InitializeState, but Splits is %d", l.fn, sp, l.n)
+		}
+		l.finish(sp)
+	}
+	l.early = nil
+	return nil
+}
+
+// emitSplitBatch reads a batch with its splits (ReadSplitBatch) and
+// observes each record's event time in its split's generator.
+func (o *sourceOp[T]) emitSplitBatch(max int) (bool, error) {
+	dst := o.out.Free() // never empty
+	dst = dst[:min(len(dst), max)]
+	if cap(o.splitOf) < len(dst) {
+		o.splitOf = make([]int32, len(dst))
+	}
+	sp := o.splitOf[:len(dst)]
+	n, err := o.splitBatch.ReadSplitBatch(o.ctx, dst, sp)
+	// Before Advance, which may send the buffer.
+	sw := o.splits
+	ns := uint(sw.Len()) // after the read: it may have added splits
+	for i := range dst[:n] {
+		if uint(sp[i]) >= ns {
+			return false, o.badSplit(int(sp[i]))
+		}
+		sw.Observe(int(sp[i]), o.ts(dst[i]))
+	}
+	o.out.Advance(n)
+	return o.emitted(n, err)
 }
 
 // observeSplit takes the event time of the record Next returned last.
 func (o *sourceOp[T]) observeSplit(ts int64) error {
-	sp, n := o.split.Split(), o.split.Splits()
-	if sp < 0 || sp >= n {
-		return fmt.Errorf("graph: %s: Split %d of a record, but the source reads %d splits", o.ctx.Task(), sp, n)
+	sp := o.split.Split()
+	if sp < 0 || sp >= o.splits.Len() {
+		return o.badSplit(sp)
 	}
 	o.splits.Observe(sp, ts)
 	return nil
+}
+
+//go:noinline
+func (o *sourceOp[T]) badSplit(sp int) error {
+	return fmt.Errorf("graph: %s: split %d of a record, but the source reads %d splits", o.ctx.Task(), sp, o.splits.Len())
 }
 
 // Watermarks implements task.WatermarkSource.

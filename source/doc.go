@@ -145,4 +145,34 @@
 // second per subtask, a token bucket; an exhausted bucket returns
 // graph.ErrNoRecord, so checkpoints go on), FromFS (an fs.FS whose files
 // implement io.Seeker) and WithLogf.
+//
+// # Per-split watermarks
+//
+// The indexed and file sources implement graph.SplitBatchSourceFunc, so
+// a source with a WatermarkStrategy has a watermark generator per split
+// and emits the minimum over its live splits (graph.SplitSourceFunc):
+// with OutOfOrderness covering the disorder within a split, no record of
+// a split read after, or interleaved with, others at later event times is
+// late. Without a strategy nothing of it runs.
+//
+// SRC9 (indexed splits as watermark splits; Generate, Slice,
+// GenerateRate, not a source embedding *Indexed): a subtask numbers its
+// owned SRC5 splits from 0 in increasing split order, says the split of
+// each record (in stride mode stepping along with the index, no division
+// per record), finishes in InitializeState the splits with no record left
+// (a split position at or past n, also after a restore), and finishes a
+// split with its last record. After a restore at another parallelism the
+// splits a subtask owns are numbered anew; their generators start
+// afresh, and the restored subtask watermark (task.WatermarkState) keeps
+// the emitted one from going back.
+//
+// SRC8 (file splits as watermark splits): a subtask's splits are its
+// assigned splits in (path, start) order, numbered by that order, done
+// ones included; it finishes the done ones in InitializeState and each
+// other one when its reader reaches the split's end, so a split read to
+// its end no longer holds the watermark back while the next is read. The
+// splits not read yet hold it back until their first records (they may
+// be older than anything read so far): since a subtask reads its splits
+// one after the other, its watermark advances while it reads its last
+// unfinished split, or as splits go idle (IdleTimeout).
 package source

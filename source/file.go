@@ -178,8 +178,9 @@ func CSVFunc[T any](pattern string, decode func(header, record []string) (T, err
 }
 
 // New returns the source function of one subtask (call it through
-// graph.Source). It implements graph.BatchSourceFunc, graph.Initializer,
-// graph.Snapshotter and graph.Closer.
+// graph.Source). It implements graph.BatchSourceFunc,
+// graph.SplitBatchSourceFunc (per-split watermarks, SRC8),
+// graph.Initializer, graph.Snapshotter and graph.Closer.
 func (f *Files[T]) New() graph.SourceFunc[T] { return &fileSource[T]{f: f} }
 
 // fileSource reads the splits assigned to one subtask, one after the
@@ -197,6 +198,12 @@ type fileSource[T any] struct {
 	err    error // sticky
 	logged int   // bad records logged
 	one    [1]T
+	// The split contract (graph.SplitSourceFunc, SRC8): the subtask's
+	// splits are numbered by their index in splits; ctx finishes them,
+	// last is the split of the record Next returned last.
+	ctx  *graph.Context
+	last int32
+	sp   [1]int32
 }
 
 // InitializeState discovers the files, plans the splits from them and the
@@ -237,6 +244,12 @@ func (s *fileSource[T]) InitializeState(ctx *graph.Context) error {
 		}
 	}
 	l.Update(s.splits)
+	s.ctx = ctx
+	for i := range s.splits {
+		if s.splits[i].Done {
+			ctx.FinishSplit(i)
+		}
+	}
 	if f.opts.rate > 0 {
 		s.lim = newLimiter(f.opts.rate, nil)
 	}
@@ -265,21 +278,41 @@ func (s *fileSource[T]) Close() error {
 	return errors.Join(err, s.dead.close())
 }
 
-// Next returns the next record (through ReadBatch).
+// Next returns the next record (through ReadSplitBatch).
 func (s *fileSource[T]) Next(ctx *graph.Context) (T, error) {
-	n, err := s.ReadBatch(ctx, s.one[:])
+	n, err := s.read(s.one[:], s.sp[:])
 	if n == 1 {
+		s.last = s.sp[0]
 		return s.one[0], nil // an io.EOF comes again with the next call
 	}
 	var zero T
 	return zero, err
 }
 
+// Splits implements graph.SplitSourceFunc: the splits assigned to the
+// subtask, done ones included (finished in InitializeState).
+func (s *fileSource[T]) Splits() int { return len(s.splits) }
+
+// Split implements graph.SplitSourceFunc.
+func (s *fileSource[T]) Split() int { return int(s.last) }
+
 // ReadBatch fills dst with the next records of the assigned splits, in
 // order, and returns io.EOF after the last one. After it returns, the
 // progress of the current split is the position of the next record
 // (SRC1).
 func (s *fileSource[T]) ReadBatch(_ *graph.Context, dst []T) (n int, err error) {
+	return s.read(dst, nil)
+}
+
+// ReadSplitBatch implements graph.SplitBatchSourceFunc: ReadBatch with
+// each record's split; a split is finished when its reader reaches its
+// end (SRC8).
+func (s *fileSource[T]) ReadSplitBatch(_ *graph.Context, dst []T, splits []int32) (int, error) {
+	return s.read(dst, splits)
+}
+
+// read is ReadBatch, writing each record's split to splits unless nil.
+func (s *fileSource[T]) read(dst []T, splits []int32) (n int, err error) {
 	if s.err != nil {
 		return 0, s.err
 	}
@@ -331,6 +364,9 @@ func (s *fileSource[T]) ReadBatch(_ *graph.Context, dst []T) (n int, err error) 
 			p.Bad++
 		} else {
 			dst[n] = v
+			if splits != nil {
+				splits[n] = int32(s.cur)
+			}
 			n++
 			p.Records++
 		}
@@ -429,6 +465,7 @@ func (s *fileSource[T]) finish(p *SplitProgress) {
 		s.f.opts.logf("source %v: closing %s: %v", s.info, p.Path, err)
 	}
 	s.r = nil
+	s.ctx.FinishSplit(s.cur)
 	s.cur++
 	s.f.splitsDone.Add(1)
 	if p.Bad > 0 {

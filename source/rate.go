@@ -46,7 +46,7 @@ func (l *limiter) take(max int) int {
 // waiting for tokens returns graph.ErrNoRecord, so checkpoints go on.
 func GenerateRate[T any](n int64, perSecond float64, gen func(i int64) T) func() graph.SourceFunc[T] {
 	return func() graph.SourceFunc[T] {
-		return &rated[T]{batched: batched[T]{NewIndexed(n, gen)}, lim: newLimiter(perSecond, nil)}
+		return &rated[T]{batched: batched[T]{Indexed: NewIndexed(n, gen)}, lim: newLimiter(perSecond, nil)}
 	}
 }
 
@@ -66,7 +66,7 @@ func (r *rated[T]) Next(ctx *graph.Context) (T, error) {
 		var zero T
 		return zero, graph.ErrNoRecord
 	}
-	return r.Indexed.Next(ctx)
+	return r.batched.Next(ctx)
 }
 
 // ReadBatch fills dst with as many records as the rate allows.
@@ -79,4 +79,16 @@ func (r *rated[T]) ReadBatch(ctx *graph.Context, dst []T) (int, error) {
 		return 0, graph.ErrNoRecord
 	}
 	return r.batched.ReadBatch(ctx, dst[:k])
+}
+
+// ReadSplitBatch is ReadBatch with each record's split.
+func (r *rated[T]) ReadSplitBatch(ctx *graph.Context, dst []T, splits []int32) (int, error) {
+	if r.Position() >= r.n {
+		return 0, io.EOF
+	}
+	k := r.lim.take(len(dst))
+	if k == 0 {
+		return 0, graph.ErrNoRecord
+	}
+	return r.batched.ReadSplitBatch(ctx, dst[:k], splits[:k])
 }

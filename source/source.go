@@ -75,13 +75,23 @@ func NewIndexed[T any](n int64, at func(int64) T) *Indexed[T] {
 // Generate returns a source factory for n records, record i being gen(i).
 // Its sources read in batches.
 func Generate[T any](n int64, gen func(i int64) T) func() graph.SourceFunc[T] {
-	return func() graph.SourceFunc[T] { return &batched[T]{NewIndexed(n, gen)} }
+	return func() graph.SourceFunc[T] { return &batched[T]{Indexed: NewIndexed(n, gen)} }
 }
 
 // batched adds ReadBatch to Indexed. It is a separate type so that a source
 // embedding *Indexed and overriding Next does not inherit a ReadBatch that
 // would bypass its Next.
-type batched[T any] struct{ *Indexed[T] }
+type batched[T any] struct {
+	*Indexed[T]
+	// The split contract (indexedsplits.go): in merged mode the owned
+	// splits in increasing order and the number of each (-1 if not
+	// owned); last is the split of the record Next returned last.
+	owned   []int
+	localOf []int32
+	last    int32
+	one     [1]T
+	sp      [1]int32
+}
 
 // ReadBatch fills dst with the next records.
 func (b *batched[T]) ReadBatch(ctx *graph.Context, dst []T) (int, error) {

@@ -69,9 +69,15 @@
 // watermark events of the subtask's inputs with an align.WatermarkValve;
 // a source's inputs are its WatermarkGenerator's events (WG1-WG2: bounded
 // out-of-orderness, periodic on the loop's clock, idleness), or those of
-// its SplitWatermarks, a generator per split combined by a valve over the
-// splits (SW1-SW2), ticked after
-// each batch when Due (one comparison) and after an idle wait. RunInput
+// its SplitWatermarks, a generator per split combined as a valve combines
+// channels, the minimum over the live splits (SW1-SW4: a split added
+// holds the minimum from then on, a finished one leaves it for good,
+// finishing the last emits nothing, so the final watermark stays the end
+// of input's, E2), ticked after each batch when Due (one comparison; at
+// once after a split was added or finished) and after an idle wait. The
+// source observes each record's event time in its split's generator (a
+// slice index, no interface call), the split from a slice its batch read
+// filled. RunInput
 // feeds it every watermark, idle or active event it reads, and the
 // aligner's Deliver of each channel's end of input; the aligner never sees
 // watermarks. An emitted watermark fires the chain's event-time timers

@@ -19,7 +19,7 @@ import (
 // TestEventTimeDataDriven runs the scripts in testdata/eventtime. If it
 // fails, run `go test ./internal/task -run TestEventTimeDataDriven
 // -rewrite` and inspect the diff; keep it only if every changed line is
-// right by E1-E3 and WG1-WG2 (eventtime.go) and SW1-SW2
+// right by E1-E3 and WG1-WG2 (eventtime.go) and SW1-SW4
 // (splitwatermarks.go).
 //
 // Commands:
@@ -34,10 +34,13 @@ import (
 //	generator [bound=<ns>] [interval=<ns>] [idle=<ns>] [splits=<n>]
 //	    a fresh WatermarkGenerator, or SplitWatermarks over n splits
 //	gen
-//	observe <ts>... | observe <split>:<ts>... | tick <now> | due
+//	observe <ts>... | observe <split>:<ts>... | tick <now> | due | add | finish <split>...
 //	...
 //	    feeds the generator (with splits: records of those splits); a
-//	    tick prints its events ("-" for none) and Due, due prints Due
+//	    tick prints its events ("-" for none) and Due, due prints Due;
+//	    with splits, add adds a split (SplitWatermarks.Add) and prints
+//	    its number, finish finishes splits and prints the live count and
+//	    Due
 //
 // Every run checks E1 (strictly increasing watermarks above the restored
 // one, nothing after MaxWatermark) and prints violations.
@@ -47,7 +50,8 @@ func TestEventTimeDataDriven(t *testing.T) {
 		var last int64
 		var maxed bool
 		var g Generator
-		var observe func(split int, ts int64) // SplitWatermarks.Observe, nil for one generator
+		var sw *SplitWatermarks // nil for one generator
+		var genLast int64       // the generator's last watermark (SW2: they strictly increase)
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			switch d.Cmd {
 			case "event-time":
@@ -117,12 +121,12 @@ func TestEventTimeDataDriven(t *testing.T) {
 					d.ScanArgs(t, "idle", &v)
 					cfg.IdleTimeout = time.Duration(v)
 				}
-				g, observe = NewWatermarkGenerator(cfg), nil
+				g, sw, genLast = NewWatermarkGenerator(cfg), nil, marker.MinWatermark
 				if d.HasArg("splits") {
 					var n int
 					d.ScanArgs(t, "splits", &n)
-					sw := NewSplitWatermarks(n, cfg)
-					g, observe = sw, sw.Observe
+					sw = NewSplitWatermarks(n, cfg)
+					g = sw
 				}
 				return "ok\n"
 			case "gen":
@@ -132,7 +136,7 @@ func TestEventTimeDataDriven(t *testing.T) {
 					switch f[0] {
 					case "observe":
 						for _, ts := range f[1:] {
-							if observe == nil {
+							if sw == nil {
 								g.(*WatermarkGenerator).Observe(int64(atoi(t, ts)))
 								continue
 							}
@@ -140,8 +144,15 @@ func TestEventTimeDataDriven(t *testing.T) {
 							if !ok {
 								d.Fatalf(t, "observe %q: want <split>:<ts> with splits", ts)
 							}
-							observe(atoi(t, split), int64(atoi(t, at)))
+							sw.Observe(atoi(t, split), int64(atoi(t, at)))
 						}
+					case "add":
+						fmt.Fprintf(&b, "add: split %d (live %d)\n", sw.Add(), sw.Live())
+					case "finish":
+						for _, sp := range f[1:] {
+							sw.Finish(atoi(t, sp))
+						}
+						fmt.Fprintf(&b, "%s: live %d, due %d\n", line, sw.Live(), g.Due())
 					case "due":
 						fmt.Fprintf(&b, "due %d\n", g.Due())
 					case "tick":
@@ -150,6 +161,10 @@ func TestEventTimeDataDriven(t *testing.T) {
 						for _, ev := range evs {
 							switch ev := ev.(type) {
 							case align.ChannelWatermark:
+								if sw != nil && ev.At <= genLast {
+									parts = append(parts, "VIOLATION SW2: not above "+marker.FormatWatermark(genLast))
+								}
+								genLast = ev.At
 								parts = append(parts, "wm "+marker.FormatWatermark(ev.At))
 							case align.ChannelIdle:
 								parts = append(parts, "idle")

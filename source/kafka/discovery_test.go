@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -66,6 +67,7 @@ func TestSourceRegexDiscoveryExactlyOnce(t *testing.T) {
 	require.NoError(t, err)
 	out := t.TempDir()
 	f := &failAt{at: 1300, times: 1}
+	var other atomic.Value // a failure not injected
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -74,9 +76,17 @@ func TestSourceRegexDiscoveryExactlyOnce(t *testing.T) {
 			Checkpoint:  graph.CheckpointConfig{Interval: 5 * time.Millisecond, Dir: t.TempDir(), TolerableFailures: -1, Retain: 2},
 			Restart:     graph.FixedDelay(3, 0),
 			Logf:        t.Logf,
+			OnEvent: func(e graph.Event) {
+				if e.Kind == graph.JobFailed && !errors.Is(e.Err, errInjected) {
+					other.Store(e.Err.Error())
+				}
+			},
 		}
 		j := graph.NewJob(t.Name(), cfg)
-		s := graph.Source(j, "kafka", src.New)
+		// With a WatermarkStrategy, so each discovered partition is added
+		// as a split (graph.Context.AddSplit, K8): a split numbered
+		// otherwise than its records fails the job.
+		s := graph.Source(j, "kafka", src.New, graph.Watermarks(graph.WatermarkStrategy[rec]{Timestamp: func(r rec) int64 { return r.ID }}))
 		m := graph.Process(s, "map", func() graph.ProcessFunc[rec, rec] { return failing{f} })
 		graph.Sink(m, "out", sink.TwoPhaseCommit[rec, *sink.FileTxn](&sink.TxnFiles[rec]{Dir: out, NoSync: true}))
 		done <- j.Run(ctx)
@@ -114,6 +124,7 @@ func TestSourceRegexDiscoveryExactlyOnce(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
 	require.GreaterOrEqual(t, f.n, 1300, "the failure fired")
+	require.Nil(t, other.Load(), "a failure not injected (restarts would hide it)")
 	checkOnce(t, out, 1600)
 }
 

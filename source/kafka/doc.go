@@ -56,9 +56,20 @@
 //     then) is read from its earliest offset, so a restore replays it
 //     from where its first reading began, whatever Start is. Bounded
 //     reads still stop at the end offsets (K4).
+//   - K8: the subtask's partitions are its splits for per-split
+//     watermarks (graph.SplitBatchSourceFunc): partition parts[i], in the
+//     order InitializeState took them, is split i; a partition discovered
+//     later is added (graph.Context.AddSplit) when the subtask takes it,
+//     before its first record, so it holds the watermark back from then
+//     on (records it holds below the watermark already emitted are late,
+//     as in Flink); a bounded partition is finished when it reaches Stop
+//     (restored done ones in InitializeState), leaving the minimum. An
+//     empty or slow partition holds the watermark back unless the
+//     strategy's IdleTimeout makes it idle.
 //
-// Not done: watermarks and idleness signalling (the engine has no event
-// time yet). Bounded mode with a transactional input whose last offsets
-// are control records (commit markers) never reaches Stop, since only
-// data records advance Next.
+// Not done: the strategy's Timestamp sees the deserialized record, so a
+// Kafka record timestamp is event time only if the Deserializer keeps it.
+// Bounded mode with a transactional input whose last offsets are control
+// records (commit markers) never reaches Stop, since only data records
+// advance Next (nor is that partition finished as a split).
 package kafka

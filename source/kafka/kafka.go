@@ -220,6 +220,15 @@ type subtask[T any] struct {
 	ctx        context.Context
 	admMu      sync.Mutex
 	adm        *kgo.Client
+	// The split contract (graph.SplitSourceFunc, K8): partition parts[i]
+	// is split i; gctx adds and finishes them, fin says which are
+	// finished, last is the split of the record Next returned last, and
+	// opened that InitializeState returned (the splits are counted).
+	gctx   *graph.Context
+	fin    []bool
+	last   int32
+	sp     [1]int32
+	opened bool
 }
 
 type snap struct {
@@ -276,7 +285,7 @@ func (t *subtask[T]) InitializeState(ctx *graph.Context) error {
 	if err != nil {
 		return err
 	}
-	t.parts = t.parts[:0]
+	t.parts, t.fin = t.parts[:0], t.fin[:0]
 	t.index = map[string]map[int32]int{}
 	known := map[string]bool{}
 	var mine []PartitionProgress
@@ -296,9 +305,11 @@ func (t *subtask[T]) InitializeState(ctx *graph.Context) error {
 			mine = append(mine, p)
 		}
 	}
+	t.gctx, t.opened = ctx, false
 	if err := t.add(mine); err != nil {
 		return err
 	}
+	t.opened = true
 	l.Update(t.parts)
 	cfg.Logf("source %v: %d partitions (%d restored); this subtask reads %d", t.info, len(all), len(restored), len(t.parts))
 	if cfg.DiscoveryInterval > 0 {
@@ -325,7 +336,13 @@ func (t *subtask[T]) add(parts []PartitionProgress) error {
 		}
 		t.index[p.Topic][p.Partition] = len(t.parts)
 		t.parts = append(t.parts, p)
-		if !p.done() {
+		t.fin = append(t.fin, false)
+		if t.opened {
+			t.gctx.AddSplit() // numbered len(t.parts)-1, as counted
+		}
+		if p.done() {
+			t.finish(len(t.parts) - 1)
+		} else {
 			if assign[p.Topic] == nil {
 				assign[p.Topic] = map[int32]kgo.Offset{}
 			}
@@ -751,14 +768,31 @@ func (t *subtask[T]) takeFound() {
 	}
 }
 
-// Next returns the next record (through ReadBatch).
+// Next returns the next record (through ReadSplitBatch).
 func (t *subtask[T]) Next(ctx *graph.Context) (T, error) {
-	n, err := t.ReadBatch(ctx, t.one[:])
+	n, err := t.read(t.one[:], t.sp[:])
 	if n == 1 {
+		t.last = t.sp[0]
 		return t.one[0], nil
 	}
 	var zero T
 	return zero, err
+}
+
+// Splits implements graph.SplitSourceFunc: the partitions the subtask
+// owns when InitializeState returns, done ones included (finished at
+// once); those discovered later are added (graph.Context.AddSplit).
+func (t *subtask[T]) Splits() int { return len(t.parts) }
+
+// Split implements graph.SplitSourceFunc.
+func (t *subtask[T]) Split() int { return int(t.last) }
+
+// finish finishes split i, a bounded partition at its stop offset (K8).
+func (t *subtask[T]) finish(i int) {
+	if !t.fin[i] {
+		t.fin[i] = true
+		t.gctx.FinishSplit(i)
+	}
 }
 
 func (t *subtask[T]) allDone() bool {
@@ -774,6 +808,17 @@ func (t *subtask[T]) allDone() bool {
 // graph.ErrNoRecord (never blocks), and io.EOF once every bounded
 // partition reached its stop offset.
 func (t *subtask[T]) ReadBatch(_ *graph.Context, dst []T) (n int, err error) {
+	return t.read(dst, nil)
+}
+
+// ReadSplitBatch implements graph.SplitBatchSourceFunc: ReadBatch with
+// each record's split (K8).
+func (t *subtask[T]) ReadSplitBatch(_ *graph.Context, dst []T, splits []int32) (int, error) {
+	return t.read(dst, splits)
+}
+
+// read is ReadBatch, writing each record's split to splits unless nil.
+func (t *subtask[T]) read(dst []T, splits []int32) (n int, err error) {
 	t.takeFound()
 	if t.err != nil {
 		return 0, t.err
@@ -813,6 +858,7 @@ func (t *subtask[T]) ReadBatch(_ *graph.Context, dst []T) (n int, err error) {
 		if r.Offset < p.Next || p.done() || p.Stop >= 0 && r.Offset >= p.Stop {
 			if p.Stop >= 0 && r.Offset >= p.Stop {
 				p.Next = max(p.Next, p.Stop)
+				t.finish(i)
 			}
 			continue
 		}
@@ -827,11 +873,20 @@ func (t *subtask[T]) ReadBatch(_ *graph.Context, dst []T) (n int, err error) {
 			}
 			p.Next, p.Bad = r.Offset+1, p.Bad+1
 			t.s.bad.Add(1)
+			if p.done() {
+				t.finish(i)
+			}
 			continue
 		}
 		dst[n] = v
+		if splits != nil {
+			splits[n] = int32(i)
+		}
 		n++
 		p.Next, p.Records = r.Offset+1, p.Records+1
+		if p.Stop >= 0 && p.Next >= p.Stop {
+			t.finish(i)
+		}
 	}
 	return n, nil
 }
@@ -853,3 +908,5 @@ func (t *subtask[T]) Close() error {
 	}
 	return nil
 }
+
+var _ graph.SplitBatchSourceFunc[int] = (*subtask[int])(nil)
