@@ -20,10 +20,11 @@ import (
 // idleness. Set it with the Watermarks option on Source.
 //
 // Each source subtask generates its own watermarks, per split if its
-// function is a SplitSourceFunc (then the subtask's watermark is the
-// minimum over its splits, idle ones left out); otherwise a subtask
-// reading several splits takes the maximum over all of them, and the
-// bound must cover the disorder between its splits too. Downstream, every subtask's input
+// function is a SplitSourceFunc, as the built-in sources of package
+// source are (then the subtask's watermark is the minimum over its
+// splits, idle and finished ones left out); otherwise a subtask reading
+// several splits takes the maximum over all of them, and the bound must
+// cover the disorder between its splits too. Downstream, every subtask's input
 // watermark is the minimum over its input channels, idle ones left out,
 // and a subtask's watermarks never go back, not even after a restore (the
 // last one is in its snapshot).
