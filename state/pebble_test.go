@@ -8,9 +8,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
-	"runtime/pprof"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -191,7 +189,7 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		stores = append(stores, &store{name: "heap", fill: fill, run: run, close: func() {}})
 	}
 	for _, prefetch := range []bool{true, false} {
-		kb, err := NewPebbleKeyedBackend[int64](PebbleEngine{Dir: b.TempDir(), WriteCacheEntries: cacheEntries, CacheSize: envInt("PF_CACHE"), NoPrefetch: !prefetch}, r, maxP, nil)
+		kb, err := NewPebbleKeyedBackend[int64](PebbleEngine{Dir: b.TempDir(), WriteCacheEntries: cacheEntries, NoPrefetch: !prefetch}, r, maxP, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -206,7 +204,7 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		stores = append(stores, &store{name: name, fill: fill, run: run, close: func() { _ = kb.Close() }})
 	}
 	{
-		s, err := openPebbleStore(PebbleEngine{Dir: b.TempDir(), CacheSize: envInt("PF_CACHE")}, r)
+		s, err := openPebbleStore(PebbleEngine{Dir: b.TempDir()}, r)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -243,11 +241,6 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	const rounds = 8
-	if f := os.Getenv("PF_PROF"); f != "" {
-		pf, _ := os.Create(f + "-" + dist)
-		_ = pprof.StartCPUProfile(pf)
-		defer pprof.StopCPUProfile()
-	}
 	// ratios[i] are the per-round ratios of raw time over stores[i]'s.
 	ratios := make([][]float64, len(stores))
 	// cpuRatios are the same for the process CPU time (Pebble's
@@ -307,9 +300,6 @@ func settle(b *testing.B, db *pebble.DB) {
 	if err := db.Compact(context.Background(), []byte{0}, []byte{0xff, 0xff, 0xff, 0xff, 0xff}, true); err != nil {
 		b.Fatal(err)
 	}
-	if os.Getenv("PF_METRICS") != "" {
-		b.Logf("after the fill:\n%s", db.Metrics())
-	}
 }
 
 // BenchmarkPebbleFreeze measures the freeze pause (Freeze, on the subtask
@@ -362,5 +352,3 @@ func BenchmarkPebbleFreeze(b *testing.B) {
 		})
 	}
 }
-
-func envInt(k string) int64 { n, _ := strconv.ParseInt(os.Getenv(k), 10, 64); return n }
