@@ -416,19 +416,14 @@
 // decorators are shared; sweep iterates the state's entries after a
 // cursor (one iterator per access, seeking over other states' keys).
 //
-// Measured on a 2-core machine shared with other builds (load average
-// 9 to 13, so the heap's 0.4µs/record ran at 2.5 to 7.7µs), 1,000,000
-// stored keys, 100,000 records per store, stores interleaved in four
-// rounds (BenchmarkPebbleCounter, -benchtime 100000x -count 3):
-// engine-vs-raw (raw time over engine time) 1.37, 0.60 and 3.18 for
-// uniform keys (where the cache holds 6.5% of the keys, so it saves the
-// Set and little of the Get), 1.13, 1.22 and 5.91 for Zipf keys (most
-// records hit); per round from 0.40 to 24.8. On a quiet machine, with
-// the default 4,096 entries: 1.05 to 1.21 (uniform) and 1.01 to 1.07
-// (Zipf), both stores at 30 to 70µs per record while Pebble compacts
-// after the fill: the 2x target is not met; the Gets of misses dominate
-// (see BENCHMARKS.md). The loaded runs used 65,536 slots; the cache with
-// Pebble's own heap took 21 to 44 MiB of live heap.
+// Measured (BenchmarkPebbleCounter, -benchtime 100000x -count 3, on a
+// shared 2-core machine at load average 12; see "Keyed state in Pebble"
+// in BENCHMARKS.md for the table and the command): after a settle of both
+// Pebble stores and with the engine's options for the raw Get+Set loop,
+// raw over engine time 0.83-0.89 on uniform keys over 1,000,000 (the
+// cache holds 0.4% of the keys: every record is a miss) and 1.20-1.28 on
+// Zipf keys; the heap is 13-17x faster than raw. The 2x target is not
+// met.
 // Freeze with the cache full of dirty entries (BenchmarkPebbleFreeze,
 // 200,000 keys): at most 3.3ms for 4,096 entries, 90ms for 16,384 and
 // 201ms for 65,536 on that machine, which is why the default is 4,096 and
@@ -442,9 +437,8 @@
 // at most of the tens of µs per record measured before), 16 MiB memtables,
 // no WAL, bloom filters (10 bits per key) on every level.
 //
-// # Batched prefetch
-//
-// graph's keyed operator knows the keys of a whole input buffer before it
+// Batched prefetch. graph's keyed operator knows the keys of a whole
+// input buffer before it
 // calls the function: when the backend Prefetches (a Pebble backend with
 // its write-back cache, unless PebbleEngine.NoPrefetch; never the heap,
 // whose operator then does nothing per buffer), ProcessBatch hands each
@@ -470,7 +464,9 @@
 // freezes. What it buys (BenchmarkPebbleCounter, BENCHMARKS.md): when the
 // block cache is smaller than the working set, about 1.4x less CPU per
 // record on uniform keys, the sorted reads sharing block loads; with the
-// blocks cached, nothing measurable: a sorted seek costs about a Get.
+// blocks cached, nothing on uniform keys and 5-10% more CPU on Zipf keys
+// (most of a buffer is cached already): a sorted seek of keys thousands
+// apart costs about a Get.
 //
 // Differences from the heap engine: values are encoded at the write, so a
 // value changed in place after Update is not changed in the state (as in

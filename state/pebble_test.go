@@ -60,20 +60,23 @@ const (
 // Value and one Update per record) over 1,000,000 distinct keys, all
 // stored before the timed part, drawn uniformly ("uniform") or from a
 // Zipf distribution of exponent 1.01 ("zipf", close to YCSB's 0.99: about
-// 80% of the records go to the 65,536 most frequent keys), on three
+// 80% of the records go to the 65,536 most frequent keys), on four
 // stores in one run, interleaved in rounds: the heap backend, the Pebble
-// engine (with its default write-back cache of 65,536 entries) and a raw
-// Pebble Get+Set per record with the same keys, values and Pebble options
-// (the floor for an engine without a cache). Both Pebble instances are
-// filled by the same batches (the engine's count of entries is then not
-// kept, which only snapshots would show). It reports each one's
-// ns/record, engine-vs-raw-x (raw time over engine time: 2 means the
-// engine takes half the raw loop's time), and the live heap each store
-// holds after filling (runtime/metrics, after a GC):
+// engine with its defaults fed in buffers of counterBuffer records with
+// the batched prefetch (as graph's keyed operator), the same engine with
+// NoPrefetch, and a raw Pebble Get+Set per record with the same keys,
+// values and Pebble options (openPebbleAt's: the floor for an engine
+// without a cache). The Pebble instances are filled by the same batches
+// (the engine's count of entries is then not kept, which only snapshots
+// would show) and settled. It reports each one's ns/record and process
+// CPU ns/record, raw-over-X-x (raw time over X's: 2 means X takes half the
+// raw loop's time) with the median, min and max over the rounds, the same
+// for CPU time (raw-over-X-cpu-x), and the live heap each store holds
+// after filling (runtime/metrics, after a GC):
 //
 //	go test ./state -run '^$' -bench PebbleCounter -benchtime 100000x -count 3
 //
-// See "Pebble engine" in doc.go for the figures.
+// See "Keyed state in Pebble" in BENCHMARKS.md for the figures.
 func BenchmarkPebbleCounter(b *testing.B) {
 	for _, dist := range []string{"uniform", "zipf"} {
 		b.Run(dist, func(b *testing.B) { benchCounter(b, dist, 0) })
