@@ -438,9 +438,9 @@
 // no WAL, bloom filters (10 bits per key) on every level.
 //
 // Batched prefetch. graph's keyed operator knows the keys of a whole
-// input buffer before it
-// calls the function: when the backend Prefetches (a Pebble backend with
-// its write-back cache, unless PebbleEngine.NoPrefetch; never the heap,
+// input buffer before it calls the function: when the backend Prefetches
+// (a Pebble backend with its write-back cache, unless
+// PebbleEngine.NoPrefetch; never the heap,
 // whose operator then does nothing per buffer), ProcessBatch hands each
 // record's key and key group to AddPrefetch and calls Prefetch once
 // (pebble_prefetch.go). Prefetch, for each cached value, list, reducing or
