@@ -551,12 +551,14 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	verify  bool
 	out     *task.Output[OUT]
 	backend *state.KeyedBackend[K]
-	kctx    *KeyedContext[K]
-	maxP    int
-	kgs     keygroup.Range
-	onTimer TimerHandler[K, OUT] // nil when fn has no timers
-	ender   InputEnder[OUT]      // nil when fn has no EndInput
-	policy  TimerPolicy
+	// prefetch: the backend reads a buffer's keys ahead (Prefetches).
+	prefetch bool
+	kctx     *KeyedContext[K]
+	maxP     int
+	kgs      keygroup.Range
+	onTimer  TimerHandler[K, OUT] // nil when fn has no timers
+	ender    InputEnder[OUT]      // nil when fn has no EndInput
+	policy   TimerPolicy
 	// clock is the StateClock, nil for the default (see setTime).
 	clock func() time.Time
 	// backendCfg selects the keyed-state backend (Config.State).
@@ -629,6 +631,7 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 		return fmt.Errorf("keyed state (%v backend): %w", o.backendCfg.Backend, err)
 	}
 	o.backend, o.keyed, o.ctx.keyed = b, b, b
+	o.prefetch = b.Prefetches()
 	if o.backendCfg.Backend == PebbleState && !o.backendCfg.FullCheckpoints {
 		o.native = b
 	}
@@ -749,6 +752,15 @@ func (o *keyedOp[K, IN, OUT]) Close() error {
 // terminated then).
 func (o *keyedOp[K, IN, OUT]) ProcessBatch(recs []task.Keyed[K, IN]) error {
 	o.setTime(time.Now())
+	if o.prefetch && len(recs) > 1 {
+		// The keys of the whole buffer are known: let the backend read
+		// them in key order before the function asks for them one by one
+		// (see "Batched prefetch" in state/doc.go).
+		for i := range recs {
+			o.backend.AddPrefetch(recs[i].Key, int(recs[i].KeyGroup))
+		}
+		o.backend.Prefetch()
+	}
 	var err error
 	if o.verify {
 		err = o.processVerified(recs)

@@ -56,7 +56,7 @@ type pebbleRun struct {
 	onEvent   func(graph.Event)
 	// seen counts the records that reached the sink side.
 	seen *atomic.Int64
-	// defaultEngine leaves the Pebble engine at its defaults (8 MiB cache,
+	// defaultEngine leaves the Pebble engine at its defaults (64 MiB cache,
 	// 16 MiB memtables) instead of small memtables that flush often.
 	defaultEngine bool
 }

@@ -407,7 +407,7 @@
 // # Pebble engine (first step)
 //
 // NewPebbleKeyedBackend(PebbleEngine{Dir, FS, CacheSize, MemTableSize,
-// WriteCacheEntries}, ...) builds a backend whose registered states live in one Pebble
+// WriteCacheEntries, NoPrefetch}, ...) builds a backend whose registered states live in one Pebble
 // instance per subtask (pebble.go), in a fresh working directory under Dir
 // (default os.TempDir(); never the checkpoint directory) that Close
 // removes. NewKeyedBackend keeps the heap, which stays the default; graph
@@ -422,8 +422,8 @@
 // sorting: its KeyGroupState records equal the heap's (S1,
 // TestPebbleSnapshotBytes, TestPebbleModel, and the whole suite with
 // -state.engine=pebble). The WAL is off (state is rebuilt from
-// checkpoints), writes use NoSync, and L0 has a bloom filter (a new key's
-// first read misses). The stored key of the current key is built once per
+// checkpoints), writes use NoSync, and every level has a bloom filter
+// (L0's, which the other levels inherit: a new key's first read misses). The stored key of the current key is built once per
 // SetCurrentKey in a reused buffer.
 //
 // Write-back cache (pebble_cache.go). Every state whose values cannot
@@ -472,24 +472,57 @@
 // decorators are shared; sweep iterates the state's entries after a
 // cursor (one iterator per access, seeking over other states' keys).
 //
-// Measured on a 2-core machine shared with other builds (load average
-// 9 to 13, so the heap's 0.4µs/record ran at 2.5 to 7.7µs), 1,000,000
-// stored keys, 100,000 records per store, stores interleaved in four
-// rounds (BenchmarkPebbleCounter, -benchtime 100000x -count 3):
-// engine-vs-raw (raw time over engine time) 1.37, 0.60 and 3.18 for
-// uniform keys (where the cache holds 6.5% of the keys, so it saves the
-// Set and little of the Get), 1.13, 1.22 and 5.91 for Zipf keys (most
-// records hit); per round from 0.40 to 24.8. On a quiet machine, with
-// the default 4,096 entries: 1.05 to 1.21 (uniform) and 1.01 to 1.07
-// (Zipf), both stores at 30 to 70µs per record while Pebble compacts
-// after the fill: the 2x target is not met; the Gets of misses dominate
-// (see BENCHMARKS.md). The loaded runs used 65,536 slots; the cache with
-// Pebble's own heap took 21 to 44 MiB of live heap.
+// Measured (BenchmarkPebbleCounter, -benchtime 100000x -count 3, on a
+// shared 2-core machine at load average 12; see "Keyed state in Pebble"
+// in BENCHMARKS.md for the table and the command): after a settle of both
+// Pebble stores and with the engine's options for the raw Get+Set loop,
+// raw over engine time 0.83-0.89 on uniform keys over 1,000,000 (the
+// cache holds 0.4% of the keys: every record is a miss) and 1.20-1.28 on
+// Zipf keys; the heap is 13-17x faster than raw. The 2x target is not
+// met.
 // Freeze with the cache full of dirty entries (BenchmarkPebbleFreeze,
 // 200,000 keys): at most 3.3ms for 4,096 entries, 90ms for 16,384 and
 // 201ms for 65,536 on that machine, which is why the default is 4,096 and
 // WriteCacheEntries the knob to raise when hits matter more than the
 // barrier pause.
+//
+// Pebble's options (openPebbleAt): a 64 MiB block cache per instance
+// (CacheSize; it was 8 MiB, less than the uncompressed blocks of 1,000,000
+// small entries, so that every point read of a uniform key missed: a
+// pread, a checksum and a snappy decompression per record, which profiled
+// at most of the tens of µs per record measured before), 16 MiB memtables,
+// no WAL, bloom filters (10 bits per key) on every level.
+//
+// Batched prefetch. graph's keyed operator knows the keys of a whole
+// input buffer before it calls the function: when the backend Prefetches
+// (a Pebble backend with its write-back cache, unless
+// PebbleEngine.NoPrefetch; never the heap,
+// whose operator then does nothing per buffer), ProcessBatch hands each
+// record's key and key group to AddPrefetch and calls Prefetch once
+// (pebble_prefetch.go). Prefetch, for each cached value, list, reducing or
+// aggregating table that a record used since the last Prefetch (the
+// touched flag, so that a state the function does not read is not read
+// ahead; map states are not prefetched, the records do not tell their user
+// keys), encodes the keys into a reused buffer, drops the cached ones and
+// the duplicates, sorts the rest and reads them with one Pebble iterator,
+// SeekGE in increasing key order (so that Pebble's levels step forward
+// where they can rather than search from the top), into the cache as
+// clean slots with their reference bit set (a key without an entry as a
+// known absent slot): the records' reads are then hits. At most half the
+// cache's entries are read per call, so that a buffer does not evict its
+// own keys. The iterator's view is right for the keys it reads although an
+// insertion may evict a dirty slot and flush: the flush writes only dirty
+// (cached) keys, and none of the prefetched keys was cached. Keys outside
+// the key-group range are ignored (the record then fails as before).
+// Nothing allocates once the buffers have grown
+// (TestPebblePrefetchNoAlloc); TestPebblePrefetch checks the values
+// against a model and the heap with tiny caches, duplicates, clears and
+// freezes. What it buys (BenchmarkPebbleCounter, BENCHMARKS.md): when the
+// block cache is smaller than the working set, about 1.4x less CPU per
+// record on uniform keys, the sorted reads sharing block loads; with the
+// blocks cached, nothing on uniform keys and 5-10% more CPU on Zipf keys
+// (most of a buffer is cached already): a sorted seek of keys thousands
+// apart costs about a Get.
 //
 // Differences from the heap engine: values are encoded at the write, so a
 // value changed in place after Update is not changed in the state (as in

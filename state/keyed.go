@@ -40,6 +40,10 @@ type KeyedBackend[K comparable] struct {
 	// peb is the Pebble instance that stores the registered states
 	// (NewPebbleKeyedBackend); nil: the heap.
 	peb *pebbleStore
+	// pre holds the keys added for the next Prefetch; prefetchers are the
+	// tables Prefetch fills (pebble_prefetch.go).
+	pre         []prefetchKey[K]
+	prefetchers []prefetcher[K]
 }
 
 // Close releases the storage of the backend: for a Pebble backend, it

@@ -33,7 +33,11 @@ type PebbleEngine struct {
 	// FS is the file system (nil: vfs.Default). vfs.NewMem() keeps the
 	// instance in memory (tests).
 	FS vfs.FS
-	// CacheSize is the block cache size in bytes (0: 8 MiB).
+	// CacheSize is the block cache size in bytes (0: 64 MiB, which holds
+	// the uncompressed blocks of about 2,000,000 small entries: a smaller
+	// cache than the working set makes a point read a file read, a
+	// checksum and a decompression, see "Keyed state in Pebble" in
+	// BENCHMARKS.md).
 	CacheSize int64
 	// MemTableSize is the size of one memtable in bytes (0: 16 MiB).
 	MemTableSize uint64
@@ -57,7 +61,14 @@ type PebbleEngine struct {
 	// queue (Timers) held in memory: its earliest ones (0: 128). The rest
 	// stay in Pebble only (see "Timers" in doc.go).
 	TimerCacheEntries int
+	// NoPrefetch turns off the batched prefetch (see "Batched prefetch"
+	// in doc.go): the keyed operator then reads each record's value on
+	// its own, at its first access.
+	NoPrefetch bool
 }
+
+// defaultBlockCacheSize is PebbleEngine.CacheSize when unset.
+const defaultBlockCacheSize = 64 << 20
 
 // pebbleStore is the Pebble instance of one backend.
 type pebbleStore struct {
@@ -70,6 +81,8 @@ type pebbleStore struct {
 	cacheEntries int
 	// timerCache is PebbleEngine.TimerCacheEntries (timerqueue_pebble.go).
 	timerCache int
+	// prefetch: Prefetch reads (PebbleEngine.NoPrefetch unset).
+	prefetch bool
 	// snaps holds the snapshots of the views not released yet, closed by
 	// Close at the latest.
 	snaps map[*pebble.Snapshot]struct{}
@@ -154,7 +167,7 @@ func makeWorkDir(eng PebbleEngine) (vfs.FS, string, error) {
 func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*pebbleStore, error) {
 	cacheSize := eng.CacheSize
 	if cacheSize <= 0 {
-		cacheSize = 8 << 20
+		cacheSize = defaultBlockCacheSize
 	}
 	mem := eng.MemTableSize
 	if mem == 0 {
@@ -193,7 +206,7 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 	if period == 0 {
 		period = int64(defaultTTLCleanupPeriod)
 	}
-	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, timerCache: eng.TimerCacheEntries, snaps: make(map[*pebble.Snapshot]struct{}),
+	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, timerCache: eng.TimerCacheEntries, prefetch: !eng.NoPrefetch, snaps: make(map[*pebble.Snapshot]struct{}),
 		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{}), sweepPeriod: period}, nil
 }
 
@@ -428,6 +441,14 @@ type pebbleTable[K comparable, V any] struct {
 	// the current entry), -1 when unknown.
 	c     *writeCache[V]
 	cslot int32
+	// touched: a record used the cache since the last prefetch, which
+	// prefetches only then; pbuf, prefs, upper and iterOpts are the
+	// prefetch's reused buffers (pebble_prefetch.go).
+	touched  bool
+	pbuf     []byte
+	prefs    []prefetchRef
+	upper    []byte
+	iterOpts pebble.IterOptions
 }
 
 // newPebbleTable returns the Pebble table of state name and loads the
@@ -461,6 +482,9 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *sp
 	b.peb.registered(name, t)
 	if sp.sweeps {
 		b.peb.sweepers = append(b.peb.sweepers, pacedSweep{t: t})
+	}
+	if t.c != nil {
+		b.prefetchers = append(b.prefetchers, t)
 	}
 	return t, nil
 }
@@ -596,6 +620,7 @@ func (t *pebbleTable[K, V]) get(k K, kg int) (V, bool) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
 	if t.c != nil {
+		t.touched = true
 		return t.cacheGet(t.kbuf)
 	}
 	var zero V
@@ -611,6 +636,7 @@ func (t *pebbleTable[K, V]) put(k K, kg int, v V) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
 	if t.c != nil {
+		t.touched = true
 		t.cachePut(t.kbuf, v)
 		return
 	}
@@ -629,6 +655,7 @@ func (t *pebbleTable[K, V]) remove(k K, kg int) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
 	if t.c != nil {
+		t.touched = true
 		t.cacheRemove(t.kbuf)
 		return
 	}

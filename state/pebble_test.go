@@ -1,6 +1,7 @@
 package state
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -52,27 +53,35 @@ func skipOnPebble(t testing.TB, why string) {
 	}
 }
 
-// counterKeys is the number of distinct keys of BenchmarkPebbleCounter.
-const counterKeys = 1_000_000
+// counterKeys is the number of distinct keys of BenchmarkPebbleCounter,
+// counterBuffer the records per buffer of its engine runs (graph's
+// default Config.BufferSize).
+const (
+	counterKeys   = 1_000_000
+	counterBuffer = 256
+)
 
 // BenchmarkPebbleCounter counts records per key in a value state (one
 // Value and one Update per record) over 1,000,000 distinct keys, all
 // stored before the timed part, drawn uniformly ("uniform") or from a
 // Zipf distribution of exponent 1.01 ("zipf", close to YCSB's 0.99: about
-// 80% of the records go to the 65,536 most frequent keys), on three
+// 80% of the records go to the 65,536 most frequent keys), on four
 // stores in one run, interleaved in rounds: the heap backend, the Pebble
-// engine (with its default write-back cache of 65,536 entries) and a raw
-// Pebble Get+Set per record with the same keys, values and Pebble options
-// (the floor for an engine without a cache). Both Pebble instances are
-// filled by the same batches (the engine's count of entries is then not
-// kept, which only snapshots would show). It reports each one's
-// ns/record, engine-vs-raw-x (raw time over engine time: 2 means the
-// engine takes half the raw loop's time), and the live heap each store
-// holds after filling (runtime/metrics, after a GC):
+// engine with its defaults fed in buffers of counterBuffer records with
+// the batched prefetch (as graph's keyed operator), the same engine with
+// NoPrefetch, and a raw Pebble Get+Set per record with the same keys,
+// values and Pebble options (openPebbleAt's: the floor for an engine
+// without a cache). The Pebble instances are filled by the same batches
+// (the engine's count of entries is then not kept, which only snapshots
+// would show) and settled. It reports each one's ns/record and process
+// CPU ns/record, raw-over-X-x (raw time over X's: 2 means X takes half the
+// raw loop's time) with the median, min and max over the rounds, the same
+// for CPU time (raw-over-X-cpu-x), and the live heap each store holds
+// after filling (runtime/metrics, after a GC):
 //
 //	go test ./state -run '^$' -bench PebbleCounter -benchtime 100000x -count 3
 //
-// See "Pebble engine" in doc.go for the figures.
+// See "Keyed state in Pebble" in BENCHMARKS.md for the figures.
 func BenchmarkPebbleCounter(b *testing.B) {
 	for _, dist := range []string{"uniform", "zipf"} {
 		b.Run(dist, func(b *testing.B) { benchCounter(b, dist, 0) })
@@ -115,6 +124,7 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		fill  func()
 		run   func(seq []int32)
 		d     time.Duration
+		cpu   time.Duration
 		heap  uint64
 		close func()
 	}
@@ -136,8 +146,9 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 			}
 		}
 		_ = batch.Close()
+		settle(b, db)
 	}
-	backend := func(kb *KeyedBackend[int64]) (func(), func([]int32)) {
+	backend := func(kb *KeyedBackend[int64], prefetch bool) (func(), func([]int32)) {
 		s, err := Value[int64, int64](kb, "count")
 		if err != nil {
 			b.Fatal(err)
@@ -157,10 +168,21 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 			}
 		}
 		run := func(seq []int32) {
-			for _, j := range seq {
-				kb.SetCurrentKey(keys[j], kgs[j])
-				n, _ := s.Value()
-				s.Update(n + 1)
+			// In buffers, as graph's keyed operator gets them.
+			for len(seq) > 0 {
+				buf := seq[:min(len(seq), counterBuffer)]
+				seq = seq[len(buf):]
+				if prefetch {
+					for _, j := range buf {
+						kb.AddPrefetch(keys[j], kgs[j])
+					}
+					kb.Prefetch()
+				}
+				for _, j := range buf {
+					kb.SetCurrentKey(keys[j], kgs[j])
+					n, _ := s.Value()
+					s.Update(n + 1)
+				}
 			}
 		}
 		return fill, run
@@ -171,16 +193,23 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		fill, run := backend(kb)
+		fill, run := backend(kb, false)
 		stores = append(stores, &store{name: "heap", fill: fill, run: run, close: func() {}})
 	}
-	{
-		kb, err := NewPebbleKeyedBackend[int64](PebbleEngine{Dir: b.TempDir(), WriteCacheEntries: cacheEntries}, r, maxP, nil)
+	for _, prefetch := range []bool{true, false} {
+		kb, err := NewPebbleKeyedBackend[int64](PebbleEngine{Dir: b.TempDir(), WriteCacheEntries: cacheEntries, NoPrefetch: !prefetch}, r, maxP, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		fill, run := backend(kb)
-		stores = append(stores, &store{name: "engine", fill: fill, run: run, close: func() { _ = kb.Close() }})
+		if kb.Prefetches() != prefetch {
+			b.Fatalf("Prefetches() = %v, want %v", kb.Prefetches(), prefetch)
+		}
+		fill, run := backend(kb, prefetch)
+		name := "engine"
+		if !prefetch {
+			name = "engine-noprefetch"
+		}
+		stores = append(stores, &store{name: name, fill: fill, run: run, close: func() { _ = kb.Close() }})
 	}
 	{
 		s, err := openPebbleStore(PebbleEngine{Dir: b.TempDir()}, r)
@@ -209,6 +238,7 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		}
 		stores = append(stores, &store{name: "raw", fill: fill, run: run, close: func() { _ = s.close() }})
 	}
+	rawAt := len(stores) - 1
 	for _, st := range stores {
 		h := liveHeap()
 		st.fill()
@@ -218,33 +248,66 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	const rounds = 4
-	var ratios []float64
+	const rounds = 8
+	// ratios[i] are the per-round ratios of raw time over stores[i]'s.
+	ratios := make([][]float64, len(stores))
+	// cpuRatios are the same for the process CPU time (Pebble's
+	// background work included), which a loaded machine's waits for a
+	// core do not inflate.
+	cpuRatios := make([][]float64, len(stores))
 	for round := range rounds {
 		part := seq[round*len(seq)/rounds : (round+1)*len(seq)/rounds]
-		var d [3]time.Duration
+		d, cpu := make([]time.Duration, len(stores)), make([]time.Duration, len(stores))
 		for i := range stores {
 			// Rotate the order, so that no store always runs after
 			// the same one.
-			st := stores[(i+round)%len(stores)]
-			start := time.Now()
+			k := (i + round) % len(stores)
+			st := stores[k]
+			start, startCPU := time.Now(), cpuTime()
 			st.run(part)
-			el := time.Since(start)
+			el, elCPU := time.Since(start), cpuTime()-startCPU
 			st.d += el
-			d[(i+round)%len(stores)] = el
+			st.cpu += elCPU
+			d[k], cpu[k] = el, elCPU
 		}
-		ratios = append(ratios, d[2].Seconds()/d[1].Seconds())
+		for i := range stores {
+			ratios[i] = append(ratios[i], d[rawAt].Seconds()/d[i].Seconds())
+			cpuRatios[i] = append(cpuRatios[i], cpu[rawAt].Seconds()/cpu[i].Seconds())
+		}
 	}
 	b.StopTimer()
 	n := float64(b.N)
-	for _, st := range stores {
+	for i, st := range stores {
 		b.ReportMetric(float64(st.d.Nanoseconds())/n, st.name+"-ns/record")
+		b.ReportMetric(float64(st.cpu.Nanoseconds())/n, st.name+"-cpu-ns/record")
 		b.ReportMetric(float64(st.heap)/(1<<20), st.name+"-heap-MiB")
+		if i == rawAt {
+			continue
+		}
+		rs := ratios[i]
+		slices.Sort(rs)
+		b.ReportMetric(stores[rawAt].d.Seconds()/st.d.Seconds(), "raw-over-"+st.name+"-x")
+		b.ReportMetric(rs[0], "raw-over-"+st.name+"-x-min")
+		b.ReportMetric((rs[(len(rs)-1)/2]+rs[len(rs)/2])/2, "raw-over-"+st.name+"-x-median")
+		cs := cpuRatios[i]
+		slices.Sort(cs)
+		b.ReportMetric(stores[rawAt].cpu.Seconds()/st.cpu.Seconds(), "raw-over-"+st.name+"-cpu-x")
+		b.ReportMetric(cs[0], "raw-over-"+st.name+"-cpu-x-min")
+		b.ReportMetric(cs[len(cs)-1], "raw-over-"+st.name+"-cpu-x-max")
+		b.ReportMetric(rs[len(rs)-1], "raw-over-"+st.name+"-x-max")
 	}
-	slices.Sort(ratios)
-	b.ReportMetric(stores[2].d.Seconds()/stores[1].d.Seconds(), "engine-vs-raw-x")
-	b.ReportMetric(ratios[0], "engine-vs-raw-x-min")
-	b.ReportMetric(ratios[len(ratios)-1], "engine-vs-raw-x-max")
+}
+
+// settle compacts the whole of db after a fill, so that the timed part
+// measures a quiet LSM (as a long-running job has) rather than the
+// compaction debt the fill leaves in L0.
+func settle(b *testing.B, db *pebble.DB) {
+	if err := db.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	if err := db.Compact(context.Background(), []byte{0}, []byte{0xff, 0xff, 0xff, 0xff, 0xff}, true); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkPebbleFreeze measures the freeze pause (Freeze, on the subtask

@@ -1,0 +1,18 @@
+//go:build unix
+
+package state
+
+import (
+	"syscall"
+	"time"
+)
+
+// cpuTime is the CPU time (user and system) this process has used so far,
+// Pebble's background goroutines included.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
