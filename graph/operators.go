@@ -462,9 +462,11 @@ func (p keyedPart) Run(ctx context.Context, st *checkpoint.SubtaskState) error {
 
 func (p keyedPart) Release() { p.s.Release() }
 
-// nativePart stores the files of a native snapshot (a Pebble checkpoint)
-// off the subtask goroutine: new sstables into shared/, the rest into the
-// checkpoint directory, all synced before Run returns.
+// nativePart takes a native snapshot's Pebble checkpoint and stores its
+// files off the subtask goroutine: new sstables into shared/, the rest
+// into the checkpoint directory, all synced before Run returns. A flush
+// overrun skips the checkpoint (task.ErrSkipSnapshot): declined, not a
+// failure.
 type nativePart struct {
 	s     *state.NativeSnapshot
 	files snapshot.KeyedStateWriter
@@ -473,6 +475,12 @@ type nativePart struct {
 }
 
 func (p nativePart) Run(ctx context.Context, st *checkpoint.SubtaskState) error {
+	if err := p.s.Take(ctx); err != nil {
+		if errors.Is(err, state.ErrFlushOverrun) {
+			return fmt.Errorf("%w: %w", task.ErrSkipSnapshot, err)
+		}
+		return err
+	}
 	ref, err := p.files.WriteNativeState(ctx, p.id, p.task, snapshot.NativeFiles{
 		FS: p.s.FS, Dir: p.s.Dir, Instance: p.s.Instance, States: p.s.States, Known: p.s.Known})
 	if err != nil {

@@ -220,6 +220,10 @@ const (
 	DeclinedEndOfInput
 	// DeclinedTaskError: taking the snapshot failed.
 	DeclinedTaskError
+	// DeclinedSkipped: the subtask could not take the snapshot this time
+	// but goes on (a Pebble flush overran a native snapshot); the next
+	// checkpoint is taken as usual.
+	DeclinedSkipped
 )
 
 func (r DeclineReason) String() string {
@@ -232,6 +236,8 @@ func (r DeclineReason) String() string {
 		return "end-of-input"
 	case DeclinedTaskError:
 		return "task-error"
+	case DeclinedSkipped:
+		return "skipped"
 	}
 	return fmt.Sprintf("decline(%d)", uint8(r))
 }

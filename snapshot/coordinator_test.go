@@ -37,7 +37,7 @@ import (
 //	trigger t=D [kind=savepoint] [forced] [stop] [reply=S]
 //	ack t=D id=N task=uid/i [size=B] [sync=D] [async=D] [align=D] [delay=D]
 //	    size=B gives the subtask one list state of B bytes (default 0).
-//	decline t=D id=N task=uid/i reason=subsumed|cancel-marker|end-of-input|task-error [err=S]
+//	decline t=D id=N task=uid/i reason=subsumed|cancel-marker|end-of-input|task-error|skipped [err=S]
 //	persisted t=D id=N [path=P] [err=S]
 //	shutdown t=D [reason=S]
 //
@@ -242,7 +242,7 @@ func parseEvent(t *testing.T, cmd string, args []datadriven.CmdArg) Event {
 		d := Decline{Now: now, ID: argInt(t, args, "id", 0), Task: parseTask(t, argString(args, "task", ""))}
 		reason := argString(args, "reason", "")
 		found := false
-		for r := DeclinedSubsumed; r <= DeclinedTaskError; r++ {
+		for r := DeclinedSubsumed; r <= DeclinedSkipped; r++ {
 			if r.String() == reason {
 				d.Reason, found = r, true
 			}

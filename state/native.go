@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -76,13 +77,15 @@ func (b *KeyedBackend[K]) CanSnapshotNative() bool {
 	return b.peb != nil && len(b.restored) == 0
 }
 
-// NativeSnapshot is the synchronous part of a native (incremental) snapshot
-// of a Pebble backend: a Pebble checkpoint of the instance, in a directory
-// next to its working directory, with what a reference to it needs. Store
-// its files (snapshot.Storage.WriteNativeState) on any goroutine, record
-// the reference with Stored, then Release it on the backend's goroutine.
+// NativeSnapshot is a native (incremental) snapshot of a Pebble backend: a
+// Pebble checkpoint of the instance as it was at the barrier, in a
+// directory next to its working directory, with what a reference to it
+// needs. FreezeNative takes its synchronous part; Take, on any goroutine,
+// makes the checkpoint in Dir; then store Dir's files
+// (snapshot.Storage.WriteNativeState), record the reference with Stored,
+// and Release it on the backend's goroutine.
 type NativeSnapshot struct {
-	// FS and Dir hold the Pebble checkpoint.
+	// FS and Dir hold the Pebble checkpoint once Take returned nil.
 	FS  vfs.FS
 	Dir string
 	// Instance is the instance's random id (F12).
@@ -96,16 +99,35 @@ type NativeSnapshot struct {
 
 	s   *pebbleStore
 	ref *checkpoint.NativeStateRef
+	// flushed is closed when the memtable rotated at the barrier is
+	// flushed, seq the sequence number of the barrier's marker (N1); nil
+	// when FreezeNative took the checkpoint itself.
+	flushed <-chan struct{}
+	seq     uint64
 }
 
+// ErrFlushOverrun is Take's error when Pebble flushed writes made after
+// the barrier before the checkpoint could be taken (N3): the snapshot
+// cannot be made, the checkpoint is declined (not a failure) and the
+// backend's next FreezeNative flushes in its synchronous part.
+var ErrFlushOverrun = errors.New("state: native snapshot overrun: Pebble flushed writes made after the barrier before the checkpoint was taken")
+
+// barrierMarker is the key FreezeNative deletes to learn the barrier's
+// sequence number: a key of key group 0xffff, which no key group range
+// holds (the maximum parallelism is at most 32768), so no scan, restore
+// or ingestion ever sees it.
+var barrierMarker = []byte{0xff, 0xff}
+
 // FreezeNative takes the synchronous part of a native snapshot, at the
-// barrier: it writes the dirty slots of every write-back cache, flushes
-// the memtable and takes a Pebble checkpoint (hard links of the sstables,
-// copies of the MANIFEST and OPTIONS), so its pause is bounded by the
-// cache and memtable sizes, not by the state's. It panics unless
-// CanSnapshotNative. The snapshot holds every stored value, expired TTL
-// values included (reads hide them and the sweep removes them; S12's "no
-// snapshot holds an expired value" is a property of Freeze's snapshots).
+// barrier, in time bounded by the write-back caches' size, not by the
+// state's or the memtable's (N1): it writes the dirty slots of every
+// write-back cache, commits a marker whose sequence number is the
+// barrier's, and rotates the memtable, whose flush Take waits for. After
+// an overrun (ErrFlushOverrun) the next call flushes and takes the
+// checkpoint here instead, as before. It panics unless CanSnapshotNative.
+// The snapshot holds every stored value, expired TTL values included
+// (reads hide them and the sweep removes them; S12's "no snapshot holds an
+// expired value" is a property of Freeze's snapshots).
 func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 	if !b.CanSnapshotNative() {
 		panic("state: FreezeNative on a backend that cannot take a native snapshot")
@@ -114,17 +136,32 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 	for _, name := range slices.Sorted(maps.Keys(s.tables)) {
 		s.tables[name].flush()
 	}
-	if err := s.db.Flush(); err != nil {
-		return nil, fmt.Errorf("state: native snapshot: flushing Pebble in %s: %w", s.dir, err)
-	}
 	s.chkSeq++
-	dir := fmt.Sprintf("%s.chk-%d", s.dir, s.chkSeq)
-	if err := s.db.Checkpoint(dir); err != nil {
-		_ = s.fs.RemoveAll(dir)
-		return nil, fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, dir, err)
+	ns := &NativeSnapshot{FS: s.fs, Dir: fmt.Sprintf("%s.chk-%d", s.dir, s.chkSeq), Instance: s.instance, Known: maps.Clone(s.known), s: s}
+	if s.syncFlush.Swap(false) {
+		if err := s.db.Flush(); err != nil {
+			return nil, fmt.Errorf("state: native snapshot: flushing Pebble in %s: %w", s.dir, err)
+		}
+		if err := s.checkpoint(ns.Dir); err != nil {
+			return nil, err
+		}
+	} else {
+		m := s.db.NewBatch()
+		if err := m.Delete(barrierMarker, nil); err != nil {
+			return nil, fmt.Errorf("state: native snapshot: marking the barrier in %s: %w", s.dir, err)
+		}
+		if err := m.Commit(pebble.NoSync); err != nil {
+			return nil, fmt.Errorf("state: native snapshot: marking the barrier in %s: %w", s.dir, err)
+		}
+		ns.seq = uint64(m.SeqNum())
+		_ = m.Close()
+		flushed, err := s.db.AsyncFlush()
+		if err != nil {
+			return nil, fmt.Errorf("state: native snapshot: rotating the memtable of %s: %w", s.dir, err)
+		}
+		ns.flushed = flushed
+		s.chks[ns.Dir] = struct{}{} // Release and close remove it
 	}
-	s.chks[dir] = struct{}{}
-	ns := &NativeSnapshot{FS: s.fs, Dir: dir, Instance: s.instance, Known: maps.Clone(s.known), s: s}
 	for name, t := range s.tables {
 		id, desc, n := t.nativeInfo()
 		ns.States = append(ns.States, checkpoint.NativeState{Name: name, ID: id, Desc: desc, Entries: int64(n)})
@@ -134,6 +171,49 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 	}
 	slices.SortFunc(ns.States, func(a, b checkpoint.NativeState) int { return cmp.Compare(a.Name, b.Name) })
 	return ns, nil
+}
+
+// checkpoint takes a Pebble checkpoint of s into dir, which Release (or
+// close) removes.
+func (s *pebbleStore) checkpoint(dir string) error {
+	if err := s.db.Checkpoint(dir); err != nil {
+		_ = s.fs.RemoveAll(dir)
+		return fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, dir, err)
+	}
+	s.chks[dir] = struct{}{}
+	return nil
+}
+
+// Take makes the snapshot's Pebble checkpoint in Dir: it waits until the
+// memtable rotated at the barrier is flushed, takes the checkpoint (hard
+// links of the sstables, copies of the MANIFEST and OPTIONS) and checks
+// that no flush had written anything newer than the barrier by then (N2).
+// When one had (N3), it removes Dir, makes the backend's next FreezeNative
+// flush synchronously and returns an error wrapping ErrFlushOverrun. Call
+// it once, on any goroutine, while the backend is open (the subtask's
+// asynchronous parts end before its operators close); it returns at once
+// when FreezeNative took the checkpoint itself.
+func (n *NativeSnapshot) Take(ctx context.Context) error {
+	if n.flushed == nil {
+		return nil
+	}
+	s := n.s
+	select {
+	case <-n.flushed:
+	case <-ctx.Done():
+		return fmt.Errorf("state: native snapshot of %s: waiting for the flush: %w", s.dir, ctx.Err())
+	}
+	n.flushed = nil
+	if err := s.db.Checkpoint(n.Dir); err != nil {
+		_ = s.fs.RemoveAll(n.Dir)
+		return fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, n.Dir, err)
+	}
+	if got := s.flushedSeq.Load(); got > n.seq {
+		_ = s.fs.RemoveAll(n.Dir)
+		s.syncFlush.Store(true)
+		return fmt.Errorf("%w (%s: barrier at sequence number %d, flushed up to %d)", ErrFlushOverrun, s.dir, n.seq, got)
+	}
+	return nil
 }
 
 // Stored records the reference under which the snapshot's files were

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -72,6 +73,9 @@ func benchNative(b *testing.B, keys int) {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
+		if err := ns.Take(context.Background()); err != nil {
+			b.Fatal(err)
+		}
 		ref, err = st.WriteNativeState(context.Background(), id, task, snapshot.NativeFiles{
 			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
 		if err != nil {
@@ -155,4 +159,136 @@ func benchNative(b *testing.B, keys int) {
 	b.ReportMetric(float64(time.Since(t0).Microseconds())/1000, "canonical-restore-ms")
 	_ = cb.Close()
 	_ = os.RemoveAll(to)
+}
+
+// BenchmarkNativeCheckpointLarge is BenchmarkNativeCheckpoint at 1 GiB of
+// state: 1,048,576 int64 keys of a value state holding 1 KiB of
+// incompressible bytes each, built through the backend, then per
+// iteration 1% of the keys rewritten and a native checkpoint taken. It
+// reports the synchronous pause (sync-ms, sync-max-ms: cache flush,
+// barrier marker, memtable rotation; independent of the state's size),
+// the asynchronous part (async-ms: the flush, the Pebble checkpoint and
+// the stored files), the bytes stored per checkpoint and the peak Go
+// heap. It needs about 3 GiB in os.TempDir():
+//
+//	go test ./state -run '^$' -bench NativeCheckpointLarge -benchtime 5x -timeout 30m
+func BenchmarkNativeCheckpointLarge(b *testing.B) {
+	const (
+		maxP  = 128
+		keys  = 1 << 20
+		vsize = 1 << 10
+	)
+	dir := b.TempDir()
+	eng := state.PebbleEngine{Dir: dir}
+	r := keygroup.Range{Start: 0, End: maxP - 1}
+	be, err := state.NewPebbleKeyedBackend[int64](eng, r, maxP, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	v, err := state.Value[int64, []byte](be, "blob")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	val := make([]byte, vsize)
+	fill := func(k int64) {
+		for i := 0; i < vsize; i += 8 {
+			x := rng.Uint64()
+			for j := range 8 {
+				val[i+j] = byte(x >> (8 * j))
+			}
+		}
+		be.SetCurrentKey(k, keygroup.Of(k, maxP))
+		v.Update(val)
+	}
+	peak := startHeapPeak()
+	for k := range int64(keys) {
+		fill(k)
+	}
+	st, err := snapshot.OpenStorage(dir, "job", snapshot.StorageOptions{Retain: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	task := checkpoint.TaskID{Operator: "blob", Subtask: 0}
+	var id int64
+	checkpointOnce := func() (sync, async time.Duration, ref *checkpoint.NativeStateRef) {
+		id++
+		t0 := time.Now()
+		ns, err := be.FreezeNative()
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := ns.Take(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		ref, err = st.WriteNativeState(context.Background(), id, task, snapshot.NativeFiles{
+			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		ns.Stored(ref)
+		ns.Release()
+		md := &checkpoint.Metadata{JobID: "job", CheckpointID: id, Options: marker.Options{Kind: marker.Checkpoint},
+			Operators: []checkpoint.OperatorState{{UID: "blob", Name: "blob", Parallelism: 1, MaxParallelism: maxP,
+				Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
+		if _, err := st.Write(md); err != nil {
+			b.Fatal(err)
+		}
+		return t1.Sub(t0), t2.Sub(t1), ref
+	}
+	_, first, ref := checkpointOnce() // stores everything
+	full := ref.Bytes()
+	var syncs []time.Duration
+	var async time.Duration
+	var stored int64
+	b.ResetTimer()
+	for range b.N {
+		for range keys / 100 {
+			fill(rng.Int64N(keys))
+		}
+		s, a, ref := checkpointOnce()
+		syncs = append(syncs, s)
+		async += a
+		stored += ref.Uploaded
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	var sum time.Duration
+	for _, s := range syncs {
+		sum += s
+	}
+	b.ReportMetric(float64(sum.Microseconds())/1000/n, "sync-ms")
+	b.ReportMetric(float64(slices.Max(syncs).Microseconds())/1000, "sync-max-ms")
+	b.ReportMetric(float64(async.Microseconds())/1000/n, "async-ms")
+	b.ReportMetric(float64(stored)/n/(1<<20), "stored-MiB")
+	b.ReportMetric(float64(peak())/(1<<20), "peak-heap-MiB")
+	b.ReportMetric(float64(first.Milliseconds()), "first-async-ms")
+	b.ReportMetric(float64(full)/(1<<30), "full-GiB")
+}
+
+// startHeapPeak samples the Go heap in use every 10 ms until the returned
+// function is called, which returns the largest sample.
+func startHeapPeak() func() uint64 {
+	stop := make(chan struct{})
+	done := make(chan uint64)
+	go func() {
+		var peak uint64
+		var ms runtime.MemStats
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapInuse)
+			select {
+			case <-stop:
+				done <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() uint64 { close(stop); return <-done }
 }

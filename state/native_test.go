@@ -2,6 +2,7 @@ package state
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -47,6 +48,14 @@ func nativeCopy[K comparable](t testing.TB, b *KeyedBackend[K], fs vfs.FS, dir s
 	ns, err := b.FreezeNative()
 	require.NoError(t, err)
 	defer ns.Release()
+	require.NoError(t, ns.Take(context.Background()))
+	return nativeStore(t, ns, b.Range(), fs, dir)
+}
+
+// nativeStore copies the files of a taken native snapshot of a backend of
+// range r into a restore directory.
+func nativeStore(t testing.TB, ns *NativeSnapshot, r keygroup.Range, fs vfs.FS, dir string) checkpoint.NativeRestore {
+	t.Helper()
 	require.NoError(t, fs.MkdirAll(dir, 0o755))
 	names, err := ns.FS.List(ns.Dir)
 	require.NoError(t, err)
@@ -56,7 +65,7 @@ func nativeCopy[K comparable](t testing.TB, b *KeyedBackend[K], fs vfs.FS, dir s
 		ref.Files = append(ref.Files, checkpoint.NativeFile{Name: name, Path: name, Shared: sharedName(name)})
 	}
 	ns.Stored(ref)
-	return checkpoint.NativeRestore{Dir: dir, KeyGroupStart: b.Range().Start, KeyGroupEnd: b.Range().End, Ref: ref}
+	return checkpoint.NativeRestore{Dir: dir, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Ref: ref}
 }
 
 func sharedName(n string) bool { return len(n) > 4 && n[len(n)-4:] == ".sst" }
@@ -241,4 +250,91 @@ func sortRecords(gs []checkpoint.KeyGroupState) []checkpoint.KeyGroupState {
 		return cmp.Or(cmp.Compare(x.State, y.State), cmp.Compare(x.KeyGroup, y.KeyGroup))
 	})
 	return gs
+}
+
+// TestNativeSnapshotAsyncFlush: FreezeNative only rotates the memtable
+// (N1); writes after it, updates, new keys and removals, reach Pebble
+// before Take makes the checkpoint, and the restored state is the state
+// at FreezeNative (N2).
+func TestNativeSnapshotAsyncFlush(t *testing.T) {
+	fs := vfs.NewMem()
+	eng := PebbleEngine{FS: fs, CacheSize: 1 << 20, MemTableSize: 4 << 20, WriteCacheEntries: -1}
+	r := keygroup.RangeFor(nativeMaxP, 1, 0)
+	b, err := NewPebbleKeyedBackend[string](eng, r, nativeMaxP, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	nativeFill(t, b, 2000, 0)
+	want, err := b.Snapshot()
+	require.NoError(t, err)
+	ns, err := b.FreezeNative()
+	require.NoError(t, err)
+	defer ns.Release()
+	require.NotNil(t, ns.flushed, "the flush is left to Take")
+	nativeFill(t, b, 3000, 1) // after the barrier: updates and new keys
+	v, err := Value[string, int](b, "count")
+	require.NoError(t, err)
+	for i := range 100 {
+		k := fmt.Sprintf("k%d", i)
+		b.SetCurrentKey(k, keygroup.Of(k, nativeMaxP))
+		v.Clear()
+	}
+	require.NoError(t, ns.Take(context.Background()))
+	res := nativeStore(t, ns, r, fs, "/restore")
+	rb, err := RestorePebbleKeyedBackend[string](eng, r, nativeMaxP, nil, NativeSource{FS: fs, Restores: []checkpoint.NativeRestore{res}})
+	require.NoError(t, err)
+	defer rb.Close()
+	nativeFill(t, rb, 0, 0) // registers the states
+	got, err := rb.Snapshot()
+	require.NoError(t, err)
+	require.Equal(t, sortRecords(want), sortRecords(got))
+}
+
+// TestNativeSnapshotFlushOverrun: when Pebble flushed writes made after
+// the barrier before Take (N3), Take fails with ErrFlushOverrun and leaves
+// no checkpoint directory, and the next FreezeNative flushes itself and
+// takes a checkpoint that restores the state at its barrier.
+func TestNativeSnapshotFlushOverrun(t *testing.T) {
+	fs := vfs.NewMem()
+	eng := PebbleEngine{FS: fs, CacheSize: 1 << 20, MemTableSize: 1 << 20, WriteCacheEntries: -1}
+	r := keygroup.RangeFor(nativeMaxP, 1, 0)
+	b, err := NewPebbleKeyedBackend[string](eng, r, nativeMaxP, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	nativeFill(t, b, 1000, 0)
+	ns, err := b.FreezeNative()
+	require.NoError(t, err)
+	<-ns.flushed // the barrier's flush ends, then a later write is flushed
+	nativeFill(t, b, 10, 1)
+	require.NoError(t, b.peb.db.Flush())
+	err = ns.Take(context.Background())
+	require.ErrorIs(t, err, ErrFlushOverrun)
+	require.Contains(t, err.Error(), b.peb.dir)
+	_, serr := fs.Stat(ns.Dir)
+	require.Error(t, serr, "no checkpoint directory is left")
+	ns.Release()
+
+	nativeFill(t, b, 1200, 2)
+	want, err := b.Snapshot()
+	require.NoError(t, err)
+	ns, err = b.FreezeNative()
+	require.NoError(t, err)
+	defer ns.Release()
+	require.Nil(t, ns.flushed, "after an overrun FreezeNative flushes itself")
+	nativeFill(t, b, 1500, 3)
+	require.NoError(t, ns.Take(context.Background()))
+	res := nativeStore(t, ns, r, fs, "/restore")
+	rb, err := RestorePebbleKeyedBackend[string](eng, r, nativeMaxP, nil, NativeSource{FS: fs, Restores: []checkpoint.NativeRestore{res}})
+	require.NoError(t, err)
+	defer rb.Close()
+	nativeFill(t, rb, 0, 0)
+	got, err := rb.Snapshot()
+	require.NoError(t, err)
+	require.Equal(t, sortRecords(want), sortRecords(got))
+
+	// And the one after is asynchronous again.
+	ns2, err := b.FreezeNative()
+	require.NoError(t, err)
+	defer ns2.Release()
+	require.NotNil(t, ns2.flushed)
+	require.NoError(t, ns2.Take(context.Background()))
 }

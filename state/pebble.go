@@ -98,6 +98,13 @@ type pebbleStore struct {
 	known    map[string]checkpoint.NativeFile
 	chkSeq   int
 	chks     map[string]struct{}
+	// flushedSeq is the largest sequence number any flush has written to
+	// an sstable (set by Pebble's FlushEnd, which Pebble calls under its
+	// mutex right after installing the flush); syncFlush makes the next
+	// FreezeNative flush in its synchronous part, after a native
+	// snapshot's flush overran (native.go, N1-N3).
+	flushedSeq *atomic.Uint64
+	syncFlush  atomic.Bool
 
 	// The paced TTL cleanup (pebble_ttl.go): the TTL tables it sweeps, the
 	// period of a whole pass in nanoseconds (negative: per access instead)
@@ -175,6 +182,7 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 	}
 	c := pebble.NewCache(cacheSize)
 	defer c.Unref()
+	flushedSeq := new(atomic.Uint64)
 	opts := &pebble.Options{
 		FS:           fs,
 		Cache:        c,
@@ -186,6 +194,7 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 		// The MANIFEST is copied into every native checkpoint: keep it
 		// small (Pebble rolls it over, writing the current version).
 		MaxManifestFileSize: 1 << 20,
+		EventListener:       &pebble.EventListener{FlushEnd: func(info pebble.FlushInfo) { noteFlushed(flushedSeq, info) }},
 	}
 	// Point reads of absent keys (a new key's first record) skip the
 	// sstables by their bloom filters (the other levels inherit L0's).
@@ -207,7 +216,20 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 		period = int64(defaultTTLCleanupPeriod)
 	}
 	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, timerCache: eng.TimerCacheEntries, prefetch: !eng.NoPrefetch, snaps: make(map[*pebble.Snapshot]struct{}),
-		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{}), sweepPeriod: period}, nil
+		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{}), flushedSeq: flushedSeq, sweepPeriod: period}, nil
+}
+
+// noteFlushed raises max to the largest sequence number the flush of info
+// wrote (N2).
+func noteFlushed(max *atomic.Uint64, info pebble.FlushInfo) {
+	for _, t := range info.Output {
+		for v := uint64(t.LargestSeqNum); ; {
+			cur := max.Load()
+			if v <= cur || max.CompareAndSwap(cur, v) {
+				break
+			}
+		}
+	}
 }
 
 // quietLogger drops Pebble's informational logs.

@@ -633,6 +633,7 @@ func (r *rRun) checkpoint() *rCheckpoint {
 		for _, s := range r.subs {
 			ns, err := s.b.FreezeNative()
 			require.NoError(r.t, err)
+			require.NoError(r.t, ns.Take(context.Background()))
 			r.nextDir++
 			dir := fmt.Sprintf("/stored/%d", r.nextDir)
 			ref := &checkpoint.NativeStateRef{Format: checkpoint.NativeFormatPebble, Instance: ns.Instance, States: ns.States}

@@ -169,6 +169,7 @@ func (r *tRun) checkpoint() {
 		for i, s := range r.subs {
 			ns, err := s.b.FreezeNative()
 			require.NoError(r.t, err)
+			require.NoError(r.t, ns.Take(context.Background()))
 			r.nextID++
 			dir := fmt.Sprintf("/stored/%d", r.nextID)
 			ref := &checkpoint.NativeStateRef{Format: checkpoint.NativeFormatPebble, Instance: ns.Instance, States: ns.States}

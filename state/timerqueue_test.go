@@ -2,6 +2,7 @@ package state_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"math"
@@ -373,6 +374,7 @@ func TestLegacyTimersNative(t *testing.T) {
 	want := legacyTimersFixture(t, b)
 	ns, err := b.FreezeNative()
 	require.NoError(t, err)
+	require.NoError(t, ns.Take(context.Background()))
 	ref := &checkpoint.NativeStateRef{Format: checkpoint.NativeFormatPebble, Instance: ns.Instance, States: ns.States}
 	copyDir(t, fs, ns.Dir, "/stored", nil)
 	ns.Release()
@@ -418,6 +420,7 @@ func TestLegacyTimersNative(t *testing.T) {
 	}
 	ns, err = b.FreezeNative()
 	require.NoError(t, err)
+	require.NoError(t, ns.Take(context.Background()))
 	ref2 := &checkpoint.NativeStateRef{Format: checkpoint.NativeFormatPebble, Instance: ns.Instance, States: ns.States}
 	copyDir(t, fs, ns.Dir, "/stored2", nil)
 	ns.Release()

@@ -1,6 +1,7 @@
 package task
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -602,10 +603,17 @@ func (c *Checkpoints) snapshot(dst []Action, b marker.Barrier, m snapshot.Subtas
 	return append(dst, Action{Kind: DoSnapshot, Barrier: b, ID: b.ID, Metrics: m})
 }
 
+// ErrSkipSnapshot marks the error of an asynchronous part that could not
+// take its snapshot this time although the subtask is sound (a Pebble
+// flush overran a native snapshot): the checkpoint is declined as skipped,
+// which is not a failure, and the subtask goes on (T10).
+var ErrSkipSnapshot = errors.New("task: snapshot skipped")
+
 // onSnapshotDone handles the completion of a snapshot: a success acks it
 // once its barrier was forwarded; a failure of the asynchronous part
 // declines it as a task error and fails the subtask, as a failure of the
-// synchronous part does. A cancelled snapshot reports nothing either way.
+// synchronous part does, unless it wraps ErrSkipSnapshot (T10). A
+// cancelled snapshot reports nothing either way.
 func (c *Checkpoints) onSnapshotDone(dst []Action, ev Event) []Action {
 	i := c.findAck(ev.ID)
 	if i < 0 || c.acks[i].done {
@@ -615,6 +623,12 @@ func (c *Checkpoints) onSnapshotDone(dst []Action, ev Event) []Action {
 	switch {
 	case a.cancelled:
 		a.done = true
+		return c.settle(dst, i)
+	case errors.Is(ev.Err, ErrSkipSnapshot):
+		// T10: declined, not a failure; forgotten as a cancelled snapshot
+		// is (its barrier still goes out, its recording still ends).
+		a.cancelled, a.done = true, true
+		dst = append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: snapshot.DeclinedSkipped, Err: ev.Err})
 		return c.settle(dst, i)
 	case ev.Err != nil:
 		c.acks = slices.Delete(c.acks, i, i+1)

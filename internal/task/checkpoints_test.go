@@ -49,7 +49,8 @@ import (
 //	mail finish | mail stop | mail resume
 //	input-ended
 //	snapshot-failed <id>
-//	snapshot-done <id> [fail]     the asynchronous part of <id> finished (or failed)
+//	snapshot-done <id> [fail|skip] the asynchronous part of <id> finished (or failed, or
+//	                              could not take the snapshot: ErrSkipSnapshot)
 //
 // As the driver does for a snapshot without an asynchronous part, every
 // DoSnapshot an event yields is completed at once: OnSnapshotDone is
@@ -221,6 +222,7 @@ func describeState(c *Checkpoints) string {
 var (
 	errSnapshot = errors.New("snapshot failed")
 	errEncode   = errors.New("encoding failed")
+	errSkip     = fmt.Errorf("%w: flush overran", ErrSkipSnapshot)
 )
 
 func parseEvents(line string) ([]Event, error) {
@@ -287,6 +289,9 @@ func parseEvents(line string) ([]Event, error) {
 		ev := Event{Kind: OnSnapshotDone, ID: n}
 		if flag("fail") {
 			ev.Err = errEncode
+		}
+		if flag("skip") {
+			ev.Err = errSkip
 		}
 		return one(ev, err)
 	case "mail":
@@ -554,8 +559,11 @@ func TestCheckpointsRandom(t *testing.T) {
 					}
 				}
 				ev = Event{Kind: OnSnapshotDone, ID: n}
-				if r.IntN(8) == 0 {
+				switch r.IntN(8) {
+				case 0:
 					ev.Err = errEncode
+				case 1:
+					ev.Err = errSkip // T10: declined, the subtask goes on
 				}
 			case 12:
 				// The input state of an unaligned checkpoint being

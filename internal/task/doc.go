@@ -249,4 +249,10 @@
 //     mail only in between; after the loop's end a checkpoint still
 //     recording feedback input state is acked (or declined, on a cancel
 //     marker) as before, and nothing else comes from the aligner.
+//   - T10: an asynchronous part whose error wraps ErrSkipSnapshot declines
+//     its checkpoint as skipped (snapshot.DeclinedSkipped, not counted as
+//     a failure) and the subtask goes on: the snapshot is then treated as
+//     a cancelled one (its barrier is still forwarded, its channel state
+//     dropped, its recording forgotten when it ends). Any other error of
+//     an asynchronous part fails the subtask.
 package task

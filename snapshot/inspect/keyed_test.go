@@ -44,6 +44,7 @@ func tallyCheckpoint(t *testing.T, keys int64, native bool) (vfs.FS, string, *ch
 	if native {
 		ns, err := be.FreezeNative()
 		require.NoError(t, err)
+		require.NoError(t, ns.Take(context.Background()))
 		sub.Native, err = st.WriteNativeState(context.Background(), 1, task,
 			snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
 		require.NoError(t, err)
