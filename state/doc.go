@@ -544,32 +544,48 @@
 // part, at the barrier: the dirty cache slots of every state in one batch
 // each, a marker (a delete of a key outside every key group) whose
 // sequence number is the barrier's, and a memtable rotation (Pebble's
-// AsyncFlush). Take, the first step of the asynchronous part, waits for
-// that flush and takes a Pebble checkpoint (hard links of the sstables,
-// copies of MANIFEST and OPTIONS) in a directory next to the working
-// directory, while the subtask goes on writing into the new memtable. So
-// the pause is bounded by the caches, independent of the state and of the
-// memtable (BenchmarkNativeCheckpointLarge: under 0.1 ms at 1 GiB, against
-// about 70 ms when the flush was synchronous). Invariants:
+// AsyncFlush). A goroutine it starts waits for that flush and at once
+// takes a Pebble checkpoint (hard links of the sstables, copies of
+// MANIFEST and OPTIONS) in a directory next to the working directory,
+// while the subtask goes on writing into the new memtable; Take, the first
+// step of the asynchronous part, waits for it. So the pause is bounded by
+// the caches, independent of the state and of the memtable
+// (BenchmarkNativeCheckpointLarge: under 0.1 ms at 1 GiB, against about
+// 70 ms when the flush was synchronous). A FreezeNative while the previous
+// snapshot's checkpoint is not taken yet waits for it (checkpoints closer
+// than a flush), since its rotation would overrun it. Invariants:
 //
 //   - N1: everything written before FreezeNative has a sequence number at
 //     most the marker's, and is in the rotated memtable or older ones,
-//     all flushed when Take's wait ends (Pebble flushes memtables in
-//     order).
+//     all flushed when the wait ends (Pebble flushes memtables in order).
 //   - N2: writes after FreezeNative have larger sequence numbers and reach
-//     sstables only by a later flush; Pebble calls FlushEnd, which records
-//     the largest sequence number flushed, under its mutex in the critical
-//     section that installs the flush, and Checkpoint reads the current
-//     version under that mutex. So if the largest flushed sequence number
-//     seen after Checkpoint returned is at most the marker's, no sstable in
-//     the checkpoint holds a write after the barrier (compactions only
-//     rewrite flushed data; nothing is ingested while a subtask runs).
-//   - N3: otherwise (a later memtable filled and was flushed before the
-//     checkpoint, or flushed with ours) Take removes the directory and
-//     fails with ErrFlushOverrun; graph declines the checkpoint as skipped
-//     (task T10, not a failure) and the backend's next FreezeNative
-//     flushes and takes the checkpoint synchronously, as before, so an
-//     overrun never repeats twice in a row.
+//     sstables only by a later flush, and from there by compactions. An
+//     event listener records, for every sstable made since the barrier,
+//     the largest sequence number it may hold (a flush output's own; a
+//     compaction output's the largest of its inputs' and its own, since a
+//     compaction may zero sequence numbers). Pebble calls FlushEnd and
+//     CompactionEnd under its mutex in the critical section that installs
+//     the new version, and Checkpoint reads the version under that mutex:
+//     so once Checkpoint returned, each sstable in the checkpoint
+//     directory is either recorded or existed at the barrier, and the
+//     snapshot is exact if none recorded may hold a sequence number above
+//     the marker's. (Files made after the version was read do not count:
+//     no false alarm from a flush that ends during the checkpoint.)
+//   - N3: otherwise (a later memtable filled and was flushed, alone or with
+//     ours, before the checkpoint read the version) the checkpoint
+//     directory is removed and Take fails with ErrFlushOverrun; graph
+//     declines the checkpoint as skipped (task T10, not a failure) and the
+//     backend's next FreezeNative flushes and takes the checkpoint
+//     synchronously, as before, so an overrun never repeats twice in a
+//     row. Forced rotations keep memtables at the size they had (Pebble
+//     does not grow a memtable that was flushed half empty), so with
+//     frequent checkpoints and heavy writes a memtable can fill during the
+//     barrier's flush: `TestPebbleIncrementalCheckpoints` (256 KiB
+//     memtables, a checkpoint every 10 ms) skipped about 1 in 10.
+//
+// Take also hands on the shared files the last stored snapshot referenced
+// (Known, set by Stored on the asynchronous goroutine), so a snapshot
+// frozen before the previous one was stored still reuses its files.
 //
 // Flink's RocksDB backend flushes the memtable in its synchronous part;
 // this one does not, and detects the one case where that would be wrong.

@@ -11,6 +11,9 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -94,16 +97,17 @@ type NativeSnapshot struct {
 	States []checkpoint.NativeState
 	// Known are the shared files the last stored native snapshot of the
 	// instance referenced (or that the checkpoint it was restored from
-	// did), by name in the instance.
+	// did), by name in the instance, as Take found them.
 	Known map[string]checkpoint.NativeFile
 
 	s   *pebbleStore
 	ref *checkpoint.NativeStateRef
-	// flushed is closed when the memtable rotated at the barrier is
-	// flushed, seq the sequence number of the barrier's marker (N1); nil
-	// when FreezeNative took the checkpoint itself.
-	flushed <-chan struct{}
-	seq     uint64
+	// taken is closed when the Pebble checkpoint was taken (or failed,
+	// err), by a goroutine FreezeNative starts that waits for the flush
+	// of the memtable rotated at the barrier; nil when FreezeNative took
+	// the checkpoint itself.
+	taken chan struct{}
+	err   error
 }
 
 // ErrFlushOverrun is Take's error when Pebble flushed writes made after
@@ -133,11 +137,12 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 		panic("state: FreezeNative on a backend that cannot take a native snapshot")
 	}
 	s := b.peb
+	s.waitPending()
 	for _, name := range slices.Sorted(maps.Keys(s.tables)) {
 		s.tables[name].flush()
 	}
 	s.chkSeq++
-	ns := &NativeSnapshot{FS: s.fs, Dir: fmt.Sprintf("%s.chk-%d", s.dir, s.chkSeq), Instance: s.instance, Known: maps.Clone(s.known), s: s}
+	ns := &NativeSnapshot{FS: s.fs, Dir: fmt.Sprintf("%s.chk-%d", s.dir, s.chkSeq), Instance: s.instance, s: s}
 	if s.syncFlush.Swap(false) {
 		if err := s.db.Flush(); err != nil {
 			return nil, fmt.Errorf("state: native snapshot: flushing Pebble in %s: %w", s.dir, err)
@@ -153,14 +158,16 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 		if err := m.Commit(pebble.NoSync); err != nil {
 			return nil, fmt.Errorf("state: native snapshot: marking the barrier in %s: %w", s.dir, err)
 		}
-		ns.seq = uint64(m.SeqNum())
+		seq := uint64(m.SeqNum())
 		_ = m.Close()
 		flushed, err := s.db.AsyncFlush()
 		if err != nil {
 			return nil, fmt.Errorf("state: native snapshot: rotating the memtable of %s: %w", s.dir, err)
 		}
-		ns.flushed = flushed
 		s.chks[ns.Dir] = struct{}{} // Release and close remove it
+		ns.taken = make(chan struct{})
+		s.pending = ns
+		go ns.take(s, flushed, seq)
 	}
 	for name, t := range s.tables {
 		id, desc, n := t.nativeInfo()
@@ -184,42 +191,164 @@ func (s *pebbleStore) checkpoint(dir string) error {
 	return nil
 }
 
-// Take makes the snapshot's Pebble checkpoint in Dir: it waits until the
-// memtable rotated at the barrier is flushed, takes the checkpoint (hard
-// links of the sstables, copies of the MANIFEST and OPTIONS) and checks
-// that no flush had written anything newer than the barrier by then (N2).
-// When one had (N3), it removes Dir, makes the backend's next FreezeNative
-// flush synchronously and returns an error wrapping ErrFlushOverrun. Call
-// it once, on any goroutine, while the backend is open (the subtask's
-// asynchronous parts end before its operators close); it returns at once
-// when FreezeNative took the checkpoint itself.
-func (n *NativeSnapshot) Take(ctx context.Context) error {
-	if n.flushed == nil {
-		return nil
+// take waits for the flush of the memtable rotated at the barrier (whose
+// marker has sequence number seq), takes the Pebble checkpoint in Dir
+// (hard links of the sstables, copies of the MANIFEST and OPTIONS) and
+// checks that no flush had written anything newer than the barrier by then
+// (N2); when one had (N3), it removes Dir, makes the backend's next
+// FreezeNative flush synchronously and fails with ErrFlushOverrun. It runs
+// on a goroutine of its own, started at the barrier, so that the
+// checkpoint follows the flush at once rather than after the asynchronous
+// parts of earlier checkpoints.
+func (n *NativeSnapshot) take(s *pebbleStore, flushed <-chan struct{}, seq uint64) {
+	defer close(n.taken)
+	<-flushed
+	if testHookFlushed != nil {
+		testHookFlushed(s.db)
 	}
-	s := n.s
-	select {
-	case <-n.flushed:
-	case <-ctx.Done():
-		return fmt.Errorf("state: native snapshot of %s: waiting for the flush: %w", s.dir, ctx.Err())
-	}
-	n.flushed = nil
 	if err := s.db.Checkpoint(n.Dir); err != nil {
 		_ = s.fs.RemoveAll(n.Dir)
-		return fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, n.Dir, err)
+		n.err = fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, n.Dir, err)
+		return
 	}
-	if got := s.flushedSeq.Load(); got > n.seq {
+	names, err := s.fs.List(n.Dir)
+	if err != nil {
+		_ = s.fs.RemoveAll(n.Dir)
+		n.err = fmt.Errorf("state: native snapshot: listing the Pebble checkpoint %s: %w", n.Dir, err)
+		return
+	}
+	if got := s.seqs.newest(names); got > seq {
 		_ = s.fs.RemoveAll(n.Dir)
 		s.syncFlush.Store(true)
-		return fmt.Errorf("%w (%s: barrier at sequence number %d, flushed up to %d)", ErrFlushOverrun, s.dir, n.seq, got)
+		n.err = fmt.Errorf("%w (%s: barrier at sequence number %d, an sstable of the checkpoint may hold %d)", ErrFlushOverrun, s.dir, seq, got)
 	}
+}
+
+// testHookFlushed, when set by a test, runs in take between the flush and
+// the checkpoint.
+var testHookFlushed func(*pebble.DB)
+
+// Take waits until the snapshot's Pebble checkpoint is in Dir and returns
+// its error: one wrapping ErrFlushOverrun after an overrun (N3). Then it
+// sets Known from the last Stored snapshot, so that a snapshot frozen
+// before the previous one was stored still reuses its files. Call it on
+// any goroutine before storing Dir's files, after the previous snapshot's
+// Stored (a subtask's asynchronous parts run in order).
+func (n *NativeSnapshot) Take(ctx context.Context) error {
+	if n.taken != nil {
+		select {
+		case <-n.taken:
+		case <-ctx.Done():
+			return fmt.Errorf("state: native snapshot in %s: waiting for the flush: %w", n.Dir, ctx.Err())
+		}
+		if n.err != nil {
+			return n.err
+		}
+	}
+	// The asynchronous parts of a subtask run in order, so the snapshot
+	// before this one, if stored, is Stored by now.
+	s := n.s
+	s.knownMu.Lock()
+	n.Known = maps.Clone(s.known)
+	s.knownMu.Unlock()
 	return nil
 }
 
+// waitPending waits until the Pebble checkpoint of the last native
+// snapshot is taken: a barrier's rotation must not come before an earlier
+// barrier's checkpoint, whose flush it would overrun. It blocks only when
+// checkpoints come faster than a memtable flush.
+func (s *pebbleStore) waitPending() {
+	if s.pending != nil {
+		<-s.pending.taken
+		s.pending = nil
+	}
+	s.seqs.prune()
+}
+
+// seqTracker records, for every sstable a flush or compaction of a Pebble
+// instance made since it opened, the largest sequence number it may hold:
+// a flush output's own, a compaction output's the largest of its inputs'
+// and its own (a compaction may zero the sequence numbers of what it
+// rewrites, so its output's own is not enough). Pebble calls FlushEnd and
+// CompactionEnd under its mutex right after installing the new version,
+// and Checkpoint reads the version under that mutex: after Checkpoint
+// returned, every sstable in the checkpoint is known here or existed at
+// the barrier, when prune forgot the older ones (N2).
+type seqTracker struct {
+	mu  sync.Mutex
+	max map[uint64]uint64
+}
+
+func (t *seqTracker) flushed(info pebble.FlushInfo) {
+	if info.Err != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, o := range info.Output {
+		t.max[uint64(o.FileNum)] = uint64(o.LargestSeqNum)
+	}
+}
+
+func (t *seqTracker) compacted(info pebble.CompactionInfo) {
+	if !info.Done || info.Err != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var m uint64
+	for _, l := range info.Input {
+		for _, in := range l.Tables {
+			m = max(m, t.max[uint64(in.FileNum)], uint64(in.LargestSeqNum))
+		}
+	}
+	for _, o := range info.Output.Tables {
+		t.max[uint64(o.FileNum)] = max(m, uint64(o.LargestSeqNum))
+	}
+}
+
+// prune forgets every sstable, at a barrier when no Take runs: those that
+// exist hold only writes before the barrier, whatever their numbers, so
+// only those made from now on can overrun its snapshot.
+func (t *seqTracker) prune() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.max)
+}
+
+// newest returns the largest sequence number the sstables among names (a
+// checkpoint directory's file names) may hold.
+func (t *seqTracker) newest(names []string) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var m uint64
+	for _, name := range names {
+		if num, ok := strings.CutSuffix(name, ".sst"); ok {
+			if f, err := strconv.ParseUint(num, 10, 64); err == nil {
+				m = max(m, t.max[f])
+			}
+		}
+	}
+	return m
+}
+
 // Stored records the reference under which the snapshot's files were
-// stored; the next native snapshot reuses its shared files. It may be
-// called on any goroutine before Release.
-func (n *NativeSnapshot) Stored(ref *checkpoint.NativeStateRef) { n.ref = ref }
+// stored: they are the known ones from now on, which the next snapshot's
+// Take hands on (Known). Call it on the goroutine that stored them, before
+// Release.
+func (n *NativeSnapshot) Stored(ref *checkpoint.NativeStateRef) {
+	known := make(map[string]checkpoint.NativeFile)
+	for _, f := range ref.Files {
+		if f.Shared {
+			known[f.Name] = f
+		}
+	}
+	s := n.s
+	s.knownMu.Lock()
+	s.known = known
+	s.knownMu.Unlock()
+}
 
 // Release removes the Pebble checkpoint and, if Stored was called, makes
 // its shared files the known ones. Call it on the backend's goroutine
@@ -231,18 +360,12 @@ func (n *NativeSnapshot) Release() {
 	}
 	s := n.s
 	n.s = nil
+	if n.taken != nil {
+		<-n.taken // the checkpoint goroutine is done with Dir
+	}
 	if _, ok := s.chks[n.Dir]; ok {
 		delete(s.chks, n.Dir)
 		_ = s.fs.RemoveAll(n.Dir)
-	}
-	if n.ref != nil {
-		known := make(map[string]checkpoint.NativeFile)
-		for _, f := range n.ref.Files {
-			if f.Shared {
-				known[f.Name] = f
-			}
-		}
-		s.known = known
 	}
 }
 

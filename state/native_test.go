@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/stretchr/testify/require"
 
@@ -269,7 +270,7 @@ func TestNativeSnapshotAsyncFlush(t *testing.T) {
 	ns, err := b.FreezeNative()
 	require.NoError(t, err)
 	defer ns.Release()
-	require.NotNil(t, ns.flushed, "the flush is left to Take")
+	require.NotNil(t, ns.taken, "the flush and the checkpoint are left to a goroutine")
 	nativeFill(t, b, 3000, 1) // after the barrier: updates and new keys
 	v, err := Value[string, int](b, "count")
 	require.NoError(t, err)
@@ -301,12 +302,16 @@ func TestNativeSnapshotFlushOverrun(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close()
 	nativeFill(t, b, 1000, 0)
+	// Between the barrier's flush and the checkpoint, a later write is
+	// flushed.
+	testHookFlushed = func(db *pebble.DB) {
+		require.NoError(t, db.Set(appendPrefix(nil, r.Start, 0), []byte("later"), pebble.NoSync))
+		require.NoError(t, db.Flush())
+	}
 	ns, err := b.FreezeNative()
 	require.NoError(t, err)
-	<-ns.flushed // the barrier's flush ends, then a later write is flushed
-	nativeFill(t, b, 10, 1)
-	require.NoError(t, b.peb.db.Flush())
 	err = ns.Take(context.Background())
+	testHookFlushed = nil
 	require.ErrorIs(t, err, ErrFlushOverrun)
 	require.Contains(t, err.Error(), b.peb.dir)
 	_, serr := fs.Stat(ns.Dir)
@@ -319,7 +324,7 @@ func TestNativeSnapshotFlushOverrun(t *testing.T) {
 	ns, err = b.FreezeNative()
 	require.NoError(t, err)
 	defer ns.Release()
-	require.Nil(t, ns.flushed, "after an overrun FreezeNative flushes itself")
+	require.Nil(t, ns.taken, "after an overrun FreezeNative flushes itself")
 	nativeFill(t, b, 1500, 3)
 	require.NoError(t, ns.Take(context.Background()))
 	res := nativeStore(t, ns, r, fs, "/restore")
@@ -335,6 +340,6 @@ func TestNativeSnapshotFlushOverrun(t *testing.T) {
 	ns2, err := b.FreezeNative()
 	require.NoError(t, err)
 	defer ns2.Release()
-	require.NotNil(t, ns2.flushed)
+	require.NotNil(t, ns2.taken)
 	require.NoError(t, ns2.Take(context.Background()))
 }

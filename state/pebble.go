@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -96,15 +97,19 @@ type pebbleStore struct {
 	tables   map[string]nativeTable
 	native   map[string]checkpoint.NativeState
 	known    map[string]checkpoint.NativeFile
+	knownMu  sync.Mutex // known: set by Stored, read by Take (any goroutine)
 	chkSeq   int
 	chks     map[string]struct{}
-	// flushedSeq is the largest sequence number any flush has written to
-	// an sstable (set by Pebble's FlushEnd, which Pebble calls under its
-	// mutex right after installing the flush); syncFlush makes the next
-	// FreezeNative flush in its synchronous part, after a native
-	// snapshot's flush overran (native.go, N1-N3).
-	flushedSeq *atomic.Uint64
-	syncFlush  atomic.Bool
+	// seqs knows the largest sequence number each sstable made since the
+	// instance opened may hold (N2); syncFlush makes the next FreezeNative
+	// flush in its synchronous part, after a native snapshot's flush
+	// overran (native.go, N1-N3).
+	seqs      *seqTracker
+	syncFlush atomic.Bool
+	// pending is the last native snapshot whose Pebble checkpoint is
+	// taken on a goroutine of its own, until FreezeNative or close waited
+	// for it.
+	pending *NativeSnapshot
 
 	// The paced TTL cleanup (pebble_ttl.go): the TTL tables it sweeps, the
 	// period of a whole pass in nanoseconds (negative: per access instead)
@@ -182,7 +187,7 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 	}
 	c := pebble.NewCache(cacheSize)
 	defer c.Unref()
-	flushedSeq := new(atomic.Uint64)
+	seqs := &seqTracker{max: make(map[uint64]uint64)}
 	opts := &pebble.Options{
 		FS:           fs,
 		Cache:        c,
@@ -194,7 +199,7 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 		// The MANIFEST is copied into every native checkpoint: keep it
 		// small (Pebble rolls it over, writing the current version).
 		MaxManifestFileSize: 1 << 20,
-		EventListener:       &pebble.EventListener{FlushEnd: func(info pebble.FlushInfo) { noteFlushed(flushedSeq, info) }},
+		EventListener:       &pebble.EventListener{FlushEnd: seqs.flushed, CompactionEnd: seqs.compacted},
 	}
 	// Point reads of absent keys (a new key's first record) skip the
 	// sstables by their bloom filters (the other levels inherit L0's).
@@ -216,20 +221,7 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 		period = int64(defaultTTLCleanupPeriod)
 	}
 	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, timerCache: eng.TimerCacheEntries, prefetch: !eng.NoPrefetch, snaps: make(map[*pebble.Snapshot]struct{}),
-		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{}), flushedSeq: flushedSeq, sweepPeriod: period}, nil
-}
-
-// noteFlushed raises max to the largest sequence number the flush of info
-// wrote (N2).
-func noteFlushed(max *atomic.Uint64, info pebble.FlushInfo) {
-	for _, t := range info.Output {
-		for v := uint64(t.LargestSeqNum); ; {
-			cur := max.Load()
-			if v <= cur || max.CompareAndSwap(cur, v) {
-				break
-			}
-		}
-	}
+		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{}), seqs: seqs, sweepPeriod: period}, nil
 }
 
 // quietLogger drops Pebble's informational logs.
@@ -242,6 +234,7 @@ func (quietLogger) Fatalf(f string, args ...any) { panic(fmt.Sprintf("pebble: "+
 // close closes the snapshots still open, the instance, and removes the
 // working directory.
 func (s *pebbleStore) close() error {
+	s.waitPending()
 	for sn := range s.snaps {
 		_ = sn.Close()
 	}
