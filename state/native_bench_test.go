@@ -59,39 +59,7 @@ func benchNative(b *testing.B, keys int) {
 		be.SetCurrentKey(k, keygroup.Of(k, maxP))
 		v.Update(k)
 	}
-	st, err := snapshot.OpenStorage(dir, "job", snapshot.StorageOptions{Retain: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	task := checkpoint.TaskID{Operator: "count", Subtask: 0}
-	var id int64
-	checkpointOnce := func() (sync, async time.Duration, ref *checkpoint.NativeStateRef) {
-		id++
-		t0 := time.Now()
-		ns, err := be.FreezeNative()
-		if err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		if err := ns.Take(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		ref, err = st.WriteNativeState(context.Background(), id, task, snapshot.NativeFiles{
-			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t2 := time.Now()
-		ns.Stored(ref)
-		ns.Release()
-		md := &checkpoint.Metadata{JobID: "job", CheckpointID: id, Options: marker.Options{Kind: marker.Checkpoint},
-			Operators: []checkpoint.OperatorState{{UID: "count", Name: "count", Parallelism: 1, MaxParallelism: maxP,
-				Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
-		if _, err := st.Write(md); err != nil {
-			b.Fatal(err)
-		}
-		return t1.Sub(t0), t2.Sub(t1), ref
-	}
+	st, checkpointOnce := nativeCheckpointer(b, be, dir, "count", r, maxP)
 	checkpointOnce() // the first one stores everything
 	rng := rand.New(rand.NewPCG(1, 2))
 	changed := keys / 100
@@ -128,6 +96,7 @@ func benchNative(b *testing.B, keys int) {
 
 	// Restore the last checkpoint natively, then from canonical records.
 	jobDir := st.JobDir()
+	id := int64(b.N) + 1 // the last checkpoint's
 	chk := fmt.Sprintf("%s/chk-%d", jobDir, id)
 	t0 := time.Now()
 	to := dir + "/restore-copy"
@@ -206,39 +175,7 @@ func BenchmarkNativeCheckpointLarge(b *testing.B) {
 	for k := range int64(keys) {
 		fill(k)
 	}
-	st, err := snapshot.OpenStorage(dir, "job", snapshot.StorageOptions{Retain: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	task := checkpoint.TaskID{Operator: "blob", Subtask: 0}
-	var id int64
-	checkpointOnce := func() (sync, async time.Duration, ref *checkpoint.NativeStateRef) {
-		id++
-		t0 := time.Now()
-		ns, err := be.FreezeNative()
-		if err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		if err := ns.Take(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		ref, err = st.WriteNativeState(context.Background(), id, task, snapshot.NativeFiles{
-			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t2 := time.Now()
-		ns.Stored(ref)
-		ns.Release()
-		md := &checkpoint.Metadata{JobID: "job", CheckpointID: id, Options: marker.Options{Kind: marker.Checkpoint},
-			Operators: []checkpoint.OperatorState{{UID: "blob", Name: "blob", Parallelism: 1, MaxParallelism: maxP,
-				Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
-		if _, err := st.Write(md); err != nil {
-			b.Fatal(err)
-		}
-		return t1.Sub(t0), t2.Sub(t1), ref
-	}
+	_, checkpointOnce := nativeCheckpointer(b, be, dir, "blob", r, maxP)
 	_, first, ref := checkpointOnce() // stores everything
 	full := ref.Bytes()
 	var syncs []time.Duration
@@ -291,4 +228,45 @@ func startHeapPeak() func() uint64 {
 		}
 	}()
 	return func() uint64 { close(stop); return <-done }
+}
+
+// nativeCheckpointer opens a checkpoint storage in dir and returns it with
+// a function that takes a native checkpoint of be, operator uid, as the
+// keyed operator does (FreezeNative, then Take and the stored files),
+// writes its metadata and returns the synchronous and asynchronous times
+// and the reference.
+func nativeCheckpointer[K comparable](b *testing.B, be *state.KeyedBackend[K], dir, uid string, r keygroup.Range, maxP int) (*snapshot.Storage, func() (time.Duration, time.Duration, *checkpoint.NativeStateRef)) {
+	st, err := snapshot.OpenStorage(dir, "job", snapshot.StorageOptions{Retain: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	task := checkpoint.TaskID{Operator: uid, Subtask: 0}
+	var id int64
+	return st, func() (time.Duration, time.Duration, *checkpoint.NativeStateRef) {
+		id++
+		t0 := time.Now()
+		ns, err := be.FreezeNative()
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := ns.Take(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		ref, err := st.WriteNativeState(context.Background(), id, task, snapshot.NativeFiles{
+			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		ns.Stored(ref)
+		ns.Release()
+		md := &checkpoint.Metadata{JobID: "job", CheckpointID: id, Options: marker.Options{Kind: marker.Checkpoint},
+			Operators: []checkpoint.OperatorState{{UID: uid, Name: uid, Parallelism: 1, MaxParallelism: maxP,
+				Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
+		if _, err := st.Write(md); err != nil {
+			b.Fatal(err)
+		}
+		return t1.Sub(t0), t2.Sub(t1), ref
+	}
 }
