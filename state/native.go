@@ -100,8 +100,7 @@ type NativeSnapshot struct {
 	// did), by name in the instance, as Take found them.
 	Known map[string]checkpoint.NativeFile
 
-	s   *pebbleStore
-	ref *checkpoint.NativeStateRef
+	s *pebbleStore
 	// taken is closed when the Pebble checkpoint was taken (or failed,
 	// err), by a goroutine FreezeNative starts that waits for the flush
 	// of the memtable rotated at the barrier; nil when FreezeNative took
@@ -150,6 +149,7 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 		if err := s.checkpoint(ns.Dir); err != nil {
 			return nil, err
 		}
+		s.chks[ns.Dir] = struct{}{} // Release and close remove it
 	} else {
 		m := s.db.NewBatch()
 		if err := m.Delete(barrierMarker, nil); err != nil {
@@ -180,22 +180,22 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 	return ns, nil
 }
 
-// checkpoint takes a Pebble checkpoint of s into dir, which Release (or
-// close) removes.
+// checkpoint takes a Pebble checkpoint of s into dir, removing dir if it
+// fails. It touches nothing of s but the instance and its file system, so
+// it runs on any goroutine.
 func (s *pebbleStore) checkpoint(dir string) error {
 	if err := s.db.Checkpoint(dir); err != nil {
 		_ = s.fs.RemoveAll(dir)
 		return fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, dir, err)
 	}
-	s.chks[dir] = struct{}{}
 	return nil
 }
 
 // take waits for the flush of the memtable rotated at the barrier (whose
 // marker has sequence number seq), takes the Pebble checkpoint in Dir
 // (hard links of the sstables, copies of the MANIFEST and OPTIONS) and
-// checks that no flush had written anything newer than the barrier by then
-// (N2); when one had (N3), it removes Dir, makes the backend's next
+// checks that no sstable in it may hold anything newer than the barrier
+// (N2); when one may (N3), it removes Dir, makes the backend's next
 // FreezeNative flush synchronously and fails with ErrFlushOverrun. It runs
 // on a goroutine of its own, started at the barrier, so that the
 // checkpoint follows the flush at once rather than after the asynchronous
@@ -206,22 +206,20 @@ func (n *NativeSnapshot) take(s *pebbleStore, flushed <-chan struct{}, seq uint6
 	if testHookFlushed != nil {
 		testHookFlushed(s.db)
 	}
-	if err := s.db.Checkpoint(n.Dir); err != nil {
-		_ = s.fs.RemoveAll(n.Dir)
-		n.err = fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, n.Dir, err)
+	if n.err = s.checkpoint(n.Dir); n.err != nil {
 		return
 	}
 	names, err := s.fs.List(n.Dir)
-	if err != nil {
-		_ = s.fs.RemoveAll(n.Dir)
+	switch got := s.seqs.newest(names); {
+	case err != nil:
 		n.err = fmt.Errorf("state: native snapshot: listing the Pebble checkpoint %s: %w", n.Dir, err)
-		return
-	}
-	if got := s.seqs.newest(names); got > seq {
-		_ = s.fs.RemoveAll(n.Dir)
+	case got > seq:
 		s.syncFlush.Store(true)
 		n.err = fmt.Errorf("%w (%s: barrier at sequence number %d, an sstable of the checkpoint may hold %d)", ErrFlushOverrun, s.dir, seq, got)
+	default:
+		return
 	}
+	_ = s.fs.RemoveAll(n.Dir)
 }
 
 // testHookFlushed, when set by a test, runs in take between the flush and
@@ -267,7 +265,7 @@ func (s *pebbleStore) waitPending() {
 }
 
 // seqTracker records, for every sstable a flush or compaction of a Pebble
-// instance made since it opened, the largest sequence number it may hold:
+// instance made since the last barrier (prune), the largest sequence number it may hold:
 // a flush output's own, a compaction output's the largest of its inputs'
 // and its own (a compaction may zero the sequence numbers of what it
 // rewrites, so its output's own is not enough). Pebble calls FlushEnd and
@@ -350,8 +348,8 @@ func (n *NativeSnapshot) Stored(ref *checkpoint.NativeStateRef) {
 	s.knownMu.Unlock()
 }
 
-// Release removes the Pebble checkpoint and, if Stored was called, makes
-// its shared files the known ones. Call it on the backend's goroutine
+// Release removes the Pebble checkpoint, waiting first for the goroutine
+// taking it if it still runs. Call it on the backend's goroutine
 // (after the backend's Close it only removes the directory, if Close did
 // not). Releasing twice is a no-op.
 func (n *NativeSnapshot) Release() {

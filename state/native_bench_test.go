@@ -83,13 +83,7 @@ func benchNative(b *testing.B, keys int) {
 	}
 	b.StopTimer()
 	n := float64(b.N)
-	var sum time.Duration
-	for _, s := range syncs {
-		sum += s
-	}
-	b.ReportMetric(float64(sum.Microseconds())/1000/n, "sync-ms")
-	b.ReportMetric(float64(slices.Max(syncs).Microseconds())/1000, "sync-max-ms")
-	b.ReportMetric(float64(async.Microseconds())/1000/n, "async-ms")
+	reportPauses(b, syncs, async)
 	b.ReportMetric(float64(stored)/n/1e6, "stored-MB")
 	b.ReportMetric(float64(full)/n/1e6, "full-MB")
 	b.ReportMetric(float64(stored)/n/float64(changed*20), "stored/changed")
@@ -193,13 +187,7 @@ func BenchmarkNativeCheckpointLarge(b *testing.B) {
 	}
 	b.StopTimer()
 	n := float64(b.N)
-	var sum time.Duration
-	for _, s := range syncs {
-		sum += s
-	}
-	b.ReportMetric(float64(sum.Microseconds())/1000/n, "sync-ms")
-	b.ReportMetric(float64(slices.Max(syncs).Microseconds())/1000, "sync-max-ms")
-	b.ReportMetric(float64(async.Microseconds())/1000/n, "async-ms")
+	reportPauses(b, syncs, async)
 	b.ReportMetric(float64(stored)/n/(1<<20), "stored-MiB")
 	b.ReportMetric(float64(peak())/(1<<20), "peak-heap-MiB")
 	b.ReportMetric(float64(first.Milliseconds()), "first-async-ms")
@@ -269,4 +257,17 @@ func nativeCheckpointer[K comparable](b *testing.B, be *state.KeyedBackend[K], d
 		}
 		return t1.Sub(t0), t2.Sub(t1), ref
 	}
+}
+
+// reportPauses reports the mean and largest synchronous pause and the mean
+// asynchronous part (async is their sum) of a benchmark's checkpoints.
+func reportPauses(b *testing.B, syncs []time.Duration, async time.Duration) {
+	var sum time.Duration
+	for _, s := range syncs {
+		sum += s
+	}
+	n := float64(len(syncs))
+	b.ReportMetric(float64(sum.Microseconds())/1000/n, "sync-ms")
+	b.ReportMetric(float64(slices.Max(syncs).Microseconds())/1000, "sync-max-ms")
+	b.ReportMetric(float64(async.Microseconds())/1000/n, "async-ms")
 }
