@@ -43,7 +43,15 @@ func incrementalJob(t *testing.T, n int64, p int, dir, pebDir string, full bool,
 		OnEvent: on,
 	}
 	job := graph.NewJob("incremental", cfg)
-	src := graph.Source(job, "source", source.Generate(n, func(i int64) rec { return rec{Key: i % incrementalKeys, I: i} }), graph.Parallelism(1))
+	// Paced (at most about 500 records per millisecond), so that a test
+	// that cancels the job after some checkpoints finds input left even
+	// on a loaded machine.
+	src := graph.Source(job, "source", source.Generate(n, func(i int64) rec {
+		if i%500 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		return rec{Key: i % incrementalKeys, I: i}
+	}), graph.Parallelism(1))
 	sums := graph.ProcessKeyed(graph.KeyBy(src, func(r rec) int64 { return r.Key }), "sum",
 		func() graph.KeyedProcessFunc[int64, rec, out] { return &runningSum{} })
 	graph.Sink(sums, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))

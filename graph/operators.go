@@ -437,9 +437,10 @@ const inlineKeyedEntries = 1024
 
 // keyedPart encodes a frozen keyed state off the subtask goroutine and
 // writes it to the subtask's keyed-state file for the barrier's checkpoint
-// or savepoint; the write is synced before Run returns, so before the ack
-// goes out. Without a writer (no checkpoint storage) the records go inline
-// in the ack.
+// or savepoint, closed before Run returns, so before the ack goes out
+// (Storage.Write syncs it with the checkpoint's other files, ST10).
+// Without a writer (no checkpoint storage) the records go inline in the
+// ack.
 type keyedPart struct {
 	s       *state.KeyedSnapshot
 	files   snapshot.KeyedStateWriter

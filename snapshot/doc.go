@@ -209,10 +209,11 @@
 // file, keyed-<uid>-<subtask>, in the checkpoint directory, through the
 // KeyedStateWriter the runtime hands it (Storage.WriteKeyedState): one
 // block per key group, each with its own CRC-32C (checkpoint/keyed.go,
-// F8-F10). It syncs the file before it acknowledges, with a reference
+// F8-F10). It closes the file before it acknowledges, with a reference
 // instead of the records (SubtaskState.KeyedState); smaller keyed state
 // stays inline in the acknowledgement and in _metadata. Write checks the
-// referenced files and syncs the directory before _metadata (ST8, ST10)
+// referenced files and syncs them, in parallel with the channel-state
+// files, and then the directory before _metadata (ST8, ST10)
 // and removes the directories that aborted and subsumed checkpoints left;
 // ReadMetadata only checks each file's size (ST11), and ReadKeyedState
 // reads the blocks a restore needs.
@@ -221,7 +222,7 @@
 // master in memory, in each acknowledgement's SubtaskState.Channels, and
 // the runtime never does file IO for it: Storage.Write writes each
 // subtask's channel state to its own file, channels-<uid>-<subtask>, in the
-// checkpoint directory, syncs it and the directory, and only then writes
+// checkpoint directory, syncs the files and the directory, and only then writes
 // _metadata, which references each file with its size and CRC-32C (ST8);
 // ReadMetadata reads every referenced file back into Channels and checks it
 // against the reference, so a checkpoint is read whole or fails naming the

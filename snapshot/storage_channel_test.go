@@ -188,11 +188,6 @@ func TestStorageChannelStateInvalid(t *testing.T) {
 // cleanly: nothing listed or logged, no channel-state file left, the
 // previous checkpoint intact, and a retry succeeds.
 func TestStorageChannelStateWriteFaults(t *testing.T) {
-	type fault struct {
-		kind errorfs.OpKind
-		path string
-		skip int // matching operations to let pass first
-	}
 	for _, tc := range []struct {
 		name   string
 		faults []fault
@@ -210,28 +205,17 @@ func TestStorageChannelStateWriteFaults(t *testing.T) {
 			[]string{"channels-src-0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			armed, next, skipped := false, 0, 0
-			fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
-				if armed && next < len(tc.faults) && op.Kind == tc.faults[next].kind &&
-					strings.HasSuffix(op.Path, tc.faults[next].path) {
-					if skipped < tc.faults[next].skip {
-						skipped++
-						return nil
-					}
-					next, skipped = next+1, 0
-					return errorfs.ErrInjected
-				}
-				return nil
-			}))
+			inj := &faultSeq{faults: tc.faults}
+			fs := errorfs.Wrap(vfs.NewMem(), inj)
 			s := openTestStorage(t, fs, StorageOptions{Retain: 2})
 			if _, err := s.Write(channelTestMD(2, marker.Checkpoint)); err != nil {
 				t.Fatal(err)
 			}
-			armed = true
+			inj.armed = true
 			_, err := s.Write(channelTestMD(3, marker.Checkpoint))
-			armed = false
-			if next != len(tc.faults) {
-				t.Fatalf("%d of %d faults injected", next, len(tc.faults))
+			inj.armed = false
+			if inj.next != len(tc.faults) {
+				t.Fatalf("%d of %d faults injected", inj.next, len(tc.faults))
 			}
 			if !errors.Is(err, errorfs.ErrInjected) || errors.Is(err, ErrIndeterminate) ||
 				!strings.HasPrefix(err.Error(), "snapshot: write checkpoint 3 to "+s.JobDir()+"/chk-3: ") {

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -178,24 +179,25 @@ func TestStorageKeyedStateWriteChecks(t *testing.T) {
 }
 
 // TestStorageKeyedStateWriteFaults: a keyed-state write that fails or is
-// cancelled removes its file.
+// cancelled removes its file, and so does a Write whose sync of the file
+// fails, without writing _metadata.
 func TestStorageKeyedStateWriteFaults(t *testing.T) {
-	armed := false
+	var armed errorfs.OpKind = -1
 	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if armed && op.Kind == errorfs.OpFileSync && strings.HasSuffix(op.Path, keyedTestFile) {
+		if op.Kind == armed && strings.HasSuffix(op.Path, keyedTestFile) {
 			return errorfs.ErrInjected
 		}
 		return nil
 	}))
 	s := openTestStorage(t, fs, StorageOptions{})
 	task := checkpoint.TaskID{Operator: keyedTestUID, Subtask: 0}
-	armed = true
+	armed = errorfs.OpFileWrite
 	_, err := s.WriteKeyedState(context.Background(), 1, marker.Checkpoint, task, keyedTestStates(1))
-	armed = false
+	armed = -1
 	file := s.JobDir() + "/chk-1/" + keyedTestFile
 	if !errors.Is(err, errorfs.ErrInjected) || !strings.HasPrefix(err.Error(),
-		`snapshot: write the keyed state of operator "Count/x" subtask 0 for checkpoint 1 to `+file+": sync "+file) {
-		t.Fatalf("sync failure: %v", err)
+		`snapshot: write the keyed state of operator "Count/x" subtask 0 for checkpoint 1 to `+file+": ") {
+		t.Fatalf("write failure: %v", err)
 	}
 	mustExist(t, fs, file, false)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -204,6 +206,16 @@ func TestStorageKeyedStateWriteFaults(t *testing.T) {
 		t.Fatalf("cancelled: %v", err)
 	}
 	mustExist(t, fs, file, false)
+
+	md := keyedTestMD(t, s, 1, marker.Checkpoint)
+	armed = errorfs.OpFileSync
+	_, err = s.Write(md)
+	armed = -1
+	if !errors.Is(err, errorfs.ErrInjected) || !strings.Contains(err.Error(), "sync "+file) {
+		t.Fatalf("sync failure in Write: %v", err)
+	}
+	mustExist(t, fs, file, false)
+	mustExist(t, fs, s.JobDir()+"/chk-1/_metadata", false)
 }
 
 // TestStorageRemovesAbandonedKeyedState: the keyed-state files of aborted
@@ -406,13 +418,16 @@ func TestStorageKeyedStateCrash(t *testing.T) {
 	}
 }
 
-// TestStorageKeyedStateSyncOrder: the subtask syncs its keyed-state file
-// before it acknowledges (WriteKeyedState returns), and Write syncs the
-// checkpoint directory, holding the file's entry, before it creates
-// _metadata.tmp (ST8, ST10).
+// TestStorageKeyedStateSyncOrder: the subtask does not sync its
+// keyed-state file (WriteKeyedState only writes and closes it); Write
+// syncs the file and then the checkpoint directory, holding the file's
+// entry, before it renames _metadata.tmp to _metadata (ST8, ST10).
 func TestStorageKeyedStateSyncOrder(t *testing.T) {
 	var ops []string
+	var mu sync.Mutex // Write syncs state files in parallel
 	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		mu.Lock()
+		defer mu.Unlock()
 		ops = append(ops, fmt.Sprintf("%v %s", op.Kind, op.Path))
 		return nil
 	}))
@@ -420,16 +435,18 @@ func TestStorageKeyedStateSyncOrder(t *testing.T) {
 	ops = nil
 	md := keyedTestMD(t, s, 1, marker.Checkpoint)
 	dir := s.JobDir() + "/chk-1"
-	if want := fmt.Sprintf("%v %s/%s", errorfs.OpFileSync, dir, keyedTestFile); !slices.Contains(ops, want) {
-		t.Fatalf("WriteKeyedState did not sync the file: %q", ops)
+	fileSync := fmt.Sprintf("%v %s/%s", errorfs.OpFileSync, dir, keyedTestFile)
+	if slices.Contains(ops, fileSync) {
+		t.Fatalf("WriteKeyedState synced the file: %q", ops)
 	}
 	ops = nil
 	if _, err := s.Write(md); err != nil {
 		t.Fatal(err)
 	}
+	synced := slices.Index(ops, fileSync)
 	dirSync := slices.Index(ops, fmt.Sprintf("%v %s", errorfs.OpFileSync, dir))
-	create := slices.Index(ops, fmt.Sprintf("%v %s/_metadata.tmp", errorfs.OpCreate, dir))
-	if dirSync < 0 || create < 0 || dirSync > create {
-		t.Fatalf("directory sync at %d, _metadata.tmp created at %d: %q", dirSync, create, ops)
+	rename := slices.Index(ops, fmt.Sprintf("%v %s/_metadata.tmp", errorfs.OpRename, dir))
+	if synced < 0 || dirSync < 0 || rename < 0 || synced > dirSync || dirSync > rename {
+		t.Fatalf("file sync at %d, directory sync at %d, _metadata.tmp renamed at %d: %q", synced, dirSync, rename, ops)
 	}
 }

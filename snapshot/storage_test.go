@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -546,6 +547,7 @@ func TestStorageOnDisk(t *testing.T) {
 // filesystem operation while enabled.
 type crashRecorder struct {
 	mem     *vfs.MemFS
+	mu      sync.Mutex // Write syncs state files in parallel
 	enabled bool
 	step    string // what the test is doing, for failure messages
 	clones  []crashClone
@@ -571,6 +573,8 @@ func (r *crashRecorder) clone(at string) {
 }
 
 func (r *crashRecorder) MaybeError(op errorfs.Op) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.enabled {
 		r.clone(fmt.Sprintf("%s, before op %v on %s", r.step, op.Kind, op.Path))
 	}
@@ -809,10 +813,49 @@ func TestStorageCrashDuringCompaction(t *testing.T) {
 	}
 }
 
+// fault fails the first operation of kind on a path ending in path, after
+// skip such operations.
+type fault struct {
+	kind errorfs.OpKind
+	path string
+	skip int // matching operations to let pass first
+}
+
+// faultSeq injects its faults while armed, one operation each, in turn.
+// Write syncs a checkpoint's files in parallel, so operations may come
+// concurrently.
+type faultSeq struct {
+	armed  bool
+	faults []fault
+	mu     sync.Mutex
+	next   int // faults injected
+	skip   int // matching operations let pass for faults[next]
+}
+
+func (f *faultSeq) MaybeError(op errorfs.Op) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.armed && f.next < len(f.faults) && op.Kind == f.faults[f.next].kind &&
+		strings.HasSuffix(op.Path, f.faults[f.next].path) {
+		if f.skip < f.faults[f.next].skip {
+			f.skip++
+			return nil
+		}
+		f.next, f.skip = f.next+1, 0
+		return errorfs.ErrInjected
+	}
+	return nil
+}
+
+func (f *faultSeq) String() string { return "faultSeq" }
+
 // countingInjector fails the operation with index fail (0-based) among the
-// operations seen while armed, and counts them.
+// operations seen while armed, and counts them. Write syncs a checkpoint's
+// state files in parallel, so operations may come concurrently (in any
+// order among those syncs).
 type countingInjector struct {
 	armed bool
+	mu    sync.Mutex
 	n     int
 	fail  int
 	// match, if set, restricts counting to the operations it accepts.
@@ -823,6 +866,8 @@ func (c *countingInjector) MaybeError(op errorfs.Op) error {
 	if !c.armed || (c.match != nil && !c.match(op)) {
 		return nil
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.n++
 	if c.n-1 == c.fail {
 		return errorfs.ErrInjected
@@ -920,11 +965,6 @@ func TestStorageWriteIOErrors(t *testing.T) {
 // makes Write remove _metadata again; if that removal fails too, the error
 // wraps ErrIndeterminate (ST7).
 func TestStorageWriteFaults(t *testing.T) {
-	type fault struct {
-		kind errorfs.OpKind
-		path string
-		skip int // matching operations to let pass first
-	}
 	for _, tc := range []struct {
 		name          string
 		faults        []fault
@@ -944,29 +984,17 @@ func TestStorageWriteFaults(t *testing.T) {
 		{"log sync and removal sync", []fault{{kind: errorfs.OpFileSync, path: "/_completed"}, {kind: errorfs.OpFileSync, path: "/chk-3"}}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// The faults fail one operation each, in turn.
-			armed, next, skipped := false, 0, 0
-			fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
-				if armed && next < len(tc.faults) && op.Kind == tc.faults[next].kind &&
-					strings.HasSuffix(op.Path, tc.faults[next].path) {
-					if skipped < tc.faults[next].skip {
-						skipped++
-						return nil
-					}
-					next, skipped = next+1, 0
-					return errorfs.ErrInjected
-				}
-				return nil
-			}))
+			inj := &faultSeq{faults: tc.faults}
+			fs := errorfs.Wrap(vfs.NewMem(), inj)
 			s := openTestStorage(t, fs, StorageOptions{Retain: 2})
 			if _, err := s.Write(storageTestMD(2, marker.Checkpoint)); err != nil {
 				t.Fatal(err)
 			}
-			armed = true
+			inj.armed = true
 			_, err := s.Write(storageTestMD(3, marker.Checkpoint))
-			armed = false
-			if next != len(tc.faults) {
-				t.Fatalf("%d of %d faults injected", next, len(tc.faults))
+			inj.armed = false
+			if inj.next != len(tc.faults) {
+				t.Fatalf("%d of %d faults injected", inj.next, len(tc.faults))
 			}
 			if err == nil || !errors.Is(err, errorfs.ErrInjected) && !tc.indeterminate {
 				t.Fatalf("Write: %v", err)

@@ -151,13 +151,26 @@ var metadataFrame = frameFormat{
 
 // frame returns payload in a frame of format f.
 func (f *frameFormat) frame(payload []byte) []byte {
-	b := make([]byte, metadataHeaderLen, metadataMinLen+len(payload))
-	copy(b, f.magic)
-	binary.BigEndian.PutUint32(b[4:8], f.version)
-	binary.BigEndian.PutUint64(b[8:16], uint64(len(payload)))
-	binary.BigEndian.PutUint32(b[16:20], crc32.Checksum(b[:16], castagnoli))
-	b = append(b, payload...)
-	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	b := f.open(make([]byte, 0, metadataMinLen+len(payload)))
+	return f.close(append(b, payload...), 0)
+}
+
+// open appends room for the header of a frame of format f to dst; the
+// payload is appended after it, and close(dst, start) completes the frame
+// that starts at dst[start:].
+func (f *frameFormat) open(dst []byte) []byte {
+	return append(dst, make([]byte, metadataHeaderLen)...)
+}
+
+// close fills in the header of the frame at b[start:], whose payload is
+// the rest of b, and appends the frame's checksum.
+func (f *frameFormat) close(b []byte, start int) []byte {
+	h := b[start : start+metadataHeaderLen]
+	copy(h, f.magic)
+	binary.BigEndian.PutUint32(h[4:8], f.version)
+	binary.BigEndian.PutUint64(h[8:16], uint64(len(b)-start-metadataHeaderLen))
+	binary.BigEndian.PutUint32(h[16:20], crc32.Checksum(h[:16], castagnoli))
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
 }
 
 // decode unframes b and decodes its msgpack payload into v, checking the

@@ -16,8 +16,7 @@ import (
 // A keyed operator whose frozen state holds more than a few entries (the
 // runtime's memory threshold, Flink's state.storage.fs.memory-threshold)
 // writes it, in the asynchronous part of its snapshot, to a file of its
-// own in the checkpoint (or savepoint) directory, syncs the file, and
-// acknowledges with a KeyedStateRef instead of the KeyGroupState records
+// own in the checkpoint (or savepoint) directory and acknowledges with a KeyedStateRef instead of the KeyGroupState records
 // (SubtaskState.KeyedState); smaller keyed state stays inline in
 // _metadata (SubtaskState.KeyGroups). The file holds one block per key
 // group that has state, in ascending key-group order, so that a restore at
@@ -173,6 +172,7 @@ func EncodeKeyedState(w io.Writer, file string, h KeyedStateHeader, states []Key
 		return nil, err
 	}
 	ref := &KeyedStateRef{File: file, Size: int64(len(hb))}
+	var b []byte // the block being written, reused
 	for i := 0; i < len(sorted); {
 		j := i + 1
 		for j < len(sorted) && sorted[j].KeyGroup == sorted[i].KeyGroup {
@@ -181,11 +181,7 @@ func EncodeKeyedState(w io.Writer, file string, h KeyedStateHeader, states []Key
 		if err := validateKeyedBlock(sorted[i:j], sorted[i].KeyGroup); err != nil {
 			return nil, err
 		}
-		p, err := msgpack.Marshal(sorted[i:j])
-		if err != nil {
-			return nil, fmt.Errorf("checkpoint: encode keyed state of key group %d: %w", sorted[i].KeyGroup, err)
-		}
-		b := keyedBlockFrame.frame(p)
+		b = keyedBlockFrame.close(appendKeyGroupStates(keyedBlockFrame.open(b[:0]), sorted[i:j]), 0)
 		if _, err := w.Write(b); err != nil {
 			return nil, err
 		}

@@ -67,7 +67,7 @@ type SubtaskState struct {
 	KeyGroupEnd   int             `msgpack:"kgEnd"`
 	KeyGroups     []KeyGroupState `msgpack:"keyGroups,omitempty"`
 	// KeyedState names the subtask's keyed-state file (keyed.go), written
-	// and synced by the subtask before it acknowledged, when its keyed
+	// by the subtask before it acknowledged, when its keyed
 	// state was above the runtime's memory threshold; nil when the keyed
 	// state is inline in KeyGroups (or there is none).
 	KeyedState *KeyedStateRef `msgpack:"keyedState,omitempty"`
