@@ -298,7 +298,7 @@ func TestLogCompaction(t *testing.T) {
 	if _, err := s.Write(storageTestMD(6, marker.Checkpoint)); err != nil {
 		t.Fatal(err)
 	}
-	if len(*logs) != 1 || !strings.HasPrefix((*logs)[0], "snapshot: compacting "+s.LogPath()+" from 6 to 3 records failed (retried by the next Write): ") {
+	if len(*logs) != 1 || !strings.HasPrefix((*logs)[0], "snapshot: compacting "+s.LogPath()+" from 6 to 3 records failed (retried by the next Tidy): ") {
 		t.Fatalf("logs %q", *logs)
 	}
 	if ids := completedIDs(t, s); !slices.Equal(ids, []int64{1, 2, 3, 4, 5, 6}) {

@@ -6,7 +6,7 @@
 // snapshots its state when barrier N has passed it (see package marker) and
 // acknowledges N with its SubtaskState. When every subtask of every operator
 // has acknowledged N, the checkpoint.Metadata of N is written to storage,
-// and once Storage.Write returned (the metadata is durable and recorded in
+// and once Storage.Persist returned (the metadata is durable and recorded in
 // the completed-checkpoint log), checkpoint N is complete and every subtask
 // is told so, which is when exactly-once sinks commit. A savepoint is the
 // same protocol with marker.Savepoint, owned by the user; a
@@ -39,11 +39,13 @@
 //			case snapshot.TriggerSources:
 //				// inject a.Barrier at every source subtask
 //			case snapshot.Finalize:
-//				// path, err := storage.Write(a.Metadata) (possibly
+//				// path, err := storage.Persist(a.Metadata) (possibly
 //				// asynchronously), then send Persisted{ID, Path, Err} to
 //				// events; but if errors.Is(err, snapshot.ErrIndeterminate),
 //				// fail the attempt instead: the checkpoint may be
-//				// complete, and the restore decides from the disk
+//				// complete, and the restore decides from the disk.
+//				// Once the notifications went out, storage.Tidy()
+//				// deletes what retention no longer keeps
 //			case snapshot.Completed:
 //				// register the checkpoint; answer a waiting savepoint request
 //			case snapshot.NotifyComplete, snapshot.NotifyAborted:

@@ -104,9 +104,10 @@ import (
 //
 // Lifecycle. OpenStorage opens the job directory at the start of every
 // execution of the job: it creates what is missing, removes leftovers of
-// interrupted writes (ST5) and repairs a torn last log record. Write is
-// called once per completed checkpoint or savepoint and applies retention
-// (ST4) and log compaction. Close ends an execution, however it ended
+// interrupted writes (ST5) and repairs a torn last log record. Persist is
+// called once per completed checkpoint or savepoint, and Tidy after the
+// completion is reported: it applies retention (ST4) and log compaction
+// (Write does both in one call). Close ends an execution, however it ended
 // (finished, failed, cancelled by its context, stopped with a savepoint): it
 // deletes nothing, so the next execution can restore. Discard is the only
 // way, besides retention, that checkpoints are deleted: an explicit "throw
@@ -122,7 +123,7 @@ import (
 //     writes _metadata.tmp, syncs it, renames it to _metadata and then syncs
 //     the directory. A crash at any point leaves either no _metadata or one
 //     that decodes to exactly what was written.
-//   - ST2: once Write returns the path, the checkpoint survives a crash: the
+//   - ST2: once Persist (or Write) returns the path, the checkpoint survives a crash: the
 //     file, the rename, every directory entry leading to it and its log
 //     record are synced.
 //   - ST3: a checkpoint is deleted by first removing its _metadata and
@@ -130,9 +131,9 @@ import (
 //     directory is therefore never complete. Its log record stays.
 //   - ST4: retention deletes only complete checkpoints older than the newest
 //     Retain ones, never the checkpoint just written, never savepoints. A
-//     retention failure does not fail Write (the checkpoint is complete): it
-//     is reported through StorageOptions.Logf and retried by the next Write
-//     of a checkpoint.
+//     retention failure does not fail anything (the checkpoint is
+//     complete): Tidy reports it through StorageOptions.Logf, and the Tidy
+//     after the next checkpoint retries it.
 //   - ST5: a Storage owns its job directory. OpenStorage removes leftover
 //     _metadata.tmp and _completed.tmp files and incomplete chk-N
 //     directories (checkpoints that were aborted, interrupted by a crash or
@@ -197,10 +198,10 @@ import (
 //     fails before the checkpoint is complete removes the keyed-state files
 //     its metadata references (best effort; never after ErrIndeterminate).
 //     Files of checkpoints that never complete do not accumulate: once
-//     Write completed checkpoint or savepoint N, it removes every
-//     incomplete chk-M directory with M < N (aborted, or subsumed by N, C4:
-//     none can complete any more; a failure is logged and retried by the
-//     next Write), and OpenStorage removes the rest (ST5). Retention and
+//     Persist completed checkpoint or savepoint N, the next Tidy removes
+//     every incomplete chk-M directory with M < N (aborted, or subsumed by
+//     N, C4: none can complete any more; a failure is logged and retried
+//     by the next Tidy), and OpenStorage removes the rest (ST5). Retention and
 //     Discard remove keyed-state files with their directories (ST3).
 //     Keyed-state files in an incomplete savepoint-N directory stay until
 //     OpenStorage (a savepoint is never subsumed and may complete after a
@@ -329,6 +330,9 @@ type Storage struct {
 	// each complete checkpoint directory references.
 	pending     map[int64]map[string]bool
 	sharedCache map[string][]string
+	// untidy are the checkpoints and savepoints persisted since the last
+	// Tidy, by the order of their Persist.
+	untidy []CompletedRef
 }
 
 // OpenStorage opens (creating if needed) the job directory dir/jobID with its
@@ -388,7 +392,16 @@ func (s *Storage) FS() vfs.FS { return s.fs }
 // LogPath returns the path of the completed-checkpoint log.
 func (s *Storage) LogPath() string { return s.fs.PathJoin(s.jobDir, CompletedLogName) }
 
-// Write writes md as checkpoint md.CheckpointID (directory chk-N), or as
+// Write is Persist followed, if it succeeded, by Tidy: for callers that
+// need not report the completion before the cleanup.
+func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
+	if path, err = s.Persist(md); err == nil {
+		s.Tidy()
+	}
+	return path, err
+}
+
+// Persist writes md as checkpoint md.CheckpointID (directory chk-N), or as
 // savepoint N (savepoint-N) if md.Options.Kind is marker.Savepoint, with
 // the channel state of its subtasks (SubtaskState.Channels) in files of
 // that directory written first (ST8) and the keyed-state files its
@@ -396,15 +409,16 @@ func (s *Storage) LogPath() string { return s.fs.PathJoin(s.jobDir, CompletedLog
 // completed-checkpoint log, and returns the directory. A nil error
 // means the checkpoint is complete: its metadata is durable and it is
 // logged (ST1, ST2, ST6); only then may it be reported complete. An error
-// means it is not, unless the error wraps ErrIndeterminate (ST7). Write
+// means it is not, unless the error wraps ErrIndeterminate (ST7). Persist
 // fails if the directory is complete already or the log records the id.
-// After writing, it removes the incomplete checkpoint directories below
-// the id (ST10), applies retention after a checkpoint (ST4) and compacts
-// the log if needed; their failures are reported through
-// StorageOptions.Logf, not returned.
+// The cleanup a completed checkpoint makes due (removing the incomplete
+// checkpoint directories below its id, ST10, retention after a checkpoint,
+// ST4, unreferenced shared files, ST13, and log compaction) is left to
+// Tidy, so that the caller can report the completion first: the sinks'
+// commits need not wait for old checkpoints to be deleted.
 //
 // md.JobID must be empty or the storage's job id.
-func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
+func (s *Storage) Persist(md *checkpoint.Metadata) (path string, err error) {
 	if md == nil {
 		return "", fmt.Errorf("snapshot: write to %s: nil metadata", s.jobDir)
 	}
@@ -450,7 +464,7 @@ func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 		// directory that is restorable but was never reported complete.
 		s.logDirty = true
 		if rerr := s.rewriteLog(s.log); rerr != nil {
-			s.logf("snapshot: %s %d: removing its record from %s failed (retried by the next Write): %v",
+			s.logf("snapshot: %s %d: removing its record from %s failed (retried by the next Persist): %v",
 				kind, id, s.LogPath(), rerr)
 		}
 		if uerr := removeMetadata(s.fs, dir); uerr != nil {
@@ -460,28 +474,50 @@ func (s *Storage) Write(md *checkpoint.Metadata) (path string, err error) {
 		removeOwnedFiles(s.fs, dir, files, written)
 		return "", fmt.Errorf("snapshot: write %s %d to %s: append to %s: %w", kind, id, dir, s.LogPath(), err)
 	}
-	if err := s.applyRetention(id, kind); err != nil {
-		if kind == marker.Checkpoint {
-			s.logf("snapshot: checkpoint %d is complete at %s, but deleting older checkpoints failed (retried after the next checkpoint): %v",
-				id, dir, err)
-		} else {
-			s.logf("snapshot: %s %d is complete at %s, but removing incomplete older checkpoints failed (retried after the next checkpoint): %v",
-				kind, id, dir, err)
+	if kind == marker.Checkpoint && s.sharedCache != nil {
+		s.sharedCache[dir] = sharedRefs(written)
+	}
+	s.untidy = append(s.untidy, ref)
+	return dir, nil
+}
+
+// Tidy carries out the cleanup that the checkpoints and savepoints
+// persisted since the last Tidy made due, in order: it removes the
+// incomplete chk-M directories below each one's id (ST10), and after a
+// checkpoint deletes the complete checkpoints beyond the newest Retain
+// (ST4) and the shared files no retained checkpoint references (ST13); it
+// then compacts the log if needed. Failures are reported through
+// StorageOptions.Logf, not returned, and retried after the next
+// checkpoint: the checkpoints are complete either way. A cleanup left
+// undone at Close or a crash is done by a later Tidy, or by OpenStorage
+// (ST5).
+func (s *Storage) Tidy() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	for _, r := range s.untidy {
+		if err := s.applyRetention(r.ID, r.Kind); err != nil {
+			if r.Kind == marker.Checkpoint {
+				s.logf("snapshot: checkpoint %d is complete at %s, but deleting older checkpoints failed (retried after the next checkpoint): %v",
+					r.ID, r.Path, err)
+			} else {
+				s.logf("snapshot: %s %d is complete at %s, but removing incomplete older checkpoints failed (retried after the next checkpoint): %v",
+					r.Kind, r.ID, r.Path, err)
+			}
+		}
+		if r.Kind == marker.Checkpoint {
+			if err := s.collectShared(r.ID); err != nil {
+				s.logf("snapshot: checkpoint %d is complete at %s, but deleting unreferenced shared state failed (retried after the next checkpoint): %v",
+					r.ID, r.Path, err)
+			}
 		}
 	}
-	if kind == marker.Checkpoint {
-		if s.sharedCache != nil {
-			s.sharedCache[dir] = sharedRefs(written)
-		}
-		if err := s.collectShared(id); err != nil {
-			s.logf("snapshot: checkpoint %d is complete at %s, but deleting unreferenced shared state failed (retried after the next checkpoint): %v",
-				id, dir, err)
-		}
-	}
+	s.untidy = s.untidy[:0]
 	if len(s.log) > logCompactAbove {
 		s.compactLog()
 	}
-	return dir, nil
 }
 
 // snapshotDir returns the directory of checkpoint or savepoint id and its
@@ -1031,14 +1067,14 @@ func (s *Storage) rewriteLog(recs []CompletedRef) error {
 }
 
 // compactLog rewrites the log with the logCompactKeep records of highest id
-// (ST6). A failure is logged; the next Write retries. s.mu must be held.
+// (ST6). A failure is logged; the next Tidy retries. s.mu must be held.
 func (s *Storage) compactLog() {
 	keep := slices.Clone(s.log)
 	slices.SortStableFunc(keep, func(a, b CompletedRef) int { return cmp.Compare(a.ID, b.ID) })
 	keep = keep[max(0, len(keep)-logCompactKeep):]
 	n := len(s.log)
 	if err := s.rewriteLog(keep); err != nil {
-		s.logf("snapshot: compacting %s from %d to %d records failed (retried by the next Write): %v",
+		s.logf("snapshot: compacting %s from %d to %d records failed (retried by the next Tidy): %v",
 			s.LogPath(), n, len(keep), err)
 	}
 }

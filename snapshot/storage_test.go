@@ -192,6 +192,48 @@ func TestStorageSavepoints(t *testing.T) {
 	}
 }
 
+// TestStoragePersistThenTidy: Persist leaves retention (ST4) and the
+// removal of incomplete checkpoints below the id (ST10) to Tidy, which
+// carries out what every Persist since the last Tidy made due, in order;
+// the checkpoint is complete and logged before Tidy; Tidy after Close does
+// nothing.
+func TestStoragePersistThenTidy(t *testing.T) {
+	fs := vfs.NewMem()
+	s := openTestStorage(t, fs, StorageOptions{Retain: 1})
+	persist := func(id int64, kind marker.Kind) {
+		t.Helper()
+		if _, err := s.Persist(storageTestMD(id, kind)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	persist(1, marker.Checkpoint)
+	if err := fs.MkdirAll(s.JobDir()+"/chk-2", 0o755); err != nil { // aborted
+		t.Fatal(err)
+	}
+	persist(3, marker.Checkpoint)
+	persist(4, marker.Savepoint)
+	persist(5, marker.Checkpoint)
+	if ids := checkpointIDs(t, s); !slices.Equal(ids, []int64{1, 3, 5}) {
+		t.Fatalf("before Tidy: %v", ids)
+	}
+	if ids := completedIDs(t, s); !slices.Equal(ids, []int64{1, 3, 4, 5}) {
+		t.Fatalf("log before Tidy: %v", ids)
+	}
+	mustExist(t, fs, s.JobDir()+"/chk-2", true)
+	s.Tidy()
+	if ids := checkpointIDs(t, s); !slices.Equal(ids, []int64{5}) {
+		t.Fatalf("after Tidy: %v", ids)
+	}
+	mustExist(t, fs, s.JobDir()+"/chk-2", false)
+	mustExist(t, fs, s.JobDir()+"/savepoint-4/_metadata", true)
+	persist(6, marker.Checkpoint)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.Tidy()
+	mustExist(t, fs, s.JobDir()+"/chk-5/_metadata", true)
+}
+
 func TestStorageRetention(t *testing.T) {
 	fs := vfs.NewMem()
 	s := openTestStorage(t, fs, StorageOptions{Retain: 2})

@@ -74,13 +74,23 @@ func (d *driver) run(ctx context.Context) error {
 // metadata write in turn. It reports whether the attempt is done.
 func (d *driver) step(ev master.Event) (done bool, err error) {
 	defer d.e.publish()
+	tidy := false
+	defer func() {
+		// The cleanup after a persisted checkpoint (retention, ST4) runs
+		// once its completion is carried out: the notifications are in
+		// the subtasks' mailboxes, and the sinks commit meanwhile.
+		if tidy {
+			d.storage.Tidy()
+		}
+	}()
 	d.acts = d.core.Step(d.acts[:0], ev)
 	for i := 0; i < len(d.acts); i++ {
 		switch a := d.acts[i].(type) {
 		case master.Mail:
 			d.a.Mailboxes[a.Box].Put(a.Mail)
 		case master.Write:
-			path, err := d.storage.Write(a.Metadata)
+			path, err := d.storage.Persist(a.Metadata)
+			tidy = tidy || err == nil
 			if err != nil {
 				d.e.logf("graph: checkpoint %d: %v", a.Metadata.CheckpointID, err)
 			}

@@ -41,7 +41,11 @@
 //     sink.Lingering.Contains, respectively those AbortStale's rule below
 //     names. So after a process kill no transaction the dead process
 //     left open keeps read_committed consumers behind it until the
-//     broker's transaction timeout.
+//     broker's transaction timeout, provided the next job restores a
+//     checkpoint of the dead one: a job that died before its first
+//     checkpoint completed is started afresh, which does not look for
+//     the dead one's transactions; those wait for the timeout (they hold
+//     no committed output either way).
 //
 // New refuses a TransactionTimeout shorter than CheckpointInterval +
 // RestartAllowance (ErrTimeoutTooShort, with the explanation): the broker

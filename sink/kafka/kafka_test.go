@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,17 +25,24 @@ type rec struct{ ID int64 }
 var errInjected = errors.New("injected failure")
 
 // faults fails occurrences [at, at+times) of a site, counted over every
-// subtask and attempt.
+// subtask and attempt; with afterCheckpoint set, only those after the
+// job's first completed checkpoint (runEOS marks it).
 type faults struct {
 	mu    sync.Mutex
 	n     map[string]int
 	at    map[string][2]int
 	fired []string
+	// afterCheckpoint: count nothing before armed is set.
+	afterCheckpoint bool
+	armed           atomic.Bool
 }
 
 func newFaults(spec map[string][2]int) *faults { return &faults{n: map[string]int{}, at: spec} }
 
 func (f *faults) hit(site string) error {
+	if f.afterCheckpoint && !f.armed.Load() {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.n[site]++
@@ -141,6 +149,11 @@ func runEOS(t *testing.T, c *kfake.Cluster, k committer, f *faults, par, restart
 		Restart:     graph.FixedDelay(restarts, 0),
 		Restore:     graph.RestoreConfig{Latest: latest},
 		Logf:        t.Logf,
+		OnEvent: func(e graph.Event) {
+			if e.Kind == graph.CheckpointCompleted {
+				f.armed.Store(true)
+			}
+		},
 	}
 	j := graph.NewJob(t.Name(), cfg)
 	s := graph.Source(j, "kafka", src.New)

@@ -59,9 +59,18 @@ type failAt struct {
 	mu        sync.Mutex
 	n         int
 	at, times int
+	// armed, if set, must be true for a record to count (a test sets it
+	// once a checkpoint completed); until then every record waits pace,
+	// so that a checkpoint completes before the input ends.
+	armed *atomic.Bool
+	pace  time.Duration
 }
 
 func (f *failAt) hit() error {
+	if f.armed != nil && !f.armed.Load() {
+		time.Sleep(f.pace)
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.n++

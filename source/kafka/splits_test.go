@@ -61,15 +61,21 @@ func TestSourceSplitWatermarks(t *testing.T) {
 	var first atomic.Value
 	var restored atomic.Int64
 	out := t.TempDir()
-	f := &failAt{at: per * 3 / 2, times: 1}
+	// The failure comes after a checkpoint completed, so that the restart
+	// restores one, however fast the machine.
+	var completed atomic.Bool
+	f := &failAt{at: per / 2, times: 1, armed: &completed, pace: 20 * time.Microsecond}
 	cfg := graph.Config{
 		Parallelism: 1, BufferSize: 8, FlushInterval: time.Millisecond,
 		Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: t.TempDir(), TolerableFailures: -1, Retain: 2},
 		Restart:    graph.FixedDelay(1, 0),
 		Logf:       func(string, ...any) {},
 		OnEvent: func(e graph.Event) {
-			if e.Kind == graph.JobRestored {
+			switch e.Kind {
+			case graph.JobRestored:
 				restored.Add(1)
+			case graph.CheckpointCompleted:
+				completed.Store(true)
 			}
 		},
 	}
