@@ -10,6 +10,8 @@ import (
 	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/snapflow/snapflow/internal/mpenc"
 )
 
 // encoder encodes values into one growing buffer and hands out sub-slices of
@@ -69,11 +71,11 @@ func encodeFast[T any](e *encoder, v *T, boxed bool) ([]byte, error) {
 	start := len(e.buf)
 	switch x := any(v).(type) {
 	case *string:
-		e.buf = appendString(e.buf, *x)
+		e.buf = mpenc.AppendString(e.buf, *x)
 	case *int:
-		e.buf = appendInt(e.buf, int64(*x))
+		e.buf = mpenc.AppendInt(e.buf, int64(*x))
 	case *int64:
-		e.buf = appendInt(e.buf, *x)
+		e.buf = mpenc.AppendInt(e.buf, *x)
 	case *float64:
 		e.buf = binary.BigEndian.AppendUint64(append(e.buf, 0xcb), math.Float64bits(*x))
 	case *bool:
@@ -89,52 +91,6 @@ func encodeFast[T any](e *encoder, v *T, boxed bool) ([]byte, error) {
 		return e.encode(v)
 	}
 	return e.buf[start:len(e.buf):len(e.buf)], nil
-}
-
-// appendInt appends n as msgpack's EncodeInt does: the shortest form,
-// unsigned for n >= 0.
-func appendInt(b []byte, n int64) []byte {
-	if n >= 0 {
-		switch u := uint64(n); {
-		case u <= math.MaxInt8:
-			return append(b, byte(u))
-		case u <= math.MaxUint8:
-			return append(b, 0xcc, byte(u))
-		case u <= math.MaxUint16:
-			return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(u))
-		case u <= math.MaxUint32:
-			return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(u))
-		default:
-			return binary.BigEndian.AppendUint64(append(b, 0xcf), u)
-		}
-	}
-	switch {
-	case n >= -32:
-		return append(b, byte(n))
-	case n >= math.MinInt8:
-		return append(b, 0xd0, byte(n))
-	case n >= math.MinInt16:
-		return binary.BigEndian.AppendUint16(append(b, 0xd1), uint16(n))
-	case n >= math.MinInt32:
-		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(n))
-	default:
-		return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(n))
-	}
-}
-
-// appendString appends s as msgpack's EncodeString does (no interning).
-func appendString(b []byte, s string) []byte {
-	switch l := len(s); {
-	case l < 32:
-		b = append(b, 0xa0|byte(l))
-	case l < 256:
-		b = append(b, 0xd9, byte(l))
-	case l <= math.MaxUint16:
-		b = binary.BigEndian.AppendUint16(append(b, 0xda), uint16(l))
-	default:
-		b = binary.BigEndian.AppendUint32(append(b, 0xdb), uint32(l))
-	}
-	return append(b, s...)
 }
 
 // decoder decodes restored bytes. It is reused across the elements of one

@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/snapflow/snapflow/internal/mpenc"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -134,8 +135,8 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		batch := db.NewBatch()
 		var kbuf []byte
 		for j := range keys {
-			kbuf = appendInt(appendPrefix(kbuf[:0], kgs[j], 0), keys[j])
-			if err := batch.Set(kbuf, appendInt(nil, 1), nil); err != nil {
+			kbuf = mpenc.AppendInt(appendPrefix(kbuf[:0], kgs[j], 0), keys[j])
+			if err := batch.Set(kbuf, mpenc.AppendInt(nil, 1), nil); err != nil {
 				b.Fatal(err)
 			}
 			if batch.Len() > 4<<20 || j == len(keys)-1 {
@@ -218,14 +219,14 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		}
 		var kbuf, vbuf []byte
 		incr := func(j int32) {
-			kbuf = appendInt(appendPrefix(kbuf[:0], kgs[j], 0), keys[j])
+			kbuf = mpenc.AppendInt(appendPrefix(kbuf[:0], kgs[j], 0), keys[j])
 			var n int64
 			v, c, err := s.db.Get(kbuf)
 			if err == nil {
 				n, _ = readInt(v)
 				_ = c.Close()
 			}
-			vbuf = appendInt(vbuf[:0], n+1)
+			vbuf = mpenc.AppendInt(vbuf[:0], n+1)
 			if err := s.db.Set(kbuf, vbuf, pebble.NoSync); err != nil {
 				b.Fatal(err)
 			}

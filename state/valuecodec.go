@@ -3,7 +3,8 @@ package state
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
+
+	"github.com/snapflow/snapflow/internal/mpenc"
 )
 
 // The snapshot encodings of stored values. A table encodes its values
@@ -106,7 +107,7 @@ type listCodec[E any] struct{ elem valueCodec[E] }
 
 func (c listCodec[E]) append(e *encoder, v *[]E) ([]byte, error) {
 	start := len(e.buf)
-	e.buf = appendArrayLen(e.buf, len(*v))
+	e.buf = mpenc.AppendArrayLen(e.buf, len(*v))
 	var hdr [5]byte
 	for i := range *v {
 		at := len(e.buf)
@@ -116,7 +117,7 @@ func (c listCodec[E]) append(e *encoder, v *[]E) ([]byte, error) {
 		}
 		// Put the bin header in front of the element's bytes.
 		n := len(e.buf) - at
-		h := appendBinLen(hdr[:0], n)
+		h := mpenc.AppendBinLen(hdr[:0], n)
 		e.buf = append(e.buf, h...)
 		copy(e.buf[at+len(h):], e.buf[at:at+n])
 		copy(e.buf[at:], h)
@@ -151,30 +152,6 @@ func (c listCodec[E]) decode(d *decoder, b []byte, v *[]E) error {
 	}
 	*v = l
 	return nil
-}
-
-// appendArrayLen appends a msgpack array header as msgpack's encoder does.
-func appendArrayLen(b []byte, n int) []byte {
-	switch {
-	case n < 16:
-		return append(b, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(b, 0xdc), uint16(n))
-	default:
-		return binary.BigEndian.AppendUint32(append(b, 0xdd), uint32(n))
-	}
-}
-
-// appendBinLen appends a msgpack bin header for n bytes.
-func appendBinLen(b []byte, n int) []byte {
-	switch {
-	case n <= math.MaxUint8:
-		return append(b, 0xc4, byte(n))
-	case n <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(b, 0xc5), uint16(n))
-	default:
-		return binary.BigEndian.AppendUint32(append(b, 0xc6), uint32(n))
-	}
 }
 
 // readArrayLen reads a msgpack array header.

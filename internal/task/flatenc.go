@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/snapflow/snapflow/internal/mpenc"
 )
 
 // Fast encoding of channel state for flat element types.
@@ -331,17 +333,6 @@ func appendLen(b []byte, l int, c8, c16, c32 byte) []byte {
 	return binary.BigEndian.AppendUint32(append(b, c32), uint32(l))
 }
 
-// appendArrayLen appends msgpack's array header of length l.
-func appendArrayLen(b []byte, l int) []byte {
-	switch {
-	case l < 16:
-		return append(b, 0x90|byte(l))
-	case l <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(b, 0xdc), uint16(l))
-	}
-	return binary.BigEndian.AppendUint32(append(b, 0xdd), uint32(l))
-}
-
 var (
 	customEncoderType   = reflect.TypeFor[msgpack.CustomEncoder]()
 	marshalerType       = reflect.TypeFor[msgpack.Marshaler]()
@@ -442,14 +433,14 @@ func (p *flatPlan) add(t reflect.Type, off uintptr) bool {
 			}
 			return true
 		}
-		p.lit(appendArrayLen(nil, n))
+		p.lit(mpenc.AppendArrayLen(nil, n))
 		for i := range n {
 			if !p.add(el, off+uintptr(i)*el.Size()) {
 				return false
 			}
 		}
 	case reflect.Struct:
-		p.lit(appendArrayLen(nil, t.NumField()))
+		p.lit(mpenc.AppendArrayLen(nil, t.NumField()))
 		for i := range t.NumField() {
 			f := t.Field(i)
 			if !f.IsExported() || f.Anonymous || !plainTag(f.Tag.Get("msgpack")) {
