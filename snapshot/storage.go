@@ -123,9 +123,9 @@ import (
 //     writes _metadata.tmp, syncs it, renames it to _metadata and then syncs
 //     the directory. A crash at any point leaves either no _metadata or one
 //     that decodes to exactly what was written.
-//   - ST2: once Persist (or Write) returns the path, the checkpoint survives a crash: the
-//     file, the rename, every directory entry leading to it and its log
-//     record are synced.
+//   - ST2: once Persist (or Write) returns the path, the checkpoint
+//     survives a crash: the file, the rename, every directory entry leading
+//     to it and its log record are synced.
 //   - ST3: a checkpoint is deleted by first removing its _metadata and
 //     syncing that removal, then removing the directory. A partially deleted
 //     directory is therefore never complete. Its log record stays.
@@ -182,7 +182,7 @@ import (
 //     file's path and the checkpoint, wrapping checkpoint.ErrCorrupt, so that
 //     package restore treats it exactly as corrupt metadata (R5, R7).
 //   - ST10: keyed-state files are written by the subtasks before their
-//     acknowledgement and made durable by Write, before the metadata that
+//     acknowledgement and made durable by Persist, before the metadata that
 //     references them. WriteKeyedState(id, kind, task) writes and closes
 //     the file KeyedStateFileName(uid, subtask) in the directory of
 //     checkpoint (or savepoint) id, creating it, and returns its
@@ -194,9 +194,9 @@ import (
 //     metadata references is in the checkpoint directory with the
 //     referenced size (else it fails, checkpoint.ErrInvalid), then syncs
 //     the files and the directory (ST8), so the files and their entries
-//     are durable before _metadata is written. A Write that
-//     fails before the checkpoint is complete removes the keyed-state files
-//     its metadata references (best effort; never after ErrIndeterminate).
+//     are durable before _metadata is written. A Persist that fails
+//     before the checkpoint is complete removes the keyed-state files its
+//     metadata references (best effort; never after ErrIndeterminate).
 //     Files of checkpoints that never complete do not accumulate: once
 //     Persist completed checkpoint or savepoint N, the next Tidy removes
 //     every incomplete chk-M directory with M < N (aborted, or subsumed by
@@ -1356,14 +1356,7 @@ func syncAll(fs vfs.FS, names []string, dirs ...string) error {
 			if err != nil {
 				return err
 			}
-			err = f.Sync()
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return fmt.Errorf("sync %s: %w", name, err)
-			}
-			return nil
+			return syncAndClose(f, "sync "+name)
 		})
 	}
 	for _, d := range dirs {
@@ -1603,12 +1596,17 @@ func syncDirectory(fs vfs.FS, dir string) error {
 	if err != nil {
 		return err
 	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
+	return syncAndClose(d, "sync directory "+dir)
+}
+
+// syncAndClose syncs and closes f, wrapping a failure in what.
+func syncAndClose(f vfs.File, what string) error {
+	err := f.Sync()
+	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("sync directory %s: %w", dir, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ var errInjected = errors.New("injected failure")
 
 // faults fails occurrences [at, at+times) of a site, counted over every
 // subtask and attempt; with afterCheckpoint set, only those after the
-// job's first completed checkpoint (runEOS marks it).
+// job's first completed checkpoint (the jobs' OnEvent arms it).
 type faults struct {
 	mu    sync.Mutex
 	n     map[string]int

@@ -242,9 +242,10 @@ func TestNewExecutionAbortsStale(t *testing.T) {
 	var mu sync.Mutex
 	var ids []sink.TxnID
 	var newest atomic.Int64
-	// The map fails at its first record after a checkpoint completed
-	// (afterCheckpoint), however fast the machine.
+	// The map fails at its first record after a checkpoint completed,
+	// however fast the machine.
 	f := newFaults(map[string][2]int{"map": {1, 1 << 30}})
+	f.afterCheckpoint = true
 	require.ErrorIs(t, runStaleJob(t, c, recordIDs{k, &mu, &ids}, f, &newest, ckpt, false), errInjected)
 	require.Positive(t, newest.Load(), "no checkpoint completed")
 	require.NotEmpty(t, ids)
@@ -294,32 +295,15 @@ func runStaleJob(t *testing.T, c *kfake.Cluster, k committer, f *faults, newest 
 		OnEvent: func(e graph.Event) {
 			if e.Kind == graph.CheckpointCompleted {
 				newest.Store(max(newest.Load(), e.CheckpointID))
+				f.armed.Store(true)
 			}
 		},
 	}
 	j := graph.NewJob(t.Name(), cfg)
 	s := graph.Source(j, "kafka", src.New)
-	mp := graph.Process(s, "map", func() graph.ProcessFunc[rec, rec] {
-		return afterCheckpoint{failing{f}, failing{newFaults(nil)}, newest}
-	})
+	mp := graph.Process(s, "map", func() graph.ProcessFunc[rec, rec] { return failing{f} })
 	graph.Sink(mp, "out", sink.TwoPhaseCommit[rec, *skafka.Txn](k, sink.WithCommitUser("user")))
 	return j.Run(context.Background())
-}
-
-// afterCheckpoint is the failing map whose faults count only records
-// processed after a checkpoint completed (newest > 0); before that it
-// passes records through as clean does.
-type afterCheckpoint struct {
-	failing
-	clean  failing
-	newest *atomic.Int64
-}
-
-func (m afterCheckpoint) Process(ctx *graph.Context, r rec, out graph.Collector[rec]) error {
-	if m.newest.Load() == 0 {
-		return m.clean.Process(ctx, r, out)
-	}
-	return m.failing.Process(ctx, r, out)
 }
 
 // TestAbortStaleListFailures: a cluster that cannot list transactions

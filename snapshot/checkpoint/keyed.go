@@ -16,9 +16,11 @@ import (
 // A keyed operator whose frozen state holds more than a few entries (the
 // runtime's memory threshold, Flink's state.storage.fs.memory-threshold)
 // writes it, in the asynchronous part of its snapshot, to a file of its
-// own in the checkpoint (or savepoint) directory and acknowledges with a KeyedStateRef instead of the KeyGroupState records
-// (SubtaskState.KeyedState); smaller keyed state stays inline in
-// _metadata (SubtaskState.KeyGroups). The file holds one block per key
+// own in the checkpoint (or savepoint) directory and acknowledges with a
+// KeyedStateRef instead of the KeyGroupState records
+// (SubtaskState.KeyedState); snapshot.Storage syncs it with the rest of
+// the checkpoint. Smaller keyed state stays inline in _metadata
+// (SubtaskState.KeyGroups). The file holds one block per key
 // group that has state, in ascending key-group order, so that a restore at
 // another parallelism reads only the blocks of the key groups a new
 // subtask owns (KeyGroupBlock: offset, length and checksum of each):
