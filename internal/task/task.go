@@ -857,7 +857,17 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 	var al *sourceAlignment // watermark alignment, nil without
 	if cfg.Alignment != nil {
 		al = newSourceAlignment(cfg.Alignment, r.et)
-		defer al.finish()
+		// A subtask that ends without error leaves the group; one that
+		// fails or is cancelled stays in it at its last watermark, so
+		// that the other members of its dying attempt are not released
+		// to read ahead (the attempt's registry goes with it).
+		defer func() {
+			if err == nil {
+				al.finish()
+			} else {
+				al.stop()
+			}
+		}()
 	}
 	// tick feeds the generator the clock when it is due (once per batch:
 	// one clock read, which the flush check below needs anyway).

@@ -474,8 +474,10 @@ func TestRunSourceAlignment(t *testing.T) {
 
 // TestRunSourceAlignmentStopAndCancel: a paused source takes a stop
 // savepoint (acks it and stops on MailStop without reading on, even when
-// resumed meanwhile: it is suspended), and a paused source ends at once
-// when its context is cancelled; either way it leaves its group.
+// resumed meanwhile: it is suspended) and leaves its group; a paused
+// source ends at once when its context is cancelled and stays in its
+// group, so that it does not release the other members of its dying
+// attempt.
 func TestRunSourceAlignmentStopAndCancel(t *testing.T) {
 	start := func(h *harness) (*Config, *AlignmentMember) {
 		fs, chain := h.sourceChain(10)
@@ -515,9 +517,9 @@ func TestRunSourceAlignmentStopAndCancel(t *testing.T) {
 			cfg, other := start(h)
 			h.cancel()
 			require.ErrorIs(t, h.wait(), context.Canceled)
-			require.True(t, cfg.Alignment.finished, "left the group")
-			other.Report(5)
-			require.False(t, other.Paused())
+			require.False(t, cfg.Alignment.finished, "a cancelled member stays in its group")
+			other.Report(100)
+			require.True(t, other.Paused(), "held back by the cancelled member's last watermark (29 + 25)")
 		})
 	})
 }

@@ -246,7 +246,8 @@ func (a *sourceAlignment) stop() {
 	}
 }
 
-// finish leaves the group (the end of the input, or the subtask stops).
+// finish leaves the group (the end of the input, or the subtask ends
+// without error).
 func (a *sourceAlignment) finish() {
 	a.stop()
 	a.m.Finish()
