@@ -4,6 +4,8 @@ import (
 	"hash/maphash"
 	"math/bits"
 	"math/rand/v2"
+	"reflect"
+	"unsafe"
 )
 
 // The cowTable's index from key to slot is an open-addressing hash table of
@@ -26,25 +28,50 @@ import (
 // minIndex is the smallest index size (a power of two).
 const minIndex = 16
 
-// hashKey is the index's hash of k: a seeded 64-bit mix for integer kinds
-// (the common keys, and the cheapest), maphash for the rest. It is not
-// keygroup.Hash: it is never persisted and may change at any time.
-func hashKey[K comparable](seed maphash.Seed, s64 uint64, k K) uint64 {
-	switch v := any(k).(type) {
-	case int64:
-		return mix64(uint64(v) ^ s64)
-	case int:
-		return mix64(uint64(v) ^ s64)
-	case uint64:
-		return mix64(v ^ s64)
-	case int32:
-		return mix64(uint64(v) ^ s64)
-	case uint32:
-		return mix64(uint64(v) ^ s64)
-	case string:
-		return maphash.String(seed, v)
+// keyKind says how the index hashes keys of a type: integer kinds of 8 or
+// 4 bytes (named or not) by a seeded 64-bit mix of their bits, strings by
+// maphash.String, everything else by maphash.Comparable. It is decided once
+// per index from the key type, so the per-record hash is a switch on a
+// field that never changes, not a type switch through the generic
+// dictionary (which costs a record several nanoseconds).
+type keyKind uint8
+
+const (
+	keyOther keyKind = iota
+	keyBits64
+	keyBits32
+	keyString
+)
+
+func kindOf[K comparable]() keyKind {
+	t := reflect.TypeFor[K]()
+	switch t.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Uint, reflect.Uint64, reflect.Uintptr,
+		reflect.Int32, reflect.Uint32:
+		switch t.Size() {
+		case 8:
+			return keyBits64
+		case 4:
+			return keyBits32
+		}
+	case reflect.String:
+		return keyString
 	}
-	return maphash.Comparable(seed, k)
+	return keyOther
+}
+
+// hash is the index's hash of k. It is not keygroup.Hash: it is never
+// persisted and may change at any time (the seeds differ per index).
+func (x *index[K]) hash(k K) uint64 {
+	switch x.kind {
+	case keyBits64:
+		return mix64(*(*uint64)(unsafe.Pointer(&k)) ^ x.s64)
+	case keyBits32:
+		return mix64(uint64(*(*uint32)(unsafe.Pointer(&k))) ^ x.s64)
+	case keyString:
+		return maphash.String(x.seed, *(*string)(unsafe.Pointer(&k)))
+	}
+	return maphash.Comparable(x.seed, k)
 }
 
 // mix64 is MurmurHash3's 64-bit finalizer.
@@ -63,6 +90,7 @@ type index[K comparable] struct {
 	mask  uint64
 	seed  maphash.Seed
 	s64   uint64
+	kind  keyKind
 }
 
 func newIndex[K comparable](n int) index[K] {
@@ -70,10 +98,8 @@ func newIndex[K comparable](n int) index[K] {
 	if n > minIndex/2 {
 		size = 1 << bits.Len(uint(2*n-1))
 	}
-	return index[K]{cells: make([]uint32, size), mask: uint64(size - 1), seed: maphash.MakeSeed(), s64: rand.Uint64()}
+	return index[K]{cells: make([]uint32, size), mask: uint64(size - 1), seed: maphash.MakeSeed(), s64: rand.Uint64(), kind: kindOf[K]()}
 }
-
-func (x *index[K]) hash(k K) uint64 { return hashKey(x.seed, x.s64, k) }
 
 // find returns the slot of k, or the cell where k would go.
 func (t *cowTable[K, V]) find(k K) (cell uint64, s slot, ok bool) {

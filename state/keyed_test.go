@@ -535,20 +535,39 @@ func checkNoAlloc[K comparable, V any](t *testing.T, keys []K, next func(V) V) {
 	require.Zero(t, allocs)
 }
 
+// BenchmarkValueUpdate is a record's read and write of its key's value
+// state: string keys, and int64 keys spread as the keyed pipeline's
+// (bench.KeyFn: 10,000 keys, in an order that is not the table's).
+//
+//	go test -run - -bench ValueUpdate -benchmem ./state
 func BenchmarkValueUpdate(b *testing.B) {
-	// go test -run - -bench . -benchmem ./state
-	be := newBackend[string](b, all, nil)
-	s, err := Value[string, int](be, "v")
+	b.Run("key=string", func(b *testing.B) {
+		keys := make([]string, 1024)
+		for i := range keys {
+			keys[i] = fmt.Sprint("key-", i)
+		}
+		benchValueUpdate(b, keys)
+	})
+	b.Run("key=int64", func(b *testing.B) {
+		keys := make([]int64, 1<<14)
+		for i := range keys {
+			keys[i] = int64(i*7919) % 10_000
+		}
+		benchValueUpdate(b, keys)
+	})
+}
+
+func benchValueUpdate[K comparable](b *testing.B, keys []K) {
+	be := newBackend[K](b, all, nil)
+	s, err := Value[K, int](be, "v")
 	require.NoError(b, err)
-	keys := make([]string, 1024)
 	kgs := make([]int, len(keys))
 	for i := range keys {
-		keys[i] = fmt.Sprint("key-", i)
 		kgs[i] = keygroup.Of(keys[i], maxP)
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		j := i & 1023
+		j := i & (len(keys) - 1)
 		be.SetCurrentKey(keys[j], kgs[j])
 		v, _ := s.Value()
 		s.Update(v + 1)

@@ -226,7 +226,7 @@ func newCOWTableSpec[K comparable, V any](n int, sp *spec[K, V], gen *uint64, no
 // lookup returns the slot of the current key k, or the index cell where
 // it would go (see find).
 func (t *cowTable[K, V]) lookup(k K) (cell uint64, s slot, ok bool) {
-	if t.cgen == *t.gen && !t.nocache {
+	if t.cached() {
 		return 0, t.cslot, true
 	}
 	cell, s, ok = t.find(k)
@@ -236,16 +236,39 @@ func (t *cowTable[K, V]) lookup(k K) (cell uint64, s slot, ok bool) {
 	return cell, s, ok
 }
 
+// cached reports whether cslot is the current key's slot. get and put test
+// it first, small enough to be inlined into the states' methods, so the
+// record's second access to its key costs no call at all.
+func (t *cowTable[K, V]) cached() bool { return t.cgen == *t.gen && !t.nocache }
+
 func (t *cowTable[K, V]) get(k K, _ int) (V, bool) {
-	_, s, ok := t.lookup(k)
+	if t.cached() {
+		return t.pages[t.cslot>>pageShift].e[t.cslot&pageMask].val, true
+	}
+	return t.getSlow(k)
+}
+
+func (t *cowTable[K, V]) getSlow(k K) (V, bool) {
+	_, s, ok := t.find(k)
 	if !ok {
 		var zero V
 		return zero, false
 	}
+	t.cgen, t.cslot = *t.gen, s
 	return t.pages[s>>pageShift].e[s&pageMask].val, true
 }
 
 func (t *cowTable[K, V]) put(k K, kg int, v V) {
+	if t.cached() {
+		if p := t.pages[t.cslot>>pageShift]; p.epoch > t.required {
+			p.e[t.cslot&pageMask].val = v
+			return
+		}
+	}
+	t.putSlow(k, kg, v)
+}
+
+func (t *cowTable[K, V]) putSlow(k K, kg int, v V) {
 	cell, s, ok := t.lookup(k)
 	if ok {
 		t.writable(int(s >> pageShift)).e[s&pageMask].val = v
