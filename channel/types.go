@@ -5,14 +5,19 @@ import (
 	"errors"
 	"time"
 
+	"github.com/snapflow/snapflow/internal/cacheline"
 	"github.com/snapflow/snapflow/marker"
 )
 
 // Buffer is a batch of records. Ownership passes from the writer to the
 // reader on Send; the reader hands it back with Recycle when it is done, after
-// which neither side may touch it (invariant CH5).
+// which neither side may touch it (invariant CH5). The writer appends to
+// Records per record, so the pads keep other objects off its cache lines
+// (package cacheline).
 type Buffer[T any] struct {
+	_       cacheline.Pad
 	Records []T
+	_       cacheline.Pad
 }
 
 // Item is what a reader polls: a data buffer or an in-band event. Exactly one

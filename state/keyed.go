@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/snapflow/snapflow/internal/cacheline"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
@@ -17,6 +18,9 @@ import (
 // KeyedBackend is the heap keyed-state backend of one keyed subtask. It holds
 // the state of the key groups in its range and is owned by one goroutine.
 type KeyedBackend[K comparable] struct {
+	// Written or read per record: off other subtasks' cache lines
+	// (package cacheline).
+	_    cacheline.Pad
 	kgs  keygroup.Range
 	maxP int
 
@@ -44,6 +48,7 @@ type KeyedBackend[K comparable] struct {
 	// tables Prefetch fills (pebble_prefetch.go).
 	pre         []prefetchKey[K]
 	prefetchers []prefetcher[K]
+	_           cacheline.Pad
 }
 
 // Close releases the storage of the backend: for a Pebble backend, it

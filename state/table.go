@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/snapflow/snapflow/internal/cacheline"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
@@ -184,6 +185,9 @@ type page[K comparable, V any] struct {
 // other values is encoded at freeze, on the backend's goroutine, in time
 // proportional to its size (the synchronous snapshot of earlier versions).
 type cowTable[K comparable, V any] struct {
+	// Written or read per record: off other subtasks' cache lines
+	// (package cacheline).
+	_     cacheline.Pad
 	idx   index[K]
 	pages []*page[K, V]
 	free  []slot
@@ -212,6 +216,7 @@ type cowTable[K comparable, V any] struct {
 	// onRemove, if set, is called with the slot of an entry that sweep is
 	// about to remove (a map table unlinks it from its key's chain).
 	onRemove func(s slot)
+	_        cacheline.Pad
 }
 
 // newCOWTable returns a table of a value state of V without options.

@@ -4,11 +4,16 @@ import (
 	"fmt"
 	"iter"
 	"reflect"
+
+	"github.com/snapflow/snapflow/internal/cacheline"
 )
 
 // ValueState is a keyed state that holds one value of type V per key. Its
 // methods act on the backend's current key, and they panic if no key is set.
 type ValueState[K comparable, V any] struct {
+	// Written or read per record: off other subtasks' cache lines
+	// (package cacheline).
+	_    cacheline.Pad
 	b    *KeyedBackend[K]
 	name string
 	info stateInfo
@@ -16,6 +21,7 @@ type ValueState[K comparable, V any] struct {
 	// heap is t when t is the heap table (no TTL): the per-record calls
 	// then need no dynamic dispatch.
 	heap *cowTable[K, V]
+	_    cacheline.Pad
 }
 
 // Value registers the keyed value state name with values of type V, or

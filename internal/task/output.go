@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/internal/cacheline"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
@@ -109,6 +110,9 @@ func (m *mapEdge[T, E]) write(ctx context.Context, recs []T) error {
 // that fails (the job is being cancelled) is recorded, later records are
 // dropped, and the subtask loop checks Err after each batch.
 type Output[T any] struct {
+	// Written or read per record: off other subtasks' cache lines
+	// (package cacheline).
+	_   cacheline.Pad
 	buf []T
 	n   int
 	// cur and single are set for a single output: buf is the full length of
@@ -128,6 +132,7 @@ type Output[T any] struct {
 	// edges are the staged output's edges.
 	edges []edgeWriter[T]
 	err   error
+	_     cacheline.Pad
 }
 
 // NewOutput returns an output writing to edges. ctx bounds every blocking
@@ -618,9 +623,13 @@ func (e *routeEdge[T]) write(ctx context.Context, recs []T) error {
 
 // keyedEdge is a hash-partitioned edge (see KeyedEdge).
 type keyedEdge[K comparable, T any] struct {
+	// Written or read per record: off other subtasks' cache lines
+	// (package cacheline).
+	_ cacheline.Pad
 	lanes[Keyed[K, T]]
 	key    func(T) K
 	assign *keygroup.Assigner
+	_      cacheline.Pad
 }
 
 // reroute sends every restored record to the channel of the subtask that
