@@ -124,3 +124,35 @@ func TestKeyedPathZeroAllocsPerRecord(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkKeyed runs the keyed pipeline alone (no baseline in the same
+// round), at p=1 and p=2, with checkpoints off and every 100 ms: ns/op is
+// per record. It is the quick way to compare two builds of the keyed path
+// (old and new binaries alternating) and, with two record counts, to
+// split the checkpoint cost into a per-checkpoint and a final part
+// (BENCHMARKS.md).
+func BenchmarkKeyed(b *testing.B) {
+	for _, p := range []int{1, 2} {
+		for _, interval := range []time.Duration{0, 100 * time.Millisecond} {
+			name := "off"
+			if interval > 0 {
+				name = interval.String()
+			}
+			b.Run(fmt.Sprintf("p=%d/checkpoint=%s", p, name), func(b *testing.B) {
+				cfg := graph.Config{Logf: func(string, ...any) {}}
+				if interval > 0 {
+					cfg.Checkpoint = graph.CheckpointConfig{Interval: interval, Dir: b.TempDir()}
+				}
+				var total KeyedTotal
+				b.ResetTimer()
+				if err := EngineKeyed(int64(b.N), p, cfg, &total).Run(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if got, want := total.Result(), ExpectedKeyed(int64(b.N)); got != want {
+					b.Fatalf("result %+v, want %+v", got, want)
+				}
+			})
+		}
+	}
+}
