@@ -449,16 +449,20 @@ type keyedPart struct {
 }
 
 func (p keyedPart) Run(ctx context.Context, st *checkpoint.SubtaskState) error {
-	kgs, err := p.s.Encode(ctx)
-	if err != nil {
+	if p.files == nil {
+		kgs, err := p.s.Encode(ctx)
+		st.KeyGroups = kgs
 		return err
 	}
-	if p.files == nil || len(kgs) == 0 {
-		st.KeyGroups = kgs
-		return nil
-	}
-	st.KeyedState, err = p.files.WriteKeyedState(ctx, p.barrier.ID, p.barrier.Options.Kind, p.task, kgs)
-	return err
+	// The file takes a copy: the encoding's memory is reused (EncodeTo).
+	return p.s.EncodeTo(ctx, func(kgs []checkpoint.KeyGroupState) error {
+		if len(kgs) == 0 {
+			return nil
+		}
+		var err error
+		st.KeyedState, err = p.files.WriteKeyedState(ctx, p.barrier.ID, p.barrier.Options.Kind, p.task, kgs)
+		return err
+	})
 }
 
 func (p keyedPart) Release() { p.s.Release() }

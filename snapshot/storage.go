@@ -541,7 +541,8 @@ type KeyedStateWriter interface {
 	// that checkpoint's directory and returns the reference to it for
 	// SubtaskState.KeyedState. The file need not be durable yet: the
 	// Write of the checkpoint's metadata makes it so (ST10). It stops early, with an
-	// error wrapping ctx.Err(), once ctx is done.
+	// error wrapping ctx.Err(), once ctx is done. It does not keep states,
+	// or any of their bytes, after it returns (the caller reuses them).
 	WriteKeyedState(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID, states []checkpoint.KeyGroupState) (*checkpoint.KeyedStateRef, error)
 	// WriteNativeState stores the files of a Pebble checkpoint of subtask
 	// t's instance for checkpoint id (never a savepoint), shared files in
@@ -551,6 +552,12 @@ type KeyedStateWriter interface {
 
 // keyedWriteBuffer is the write buffer of a keyed-state file.
 const keyedWriteBuffer = 256 << 10
+
+// keyedWriters are the keyed-state files' write buffers, reused: one
+// per file and checkpoint would be 256 KiB of garbage per keyed subtask
+// and checkpoint, a garbage collection per checkpoint in a job with a
+// small heap.
+var keyedWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, keyedWriteBuffer) }}
 
 // WriteKeyedState implements KeyedStateWriter: it writes
 // checkpoint.KeyedStateFileName(t.Operator, t.Subtask) in the directory of
@@ -575,12 +582,15 @@ func (s *Storage) WriteKeyedState(ctx context.Context, id int64, kind marker.Kin
 		if err != nil {
 			return nil, err
 		}
-		w := bufio.NewWriterSize(ctxWriter{ctx, f}, keyedWriteBuffer)
+		w := keyedWriters.Get().(*bufio.Writer)
+		w.Reset(ctxWriter{ctx, f})
 		ref, err := checkpoint.EncodeKeyedState(w, name,
 			checkpoint.KeyedStateHeader{CheckpointID: id, Operator: t.Operator, Subtask: t.Subtask}, states)
 		if err == nil {
 			err = w.Flush()
 		}
+		w.Reset(nil)
+		keyedWriters.Put(w)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}

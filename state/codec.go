@@ -12,6 +12,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/snapflow/snapflow/internal/mpenc"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
 // encoder encodes values into one growing buffer and hands out sub-slices of
@@ -21,6 +22,28 @@ import (
 type encoder struct {
 	buf []byte
 	enc *msgpack.Encoder
+	// es backs the snapshot entries that encodePages hands out (entries);
+	// used of them are taken.
+	es   []checkpoint.KeyedEntry
+	used int
+}
+
+// entries returns n snapshot entries for the caller to fill, from es
+// while it has room (so that a reused encoder allocates none).
+func (e *encoder) entries(n int) []checkpoint.KeyedEntry {
+	if cap(e.es)-e.used < n {
+		e.es, e.used = make([]checkpoint.KeyedEntry, max(n, 2*cap(e.es))), 0
+	}
+	es := e.es[e.used : e.used+n : e.used+n]
+	e.used += n
+	return es
+}
+
+// reset forgets what the encoder wrote, keeping its buffers.
+func (e *encoder) reset() {
+	e.buf = e.buf[:0]
+	clear(e.es[:e.used])
+	e.used = 0
 }
 
 func newEncoder() *encoder {

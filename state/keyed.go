@@ -8,6 +8,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/snapflow/snapflow/internal/cacheline"
@@ -489,6 +490,31 @@ func (s *KeyedSnapshot) Encode(ctx context.Context) ([]checkpoint.KeyGroupState,
 	}
 	return out, nil
 }
+
+// EncodeTo encodes the view as Encode does and hands the result to use,
+// which must not keep it, or any of its bytes, once it returns: the
+// memory is reused by later EncodeTo calls (a keyed-state file's writer
+// copies the states out). A job's checkpoints then encode their keyed
+// state without allocating it anew each time, and so without a garbage
+// collection per checkpoint for its sake.
+func (s *KeyedSnapshot) EncodeTo(ctx context.Context, use func([]checkpoint.KeyGroupState) error) error {
+	e := encoders.Get().(*encoder)
+	defer func() {
+		e.reset()
+		encoders.Put(e)
+	}()
+	var out []checkpoint.KeyGroupState
+	for _, p := range s.parts {
+		var err error
+		if out, err = p.encode(ctx, e, out); err != nil {
+			return err
+		}
+	}
+	return use(out)
+}
+
+// encoders are EncodeTo's encoders, with their buffers.
+var encoders = sync.Pool{New: func() any { return newEncoder() }}
 
 // Release ends the view (see KeyedSnapshot). Releasing twice is a no-op.
 func (s *KeyedSnapshot) Release() {

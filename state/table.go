@@ -561,7 +561,7 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 	if sum == 0 {
 		return encoded{}, nil // everything expired
 	}
-	x.es = make([]checkpoint.KeyedEntry, sum)
+	x.es = e.entries(sum)
 	if h > 0 {
 		for _, g := range x.groups {
 			x.es[g.from] = checkpoint.KeyedEntry{Value: sp.desc}
