@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
@@ -439,7 +440,7 @@ func TestMapFreezeIsolation(t *testing.T) {
 	view.Release()
 	require.Equal(t, want, got, "writes after Freeze are not in the view")
 	for i, p := range pv.pages {
-		require.NotSame(t, p, tbl.pages[i], "page %d was written, so copied", i)
+		require.NotSame(t, unsafe.SliceData(p.e), unsafe.SliceData(tbl.pages[i].e), "page %d was written, so copied", i)
 	}
 	now, err := b.Snapshot()
 	require.NoError(t, err)

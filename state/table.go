@@ -189,7 +189,7 @@ type cowTable[K comparable, V any] struct {
 	// (package cacheline).
 	_     cacheline.Pad
 	idx   index[K]
-	pages []*page[K, V]
+	pages []page[K, V]
 	free  []slot
 	n     int // live entries
 	// epoch is the current epoch: pages made now carry it. required is the
@@ -265,7 +265,7 @@ func (t *cowTable[K, V]) getSlow(k K) (V, bool) {
 
 func (t *cowTable[K, V]) put(k K, kg int, v V) {
 	if t.cached() {
-		if p := t.pages[t.cslot>>pageShift]; p.epoch > t.required {
+		if p := &t.pages[t.cslot>>pageShift]; p.epoch > t.required {
 			p.e[t.cslot&pageMask].val = v
 			return
 		}
@@ -314,7 +314,7 @@ func (t *cowTable[K, V]) insert(k K, kg int, v V, cell uint64) slot {
 			if uint64(len(t.pages)+1)*pageSize > maxSlots {
 				panic(fmt.Sprintf("state: a keyed state holds more than %d entries", uint64(maxSlots)))
 			}
-			t.pages = append(t.pages, &page[K, V]{epoch: t.epoch, e: make([]pageEntry[K, V], 0, firstPageCap)})
+			t.pages = append(t.pages, page[K, V]{epoch: t.epoch, e: make([]pageEntry[K, V], 0, firstPageCap)})
 			last++
 		}
 		p := t.writable(last)
@@ -392,8 +392,10 @@ func (t *cowTable[K, V]) cellOf(s slot) uint64 {
 }
 
 // writable returns page i, copied first if a live view may hold it.
+//
+// The result points into t.pages: valid until the next append to it.
 func (t *cowTable[K, V]) writable(i int) *page[K, V] {
-	if p := t.pages[i]; p.epoch > t.required {
+	if p := &t.pages[i]; p.epoch > t.required {
 		return p
 	}
 	return t.copyPage(i)
@@ -401,14 +403,15 @@ func (t *cowTable[K, V]) writable(i int) *page[K, V] {
 
 //go:noinline
 func (t *cowTable[K, V]) copyPage(i int) *page[K, V] {
-	old := t.pages[i]
-	c := cap(old.e)
-	if len(old.e) < pageSize {
-		c = min(pageSize, max(c, 2*len(old.e), firstPageCap))
+	p := &t.pages[i]
+	old := p.e
+	c := cap(old)
+	if len(old) < pageSize {
+		c = min(pageSize, max(c, 2*len(old), firstPageCap))
 	}
-	p := &page[K, V]{epoch: t.epoch, e: make([]pageEntry[K, V], len(old.e), c)}
-	copy(p.e, old.e)
-	t.pages[i] = p
+	e := make([]pageEntry[K, V], len(old), c)
+	copy(e, old)
+	*p = page[K, V]{epoch: t.epoch, e: e}
 	return p
 }
 
@@ -460,7 +463,7 @@ func (t *cowTable[K, V]) unpin(epoch uint64) {
 // backend's goroutine.
 type pageView[K comparable, V any] struct {
 	name  string
-	pages []*page[K, V]
+	pages []page[K, V]
 	n     int
 	t     *cowTable[K, V]
 	epoch uint64
@@ -521,7 +524,7 @@ func (x *encoded) appendTo(out []checkpoint.KeyGroupState, name string) []checkp
 // first pass counts the entries of each key group, so the second encodes
 // every entry straight into its group's place and only the groups are
 // sorted, by key. It checks ctx once per page.
-func encodePages[K comparable, V any](ctx context.Context, e *encoder, name string, sp *spec[K, V], now int64, pages []*page[K, V], n int) (encoded, error) {
+func encodePages[K comparable, V any](ctx context.Context, e *encoder, name string, sp *spec[K, V], now int64, pages []page[K, V], n int) (encoded, error) {
 	if n == 0 {
 		return encoded{}, nil
 	}
