@@ -42,9 +42,11 @@
 // found through an open-addressing index of 4-byte slots that only the
 // subtask goroutine uses (index.go: a Go map from key to slot holds every
 // key twice, and index plus pages then no longer fit a core's cache at
-// 10,000 keys). A read or an update of an existing key is one index lookup
-// (the slot of the current key is remembered between a record's read and
-// its write) and no encoding or allocation.
+// 10,000 keys). The table holds its pages by value (epoch and entries), so a
+// lookup reads the page's entries straight from the page slice. A read or
+// an update of an existing key is one index lookup (the slot of the current
+// key is remembered between a record's read and its write) and no encoding
+// or allocation.
 //
 // A map state is one cowTable of all its entries, keyed by the composite
 // MapKey (key, user key), so it freezes in O(pages) like any other state
