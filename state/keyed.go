@@ -480,8 +480,11 @@ func (s *KeyedSnapshot) Entries() int { return s.n }
 // Snapshot taken at Freeze. It stops early, with an error wrapping
 // ctx.Err(), once ctx is done.
 func (s *KeyedSnapshot) Encode(ctx context.Context) ([]checkpoint.KeyGroupState, error) {
+	return s.encode(ctx, newEncoder())
+}
+
+func (s *KeyedSnapshot) encode(ctx context.Context, e *encoder) ([]checkpoint.KeyGroupState, error) {
 	var out []checkpoint.KeyGroupState
-	e := newEncoder()
 	for _, p := range s.parts {
 		var err error
 		if out, err = p.encode(ctx, e, out); err != nil {
@@ -503,12 +506,9 @@ func (s *KeyedSnapshot) EncodeTo(ctx context.Context, use func([]checkpoint.KeyG
 		e.reset()
 		encoders.Put(e)
 	}()
-	var out []checkpoint.KeyGroupState
-	for _, p := range s.parts {
-		var err error
-		if out, err = p.encode(ctx, e, out); err != nil {
-			return err
-		}
+	out, err := s.encode(ctx, e)
+	if err != nil {
+		return err
 	}
 	return use(out)
 }

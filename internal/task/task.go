@@ -1027,11 +1027,6 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 	}
 }
 
-// RunInput runs a subtask with inputs until it finishes, stops, fails or
-// ctx ends. process is the head's ProcessBatch; chain holds the head and
-// the operators chained to it. When every input ended it ends the chain's
-// input (EndInput drains the timers); with checkpointing it then reports
-// InputEnded and serves its mailbox until MailFinish or MailStop.
 // inputSpins is how many times a subtask whose inputs ran dry yields
 // (runtime.Gosched, about 0.1 µs each) and polls again before it blocks.
 // A blocked reader that its writer wakes is put on the writer's P and
@@ -1042,6 +1037,11 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 // pipeline at p=1 about 13 % faster (BenchmarkKeyed; BENCHMARKS.md).
 const inputSpins = 64
 
+// RunInput runs a subtask with inputs until it finishes, stops, fails or
+// ctx ends. process is the head's ProcessBatch; chain holds the head and
+// the operators chained to it. When every input ended it ends the chain's
+// input (EndInput drains the timers); with checkpointing it then reports
+// InputEnded and serves its mailbox until MailFinish or MailStop.
 func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], mode marker.Mode, process func([]IN) error, chain *Chain) (err error) {
 	defer guard(cfg.Info, chain, &err)
 	r := newRunner(cfg, chain, false)
