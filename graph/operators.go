@@ -487,7 +487,7 @@ func (p nativePart) Run(ctx context.Context, st *checkpoint.SubtaskState) error 
 		return err
 	}
 	ref, err := p.files.WriteNativeState(ctx, p.id, p.task, snapshot.NativeFiles{
-		FS: p.s.FS, Dir: p.s.Dir, Instance: p.s.Instance, States: p.s.States, Known: p.s.Known})
+		FS: p.s.FS, Dir: p.s.Dir, Instance: p.s.Instance, States: p.s.States, Known: p.s.Known, Spans: p.s.Spans})
 	if err != nil {
 		return err
 	}

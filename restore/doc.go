@@ -206,14 +206,22 @@
 //     damaged file makes LatestPlan fall back exactly as R11 says, naming
 //     the file; the copies of a plan that is not returned are removed
 //     (RemoveNativeCopies). The new subtask owns its copies: a Pebble
-//     backend whose range lies inside one old instance's opens that
-//     instance from its copy and deletes the key groups it does not own;
-//     otherwise (the range spans several instances, or the job's backend
-//     is the heap) it reads its key groups out of each instance as records
-//     (package state, RestorePebbleKeyedBackend, NativeKeyGroups). Unlike
-//     R10, a rescale then reads whole old instances: every new subtask
-//     that overlaps an old one copies all of its files (Flink's RocksDB
-//     rescaling does the same); at unchanged parallelism every file is
-//     read once. The execution removes the copies no subtask took once the
-//     attempt ended, and OpenStorage whatever a crash left.
+//     backend whose range is an old instance's (unchanged parallelism),
+//     or lies inside it when the copy is whole, opens that instance from
+//     its copy and deletes the key groups it does not own; otherwise it
+//     builds its instance from the entries of its key groups (ingestion),
+//     or, when the job's backend is the heap, reads them as records
+//     (package state, RestorePebbleKeyedBackend, NativeKeyGroups). The
+//     execution removes the copies no subtask took once the attempt ended,
+//     and OpenStorage whatever a crash left.
+//   - R13: a rescale reads of an old instance only the files that may hold
+//     the new subtask's key groups: when the new range does not contain
+//     the old one, LoadKeyedState copies (and checks, as R12 says) only the
+//     files whose key-group span overlaps the new range or is unknown
+//     (checkpoint.NativeFile.Span, F13), and stands a placeholder of the
+//     same size, never read, for each other sstable
+//     (checkpoint.NativeRestore.Partial), so the bytes read are those of the
+//     sstables that overlap the new range plus the instance's small files;
+//     a damaged file outside the new range is then not noticed, since it is
+//     not needed. At unchanged parallelism every file is read once.
 package restore

@@ -3,6 +3,7 @@ package restore
 import (
 	"context"
 	"fmt"
+	"hash/crc32"
 	"strings"
 	"testing"
 
@@ -111,4 +112,89 @@ func TestNativeAssignAndLoad(t *testing.T) {
 	copies, err = fs.List(st.JobDir() + "/" + snapshot.RestoreDir)
 	require.NoError(t, err)
 	require.Len(t, copies, 2, "only the copies of the plan that was returned are left")
+}
+
+// TestNativeRescaleCopiesOverlappingFiles: at a changed parallelism,
+// LoadKeyedState copies of each old instance only the files whose key-group
+// span overlaps the new subtask's range (or that have none), checked, and
+// stands a placeholder of the same size for every other sstable
+// (NativeRestore.Partial, R13); at unchanged parallelism it copies
+// everything. The bytes read are exactly those of the copied files.
+func TestNativeRescaleCopiesOverlappingFiles(t *testing.T) {
+	fs := vfs.NewMem()
+	st, err := snapshot.OpenStorage("/d", testJob, snapshot.StorageOptions{FS: fs, Retain: 10})
+	require.NoError(t, err)
+	const id, p, width = 1, 2, 16 // an sstable per 16 key groups
+	md := latestTestMD(id, marker.Checkpoint)
+	op := checkpoint.OperatorState{UID: "sum", Name: "sum", Parallelism: p, MaxParallelism: keyedMaxP}
+	local := vfs.NewMem()
+	for i := range p {
+		r := keygroup.RangeFor(keyedMaxP, p, i)
+		dir := fmt.Sprintf("/work/%d", i)
+		require.NoError(t, local.MkdirAll(dir, 0o755))
+		files := map[string]string{"MANIFEST-000001": "manifest", "000099.sst": "an sstable of unknown span"}
+		spans := map[string]checkpoint.KeyGroupSpan{}
+		for kg := r.Start; kg <= r.End; kg += width {
+			name := fmt.Sprintf("%06d.sst", kg+1)
+			files[name] = strings.Repeat(fmt.Sprintf("kg %d ", kg), 50)
+			spans[name] = checkpoint.KeyGroupSpan{First: uint16(kg), Last: uint16(kg + width - 1)}
+		}
+		for name, content := range files {
+			f, err := local.Create(local.PathJoin(dir, name), vfs.WriteCategoryUnspecified)
+			require.NoError(t, err)
+			_, err = f.Write([]byte(content))
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+		}
+		ref, err := st.WriteNativeState(context.Background(), id, checkpoint.TaskID{Operator: "sum", Subtask: i},
+			snapshot.NativeFiles{FS: local, Dir: dir, Instance: fmt.Sprintf("inst%d", i), States: []checkpoint.NativeState{{Name: "sum", Entries: -1}}, Spans: spans})
+		require.NoError(t, err)
+		op.Subtasks = append(op.Subtasks, checkpoint.SubtaskState{Subtask: i, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref})
+	}
+	md.Operators = append(md.Operators, op)
+	path, err := st.Write(md)
+	require.NoError(t, err)
+
+	for _, to := range []int{3, 2, 1} {
+		t.Run(fmt.Sprintf("2->%d", to), func(t *testing.T) {
+			cfs := &countingFS{FS: fs, read: map[string]int64{}}
+			md, err := snapshot.ReadMetadata(cfs, path)
+			require.NoError(t, err)
+			plan, err := Assign(md, path, keyedOps(to), false, nil)
+			require.NoError(t, err)
+			clear(cfs.read) // the metadata
+			require.NoError(t, LoadKeyedState(cfs, plan))
+			defer RemoveNativeCopies(fs, plan)
+			var want int64
+			for i := range to {
+				s := plan.Tasks[checkpoint.TaskID{Operator: "sum", Subtask: i}]
+				for _, nr := range s.RestoredNative {
+					whole := nr.KeyGroupStart >= s.KeyGroupStart && nr.KeyGroupEnd <= s.KeyGroupEnd
+					placeholders := false
+					for _, f := range nr.Ref.Files {
+						b := readAll(t, fs, nr.Dir+"/"+f.Name)
+						require.EqualValues(t, f.Size, len(b), "%s has its size", f.Name)
+						copied := whole || f.Overlaps(s.KeyGroupStart, s.KeyGroupEnd)
+						if copied {
+							want += f.Size
+							require.Equal(t, f.CRC32C, crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)), "%s is a copy", f.Name)
+						} else {
+							placeholders = true
+							require.Equal(t, make([]byte, f.Size), b, "%s is a placeholder", f.Name)
+						}
+						if f.Span == nil {
+							require.True(t, copied, "a file of unknown span is copied")
+						}
+					}
+					require.Equal(t, placeholders, nr.Partial, "subtask %d, old [%d, %d]", i, nr.KeyGroupStart, nr.KeyGroupEnd)
+					require.Equal(t, !whole, nr.Partial)
+				}
+			}
+			var read int64
+			for _, n := range cfs.read {
+				read += n
+			}
+			require.Equal(t, want, read, "only the copied files are read, once")
+		})
+	}
 }

@@ -418,12 +418,19 @@ func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 			for k := range s.RestoredNative {
 				nr := &s.RestoredNative[k]
 				to := fs.PathJoin(fs.PathDir(dir), snapshot.RestoreDir, fmt.Sprintf("%d-%d-%d", os.Getpid(), restoreSeq.Add(1), k))
-				if err := snapshot.CopyNativeState(fs, fs.PathDir(dir), dir, plan.CheckpointID, id.Operator, nr.Ref, to); err != nil {
+				// A subtask that needs only some of the old instance's key
+				// groups reads only the files that may hold them (R13).
+				first, last := 0, 1<<16
+				if nr.KeyGroupStart < s.KeyGroupStart || nr.KeyGroupEnd > s.KeyGroupEnd {
+					first, last = s.KeyGroupStart, s.KeyGroupEnd
+				}
+				partial, err := snapshot.CopyNativeStateFor(fs, fs.PathDir(dir), dir, plan.CheckpointID, id.Operator, nr.Ref, to, first, last)
+				if err != nil {
 					_ = fs.RemoveAll(to)
 					errs[i] = err
 					return
 				}
-				nr.Dir = to
+				nr.Dir, nr.Partial = to, partial
 			}
 			slices.SortStableFunc(s.KeyGroups, func(a, b checkpoint.KeyGroupState) int { return cmp.Compare(a.KeyGroup, b.KeyGroup) })
 			s.RestoredKeyedState = nil

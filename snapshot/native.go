@@ -75,6 +75,9 @@ type NativeFiles struct {
 	// the checkpoint it was restored from stored): a live file found there,
 	// and in shared/ with its size, is referenced without being read.
 	Known map[string]checkpoint.NativeFile
+	// Spans holds, by name, the key groups of the sstables whose bounds
+	// the instance knew (NativeFile.Span, F13).
+	Spans map[string]checkpoint.KeyGroupSpan
 }
 
 // sharedFile reports whether a file of a Pebble directory is immutable
@@ -144,9 +147,15 @@ func (s *Storage) writeNative(ctx context.Context, id int64, t checkpoint.TaskID
 			continue
 		}
 		f.Shared = true
+		if sp, ok := nf.Spans[name]; ok {
+			f.Span = &sp
+		}
 		k, known := nf.Known[name]
 		if known && k.Size == f.Size {
 			f.Path, f.CRC32C = k.Path, k.CRC32C
+			if f.Span == nil {
+				f.Span = k.Span
+			}
 		} else {
 			known = false
 			f.Path = checkpoint.NativeSharedFileName(t.Operator, t.Subtask, nf.Instance, name)
@@ -259,14 +268,34 @@ func fileCRC(ctx context.Context, fs vfs.FS, name string) (uint32, error) {
 // checkpoint and the operator, and wraps checkpoint.ErrCorruptKeyedState.
 // A nil fs is vfs.Default.
 func CopyNativeState(fs vfs.FS, jobDir, dir string, id int64, uid string, ref *checkpoint.NativeStateRef, to string) error {
+	_, err := CopyNativeStateFor(fs, jobDir, dir, id, uid, ref, to, 0, 1<<16)
+	return err
+}
+
+// CopyNativeStateFor is CopyNativeState for a subtask that needs only the
+// key groups [first, last] of ref (F13): it copies and checks only the
+// files that may hold one of them, and stands for every other sstable a
+// placeholder of the same size (a sparse file, not read from the stored
+// one), which Pebble opening the instance read-only finds but, reading
+// within [first, last], never reads. It reports whether it made a
+// placeholder (checkpoint.NativeRestore.Partial), and removes nothing on
+// error (the caller removes to).
+func CopyNativeStateFor(fs vfs.FS, jobDir, dir string, id int64, uid string, ref *checkpoint.NativeStateRef, to string, first, last int) (partial bool, err error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
 	if err := fs.MkdirAll(to, 0o755); err != nil {
-		return &ReadError{Path: to, Err: err}
+		return false, &ReadError{Path: to, Err: err}
 	}
 	for _, f := range ref.Files {
 		from := nativePath(fs, jobDir, dir, f)
+		if sharedFile(f.Name) && !f.Overlaps(first, last) {
+			if err := placeholder(fs, fs.PathJoin(to, f.Name), f.Size); err != nil {
+				return false, &ReadError{Path: to, Err: err}
+			}
+			partial = true
+			continue
+		}
 		crc, err := copyFileSynced(context.Background(), fs, from, fs, fs.PathJoin(to, f.Name))
 		if err == nil {
 			var fi os.FileInfo
@@ -282,10 +311,26 @@ func CopyNativeState(fs vfs.FS, jobDir, dir string, id int64, uid string, ref *c
 			err = fmt.Errorf("%w: the file is missing: %w", checkpoint.ErrCorruptKeyedState, err)
 		}
 		if err != nil {
-			return &ReadError{Path: from, Err: fmt.Errorf("native keyed state of checkpoint %d, operator %q: %w", id, uid, err)}
+			return false, &ReadError{Path: from, Err: fmt.Errorf("native keyed state of checkpoint %d, operator %q: %w", id, uid, err)}
 		}
 	}
-	return nil
+	return partial, nil
+}
+
+// placeholder creates name as a file of size bytes without writing them
+// (sparse where the file system allows).
+func placeholder(fs vfs.FS, name string, size int64) error {
+	f, err := fs.Create(name, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	if size > 0 {
+		_, err = f.WriteAt([]byte{0}, size-1)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // nativePath is where the stored file f of a checkpoint in dir is.

@@ -133,7 +133,7 @@ func (w *ingestWriter) copyInstance(fs vfs.FS, nr checkpoint.NativeRestore, r ke
 	}
 	states := slices.Clone(nr.Ref.States)
 	slices.SortFunc(states, func(a, b checkpoint.NativeState) int { return int(ids[a.Name]) - int(ids[b.Name]) })
-	db, err := pebble.Open(nr.Dir, &pebble.Options{FS: fs, ReadOnly: true, Logger: quietLogger{}})
+	db, err := openRestored(fs, nr)
 	if err != nil {
 		return err
 	}

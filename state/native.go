@@ -99,6 +99,9 @@ type NativeSnapshot struct {
 	// instance referenced (or that the checkpoint it was restored from
 	// did), by name in the instance, as Take found them.
 	Known map[string]checkpoint.NativeFile
+	// Spans are the key groups of the sstables in Dir, by name, as far as
+	// the instance knew their bounds once Take returned nil (N4).
+	Spans map[string]checkpoint.KeyGroupSpan
 
 	s *pebbleStore
 	// taken is closed when the Pebble checkpoint was taken (or failed,
@@ -146,9 +149,11 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 		if err := s.db.Flush(); err != nil {
 			return nil, fmt.Errorf("state: native snapshot: flushing Pebble in %s: %w", s.dir, err)
 		}
-		if err := s.checkpoint(ns.Dir); err != nil {
+		spans, err := s.checkpoint(ns.Dir)
+		if err != nil {
 			return nil, err
 		}
+		ns.Spans = spans
 		s.chks[ns.Dir] = struct{}{} // Release and close remove it
 	} else {
 		m := s.db.NewBatch()
@@ -181,14 +186,49 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 }
 
 // checkpoint takes a Pebble checkpoint of s into dir, removing dir if it
-// fails. It touches nothing of s but the instance and its file system, so
+// fails, and returns the key groups of the sstables it knows the bounds of
+// (N4). It touches nothing of s but the instance and its file system, so
 // it runs on any goroutine.
-func (s *pebbleStore) checkpoint(dir string) error {
+func (s *pebbleStore) checkpoint(dir string) (map[string]checkpoint.KeyGroupSpan, error) {
 	if err := s.db.Checkpoint(dir); err != nil {
 		_ = s.fs.RemoveAll(dir)
-		return fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, dir, err)
+		return nil, fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, dir, err)
 	}
-	return nil
+	// Read after the checkpoint: a table it holds is in this version
+	// unless a compaction removed it since, and then it has no span.
+	levels, err := s.db.SSTables()
+	if err != nil {
+		return nil, nil // no spans: a restore reads every file
+	}
+	spans := make(map[string]checkpoint.KeyGroupSpan)
+	virtual := map[uint64]bool{}
+	for _, l := range levels {
+		for _, t := range l {
+			name := fmt.Sprintf("%06d.sst", uint64(t.BackingSSTNum))
+			if t.Virtual || virtual[uint64(t.BackingSSTNum)] {
+				// A virtual table's backing file holds more than its
+				// bounds say.
+				virtual[uint64(t.BackingSSTNum)] = true
+				delete(spans, name)
+				continue
+			}
+			spans[name] = tableSpan(t.Smallest.UserKey, t.Largest.UserKey)
+		}
+	}
+	return spans, nil
+}
+
+// tableSpan returns the key groups of the keys between smallest and
+// largest: their first two bytes (S1); a shorter key bounds nothing.
+func tableSpan(smallest, largest []byte) checkpoint.KeyGroupSpan {
+	sp := checkpoint.KeyGroupSpan{First: 0, Last: 0xffff}
+	if len(smallest) >= 2 {
+		sp.First = binary.BigEndian.Uint16(smallest)
+	}
+	if len(largest) >= 2 {
+		sp.Last = binary.BigEndian.Uint16(largest)
+	}
+	return sp
 }
 
 // take waits for the flush of the memtable rotated at the barrier (whose
@@ -206,7 +246,7 @@ func (n *NativeSnapshot) take(s *pebbleStore, flushed <-chan struct{}, seq uint6
 	if testHookFlushed != nil {
 		testHookFlushed(s.db)
 	}
-	if n.err = s.checkpoint(n.Dir); n.err != nil {
+	if n.Spans, n.err = s.checkpoint(n.Dir); n.err != nil {
 		return
 	}
 	names, err := s.fs.List(n.Dir)
@@ -403,7 +443,9 @@ func (src NativeSource) remove() {
 // groups of r are read out of every instance (NativeKeyGroups) and
 // restored as records. The directories of src are removed either way.
 func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState, src NativeSource) (*KeyedBackend[K], error) {
-	if len(restored) == 0 && len(src.Restores) > 0 && !(len(src.Restores) == 1 && src.Restores[0].KeyGroupStart <= r.Start && src.Restores[0].KeyGroupEnd >= r.End) && ingestable(src.Restores) {
+	adopt := len(restored) == 0 && len(src.Restores) == 1 && !src.Restores[0].Partial &&
+		src.Restores[0].KeyGroupStart <= r.Start && src.Restores[0].KeyGroupEnd >= r.End
+	if !adopt && len(restored) == 0 && len(src.Restores) > 0 && ingestable(src.Restores) {
 		defer src.remove()
 		b, err := NewKeyedBackend[K](r, maxParallelism, nil)
 		if err != nil {
@@ -414,7 +456,7 @@ func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range,
 		}
 		return b, nil
 	}
-	if len(src.Restores) != 1 || len(restored) > 0 || src.Restores[0].KeyGroupStart > r.Start || src.Restores[0].KeyGroupEnd < r.End {
+	if !adopt {
 		kgs, err := NativeKeyGroups(src, r)
 		if err != nil {
 			return nil, err
@@ -529,7 +571,7 @@ func readNative(fs vfs.FS, nr checkpoint.NativeRestore, r keygroup.Range, out []
 	if kgs.Len() <= 0 {
 		return out, nil
 	}
-	db, err := pebble.Open(nr.Dir, &pebble.Options{FS: fs, ReadOnly: true, Logger: quietLogger{}})
+	db, err := openRestored(fs, nr)
 	if err != nil {
 		return nil, err
 	}
@@ -540,6 +582,13 @@ func readNative(fs vfs.FS, nr checkpoint.NativeRestore, r keygroup.Range, out []
 		}
 	}
 	return out, nil
+}
+
+// openRestored opens the old instance copied into nr.Dir read-only, as
+// NativeRestore.Partial allows: without loading table statistics, which
+// would read every sstable, placeholders too.
+func openRestored(fs vfs.FS, nr checkpoint.NativeRestore) (*pebble.DB, error) {
+	return pebble.Open(nr.Dir, &pebble.Options{FS: fs, ReadOnly: true, DisableTableStats: true, Logger: quietLogger{}})
 }
 
 // scanNative appends the KeyGroupState records of state st in the key

@@ -7,8 +7,11 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
@@ -242,7 +245,7 @@ func nativeCheckpointer[K comparable](b *testing.B, be *state.KeyedBackend[K], d
 			b.Fatal(err)
 		}
 		ref, err := st.WriteNativeState(context.Background(), id, task, snapshot.NativeFiles{
-			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
+			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -270,4 +273,172 @@ func reportPauses(b *testing.B, syncs []time.Duration, async time.Duration) {
 	b.ReportMetric(float64(sum.Microseconds())/1000/n, "sync-ms")
 	b.ReportMetric(float64(slices.Max(syncs).Microseconds())/1000, "sync-max-ms")
 	b.ReportMetric(float64(async.Microseconds())/1000/n, "async-ms")
+}
+
+// BenchmarkNativeRescale restores a native checkpoint of two Pebble
+// instances (keys int64 keys of a value state with 256 incompressible
+// bytes each, split between them by key group) at parallelism 3, as a
+// rescale from 2 to 3 does, through snapshot.Storage on disk: each new
+// subtask copies what it needs of the old instances that overlap it
+// (snapshot.CopyNativeStateFor: only the sstables whose key groups overlap
+// its range, R13) and builds its backend (state.RestorePebbleKeyedBackend).
+// It reports the bytes read from the checkpoint over the bytes the new
+// subtasks need (read/needed; needed is, per old instance, its size times
+// the share of its key groups a new subtask takes, so 1 is the least a
+// restore can read), the same for a restore that copies whole instances
+// (whole/needed, how R12 worked before), and the restore time of the three
+// subtasks one after the other (restore-ms). In os.TempDir():
+//
+//	go test ./state -run '^$' -bench NativeRescale -benchtime 3x
+func BenchmarkNativeRescale(b *testing.B) {
+	for _, keys := range []int{100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchNativeRescale(b, keys) })
+	}
+}
+
+func benchNativeRescale(b *testing.B, keys int) {
+	const maxP, vsize, uid = 128, 256, "count"
+	dir := b.TempDir()
+	eng := state.PebbleEngine{Dir: dir + "/work"}
+	if err := os.MkdirAll(eng.Dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	st, err := snapshot.OpenStorage(dir+"/chk", "job", snapshot.StorageOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	md := &checkpoint.Metadata{JobID: "job", CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint}}
+	op := checkpoint.OperatorState{UID: uid, Name: uid, Parallelism: 2, MaxParallelism: maxP}
+	rng := rand.New(rand.NewPCG(5, 6))
+	val := make([]byte, vsize)
+	for i := range 2 {
+		r := keygroup.RangeFor(maxP, 2, i)
+		be, err := state.NewPebbleKeyedBackend[int64](eng, r, maxP, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		v, err := state.Value[int64, []byte](be, uid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for k := range int64(keys) {
+			kg := keygroup.Of(k, maxP)
+			if !r.Contains(kg) {
+				continue
+			}
+			for j := 0; j < vsize; j += 8 {
+				x := rng.Uint64()
+				for n := range 8 {
+					val[j+n] = byte(x >> (8 * n))
+				}
+			}
+			be.SetCurrentKey(k, kg)
+			v.Update(val)
+		}
+		ns, err := be.FreezeNative()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ns.Take(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		ref, err := st.WriteNativeState(context.Background(), 1, checkpoint.TaskID{Operator: uid, Subtask: i}, snapshot.NativeFiles{
+			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ns.Stored(ref)
+		ns.Release()
+		_ = be.Close()
+		op.Subtasks = append(op.Subtasks, checkpoint.SubtaskState{Subtask: i, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref})
+	}
+	md.Operators = append(md.Operators, op)
+	path, err := st.Write(md)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var read, wholeRead, needed int64
+	var restore, wholeRestore time.Duration
+	b.ResetTimer()
+	for range b.N {
+		for _, partly := range []bool{true, false} {
+			for n := range 3 {
+				r := keygroup.RangeFor(maxP, 3, n)
+				cfs := &readCounter{FS: vfs.Default}
+				t0 := time.Now()
+				var src state.NativeSource
+				for i, s := range op.Subtasks {
+					lo, hi := max(r.Start, s.KeyGroupStart), min(r.End, s.KeyGroupEnd)
+					if lo > hi {
+						continue
+					}
+					if partly {
+						needed += s.Native.Bytes() * int64(hi-lo+1) / int64(s.KeyGroupEnd-s.KeyGroupStart+1)
+					}
+					first, last := r.Start, r.End
+					if !partly {
+						first, last = 0, 1<<16 // CopyNativeState
+					}
+					to := fmt.Sprintf("%s/restore-%d-%d", dir, n, i)
+					partial, err := snapshot.CopyNativeStateFor(cfs, st.JobDir(), path, 1, uid, s.Native, to, first, last)
+					if err != nil {
+						b.Fatal(err)
+					}
+					src.Restores = append(src.Restores, checkpoint.NativeRestore{Dir: to, KeyGroupStart: s.KeyGroupStart, KeyGroupEnd: s.KeyGroupEnd, Ref: s.Native, Partial: partial})
+				}
+				nb, err := state.RestorePebbleKeyedBackend[int64](eng, r, maxP, nil, src)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := state.Value[int64, []byte](nb, uid); err != nil {
+					b.Fatal(err)
+				}
+				if partly {
+					restore += time.Since(t0)
+					read += cfs.n.Load()
+				} else {
+					wholeRestore += time.Since(t0)
+					wholeRead += cfs.n.Load()
+				}
+				_ = nb.Close()
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(read)/float64(needed), "read/needed")
+	b.ReportMetric(float64(wholeRead)/float64(needed), "whole/needed")
+	b.ReportMetric(float64(restore.Milliseconds())/float64(b.N), "restore-ms")
+	b.ReportMetric(float64(wholeRestore.Milliseconds())/float64(b.N), "whole-restore-ms")
+	b.ReportMetric(float64(needed)/float64(b.N)/(1<<20), "needed-MiB")
+}
+
+// readCounter counts the bytes read from its files.
+type readCounter struct {
+	vfs.FS
+	n atomic.Int64
+}
+
+func (c *readCounter) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := c.FS.Open(name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &readCounterFile{File: f, n: &c.n}, nil
+}
+
+type readCounterFile struct {
+	vfs.File
+	n *atomic.Int64
+}
+
+func (f *readCounterFile) Read(p []byte) (int, error) {
+	n, err := f.File.Read(p)
+	f.n.Add(int64(n))
+	return n, err
+}
+
+func (f *readCounterFile) ReadAt(p []byte, off int64) (int, error) {
+	n, err := f.File.ReadAt(p, off)
+	f.n.Add(int64(n))
+	return n, err
 }

@@ -40,6 +40,14 @@ import (
 //     an instance), so a checkpoint may reference a file another
 //     checkpoint wrote, and Storage deletes a shared file only when no
 //     complete checkpoint and no checkpoint in progress references it.
+//   - F13: a file's Span, when set, holds every key group of the keys
+//     the file holds, First <= Last (an sstable's smallest and largest
+//     key's key groups, as the instance knew them when it took the
+//     checkpoint; package state, S1). A file without a Span may hold any
+//     key. A restore that needs only some of an old instance's key groups
+//     reads only the files whose Span overlaps them (or that have none)
+//     and stands a placeholder of the same size, never read, for each
+//     other sstable (NativeRestore.Partial).
 const (
 	// NativeStateFilePrefix starts the name of every private file of a
 	// native keyed state in a checkpoint directory.
@@ -49,7 +57,7 @@ const (
 )
 
 // NativeStateRef is the native (incremental) keyed state of one subtask
-// (F11, F12).
+// (F11-F13).
 type NativeStateRef struct {
 	// Format is NativeFormatPebble.
 	Format string `msgpack:"format"`
@@ -90,6 +98,21 @@ type NativeFile struct {
 	Path   string `msgpack:"path"`
 	Size   int64  `msgpack:"size"`
 	CRC32C uint32 `msgpack:"crc"`
+	// Span is the key groups of the keys the file holds, nil if unknown
+	// or not a table of keys (F13).
+	Span *KeyGroupSpan `msgpack:"span,omitempty"`
+}
+
+// KeyGroupSpan is an inclusive range of key groups [First, Last].
+type KeyGroupSpan struct {
+	First uint16 `msgpack:"f"`
+	Last  uint16 `msgpack:"l"`
+}
+
+// Overlaps reports whether f may hold a key of the key groups [first,
+// last]: its Span overlaps them, or it has none (F13).
+func (f *NativeFile) Overlaps(first, last int) bool {
+	return f.Span == nil || int(f.Span.First) <= last && first <= int(f.Span.Last)
 }
 
 // Bytes is the total size of the files r lists (the full size of the
@@ -107,11 +130,16 @@ func (r *NativeStateRef) Bytes() int64 {
 // and checked (sizes and CRC-32C) into Dir, the key-group range of that
 // old subtask, and the reference. The subtask owns Dir: it opens the
 // instance there or reads the key groups it owns out of it, and removes
-// it.
+// it. Partial says that the restore copied only the files that may hold
+// the new subtask's key groups and stood a placeholder of the same size
+// for each other sstable (F13): the instance in Dir may then only be
+// opened read-only, with DisableTableStats, and read within the new
+// subtask's key groups, never adopted as a working instance.
 type NativeRestore struct {
 	Dir                        string
 	KeyGroupStart, KeyGroupEnd int
 	Ref                        *NativeStateRef
+	Partial                    bool
 }
 
 // NativeSharedFileName returns the name under which file name of the
@@ -161,6 +189,9 @@ func validateNativeStateRef(r *NativeStateRef, s *SubtaskState) error {
 		}
 		if f.Size < 0 {
 			return fmt.Errorf("native state file %q has negative size %d", f.Name, f.Size)
+		}
+		if f.Span != nil && f.Span.First > f.Span.Last {
+			return fmt.Errorf("native state file %q spans key groups [%d, %d]: first after last", f.Name, f.Span.First, f.Span.Last)
 		}
 		folded := strings.ToLower(f.Name)
 		if names[folded] {
