@@ -128,7 +128,10 @@ import (
 //     to it and its log record are synced.
 //   - ST3: a checkpoint is deleted by first removing its _metadata and
 //     syncing that removal, then removing the directory. A partially deleted
-//     directory is therefore never complete. Its log record stays.
+//     directory is therefore never complete. Its log record stays. The
+//     directory's removal is not synced (nor that of an incomplete one):
+//     a crash can only bring back an incomplete directory, which OpenStorage
+//     removes (ST5), so a checkpoint costs one sync less.
 //   - ST4: retention deletes only complete checkpoints older than the newest
 //     Retain ones, never the checkpoint just written, never savepoints. A
 //     retention failure does not fail anything (the checkpoint is
@@ -722,7 +725,7 @@ func (s *Storage) Discard() error {
 	slices.SortFunc(all, func(a, b CheckpointRef) int { return cmp.Compare(a.ID, b.ID) })
 	var errs []error
 	for _, r := range all {
-		if err := deleteSnapshotDir(s.fs, s.jobDir, r.Path); err != nil {
+		if err := deleteSnapshotDir(s.fs, r.Path); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -1139,19 +1142,15 @@ func (s *Storage) applyRetention(justWritten int64, kind marker.Kind) error {
 		return err
 	}
 	var errs []error
-	removed := false
 	for _, r := range incomplete {
 		if r.ID >= justWritten {
 			break
 		}
+		// Not synced: what a crash brings back is still incomplete, and
+		// OpenStorage removes it (ST5).
 		if err := s.fs.RemoveAll(r.Path); err != nil {
 			errs = append(errs, fmt.Errorf("remove incomplete %s: %w", r.Path, err))
-			continue
 		}
-		removed = true
-	}
-	if removed {
-		errs = append(errs, syncDirectory(s.fs, s.jobDir))
 	}
 	if kind != marker.Checkpoint || len(refs) <= s.retain {
 		return errors.Join(errs...)
@@ -1160,7 +1159,7 @@ func (s *Storage) applyRetention(justWritten int64, kind marker.Kind) error {
 		if r.ID == justWritten {
 			continue
 		}
-		if err := deleteSnapshotDir(s.fs, s.jobDir, r.Path); err != nil {
+		if err := deleteSnapshotDir(s.fs, r.Path); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -1552,8 +1551,10 @@ func createFile(fs vfs.FS, name string, b []byte, sync bool) error {
 	return f.Close()
 }
 
-// deleteSnapshotDir deletes a checkpoint directory in parent (ST3).
-func deleteSnapshotDir(fs vfs.FS, parent, dir string) error {
+// deleteSnapshotDir deletes a checkpoint directory (ST3). Only the
+// removal of its _metadata is synced: the directory it leaves if a crash
+// undoes the rest is incomplete, and OpenStorage removes it (ST5).
+func deleteSnapshotDir(fs vfs.FS, dir string) error {
 	meta := fs.PathJoin(dir, MetadataFileName)
 	ok, err := pathExists(fs, meta)
 	if err != nil {
@@ -1570,7 +1571,7 @@ func deleteSnapshotDir(fs vfs.FS, parent, dir string) error {
 	if err := fs.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove %s: %w", dir, err)
 	}
-	return syncDirectory(fs, parent)
+	return nil
 }
 
 // mkdirAllSynced creates dir and any missing parents, syncing the parent of
