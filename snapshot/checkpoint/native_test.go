@@ -14,7 +14,8 @@ func nativeTestMetadata() *Metadata {
 		return &NativeStateRef{Format: NativeFormatPebble, Instance: "00aa11bb22cc33dd", Uploaded: 12,
 			States: []NativeState{{Name: "count", ID: 0, Entries: 3}, {Name: "seen", ID: 1, Desc: []byte{0x80}, Entries: -1}},
 			Files: []NativeFile{
-				{Name: "000005.sst", Shared: true, Path: NativeSharedFileName("sum", i, "00aa11bb22cc33dd", "000005.sst"), Size: 10, CRC32C: 7},
+				{Name: "000005.sst", Shared: true, Path: NativeSharedFileName("sum", i, "00aa11bb22cc33dd", "000005.sst"), Size: 10, CRC32C: 7,
+					Span: &KeyGroupSpan{First: uint16(64 * i), Last: uint16(64*i + 20)}},
 				{Name: "MANIFEST-000001", Path: NativeStateFileName("sum", i, "MANIFEST-000001"), Size: 2, CRC32C: 9},
 			}}
 	}
@@ -27,7 +28,7 @@ func nativeTestMetadata() *Metadata {
 }
 
 // TestNativeStateRefValidation: metadata with native keyed state round
-// trips, and every F11 violation is rejected as invalid, naming the
+// trips (file spans too, F13), and every F11 and F13 violation is rejected as invalid, naming the
 // operator and subtask.
 func TestNativeStateRefValidation(t *testing.T) {
 	b := mustEncodeForTest(t, nativeTestMetadata())
@@ -38,6 +39,7 @@ func TestNativeStateRefValidation(t *testing.T) {
 		"path element":       func(r *NativeStateRef, _ *SubtaskState) { r.Files[0].Path = "../x.sst" },
 		"private prefix":     func(r *NativeStateRef, _ *SubtaskState) { r.Files[1].Path = "MANIFEST" },
 		"negative size":      func(r *NativeStateRef, _ *SubtaskState) { r.Files[0].Size = -1 },
+		"span backwards":     func(r *NativeStateRef, _ *SubtaskState) { r.Files[0].Span = &KeyGroupSpan{First: 9, Last: 8} },
 		"file twice":         func(r *NativeStateRef, _ *SubtaskState) { r.Files[1].Name = "000005.SST" },
 		"state twice":        func(r *NativeStateRef, _ *SubtaskState) { r.States[1].Name = "count" },
 		"id twice":           func(r *NativeStateRef, _ *SubtaskState) { r.States[1].ID = 0 },
@@ -80,5 +82,22 @@ func TestStoredSize(t *testing.T) {
 	st.Native = nil
 	if st.StoredSize() != 10 {
 		t.Fatalf("stored %d without native state; want 10", st.StoredSize())
+	}
+}
+
+// TestNativeFileOverlaps: a file overlaps a key-group range when its span
+// does, or when it has none (F13).
+func TestNativeFileOverlaps(t *testing.T) {
+	f := NativeFile{Span: &KeyGroupSpan{First: 10, Last: 20}}
+	for _, c := range []struct {
+		first, last int
+		want        bool
+	}{{0, 9, false}, {0, 10, true}, {20, 30, true}, {21, 30, false}, {12, 13, true}, {0, 1 << 16, true}} {
+		if got := f.Overlaps(c.first, c.last); got != c.want {
+			t.Errorf("[%d, %d]: %v, want %v", c.first, c.last, got, c.want)
+		}
+	}
+	if !(&NativeFile{}).Overlaps(0, 0) {
+		t.Error("a file without a span must overlap every range")
 	}
 }
