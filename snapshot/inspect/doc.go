@@ -17,7 +17,9 @@
 // state.WithTTL and a codec state state.WithCodec among the options), and
 // what a read returns is what the job would see after restoring. Reading
 // one key restores only that key's key group (a subtask's keyed-state file
-// is read whole, every block checked against _metadata). The backend's
+// is read whole, every block checked against _metadata; of native state,
+// only the sstables whose key groups may hold the key's are copied and
+// checked, snapshot F13). The backend's
 // time, which TTL states judge expiry by, is the checkpoint's trigger
 // time: a read shows the state as the job saw it at the checkpoint.
 //

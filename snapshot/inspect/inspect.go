@@ -158,7 +158,7 @@ func (c *Checkpoint) describe(op *checkpoint.OperatorState) (Operator, error) {
 				ls.Bytes += int64(len(it))
 			}
 		}
-		groups, err := c.keyGroups(op, s, nil)
+		groups, err := c.keyGroups(op, s, nil, nil)
 		if err != nil {
 			return Operator{}, err
 		}
@@ -209,8 +209,9 @@ func (c *Checkpoint) operator(uid string) (*checkpoint.OperatorState, error) {
 
 // keyGroups returns the keyed-state records of subtask s of op for which
 // keep (nil: all) holds: inline ones, or those of its keyed-state file,
-// read whole with every block checked (snapshot.ReadKeyedState).
-func (c *Checkpoint) keyGroups(op *checkpoint.OperatorState, s *checkpoint.SubtaskState, keep func(checkpoint.KeyGroupState) bool) ([]checkpoint.KeyGroupState, error) {
+// read whole with every block checked (snapshot.ReadKeyedState), or those
+// of its native state, of the key groups only (nil: all) at most.
+func (c *Checkpoint) keyGroups(op *checkpoint.OperatorState, s *checkpoint.SubtaskState, keep func(checkpoint.KeyGroupState) bool, only *keygroup.Range) ([]checkpoint.KeyGroupState, error) {
 	groups := s.KeyGroups
 	if s.KeyedState != nil {
 		var err error
@@ -221,7 +222,7 @@ func (c *Checkpoint) keyGroups(op *checkpoint.OperatorState, s *checkpoint.Subta
 	}
 	if s.Native != nil {
 		var err error
-		if groups, err = c.nativeGroups(op, s); err != nil {
+		if groups, err = c.nativeGroups(op, s, only); err != nil {
 			return nil, fmt.Errorf("inspect: operator %q subtask %d: %w", op.UID, s.Subtask, err)
 		}
 	}
@@ -239,7 +240,10 @@ func (c *Checkpoint) keyGroups(op *checkpoint.OperatorState, s *checkpoint.Subta
 
 // records returns the records of keyed state name of the keyed operator
 // uid in the key groups for which kg (nil: all) holds, with the operator.
-func (c *Checkpoint) records(uid, name string, kg func(int) bool) (*checkpoint.OperatorState, []checkpoint.KeyGroupState, error) {
+// With only set, kg holds for none outside it, and the native state of a
+// subtask is read in those key groups alone (of the files that may hold
+// them, snapshot.CopyNativeStateFor).
+func (c *Checkpoint) records(uid, name string, kg func(int) bool, only *keygroup.Range) (*checkpoint.OperatorState, []checkpoint.KeyGroupState, error) {
 	op, err := c.operator(uid)
 	if err != nil {
 		return nil, nil, err
@@ -249,13 +253,19 @@ func (c *Checkpoint) records(uid, name string, kg func(int) bool) (*checkpoint.O
 	for i := range op.Subtasks {
 		s := &op.Subtasks[i]
 		keyed = keyed || s.KeyGroupStart >= 0
+		if s.Native != nil {
+			// A partial read may hold none of the state's records.
+			for _, st := range s.Native.States {
+				found = found || st.Name == name
+			}
+		}
 		gs, err := c.keyGroups(op, s, func(g checkpoint.KeyGroupState) bool {
 			if g.State != name {
 				return false
 			}
 			found = true
 			return kg == nil || kg(g.KeyGroup)
-		})
+		}, only)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -297,7 +307,7 @@ func one[K comparable](c *Checkpoint, uid, name string, key K) (*state.KeyedBack
 		return nil, 0, err
 	}
 	kg := keygroup.Of(key, op.MaxParallelism)
-	_, recs, err := c.records(uid, name, func(g int) bool { return g == kg })
+	_, recs, err := c.records(uid, name, func(g int) bool { return g == kg }, &keygroup.Range{Start: kg, End: kg})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -310,7 +320,7 @@ func one[K comparable](c *Checkpoint, uid, name string, key K) (*state.KeyedBack
 			ok := first
 			first = false
 			return ok
-		})
+		}, nil)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -321,7 +331,7 @@ func one[K comparable](c *Checkpoint, uid, name string, key K) (*state.KeyedBack
 
 // all restores every key group of the state.
 func all[K comparable](c *Checkpoint, uid, name string) (*state.KeyedBackend[K], error) {
-	op, recs, err := c.records(uid, name, nil)
+	op, recs, err := c.records(uid, name, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -523,7 +533,7 @@ type RawEntry struct {
 // back as the smallest integer type holding it), so use the typed readers
 // to look a key up.
 func RawEntries(c *Checkpoint, uid, name string) ([]RawEntry, error) {
-	_, recs, err := c.records(uid, name, nil)
+	_, recs, err := c.records(uid, name, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -606,16 +616,27 @@ func rawValue(l state.Layout, b []byte) (any, time.Time, error) {
 // nativeSeq numbers the directories nativeGroups copies native state into.
 var nativeSeq atomic.Uint64
 
-// nativeGroups reads the native keyed state of subtask s of op: its files
-// are copied (and checked) into a temporary directory, read out as
-// records (state.NativeKeyGroups) and removed.
-func (c *Checkpoint) nativeGroups(op *checkpoint.OperatorState, s *checkpoint.SubtaskState) ([]checkpoint.KeyGroupState, error) {
+// nativeGroups reads the native keyed state of subtask s of op, in the
+// key groups of only (nil: all of the subtask's): the files that may hold
+// them are copied (and checked) into a temporary directory
+// (snapshot.CopyNativeStateFor), read out as records
+// (state.NativeKeyGroups) and removed.
+func (c *Checkpoint) nativeGroups(op *checkpoint.OperatorState, s *checkpoint.SubtaskState, only *keygroup.Range) ([]checkpoint.KeyGroupState, error) {
+	r := keygroup.Range{Start: s.KeyGroupStart, End: s.KeyGroupEnd}
+	first, last := 0, 1<<16
+	if only != nil {
+		r = keygroup.Range{Start: max(r.Start, only.Start), End: min(r.End, only.End)}
+		if r.Len() <= 0 {
+			return nil, nil
+		}
+		first, last = r.Start, r.End
+	}
 	tmp := c.fs.PathJoin(os.TempDir(), fmt.Sprintf("snapflow-inspect-%d-%d", os.Getpid(), nativeSeq.Add(1)))
-	if err := snapshot.CopyNativeState(c.fs, c.fs.PathDir(c.dir), c.dir, c.md.CheckpointID, op.UID, s.Native, tmp); err != nil {
+	partial, err := snapshot.CopyNativeStateFor(c.fs, c.fs.PathDir(c.dir), c.dir, c.md.CheckpointID, op.UID, s.Native, tmp, first, last)
+	if err != nil {
 		_ = c.fs.RemoveAll(tmp)
 		return nil, err
 	}
-	r := keygroup.Range{Start: s.KeyGroupStart, End: s.KeyGroupEnd}
 	return state.NativeKeyGroups(state.NativeSource{FS: c.fs, Restores: []checkpoint.NativeRestore{
-		{Dir: tmp, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Ref: s.Native}}}, r)
+		{Dir: tmp, KeyGroupStart: s.KeyGroupStart, KeyGroupEnd: s.KeyGroupEnd, Ref: s.Native, Partial: partial}}}, r)
 }

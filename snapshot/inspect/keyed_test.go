@@ -2,6 +2,9 @@ package inspect_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -46,7 +49,7 @@ func tallyCheckpoint(t *testing.T, keys int64, native bool) (vfs.FS, string, *ch
 		require.NoError(t, err)
 		require.NoError(t, ns.Take(context.Background()))
 		sub.Native, err = st.WriteNativeState(context.Background(), 1, task,
-			snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known})
+			snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
 		require.NoError(t, err)
 		ns.Release()
 	} else {
@@ -125,4 +128,112 @@ func TestNativeKeyedState(t *testing.T) {
 	_, err = c.Operator("tally")
 	require.ErrorIs(t, err, checkpoint.ErrCorrupt)
 	require.ErrorContains(t, err, file)
+}
+
+// sharedReads counts the bytes read from files of a shared/ directory.
+type sharedReads struct {
+	vfs.FS
+	n atomic.Int64
+}
+
+func (c *sharedReads) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := c.FS.Open(name, opts...)
+	if err != nil || !strings.Contains(name, "/shared/") {
+		return f, err
+	}
+	return &sharedReadsFile{File: f, n: &c.n}, nil
+}
+
+type sharedReadsFile struct {
+	vfs.File
+	n *atomic.Int64
+}
+
+func (f *sharedReadsFile) Read(p []byte) (int, error) {
+	n, err := f.File.Read(p)
+	f.n.Add(int64(n))
+	return n, err
+}
+
+func (f *sharedReadsFile) ReadAt(p []byte, off int64) (int, error) {
+	n, err := f.File.ReadAt(p, off)
+	f.n.Add(int64(n))
+	return n, err
+}
+
+// TestNativeLookupReadsItsFiles: looking one key up in native keyed state
+// reads only the sstables whose key groups may hold the key's (snapshot
+// F13), not the whole instance, and finds the value; reading the whole
+// state reads every sstable.
+func TestNativeLookupReadsItsFiles(t *testing.T) {
+	const maxP = 128
+	fs := vfs.NewMem()
+	st, err := snapshot.OpenStorage("/ckpt", "job", snapshot.StorageOptions{FS: fs})
+	require.NoError(t, err)
+	r := keygroup.Range{Start: 0, End: maxP - 1}
+	be, err := state.NewPebbleKeyedBackend[int64](state.PebbleEngine{FS: vfs.NewMem()}, r, maxP, nil)
+	require.NoError(t, err)
+	defer be.Close()
+	sum, err := state.Value[int64, string](be, "sum")
+	require.NoError(t, err)
+	byGroup := make([][]int64, maxP)
+	for k := range int64(20_000) {
+		kg := keygroup.Of(k, maxP)
+		byGroup[kg] = append(byGroup[kg], k)
+	}
+	for kg := range maxP {
+		for _, k := range byGroup[kg] {
+			be.SetCurrentKey(k, kg)
+			sum.Update(fmt.Sprintf("%d %s", 2*k, strings.Repeat("v", 100)))
+		}
+		if kg%16 == 15 { // an sstable (or two chunks' worth) at a time
+			ns, err := be.FreezeNative()
+			require.NoError(t, err)
+			require.NoError(t, ns.Take(context.Background()))
+			ns.Release()
+		}
+	}
+	ns, err := be.FreezeNative()
+	require.NoError(t, err)
+	require.NoError(t, ns.Take(context.Background()))
+	task := checkpoint.TaskID{Operator: "tally", Subtask: 0}
+	ref, err := st.WriteNativeState(context.Background(), 1, task,
+		snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
+	require.NoError(t, err)
+	ns.Release()
+	var shared int64
+	for _, f := range ref.Files {
+		if f.Shared {
+			shared += f.Size
+		}
+	}
+	md := &checkpoint.Metadata{CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint},
+		Operators: []checkpoint.OperatorState{{UID: "tally", Name: "tally", Parallelism: 1, MaxParallelism: maxP,
+			Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
+	path, err := st.Write(md)
+	require.NoError(t, err)
+
+	cfs := &sharedReads{FS: fs}
+	c, err := inspect.Open(cfs, path)
+	require.NoError(t, err)
+	k := byGroup[40][3]
+	v, ok, err := inspect.Value[int64, string](c, "tally", "sum", k)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, fmt.Sprintf("%d %s", 2*k, strings.Repeat("v", 100)), v)
+	require.Positive(t, cfs.n.Load())
+	require.Less(t, cfs.n.Load(), shared, "a lookup reads only the sstables that may hold its key group")
+	_, ok, err = inspect.Value[int64, string](c, "tally", "no such state", k)
+	require.Error(t, err, "an unknown state is an error, not a missing value")
+	require.False(t, ok)
+
+	cfs.n.Store(0)
+	vals, err := inspect.Values[int64, string](c, "tally", "sum")
+	require.NoError(t, err)
+	n := 0
+	for range vals {
+		n++
+	}
+	require.Equal(t, 20_000, n)
+	require.Equal(t, shared, cfs.n.Load(), "reading the whole state reads every sstable once")
 }
