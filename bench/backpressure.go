@@ -64,6 +64,7 @@ func EngineBackpressure(n int64, p int, rate float64, cfg graph.Config) *graph.J
 // throttledJob builds source -> keyBy -> running count -> sink, the sink
 // not chained, with every sink subtask a copy of sink.
 func throttledJob(name string, n int64, p int, sink throttledSink, cfg graph.Config) *graph.Job {
+	cfg = heapByDefault(cfg)
 	cfg.Parallelism = p
 	j := graph.NewJob(name, cfg)
 	src := graph.Source(j, "source", source.Generate(n, Gen))

@@ -96,6 +96,7 @@ func (s *sumSink) EndInput(*graph.Context) error {
 // (graph.KeyedCoProcess) whose inputs share each key's count: the same
 // result as EngineKeyed over n records.
 func EngineKeyedCo(n int64, p int, cfg graph.Config, total *KeyedTotal) *graph.Job {
+	cfg = heapByDefault(cfg)
 	cfg.Parallelism = p
 	j := graph.NewJob("bench-keyed-co", cfg)
 	low := graph.Source(j, "low", source.Generate(n/2, Gen))
@@ -122,6 +123,7 @@ func (c coCount) Process2(ctx *graph.KeyedContext[int64], v int64, out graph.Col
 // chained; source and keyed operator are joined by a hash-partitioned edge
 // (p x p channels).
 func EngineKeyed(n int64, p int, cfg graph.Config, total *KeyedTotal) *graph.Job {
+	cfg = heapByDefault(cfg)
 	cfg.Parallelism = p
 	j := graph.NewJob("bench-keyed", cfg)
 	src := graph.Source(j, "source", source.Generate(n, Gen))
@@ -211,4 +213,14 @@ func BaselineKeyed(n int64, p, batchSize, capacity int) KeyedResult {
 	}
 	consumers.Wait()
 	return total.Result()
+}
+
+// heapByDefault gives cfg the heap backend unless it names one: the keyed
+// pipelines measure the keyed path against Go maps (issue 13), and the
+// engine's default backend is Pebble.
+func heapByDefault(cfg graph.Config) graph.Config {
+	if cfg.State.Backend == graph.DefaultState {
+		cfg.State.Backend = graph.HeapState
+	}
+	return cfg
 }

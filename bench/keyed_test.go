@@ -21,6 +21,7 @@ import (
 // calls, over sources of n records in total (two sources in a union when
 // union is set).
 func countedKeyJob(n int64, p int, union bool, cfg graph.Config, calls *atomic.Int64, total *KeyedTotal) *graph.Job {
+	cfg = heapByDefault(cfg)
 	cfg.Parallelism = p
 	j := graph.NewJob("keyed-calls", cfg)
 	var src *graph.Stream[int64]

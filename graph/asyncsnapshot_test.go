@@ -39,11 +39,12 @@ func (c *asyncCounter) Process(_ *graph.KeyedContext[int64], _ int64, _ graph.Co
 }
 
 // countJob is source (n records, record i has key i % keys) -> keyBy ->
-// per-key count -> discarding sink, at parallelism 1.
+// per-key count -> discarding sink, at parallelism 1, with heap state.
 func countJob(n, keys int64, dir string, interval time.Duration) *graph.Job {
 	job := graph.NewJob("count", graph.Config{
 		Parallelism: 1,
 		Checkpoint:  graph.CheckpointConfig{Interval: interval, Dir: dir},
+		State:       graph.StateConfig{Backend: graph.HeapState}, // the heap's copy-on-write snapshot
 	})
 	src := graph.Source(job, "source", source.Generate(n, func(i int64) int64 { return i % keys }))
 	counts := graph.ProcessKeyed(graph.KeyBy(src, func(k int64) int64 { return k }), "count",

@@ -127,18 +127,23 @@ type Config struct {
 type StateBackend uint8
 
 const (
+	// DefaultState, the zero value, is PebbleState.
+	DefaultState StateBackend = iota
 	// HeapState keeps keyed state on the heap (copy-on-write pages): the
-	// fastest, for state that fits in memory. The default.
-	HeapState StateBackend = iota
+	// fastest (13-17x Pebble on a counter, BENCHMARKS.md "Keyed state in
+	// Pebble"), for state that fits in memory.
+	HeapState
 	// PebbleState keeps keyed state in one Pebble instance per keyed
 	// subtask, in a working directory of its own under StateConfig.Pebble.Dir,
 	// for state larger than memory: memory is bounded by the block cache
-	// and memtable sizes whatever the state size.
+	// and memtable sizes whatever the state size. The default.
 	PebbleState
 )
 
 func (b StateBackend) String() string {
 	switch b {
+	case DefaultState:
+		return "default (pebble)"
 	case HeapState:
 		return "heap"
 	case PebbleState:
@@ -241,6 +246,9 @@ func (j *Job) Validate() error {
 	}
 	if c.Checkpoint.Interval > 0 && c.Checkpoint.Dir == "" {
 		add("graph: checkpointing is enabled (interval %v) but Checkpoint.Dir is empty", c.Checkpoint.Interval)
+	}
+	if c.State.Backend == DefaultState {
+		c.State.Backend = PebbleState
 	}
 	switch c.State.Backend {
 	case HeapState:

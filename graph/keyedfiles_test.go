@@ -23,13 +23,14 @@ import (
 
 // keyedFilesJob is source (n records, record i has key i % keys; it
 // pauses now and then so that the job runs for a while) -> keyBy -> per-key
-// count -> discarding sink, at parallelism p.
+// count -> discarding sink, at parallelism p, with heap state.
 func keyedFilesJob(n, keys int64, p int, dir, restorePath string, onEvent func(graph.Event)) *graph.Job {
 	job := graph.NewJob("keyed-files", graph.Config{
 		Parallelism: p,
 		Checkpoint:  graph.CheckpointConfig{Interval: 5 * time.Millisecond, Dir: dir},
 		Restore:     graph.RestoreConfig{Path: restorePath},
 		OnEvent:     onEvent,
+		State:       graph.StateConfig{Backend: graph.HeapState}, // keyed-state files are the heap's
 	})
 	src := graph.Source(job, "source", source.Generate(n, func(i int64) int64 {
 		if i > n/10 && i%1000 == 0 {

@@ -412,8 +412,8 @@
 // WriteCacheEntries, NoPrefetch}, ...) builds a backend whose registered states live in one Pebble
 // instance per subtask (pebble.go), in a fresh working directory under Dir
 // (default os.TempDir(); never the checkpoint directory) that Close
-// removes. NewKeyedBackend keeps the heap, which stays the default; graph
-// selects it with graph.StateConfig. Close (a no-op on the heap) closes the
+// removes. NewKeyedBackend keeps the heap; graph selects either with
+// graph.StateConfig (Pebble by default). Close (a no-op on the heap) closes the
 // instance and any view not released.
 //
 // What it does, as designed above: keys [key group, 2 bytes][state id, 2
