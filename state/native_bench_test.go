@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -364,7 +363,7 @@ func benchNativeRescale(b *testing.B, keys int) {
 		for _, partly := range []bool{true, false} {
 			for n := range 3 {
 				r := keygroup.RangeFor(maxP, 3, n)
-				cfs := &readCounter{FS: vfs.Default}
+				cfs := state.NewReadCountingFS(vfs.Default)
 				t0 := time.Now()
 				var src state.NativeSource
 				for i, s := range op.Subtasks {
@@ -395,10 +394,10 @@ func benchNativeRescale(b *testing.B, keys int) {
 				}
 				if partly {
 					restore += time.Since(t0)
-					read += cfs.n.Load()
+					read += cfs.Total()
 				} else {
 					wholeRestore += time.Since(t0)
-					wholeRead += cfs.n.Load()
+					wholeRead += cfs.Total()
 				}
 				_ = nb.Close()
 			}
@@ -410,35 +409,4 @@ func benchNativeRescale(b *testing.B, keys int) {
 	b.ReportMetric(float64(restore.Milliseconds())/float64(b.N), "restore-ms")
 	b.ReportMetric(float64(wholeRestore.Milliseconds())/float64(b.N), "whole-restore-ms")
 	b.ReportMetric(float64(needed)/float64(b.N)/(1<<20), "needed-MiB")
-}
-
-// readCounter counts the bytes read from its files.
-type readCounter struct {
-	vfs.FS
-	n atomic.Int64
-}
-
-func (c *readCounter) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
-	f, err := c.FS.Open(name, opts...)
-	if err != nil {
-		return nil, err
-	}
-	return &readCounterFile{File: f, n: &c.n}, nil
-}
-
-type readCounterFile struct {
-	vfs.File
-	n *atomic.Int64
-}
-
-func (f *readCounterFile) Read(p []byte) (int, error) {
-	n, err := f.File.Read(p)
-	f.n.Add(int64(n))
-	return n, err
-}
-
-func (f *readCounterFile) ReadAt(p []byte, off int64) (int, error) {
-	n, err := f.File.ReadAt(p, off)
-	f.n.Add(int64(n))
-	return n, err
 }

@@ -17,14 +17,31 @@ import (
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
-// readCountingFS counts the bytes read from each file.
-type readCountingFS struct {
+// ReadCountingFS counts the bytes read from each file (exported for the
+// benchmarks of package state_test).
+type ReadCountingFS struct {
 	vfs.FS
 	mu   sync.Mutex
 	read map[string]int64
 }
 
-func (c *readCountingFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+// NewReadCountingFS counts the reads from fs.
+func NewReadCountingFS(fs vfs.FS) *ReadCountingFS {
+	return &ReadCountingFS{FS: fs, read: map[string]int64{}}
+}
+
+// Total is the number of bytes read from every file.
+func (c *ReadCountingFS) Total() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for _, b := range c.read {
+		n += b
+	}
+	return n
+}
+
+func (c *ReadCountingFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
 	f, err := c.FS.Open(name, opts...)
 	if err != nil {
 		return nil, err
@@ -34,7 +51,7 @@ func (c *readCountingFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, er
 
 type readCountingFile struct {
 	vfs.File
-	fs   *readCountingFS
+	fs   *ReadCountingFS
 	name string
 }
 
@@ -145,7 +162,7 @@ func TestNativeRestorePartial(t *testing.T) {
 		halves[1], // an instance's own range: the whole copy, adopted
 	} {
 		t.Run(fmt.Sprintf("%d-%d", r.Start, r.End), func(t *testing.T) {
-			cfs := &readCountingFS{FS: fs, read: map[string]int64{}}
+			cfs := NewReadCountingFS(fs)
 			var src NativeSource
 			src.FS = fs
 			var needed, stored int64
@@ -180,7 +197,7 @@ func TestNativeRestorePartial(t *testing.T) {
 			}
 			// The placeholders are never read: count the reads from the
 			// copies while the backend is built.
-			rfs := &readCountingFS{FS: fs, read: map[string]int64{}}
+			rfs := NewReadCountingFS(fs)
 			src.FS = rfs
 			b, err := RestorePebbleKeyedBackend[int64](eng, r, maxP, nil, src)
 			require.NoError(t, err)
