@@ -254,6 +254,15 @@
 // values without pointers), do not allocate, also while a view is live,
 // once the page was copied.
 //
+// S14: A Pebble working directory on the OS file system (and the native
+// checkpoints next to it) is named after the pid of the process that made
+// it, which removes it at Close. What a process that died left is removed
+// by the next process that makes a working directory in the same parent:
+// once per parent, it removes every such directory whose pid names no
+// live process and whose Pebble LOCK nobody holds (stale_unix.go). A
+// directory of a live process, of a name without a pid, or of a pid that
+// was reused, is never removed.
+//
 // # Differences from Flink
 //
 // Flink's heap backend (CopyOnWriteStateMap) versions single entries and

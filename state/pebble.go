@@ -119,6 +119,10 @@ type pebbleStore struct {
 	sweptAt     int64
 }
 
+// workDirPrefix starts the name of every working directory, followed by
+// the pid of the process that made it (S14).
+const workDirPrefix = "snapflow-keyed-"
+
 // pebbleDirs numbers the working directories made on a non-OS file system.
 var pebbleDirs atomic.Uint64
 
@@ -160,13 +164,14 @@ func makeWorkDir(eng PebbleEngine) (vfs.FS, string, error) {
 	}
 	var dir string
 	if fs == vfs.Default {
-		d, err := os.MkdirTemp(parent, "snapflow-keyed-")
+		removeStaleWorkDirs(parent)
+		d, err := os.MkdirTemp(parent, fmt.Sprintf("%s%d-", workDirPrefix, os.Getpid()))
 		if err != nil {
 			return nil, "", fmt.Errorf("state: creating the Pebble working directory: %w", err)
 		}
 		dir = d
 	} else {
-		dir = fs.PathJoin(parent, fmt.Sprintf("snapflow-keyed-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), pebbleDirs.Add(1)))
+		dir = fs.PathJoin(parent, fmt.Sprintf("%s%d-%d-%d", workDirPrefix, os.Getpid(), time.Now().UnixNano(), pebbleDirs.Add(1)))
 		if err := fs.MkdirAll(dir, 0o755); err != nil {
 			return nil, "", fmt.Errorf("state: creating the Pebble working directory: %w", err)
 		}
