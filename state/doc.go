@@ -259,7 +259,9 @@
 // it, which removes it at Close. What a process that died left is removed
 // by the next process that makes a working directory in the same parent:
 // once per parent, it removes every such directory whose pid names no
-// live process and whose Pebble LOCK nobody holds (stale_unix.go). A
+// live process and whose Pebble LOCK nobody holds, and the native
+// checkpoints of those (a checkpoint, having no LOCK, goes only with its
+// working directory or when that is gone; stale_unix.go). A
 // directory of a live process, of a name without a pid, or of a pid that
 // was reused, is never removed.
 //

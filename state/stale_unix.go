@@ -37,17 +37,32 @@ func removeStaleWorkDirs(parent string) {
 	if err != nil {
 		return // best effort: nothing to clean or nothing we may read
 	}
+	// A native checkpoint (<work dir>.chk-N) has no LOCK of its own: it
+	// goes with its working directory, or when that is gone.
+	live := map[string]bool{}
+	var stale []string
 	for _, e := range entries {
-		if !e.IsDir() {
+		name := e.Name()
+		if !e.IsDir() || strings.Contains(name, ".chk-") {
 			continue
 		}
-		if pid, ok := workDirPID(e.Name()); ok && !processAlive(pid) {
-			dir := filepath.Join(parent, e.Name())
-			if lockHeld(dir) {
-				continue
-			}
-			_ = os.RemoveAll(dir)
+		if pid, ok := workDirPID(name); !ok || processAlive(pid) || lockHeld(filepath.Join(parent, name)) {
+			live[name] = true
+		} else {
+			stale = append(stale, name)
 		}
+	}
+	for _, e := range entries {
+		work, _, chk := strings.Cut(e.Name(), ".chk-")
+		if !e.IsDir() || !chk || live[work] {
+			continue
+		}
+		if pid, ok := workDirPID(work); ok && !processAlive(pid) {
+			stale = append(stale, e.Name())
+		}
+	}
+	for _, name := range stale {
+		_ = os.RemoveAll(filepath.Join(parent, name))
 	}
 }
 

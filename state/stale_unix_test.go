@@ -44,6 +44,7 @@ func TestStaleWorkDirsRemoved(t *testing.T) {
 	defer l.Close()
 	kept := []string{
 		locked,
+		mk(fmt.Sprintf("snapflow-keyed-%d-333.chk-4", dead), "000005.sst"), // its working directory is live
 		mk(fmt.Sprintf("snapflow-keyed-%d-444", os.Getpid()), "LOCK"),
 		mk(fmt.Sprintf("snapflow-keyed-%d-555", os.Getppid()), "LOCK"),
 		mk("snapflow-keyed-abcdef", "LOCK"), // no pid in the name
