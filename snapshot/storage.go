@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -107,7 +108,9 @@ import (
 // interrupted writes (ST5) and repairs a torn last log record. Persist is
 // called once per completed checkpoint or savepoint, and Tidy after the
 // completion is reported: it applies retention (ST4) and log compaction
-// (Write does both in one call). Close ends an execution, however it ended
+// (Write does both in one call). Finished, once the job finished or
+// stopped, removes what checkpoints still in progress left (none can
+// complete any more). Close ends an execution, however it ended
 // (finished, failed, cancelled by its context, stopped with a savepoint): it
 // deletes nothing, so the next execution can restore. Discard is the only
 // way, besides retention, that checkpoints are deleted: an explicit "throw
@@ -693,6 +696,36 @@ func (s *Storage) NextID() (int64, error) {
 		}
 	}
 	return highest + 1, nil
+}
+
+// Finished is called when the job finished or stopped with a savepoint:
+// every subtask ended, so no checkpoint in progress can complete any more
+// (a periodic one triggered after the final checkpoint, say). It removes
+// every incomplete chk-M directory, with the files its subtasks wrote
+// there (ST10), and the shared files that only those referenced (ST13),
+// which OpenStorage would otherwise remove at the next execution only (ST5).
+// Complete checkpoints, savepoints and the log stay. A failure is logged:
+// the job's result does not depend on it.
+func (s *Storage) Finished() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	_, incomplete, err := s.listCheckpoints()
+	if err == nil {
+		for _, r := range incomplete {
+			if rerr := s.fs.RemoveAll(r.Path); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("remove incomplete %s: %w", r.Path, rerr))
+			}
+		}
+	}
+	if cerr := s.collectShared(math.MaxInt64); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	if err != nil {
+		s.logf("snapshot: %s: removing what the job's unfinished checkpoints left failed (OpenStorage retries): %v", s.jobDir, err)
+	}
 }
 
 // Close ends the use of the storage by an execution; later Writes fail. It

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -266,4 +267,41 @@ func TestStorageNativeCorruptCheckpoint(t *testing.T) {
 	require.Contains(t, (*logs)[0], "deleting unreferenced shared state failed")
 	require.Contains(t, (*logs)[0], "chk-1")
 	require.Equal(t, append(refShared(ref1), "unreferenced.sst"), sharedNames(t, s))
+}
+
+// TestStorageFinished: once the job finished, the checkpoints still in
+// progress can never complete: Finished removes their directories (with
+// the files their subtasks wrote) and the shared files only they
+// referenced, and keeps every complete checkpoint with its files.
+func TestStorageFinished(t *testing.T) {
+	fs := vfs.NewMem()
+	s := openTestStorage(t, fs, StorageOptions{Retain: 2})
+	n := &nativeInstance{fs: vfs.NewMem(), dir: "/work/chk"}
+	n.set(t, map[string]string{"000001.sst": "one", "MANIFEST-000002": "m1", "OPTIONS-000003": "o"})
+	md1, ref1 := nativeTestMD(t, s, 1, n, nil)
+	_, err := s.Write(md1)
+	require.NoError(t, err)
+	// Checkpoint 2 is in progress when the job finishes (a periodic one
+	// triggered after the final checkpoint 1).
+	n.set(t, map[string]string{"000001.sst": "one", "000004.sst": "four", "MANIFEST-000002": "m2", "OPTIONS-000003": "o"})
+	_, ref2 := nativeTestMD(t, s, 2, n, knownOf(ref1))
+	require.Len(t, sharedNames(t, s), 2)
+	_, err = s.WriteKeyedState(context.Background(), 2, marker.Checkpoint, checkpoint.TaskID{Operator: "other", Subtask: 0},
+		[]checkpoint.KeyGroupState{{State: "x", KeyGroup: 3, Entries: []checkpoint.KeyedEntry{{Key: []byte("k"), Value: []byte("v")}}}})
+	require.NoError(t, err)
+	_, err = fs.Stat(s.JobDir() + "/chk-2")
+	require.NoError(t, err)
+
+	s.Finished()
+	_, err = fs.Stat(s.JobDir() + "/chk-2")
+	require.ErrorIs(t, err, os.ErrNotExist, "the incomplete checkpoint is removed")
+	require.Equal(t, refShared(ref1), sharedNames(t, s), "the shared file only checkpoint 2 wrote is removed")
+	require.NotEqual(t, refShared(ref1), refShared(ref2))
+	refs, err := s.Checkpoints()
+	require.NoError(t, err)
+	require.Len(t, refs, 1)
+	require.EqualValues(t, 1, refs[0].ID)
+	md, err := ReadMetadata(fs, refs[0].Path)
+	require.NoError(t, err, "checkpoint 1 is intact")
+	require.EqualValues(t, 1, md.CheckpointID)
 }

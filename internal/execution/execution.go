@@ -319,6 +319,9 @@ func (e *Execution) run(ctx context.Context) error {
 	for n := 0; ; n++ {
 		err := e.attempt(ctx, n, storage)
 		if err == nil {
+			if storage != nil {
+				storage.Finished()
+			}
 			if e.stoppedAt != "" {
 				e.emit(Event{Kind: JobStopped, Attempt: n, Path: e.stoppedAt})
 			} else {
