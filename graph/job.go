@@ -127,23 +127,26 @@ type Config struct {
 type StateBackend uint8
 
 const (
-	// DefaultState, the zero value, is PebbleState.
+	// DefaultState, the zero value, is HeapState for now: with Pebble as
+	// the default, timing-sensitive tests failed under -race on the CI
+	// machine (their checkpoints came later than they expect); see
+	// BENCHMARKS.md and the session notes of issue 7.
 	DefaultState StateBackend = iota
 	// HeapState keeps keyed state on the heap (copy-on-write pages): the
 	// fastest (13-17x Pebble on a counter, BENCHMARKS.md "Keyed state in
-	// Pebble"), for state that fits in memory.
+	// Pebble"), for state that fits in memory. The default.
 	HeapState
 	// PebbleState keeps keyed state in one Pebble instance per keyed
 	// subtask, in a working directory of its own under StateConfig.Pebble.Dir,
 	// for state larger than memory: memory is bounded by the block cache
-	// and memtable sizes whatever the state size. The default.
+	// and memtable sizes whatever the state size.
 	PebbleState
 )
 
 func (b StateBackend) String() string {
 	switch b {
 	case DefaultState:
-		return "default (pebble)"
+		return "default (heap)"
 	case HeapState:
 		return "heap"
 	case PebbleState:
@@ -248,7 +251,7 @@ func (j *Job) Validate() error {
 		add("graph: checkpointing is enabled (interval %v) but Checkpoint.Dir is empty", c.Checkpoint.Interval)
 	}
 	if c.State.Backend == DefaultState {
-		c.State.Backend = PebbleState
+		c.State.Backend = HeapState
 	}
 	switch c.State.Backend {
 	case HeapState:

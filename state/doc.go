@@ -424,7 +424,7 @@
 // instance per subtask (pebble.go), in a fresh working directory under Dir
 // (default os.TempDir(); never the checkpoint directory) that Close
 // removes. NewKeyedBackend keeps the heap; graph selects either with
-// graph.StateConfig (Pebble by default). Close (a no-op on the heap) closes the
+// graph.StateConfig (the heap by default). Close (a no-op on the heap) closes the
 // instance and any view not released.
 //
 // What it does, as designed above: keys [key group, 2 bytes][state id, 2
