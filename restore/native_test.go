@@ -30,16 +30,10 @@ func writeNativeCheckpoint(t *testing.T, st *snapshot.Storage, id int64, p int) 
 	for i := range p {
 		dir := fmt.Sprintf("/work/%d-%d", id, i)
 		require.NoError(t, local.MkdirAll(dir, 0o755))
-		for name, content := range map[string]string{
+		writeFiles(t, local, dir, map[string]string{
 			fmt.Sprintf("%06d.sst", id): fmt.Sprintf("sstable of subtask %d in checkpoint %d", i, id),
 			"MANIFEST-000001":           fmt.Sprintf("manifest %d", id),
-		} {
-			f, err := local.Create(local.PathJoin(dir, name), vfs.WriteCategoryUnspecified)
-			require.NoError(t, err)
-			_, err = f.Write([]byte(content))
-			require.NoError(t, err)
-			require.NoError(t, f.Close())
-		}
+		})
 		ref, err := st.WriteNativeState(context.Background(), id, checkpoint.TaskID{Operator: "sum", Subtask: i},
 			snapshot.NativeFiles{FS: local, Dir: dir, Instance: fmt.Sprintf("inst%d", i), States: []checkpoint.NativeState{{Name: "sum", Entries: -1}}})
 		require.NoError(t, err)
@@ -139,13 +133,7 @@ func TestNativeRescaleCopiesOverlappingFiles(t *testing.T) {
 			files[name] = strings.Repeat(fmt.Sprintf("kg %d ", kg), 50)
 			spans[name] = checkpoint.KeyGroupSpan{First: uint16(kg), Last: uint16(kg + width - 1)}
 		}
-		for name, content := range files {
-			f, err := local.Create(local.PathJoin(dir, name), vfs.WriteCategoryUnspecified)
-			require.NoError(t, err)
-			_, err = f.Write([]byte(content))
-			require.NoError(t, err)
-			require.NoError(t, f.Close())
-		}
+		writeFiles(t, local, dir, files)
 		ref, err := st.WriteNativeState(context.Background(), id, checkpoint.TaskID{Operator: "sum", Subtask: i},
 			snapshot.NativeFiles{FS: local, Dir: dir, Instance: fmt.Sprintf("inst%d", i), States: []checkpoint.NativeState{{Name: "sum", Entries: -1}}, Spans: spans})
 		require.NoError(t, err)
@@ -196,5 +184,17 @@ func TestNativeRescaleCopiesOverlappingFiles(t *testing.T) {
 			}
 			require.Equal(t, want, read, "only the copied files are read, once")
 		})
+	}
+}
+
+// writeFiles writes the files (name -> content) into dir on fs.
+func writeFiles(t *testing.T, fs vfs.FS, dir string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		f, err := fs.Create(fs.PathJoin(dir, name), vfs.WriteCategoryUnspecified)
+		require.NoError(t, err)
+		_, err = f.Write([]byte(content))
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
 	}
 }
