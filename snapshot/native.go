@@ -59,6 +59,15 @@ import (
 //     complete checkpoint does not reference is not live at any later
 //     barrier: no checkpoint in progress reuses a file that ST13 deleted
 //     (barriers reach a subtask in id order).
+//   - ST16: a subtask's write of keyed or native state into checkpoint M
+//     that fails after Tidy removed the incomplete chk-M directories below
+//     a completed N > M (ST10), or after Finished removed them all, wraps
+//     ErrSubsumed: Tidy records that id before it removes anything, so
+//     every failure the removal causes is recognized. M cannot complete
+//     any more (C4), so the subtask declines it as subsumed and goes on
+//     (package task, T10) instead of failing the job: a stop with a
+//     savepoint that completes while a slower checkpoint's asynchronous
+//     part still writes (Pebble's native copies) ends the job cleanly.
 
 // NativeFiles is a Pebble checkpoint of one subtask's instance, on the
 // subtask's file system, to store with WriteNativeState.
@@ -103,8 +112,8 @@ func (s *Storage) WriteNativeState(ctx context.Context, id int64, t checkpoint.T
 	}
 	ref, err := s.writeNative(ctx, id, t, src, nf)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: write the native keyed state of operator %q subtask %d for checkpoint %d from %s: %w",
-			t.Operator, t.Subtask, id, nf.Dir, err)
+		return nil, s.subsumed(marker.Checkpoint, id, fmt.Errorf("snapshot: write the native keyed state of operator %q subtask %d for checkpoint %d from %s: %w",
+			t.Operator, t.Subtask, id, nf.Dir, err))
 	}
 	return ref, nil
 }

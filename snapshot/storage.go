@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/marker"
@@ -339,6 +340,26 @@ type Storage struct {
 	// untidy are the checkpoints and savepoints persisted since the last
 	// Tidy, by the order of their Persist.
 	untidy []CompletedRef
+	// tidied is the id below which Tidy (or Finished: all) removed the
+	// incomplete chk-M directories (ST10): a write into one of them that
+	// fails wraps ErrSubsumed (ST16). Read without the lock by writers.
+	tidied atomic.Int64
+}
+
+// ErrSubsumed wraps the failure of a write into an incomplete checkpoint's
+// directory that Tidy removed because a later checkpoint or savepoint
+// completed, or that Finished removed (ST16): the checkpoint cannot
+// complete any more (the coordinator's C4), so the subtask declines it
+// as subsumed instead of failing (package task, T10).
+var ErrSubsumed = errors.New("snapshot: the checkpoint was subsumed and its directory removed")
+
+// subsumed wraps err with ErrSubsumed if it is the failure of a write
+// into checkpoint id of kind after its directory was tidied away.
+func (s *Storage) subsumed(kind marker.Kind, id int64, err error) error {
+	if err == nil || kind != marker.Checkpoint || id >= s.tidied.Load() {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrSubsumed, err)
 }
 
 // OpenStorage opens (creating if needed) the job directory dir/jobID with its
@@ -604,8 +625,8 @@ func (s *Storage) WriteKeyedState(ctx context.Context, id int64, kind marker.Kin
 	}()
 	if err != nil {
 		_ = s.fs.Remove(path)
-		return nil, fmt.Errorf("snapshot: write the keyed state of operator %q subtask %d for %s %d to %s: %w",
-			t.Operator, t.Subtask, kind, id, path, err)
+		return nil, s.subsumed(kind, id, fmt.Errorf("snapshot: write the keyed state of operator %q subtask %d for %s %d to %s: %w",
+			t.Operator, t.Subtask, kind, id, path, err))
 	}
 	return ref, nil
 }
@@ -712,6 +733,7 @@ func (s *Storage) Finished() {
 	if s.closed {
 		return
 	}
+	s.tidied.Store(math.MaxInt64) // before the removals (ST16)
 	_, incomplete, err := s.listCheckpoints()
 	if err == nil {
 		for _, r := range incomplete {
@@ -1175,6 +1197,9 @@ func (s *Storage) applyRetention(justWritten int64, kind marker.Kind) error {
 		return err
 	}
 	var errs []error
+	if s.tidied.Load() < justWritten {
+		s.tidied.Store(justWritten) // before the removals (ST16)
+	}
 	for _, r := range incomplete {
 		if r.ID >= justWritten {
 			break

@@ -450,3 +450,49 @@ func TestStorageKeyedStateSyncOrder(t *testing.T) {
 		t.Fatalf("file sync at %d, directory sync at %d, _metadata.tmp renamed at %d: %q", synced, dirSync, rename, ops)
 	}
 }
+
+// TestStorageWriteSubsumed (ST16): a keyed-state write into checkpoint 1
+// that fails after checkpoint 2 completed (and its Tidy removed the
+// incomplete chk-1) wraps ErrSubsumed; the same failure before that, for
+// a later checkpoint or for a savepoint does not; after Finished, every
+// checkpoint's does.
+func TestStorageWriteSubsumed(t *testing.T) {
+	fail := false
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if fail && op.Kind == errorfs.OpFileWrite && strings.HasSuffix(op.Path, keyedTestFile) {
+			return errorfs.ErrInjected
+		}
+		return nil
+	}))
+	s := openTestStorage(t, fs, StorageOptions{Retain: 5})
+	task := checkpoint.TaskID{Operator: keyedTestUID, Subtask: 0}
+	write := func(id int64, kind marker.Kind) error {
+		t.Helper()
+		fail = true
+		_, err := s.WriteKeyedState(context.Background(), id, kind, task, keyedTestStates(id))
+		fail = false
+		if !errors.Is(err, errorfs.ErrInjected) {
+			t.Fatalf("write %s %d: %v", kind, id, err)
+		}
+		return err
+	}
+	if err := write(1, marker.Checkpoint); errors.Is(err, ErrSubsumed) {
+		t.Fatalf("before any completed checkpoint: %v", err)
+	}
+	if _, err := s.Write(keyedTestMD(t, s, 2, marker.Checkpoint)); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(1, marker.Checkpoint); !errors.Is(err, ErrSubsumed) {
+		t.Fatalf("checkpoint 1 after checkpoint 2 completed: %v", err)
+	}
+	if err := write(3, marker.Checkpoint); errors.Is(err, ErrSubsumed) {
+		t.Fatalf("checkpoint 3: %v", err)
+	}
+	if err := write(1, marker.Savepoint); errors.Is(err, ErrSubsumed) {
+		t.Fatalf("savepoint 1: %v", err)
+	}
+	s.Finished()
+	if err := write(3, marker.Checkpoint); !errors.Is(err, ErrSubsumed) {
+		t.Fatalf("checkpoint 3 after Finished: %v", err)
+	}
+}

@@ -612,7 +612,8 @@ var ErrSkipSnapshot = errors.New("task: snapshot skipped")
 // onSnapshotDone handles the completion of a snapshot: a success acks it
 // once its barrier was forwarded; a failure of the asynchronous part
 // declines it as a task error and fails the subtask, as a failure of the
-// synchronous part does, unless it wraps ErrSkipSnapshot (T10). A
+// synchronous part does, unless it wraps ErrSkipSnapshot or
+// snapshot.ErrSubsumed (T10). A
 // cancelled snapshot reports nothing either way.
 func (c *Checkpoints) onSnapshotDone(dst []Action, ev Event) []Action {
 	i := c.findAck(ev.ID)
@@ -624,11 +625,15 @@ func (c *Checkpoints) onSnapshotDone(dst []Action, ev Event) []Action {
 	case a.cancelled:
 		a.done = true
 		return c.settle(dst, i)
-	case errors.Is(ev.Err, ErrSkipSnapshot):
+	case errors.Is(ev.Err, ErrSkipSnapshot), errors.Is(ev.Err, snapshot.ErrSubsumed):
 		// T10: declined, not a failure; forgotten as a cancelled snapshot
 		// is (its barrier still goes out, its recording still ends).
 		a.cancelled, a.done = true, true
-		dst = append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: snapshot.DeclinedSkipped, Err: ev.Err})
+		reason := snapshot.DeclinedSkipped
+		if errors.Is(ev.Err, snapshot.ErrSubsumed) {
+			reason = snapshot.DeclinedSubsumed
+		}
+		dst = append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: reason, Err: ev.Err})
 		return c.settle(dst, i)
 	case ev.Err != nil:
 		c.acks = slices.Delete(c.acks, i, i+1)

@@ -49,8 +49,9 @@ import (
 //	mail finish | mail stop | mail resume
 //	input-ended
 //	snapshot-failed <id>
-//	snapshot-done <id> [fail|skip] the asynchronous part of <id> finished (or failed, or
-//	                              could not take the snapshot: ErrSkipSnapshot)
+//	snapshot-done <id> [fail|skip|subsumed] the asynchronous part of <id> finished (or
+//	                              failed, or could not take the snapshot: ErrSkipSnapshot,
+//	                              or its directory was tidied away: snapshot.ErrSubsumed)
 //
 // As the driver does for a snapshot without an asynchronous part, every
 // DoSnapshot an event yields is completed at once: OnSnapshotDone is
@@ -223,6 +224,7 @@ var (
 	errSnapshot = errors.New("snapshot failed")
 	errEncode   = errors.New("encoding failed")
 	errSkip     = fmt.Errorf("%w: flush overran", ErrSkipSnapshot)
+	errSubsumed = fmt.Errorf("%w: chk-1 removed", snapshot.ErrSubsumed)
 )
 
 func parseEvents(line string) ([]Event, error) {
@@ -292,6 +294,9 @@ func parseEvents(line string) ([]Event, error) {
 		}
 		if flag("skip") {
 			ev.Err = errSkip
+		}
+		if flag("subsumed") {
+			ev.Err = errSubsumed
 		}
 		return one(ev, err)
 	case "mail":

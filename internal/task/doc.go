@@ -251,7 +251,10 @@
 //     marker) as before, and nothing else comes from the aligner.
 //   - T10: an asynchronous part whose error wraps ErrSkipSnapshot declines
 //     its checkpoint as skipped (snapshot.DeclinedSkipped, not counted as
-//     a failure) and the subtask goes on: the snapshot is then treated as
+//     a failure), one whose error wraps snapshot.ErrSubsumed (its
+//     checkpoint directory was tidied away after a later one completed,
+//     snapshot ST16) as subsumed (snapshot.DeclinedSubsumed), and the
+//     subtask goes on: the snapshot is then treated as
 //     a cancelled one (its barrier is still forwarded, its channel state
 //     dropped, its recording forgotten when it ends). Any other error of
 //     an asynchronous part fails the subtask.
