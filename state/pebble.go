@@ -56,7 +56,9 @@ type PebbleEngine struct {
 	// background cleanup of a TTL state takes to examine all its entries
 	// once, removing the expired ones that no read found (0: one minute;
 	// negative: none, but every access examines a few entries, as on the
-	// heap). See "TTL on Pebble" in doc.go.
+	// heap). See "TTL on Pebble" in doc.go. The same pass folds the runs
+	// of a reducing state's blind adds (S15; negative: only reads fold
+	// them).
 	TTLCleanupPeriod time.Duration
 	// TimerCacheEntries bounds the timers of each key group of a timer
 	// queue (Timers) held in memory: its earliest ones (0: 128). The rest
@@ -461,6 +463,8 @@ type pebbleTable[K comparable, V any] struct {
 	// the current entry), -1 when unknown.
 	c     *writeCache[V]
 	cslot int32
+	// rbuf holds the run that resolve decodes (pebble_cache.go).
+	rbuf []byte
 	// touched: a record used the cache since the last prefetch, which
 	// prefetches only then; pbuf, prefs, upper and iterOpts are the
 	// prefetch's reused buffers (pebble_prefetch.go).
@@ -500,13 +504,41 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *sp
 	}
 	delete(b.restored, name)
 	b.peb.registered(name, t)
-	if sp.sweeps {
+	if sp.sweeps || sp.runs {
 		b.peb.sweepers = append(b.peb.sweepers, pacedSweep{t: t})
 	}
 	if t.c != nil {
 		b.prefetchers = append(b.prefetchers, t)
 	}
 	return t, nil
+}
+
+// add folds v into key k's value with reduce, blindly unless the value
+// is cached (S15; sp.runs).
+func (t *pebbleTable[K, V]) add(k K, kg int, v V, reduce func(a, b V) V) {
+	t.ck = k
+	t.setKey(&t.ck, kg)
+	if t.c != nil {
+		// touched is left alone: adds alone need no prefetch.
+		t.cacheAdd(t.kbuf, v, reduce)
+		return
+	}
+	t.ve.buf = t.ve.buf[:0]
+	t.cv = v
+	vb, err := t.sp.vals.append(t.ve, &t.cv)
+	var zero V
+	t.cv = zero
+	if err != nil {
+		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
+	}
+	if err := t.s.db.Merge(t.kbuf, vb, pebble.NoSync); err != nil {
+		panic(fmt.Sprintf("state: writing keyed state %q to Pebble: %v", t.name, err))
+	}
+	if !t.known || !t.has {
+		t.n++ // an upper bound unless known absent
+		t.approx = t.approx || !t.known
+	}
+	t.known, t.has = true, true
 }
 
 // load writes the restored entries es, decoded and encoded again as a put
@@ -731,7 +763,7 @@ func (t *pebbleTable[K, V]) sweep(n int, now int64) {
 // prunes) the expired ones, skipping cached keys. It reports whether it
 // reached the end.
 func (t *pebbleTable[K, V]) sweepEntries(n int, now int64) (wrapped bool) {
-	if t.sp.live == nil || t.n == 0 || n <= 0 {
+	if (t.sp.live == nil && !t.sp.runs) || t.n == 0 || n <= 0 {
 		return t.n == 0
 	}
 	t.cgen = 0 // sweep may remove or rewrite the current key's entry
@@ -742,6 +774,19 @@ func (t *pebbleTable[K, V]) sweepEntries(n int, now int64) (wrapped bool) {
 		err := scanState(t.s.db, t.s.kgs, t.id, t.sweepAt, func(_ int, key, val []byte) bool {
 			examined++
 			last = append(last[:0], key...)
+			if t.sp.runs {
+				// S15: a run is folded back into one value. A cached
+				// slot does not mind: a clean one's value is the fold, a
+				// dirty one's write comes after this one.
+				if isRun(val) {
+					var v V
+					if ferr = t.sp.vals.decode(t.dec, val, &v); ferr != nil {
+						return false
+					}
+					t.setRaw(key, &v, true)
+				}
+				return examined < n
+			}
 			if t.cached(key) {
 				// The cache has the latest value: its eviction or a
 				// read deals with it (C1).
@@ -851,6 +896,18 @@ func (v *pebbleView[K, V]) encode(ctx context.Context, e *encoder, out []checkpo
 			}
 		}
 		var vb []byte
+		if v.sp.runs && isRun(val) {
+			// S15: a snapshot holds one value per key, whatever the
+			// engine stores.
+			var x V
+			if ferr = v.sp.vals.decode(dec, val, &x); ferr != nil {
+				ferr = fmt.Errorf("state: decoding a stored value of keyed state %q in key group %d: %w", v.name, kg, ferr)
+				return false
+			}
+			if vb, ferr = v.sp.vals.append(e, &x); ferr != nil {
+				return false
+			}
+		}
 		if v.sp.live != nil {
 			var x V
 			if ferr = decodeValue(v.sp.vals, v.share, dec, val, &x); ferr != nil {

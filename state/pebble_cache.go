@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"hash/maphash"
 
@@ -48,7 +49,17 @@ type cacheEntry[V any] struct {
 	// yet; ref: CLOCK's reference bit; unknown: a blind slot, whose key may
 	// or may not be stored (has is false), written at once.
 	has, dirty, ref, unknown bool
+	// ops: a reducing state's slot of blind adds (S15), whose value is
+	// not known: it is Pebble's value folded with the run of nops values
+	// in enc (none once flushed), in order. has and val mean nothing then.
+	ops  bool
+	nops uint8
 }
+
+// maxPendingOps bounds the blind adds an ops slot holds: the next add
+// reads the key's value and folds them (resolve), so that a hot key's run
+// stays short.
+const maxPendingOps = 8
 
 func newWriteCache[V any](n int) *writeCache[V] {
 	first := min(n, 64)
@@ -191,6 +202,7 @@ func (t *pebbleTable[K, V]) cacheInsert(key []byte, h uint64) int32 {
 	var zero V
 	e.key = append(e.key[:0], key...)
 	e.val, e.hash, e.has, e.dirty, e.ref = zero, h, false, false, false
+	e.ops, e.nops, e.enc = false, 0, e.enc[:0]
 	if 2*c.used > len(c.cells) {
 		c.rehash() // indexes s too
 	} else {
@@ -256,9 +268,13 @@ func (t *pebbleTable[K, V]) flush() {
 		e := &c.ents[s]
 		e.dirty = false
 		var err error
-		if e.has {
+		switch {
+		case e.ops:
+			err = b.Merge(e.key, e.enc, nil)
+			e.enc, e.nops = e.enc[:0], 0
+		case e.has:
 			err = b.Set(e.key, e.enc, nil)
-		} else {
+		default:
 			err = b.Delete(e.key, nil)
 		}
 		if err != nil {
@@ -281,7 +297,93 @@ func (t *pebbleTable[K, V]) cacheGet(key []byte) (V, bool) {
 		t.cslot = s
 	}
 	e := &t.c.ents[s]
+	if e.ops {
+		t.resolve(s)
+	}
 	return e.val, e.has
+}
+
+// cacheAdd folds v into the value of key (the current key) with reduce,
+// through the cache: a cached value is reduced and put as cachePut does;
+// otherwise v joins the key's ops slot without a read (a blind add, S15),
+// written to Pebble as a merge operand at the next flush. An ops slot
+// holding maxPendingOps adds is resolved first.
+func (t *pebbleTable[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
+	c := t.c
+	s := t.cslot
+	if s < 0 {
+		h := c.hash(key)
+		if s = c.find(key, h); s < 0 {
+			s = t.cacheInsert(key, h)
+			c.ents[s].ops = true
+			// The key may be stored already: n becomes an upper bound.
+			t.n++
+			t.approx = true
+		}
+		c.ents[s].ref = true
+		t.cslot = s
+	}
+	e := &c.ents[s]
+	if e.ops && e.nops >= maxPendingOps {
+		t.resolve(s)
+	}
+	if !e.ops {
+		if e.has {
+			v = reduce(e.val, v)
+		}
+		t.cachePut(key, v)
+		return
+	}
+	t.ve.buf = t.ve.buf[:0]
+	t.cv = v
+	vb, err := t.sp.vals.append(t.ve, &t.cv)
+	var zero V
+	t.cv = zero
+	if err != nil {
+		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
+	}
+	e.enc = append(e.enc, vb...)
+	e.nops++
+	c.setDirty(s)
+}
+
+// resolve turns ops slot s into a slot of the key's value: Pebble's
+// value (a run itself, maybe) followed by the pending adds, decoded as
+// one run. The slot is dirty, holding the folded value to Set, if it had
+// pending adds or Pebble's value was a run (so that a read run is written
+// back as one value); clean otherwise.
+func (t *pebbleTable[K, V]) resolve(s int32) {
+	e := &t.c.ents[s]
+	raw, closer, err := t.s.db.Get(e.key)
+	found := err == nil
+	if err != nil && !errors.Is(err, pebble.ErrNotFound) {
+		panic(fmt.Sprintf("state: reading keyed state %q from Pebble: %v", t.name, err))
+	}
+	run := append(t.rbuf[:0], raw...)
+	if found {
+		_ = closer.Close()
+	}
+	rewrite := e.nops > 0 || (found && isRun(run))
+	run = append(run, e.enc...)
+	t.rbuf = run
+	var zero V
+	e.ops, e.nops, e.val, e.has = false, 0, zero, len(run) > 0
+	if !e.has {
+		return // no value stored, nothing pending
+	}
+	if err := t.sp.vals.decode(t.dec, run, &e.val); err != nil {
+		panic(fmt.Sprintf("state: decoding a stored value of keyed state %q: %v", t.name, err))
+	}
+	if !rewrite {
+		return
+	}
+	t.ve.buf = t.ve.buf[:0]
+	vb, err := t.sp.vals.append(t.ve, &e.val)
+	if err != nil {
+		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
+	}
+	e.enc = append(e.enc[:0], vb...)
+	t.c.setDirty(s)
 }
 
 // cachePut writes v under key (the current key or entry) into the cache.
@@ -321,6 +423,14 @@ func (t *pebbleTable[K, V]) cacheRemove(key []byte) bool {
 		t.cslot = s
 	}
 	e := &t.c.ents[s]
+	if e.ops {
+		// Whether the key has a value is not known: delete it, pending
+		// adds and all. n counted the key when the slot was made.
+		e.ops, e.nops, e.enc = false, 0, e.enc[:0]
+		t.n--
+		t.c.setDirty(s)
+		return false
+	}
 	if !e.has {
 		return false
 	}

@@ -83,7 +83,7 @@ func registerModel(t testing.TB, b *KeyedBackend[int]) *modelStates {
 	require.NoError(t, err)
 	s.m, err = Map[int, string, int](b, "m")
 	require.NoError(t, err)
-	s.r, err = Reducing[int, int64](b, "r", func(x, y int64) int64 { return x + y })
+	s.r, err = Reducing[int, int64](b, "r", func(x, y int64) int64 { return x*3 + y }) // order-sensitive, not associative (S15)
 	require.NoError(t, err)
 	s.c, err = Value[int, string](b, "c", WithCodec[string](upperCodec{}))
 	require.NoError(t, err)
@@ -241,7 +241,10 @@ func runModel(t *testing.T, seed uint64) {
 			x := int64(rng.IntN(10))
 			heap.r.Add(x)
 			peb.r.Add(x)
-			want.r[k] += x
+			if v, ok := want.r[k]; ok {
+				x = v*3 + x
+			}
+			want.r[k] = x
 		case op < 66:
 			x := string(rune('a' + rng.IntN(26)))
 			heap.c.Update(x)

@@ -70,7 +70,9 @@ const (
 // stores in one run, interleaved in rounds: the heap backend, the Pebble
 // engine with its defaults fed in buffers of counterBuffer records with
 // the batched prefetch (as graph's keyed operator), the same engine with
-// NoPrefetch, and a raw Pebble Get+Set per record with the same keys,
+// NoPrefetch, the engine counting in a reducing state instead (one Add
+// per record, blind on uncached keys, S15: "engine-reducing"), and a raw
+// Pebble Get+Set per record with the same keys,
 // values and Pebble options (openPebbleAt's: the floor for an engine
 // without a cache). The Pebble instances are filled by the same batches
 // (the engine's count of entries is then not kept, which only snapshots
@@ -211,6 +213,43 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 			name = "engine-noprefetch"
 		}
 		stores = append(stores, &store{name: name, fill: fill, run: run, close: func() { _ = kb.Close() }})
+	}
+	{
+		// The counter as a reducing state: an add per record, blind on
+		// the keys that are not cached (S15), with the keyed operator's
+		// calls (the prefetch, which an add-only state skips, and a
+		// SetTime per buffer, which paces the sweep that folds runs).
+		kb, err := NewPebbleKeyedBackend[int64](PebbleEngine{Dir: b.TempDir(), WriteCacheEntries: cacheEntries}, r, maxP, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rs, err := Reducing[int64, int64](kb, "count", func(x, y int64) int64 { return x + y })
+		if err != nil {
+			b.Fatal(err)
+		}
+		fill := func() {
+			fillPebble(kb.peb.db)
+			kb.SetCurrentKey(keys[7], kgs[7])
+			if n, ok := rs.Get(); !ok || n != 1 {
+				b.Fatalf("the reducing engine reads %d, %v after the fill", n, ok)
+			}
+		}
+		run := func(seq []int32) {
+			for len(seq) > 0 {
+				buf := seq[:min(len(seq), counterBuffer)]
+				seq = seq[len(buf):]
+				kb.SetTime(time.Now())
+				for _, j := range buf {
+					kb.AddPrefetch(keys[j], kgs[j])
+				}
+				kb.Prefetch()
+				for _, j := range buf {
+					kb.SetCurrentKey(keys[j], kgs[j])
+					rs.Add(1)
+				}
+			}
+		}
+		stores = append(stores, &store{name: "engine-reducing", fill: fill, run: run, close: func() { _ = kb.Close() }})
 	}
 	{
 		s, err := openPebbleStore(PebbleEngine{Dir: b.TempDir()}, r)

@@ -149,7 +149,11 @@ type rSub struct {
 
 func rapidTTLOpt() state.Option { return state.WithTTL(state.TTLConfig{TTL: rapidTTL}) }
 
-func sumInt64(a, b int64) int64 { return a + b }
+// foldInt64 is the reduce function of the reducing state: it depends on
+// the order of its operands and is not associative, so that a fold out of
+// order, or one that combines operands with each other (S15), shows.
+// Overflow wraps, alike in the model and the states.
+func foldInt64(a, b int64) int64 { return a*3 + b }
 
 // register registers every state of the operator on s.b.
 func (s *rSub) register(t require.TestingT) {
@@ -171,7 +175,7 @@ func (s *rSub) register(t require.TestingT) {
 	require.NoError(t, err)
 	s.mt, err = state.Map[int, int, string](b, "mt", rapidTTLOpt(), state.WithCodec[string](revCodec{}))
 	require.NoError(t, err)
-	s.r, err = state.Reducing[int, int64](b, "r", sumInt64)
+	s.r, err = state.Reducing[int, int64](b, "r", foldInt64)
 	require.NoError(t, err)
 	s.rt, err = state.Reducing[int, int64](b, "rt", func(x, y int64) int64 { return max(x, y) }, rapidTTLOpt())
 	require.NoError(t, err)
@@ -558,7 +562,10 @@ func (r *rRun) step() {
 	case 24:
 		x := smallI64.Draw(t, "x")
 		s.r.Add(x)
-		m.r[k] += x
+		if v, ok := m.r[k]; ok {
+			x = foldInt64(v, x)
+		}
+		m.r[k] = x
 	case 25:
 		s.r.Clear()
 		delete(m.r, k)

@@ -10,12 +10,20 @@ import (
 // Its methods act on the backend's current key, and they panic if no key
 // is set. It is stored as a value state of V: a restore may register a
 // value state's snapshot as a reducing state and the other way round.
+//
+// On the Pebble engine, without TTL or codec, Add does not read a value
+// that is not cached: it writes v as a merge operand, and reads fold the
+// operands in order (S15, "Blind adds" in the package documentation), so
+// a state that is mostly added to, such as a counter, costs a write per
+// record rather than a point read and a write.
 type ReducingState[K comparable, V any] struct {
-	b      *KeyedBackend[K]
-	name   string
-	info   stateInfo
-	t      table[K, V]
-	heap   *cowTable[K, V]
+	b    *KeyedBackend[K]
+	name string
+	info stateInfo
+	t    table[K, V]
+	heap *cowTable[K, V]
+	// runs is the Pebble table when it adds blindly (S15).
+	runs   *pebbleTable[K, V]
 	reduce func(a, b V) V
 }
 
@@ -30,12 +38,16 @@ func Reducing[K comparable, V any](b *KeyedBackend[K], name string, reduce func(
 	}
 	info := stateInfo{kind: kindValue, opts: collect(opts), what: fmt.Sprintf("reducing state of %s", typeName[V]())}
 	return register(b, name, info, func() (*ReducingState[K, V], error) {
-		t, err := newValueTable[K, V](b, name, &info)
+		t, err := newValueTable[K, V](b, name, &info, reduce)
 		if err != nil {
 			return nil, err
 		}
 		h, _ := t.(*cowTable[K, V])
-		return &ReducingState[K, V]{b: b, name: name, info: info, t: t, heap: h, reduce: reduce}, nil
+		p, _ := t.(*pebbleTable[K, V])
+		if p != nil && !p.sp.runs {
+			p = nil
+		}
+		return &ReducingState[K, V]{b: b, name: name, info: info, t: t, heap: h, runs: p, reduce: reduce}, nil
 	})
 }
 
@@ -51,6 +63,10 @@ func (s *ReducingState[K, V]) Add(v V) {
 			v = s.reduce(old, v)
 		}
 		h.put(s.b.key, s.b.kg, v)
+		return
+	}
+	if p := s.runs; p != nil {
+		p.add(s.b.key, s.b.kg, v, s.reduce)
 		return
 	}
 	if old, ok := s.t.get(s.b.key, s.b.kg); ok {
@@ -117,7 +133,7 @@ func Aggregating[K comparable, IN, ACC, OUT any](b *KeyedBackend[K], name string
 	}
 	info := stateInfo{kind: kindValue, opts: collect(opts), what: fmt.Sprintf("aggregating state of %s to %s by %s", typeName[IN](), typeName[OUT](), typeName[ACC]())}
 	return register(b, name, info, func() (*AggregatingState[K, IN, ACC, OUT], error) {
-		t, err := newValueTable[K, ACC](b, name, &info)
+		t, err := newValueTable[K, ACC](b, name, &info, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -75,6 +75,10 @@ type spec[K comparable, V any] struct {
 	// (TTLConfig.IncrementalCleanup is not negative): per access on the
 	// heap, paced by time on Pebble (pebble_ttl.go).
 	sweeps bool
+	// runs says that vals is a runCodec: a stored value may be a run of
+	// values to fold (S15), which the Pebble engine adds to blindly and
+	// folds back into one value when it reads or sweeps it.
+	runs bool
 }
 
 // plainKey encodes a key as keygroup.Hash does (boxed, not through a
@@ -575,7 +579,7 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 	// plain is the format of a value or list state without options: the
 	// loop then encodes with encodeFast itself, without dynamic calls.
 	_, plain := sp.vals.(msgpackCodec[V])
-	plain = plain && sp.live == nil && sp.desc == nil
+	plain = (plain || sp.runs) && sp.live == nil && sp.desc == nil
 	done, start := 0, len(e.buf)
 	for pi, p := range pages {
 		if err := ctx.Err(); err != nil {

@@ -39,7 +39,7 @@ type ValueState[K comparable, V any] struct {
 func Value[K comparable, V any](b *KeyedBackend[K], name string, opts ...Option) (*ValueState[K, V], error) {
 	info := stateInfo{kind: kindValue, opts: collect(opts), what: describeValue[V]()}
 	return register(b, name, info, func() (*ValueState[K, V], error) {
-		t, err := newValueTable[K, V](b, name, &info)
+		t, err := newValueTable[K, V](b, name, &info, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -50,7 +50,10 @@ func Value[K comparable, V any](b *KeyedBackend[K], name string, opts ...Option)
 
 // newValueTable returns the table of a state with one value of V per key
 // (value, reducing, aggregating), with the registration's TTL and codec.
-func newValueTable[K comparable, V any](b *KeyedBackend[K], name string, info *stateInfo) (table[K, V], error) {
+//
+// reduce is a reducing state's function (nil for the others): without a
+// TTL or codec, its values are read as runs (runCodec, S15).
+func newValueTable[K comparable, V any](b *KeyedBackend[K], name string, info *stateInfo, reduce func(a, b V) V) (table[K, V], error) {
 	c, err := codecFor[V](&info.opts, name)
 	if err != nil {
 		return nil, err
@@ -61,7 +64,11 @@ func newValueTable[K comparable, V any](b *KeyedBackend[K], name string, info *s
 	}
 	desc, imm := info.descBytes(), immutableType(reflect.TypeFor[V]())
 	if !info.opts.hasTTL {
-		return newTable(b, name, &spec[K, V]{key: plainKey[K], vals: vals, valName: typeName[V](), desc: desc, immutable: imm})
+		sp := &spec[K, V]{key: plainKey[K], vals: vals, valName: typeName[V](), desc: desc, immutable: imm}
+		if reduce != nil && c == nil {
+			sp.vals, sp.runs = runCodec[V]{reduce}, true
+		}
+		return newTable(b, name, sp)
 	}
 	s, err := info.opts.ttl.settings(name)
 	if err != nil {

@@ -17,7 +17,9 @@ import (
 //     by the value's bytes in the inner codec (TTL states, S12);
 //   - listCodec: a msgpack array of msgpack bin elements, each holding one
 //     element in the element codec (list states with TTL or a codec, whose
-//     elements are not msgpack values).
+//     elements are not msgpack values);
+//   - runCodec: one msgpack value, as msgpackCodec writes it, read as a
+//     run of one or more (reducing states without TTL or codec, S15).
 
 // valueCodec encodes the stored values of one table into snapshots and
 // decodes restored ones.
@@ -33,7 +35,13 @@ type valueCodec[V any] interface {
 type msgpackCodec[V any] struct{}
 
 func (msgpackCodec[V]) append(e *encoder, v *V) ([]byte, error) { return encodeFast(e, v, false) }
-func (msgpackCodec[V]) decode(d *decoder, b []byte, v *V) error { return decodeInto(d, b, v) }
+func (msgpackCodec[V]) decode(d *decoder, b []byte, v *V) error {
+	err := decodeInto(d, b, v)
+	if err != nil && isRun(b) {
+		return fmt.Errorf("%w: the bytes are a run of %d values, as a reducing state stores them on Pebble (register the state as a ReducingState)", err, runLen(b))
+	}
+	return err
+}
 
 // userCodec encodes with a caller-supplied Codec.
 type userCodec[V any] struct{ c Codec[V] }
@@ -66,6 +74,74 @@ func (u userCodec[V]) decode(_ *decoder, b []byte, v *V) (err error) {
 	}
 	*v = x
 	return nil
+}
+
+// runCodec is the codec of a reducing state without TTL or codec. It
+// writes one msgpack value, as msgpackCodec does, and reads a run: one or
+// more msgpack values back to back, oldest first, whose value is their
+// fold with reduce (reduce(reduce(v1, v2), v3)...). A run of one is the
+// format of a value state, so every snapshot format stays as it was; runs
+// of more are what the Pebble engine's blind adds leave (S15: each add of
+// a key whose value is not cached is a Pebble merge operand, and Pebble's
+// concatenating merger joins a key's operands in order). Folding in
+// order, rather than combining operands with each other, needs no
+// associativity of reduce.
+type runCodec[V any] struct{ reduce func(a, b V) V }
+
+func (runCodec[V]) append(e *encoder, v *V) ([]byte, error) { return encodeFast(e, v, false) }
+func (runCodec[V]) sharesInput() bool                       { return false }
+
+func (c runCodec[V]) decode(d *decoder, b []byte, v *V) (err error) {
+	n, err := valueLen(b)
+	if err != nil {
+		return err
+	}
+	if n == len(b) {
+		return decodeValue[V](msgpackCodec[V]{}, false, d, b, v)
+	}
+	defer func() {
+		// S6: the user's reduce may panic on restored values.
+		if p := recover(); p != nil {
+			err = fmt.Errorf("reduce function panicked on a stored run of values: %v", p)
+		}
+	}()
+	if err := decodeValue[V](msgpackCodec[V]{}, false, d, b[:n], v); err != nil {
+		return fmt.Errorf("value 1 of a run: %w", err)
+	}
+	for i := 2; len(b) > n; i++ {
+		b = b[n:]
+		if n, err = valueLen(b); err != nil {
+			return fmt.Errorf("value %d of a run: %w", i, err)
+		}
+		var x V
+		if err := decodeValue[V](msgpackCodec[V]{}, false, d, b[:n], &x); err != nil {
+			return fmt.Errorf("value %d of a run: %w", i, err)
+		}
+		*v = c.reduce(*v, x)
+	}
+	return nil
+}
+
+// runLen counts the msgpack values of a run, up to the first malformed
+// one.
+func runLen(b []byte) int {
+	n := 0
+	for len(b) > 0 {
+		l, err := valueLen(b)
+		if err != nil {
+			break
+		}
+		b, n = b[l:], n+1
+	}
+	return n
+}
+
+// isRun reports whether b holds more than one msgpack value (a run to
+// fold, see runCodec); false for one value and for malformed bytes, which
+// decoding reports.
+func isRun(b []byte) bool {
+	n, err := valueLen(b)
+	return err == nil && n < len(b)
 }
 
 // ttlValue is a stored value of a TTL state with its timestamp: when it

@@ -375,6 +375,42 @@ func Values[K comparable, V any](c *Checkpoint, uid, name string, opts ...state.
 	return s.All(), nil
 }
 
+// Reduced returns the value of key in the reducing state name of the
+// keyed operator uid, and whether the key has one. A native checkpoint of
+// the Pebble engine may store the value as a run of added values, which
+// only the state's reduce function folds (state S15); Value reports
+// such a run as an error naming it, Reduced folds it with reduce, which
+// must be the job's function. A value stored as one value is returned as
+// Value returns it.
+func Reduced[K comparable, V any](c *Checkpoint, uid, name string, key K, reduce func(a, b V) V, opts ...state.Option) (V, bool, error) {
+	var zero V
+	b, kg, err := one(c, uid, name, key)
+	if err != nil {
+		return zero, false, err
+	}
+	s, err := state.Reducing[K, V](b, name, reduce, opts...)
+	if err != nil {
+		return zero, false, wrap(c, uid, err)
+	}
+	b.SetCurrentKey(key, kg)
+	v, ok := s.Get()
+	return v, ok, nil
+}
+
+// ReducedValues returns every key's value of the reducing state name of
+// the keyed operator uid (see Reduced), in no particular order.
+func ReducedValues[K comparable, V any](c *Checkpoint, uid, name string, reduce func(a, b V) V, opts ...state.Option) (iter.Seq2[K, V], error) {
+	b, err := all[K](c, uid, name)
+	if err != nil {
+		return nil, err
+	}
+	s, err := state.Reducing[K, V](b, name, reduce, opts...)
+	if err != nil {
+		return nil, wrap(c, uid, err)
+	}
+	return s.All(), nil
+}
+
 // List returns the list of key in the keyed list state name of the keyed
 // operator uid (nil if it has none).
 func List[K comparable, V any](c *Checkpoint, uid, name string, key K, opts ...state.Option) ([]V, error) {

@@ -237,3 +237,64 @@ func TestNativeLookupReadsItsFiles(t *testing.T) {
 	require.Equal(t, 20_000, n)
 	require.Equal(t, shared, cfs.n.Load(), "reading the whole state reads every sstable once")
 }
+
+// TestNativeReducingRuns: a reducing state's blind adds on the Pebble
+// engine leave runs of values in its native checkpoint (state S15);
+// Reduced and ReducedValues fold them with the job's function, and Value
+// names what it found instead of returning one of the values.
+func TestNativeReducingRuns(t *testing.T) {
+	const maxP = 128
+	fs := vfs.NewMem()
+	st, err := snapshot.OpenStorage("/ckpt", "job", snapshot.StorageOptions{FS: fs})
+	require.NoError(t, err)
+	r := keygroup.Range{Start: 0, End: maxP - 1}
+	be, err := state.NewPebbleKeyedBackend[int64](state.PebbleEngine{FS: vfs.NewMem(), WriteCacheEntries: 4}, r, maxP, nil)
+	require.NoError(t, err)
+	defer be.Close()
+	// Order-sensitive: "((0a)b)" is not "(0(ab))".
+	paren := func(a, b string) string { return "(" + a + b + ")" }
+	red, err := state.Reducing[int64, string](be, "r", paren)
+	require.NoError(t, err)
+	want := map[int64]string{}
+	for round := range 3 {
+		for k := range int64(100) {
+			be.SetCurrentKey(k, keygroup.Of(k, maxP))
+			v := fmt.Sprint(round)
+			red.Add(v)
+			if old, ok := want[k]; ok {
+				v = paren(old, v)
+			}
+			want[k] = v
+		}
+	}
+	ns, err := be.FreezeNative()
+	require.NoError(t, err)
+	require.NoError(t, ns.Take(context.Background()))
+	task := checkpoint.TaskID{Operator: "red", Subtask: 0}
+	ref, err := st.WriteNativeState(context.Background(), 1, task,
+		snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
+	require.NoError(t, err)
+	ns.Release()
+	md := &checkpoint.Metadata{CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint},
+		Operators: []checkpoint.OperatorState{{UID: "red", Name: "red", Parallelism: 1, MaxParallelism: maxP,
+			Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
+	path, err := st.Write(md)
+	require.NoError(t, err)
+	c, err := inspect.Open(fs, path)
+	require.NoError(t, err)
+
+	v, ok, err := inspect.Reduced[int64, string](c, "red", "r", 42, paren)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "((0"+"1)2)", v)
+	got := map[int64]string{}
+	vals, err := inspect.ReducedValues[int64, string](c, "red", "r", paren)
+	require.NoError(t, err)
+	for k, v := range vals {
+		got[k] = v
+	}
+	require.Equal(t, want, got)
+	_, _, err = inspect.Value[int64, string](c, "red", "r", 42)
+	require.ErrorContains(t, err, "a run of 3 values")
+	require.ErrorContains(t, err, `operator "red" of checkpoint 1`)
+}
