@@ -127,26 +127,27 @@ type Config struct {
 type StateBackend uint8
 
 const (
-	// DefaultState, the zero value, is HeapState for now: with Pebble as
-	// the default, timing-sensitive tests failed under -race on the CI
-	// machine (their checkpoints came later than they expect); see
-	// BENCHMARKS.md and the session notes of issue 7.
+	// DefaultState, the zero value, is PebbleState: a job's state may
+	// outgrow memory without the job knowing in advance, and Pebble's
+	// checkpoints are incremental and asynchronous.
 	DefaultState StateBackend = iota
 	// HeapState keeps keyed state on the heap (copy-on-write pages): the
-	// fastest (13-17x Pebble on a counter, BENCHMARKS.md "Keyed state in
-	// Pebble"), for state that fits in memory. The default.
+	// fastest for reads (13-17x Pebble on a value-state counter,
+	// BENCHMARKS.md "Keyed state in Pebble"), for state that fits in
+	// memory.
 	HeapState
 	// PebbleState keeps keyed state in one Pebble instance per keyed
 	// subtask, in a working directory of its own under StateConfig.Pebble.Dir,
-	// for state larger than memory: memory is bounded by the block cache
-	// and memtable sizes whatever the state size.
+	// for state larger than memory: memory is bounded by the block cache,
+	// memtable and write-back cache sizes whatever the state size. The
+	// default.
 	PebbleState
 )
 
 func (b StateBackend) String() string {
 	switch b {
 	case DefaultState:
-		return "default (heap)"
+		return "default (pebble)"
 	case HeapState:
 		return "heap"
 	case PebbleState:
@@ -251,7 +252,7 @@ func (j *Job) Validate() error {
 		add("graph: checkpointing is enabled (interval %v) but Checkpoint.Dir is empty", c.Checkpoint.Interval)
 	}
 	if c.State.Backend == DefaultState {
-		c.State.Backend = HeapState
+		c.State.Backend = PebbleState
 	}
 	switch c.State.Backend {
 	case HeapState:

@@ -232,12 +232,18 @@ func (s trackedBatch) ReadBatch(ctx *graph.Context, dst []int64) (int, error) {
 }
 
 // failOnce fails the job once, in attempt 0, at the first record >= at.
-type failOnce struct{ at int64 }
+// failOnce fails the first attempt at the first record at or above at,
+// once ready (if set) reports true: a test whose restore must find a
+// checkpoint waits for one, however slowly the machine takes it.
+type failOnce struct {
+	at    int64
+	ready func() bool
+}
 
 var errInjected = errors.New("injected failure")
 
 func (f failOnce) Process(ctx *graph.Context, in int64, out graph.Collector[int64]) error {
-	if ctx.Task().Attempt == 0 && in >= f.at {
+	if ctx.Task().Attempt == 0 && in >= f.at && (f.ready == nil || f.ready()) {
 		return errInjected
 	}
 	out.Collect(in)

@@ -131,22 +131,29 @@ func TestIndexedSplitWatermarksExactlyOnce(t *testing.T) {
 		l := &lateness{threshold: marker.MaxWatermark}
 		var mu sync.Mutex
 		var restored []int64
+		var completed atomic.Int64
 		cfg := graph.Config{
 			Parallelism: p, MaxParallelism: splits, BufferSize: 16, FlushInterval: time.Millisecond, Logf: t.Logf,
 			Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, TolerableFailures: -1, Retain: 2},
 			Restart:    graph.FixedDelay(restarts, time.Millisecond),
 			Restore:    graph.RestoreConfig{Latest: latest},
 			OnEvent: func(e graph.Event) {
-				if e.Kind == graph.JobRestored {
+				switch e.Kind {
+				case graph.JobRestored:
 					mu.Lock()
 					restored = append(restored, e.CheckpointID)
 					mu.Unlock()
+				case graph.CheckpointCompleted:
+					completed.Add(1)
 				}
 			},
 		}
 		j := graph.NewJob(t.Name(), cfg)
-		out := checked(j, source.GenerateRate(n, 40_000, at), func(ts int64) int64 { return ts }, l)
-		out = graph.Process(out, "fail", func() graph.ProcessFunc[int64, int64] { return failOnce{at: failAt} })
+		// The failure waits for a completed checkpoint: the restart (or
+		// the restored job) must find one, on any machine.
+		ready := func() bool { return completed.Load() > 0 }
+		out := checked(j, source.GenerateRate(n, 20_000, at), func(ts int64) int64 { return ts }, l)
+		out = graph.Process(out, "fail", func() graph.ProcessFunc[int64, int64] { return failOnce{at: failAt, ready: ready} })
 		graph.Sink(out, "sink", sink.Publishing[int64](mem), graph.Parallelism(1))
 		err := j.Run(context.Background())
 		return l, restored, err
@@ -156,8 +163,9 @@ func TestIndexedSplitWatermarksExactlyOnce(t *testing.T) {
 		want[i] = at(int64(i))
 	}
 	slices.Sort(want)
-	// The failure: at split 5's middle (its records are 5s and more).
-	failAt := 5*int64(time.Second) + n/splits/2
+	// The failure: in split 5's first fifth (its records are 5s and
+	// more), at the first such record after a checkpoint completed.
+	failAt := 5*int64(time.Second) + n/splits/5
 
 	t.Run("restart", func(t *testing.T) {
 		mem := sink.NewMemory[int64]()

@@ -8,7 +8,7 @@
 //	snapdemo replay [--data FILE|builtin:device-signals|builtin:sensors] [--key F] [--id F,...]
 //	                [--checkpoint-dir DIR] [--interval D] [--mode aligned|unaligned|at-least-once]
 //	                [--aligned-timeout D] [--parallelism N] [--fail-at-offset N] [--restore latest|PATH]
-//	                [--sink DIR|postgres://...|kafka://host:port/topic] [--state heap|pebble] [--rate R]
+//	                [--sink DIR|postgres://...|kafka://host:port/topic] [--state pebble|heap] [--rate R]
 //	                [--fresh] [--json] [--progress auto|bar|log|none]
 //	snapdemo gen [--devices N] [--records N] [--seed S] [--disorder D] [--format ndjson|csv|json] [--out FILE]
 //	snapdemo checkpoints DIR [--json]
