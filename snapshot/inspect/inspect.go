@@ -208,14 +208,27 @@ func (c *Checkpoint) operator(uid string) (*checkpoint.OperatorState, error) {
 }
 
 // keyGroups returns the keyed-state records of subtask s of op for which
-// keep (nil: all) holds: inline ones, or those of its keyed-state file,
-// read whole with every block checked (snapshot.ReadKeyedState), or those
-// of its native state, of the key groups only (nil: all) at most.
+// keep (nil: all) holds: inline ones, or those of its keyed-state file
+// (the blocks of the key groups only, nil: all, each checked,
+// snapshot.ReadKeyedState), or those of its native state, of the key
+// groups only at most.
 func (c *Checkpoint) keyGroups(op *checkpoint.OperatorState, s *checkpoint.SubtaskState, keep func(checkpoint.KeyGroupState) bool, only *keygroup.Range) ([]checkpoint.KeyGroupState, error) {
 	groups := s.KeyGroups
 	if s.KeyedState != nil {
+		ref := s.KeyedState
+		if only != nil {
+			// As a restore does (R10): a reference cut down to the
+			// blocks of the key groups wanted.
+			cut := checkpoint.KeyedStateRef{File: ref.File, Size: ref.Size}
+			for _, g := range ref.Groups {
+				if only.Contains(g.KeyGroup) {
+					cut.Groups = append(cut.Groups, g)
+				}
+			}
+			ref = &cut
+		}
 		var err error
-		groups, err = snapshot.ReadKeyedState(c.fs, c.dir, c.md.CheckpointID, c.md.Options.Kind, op.UID, s.KeyedState)
+		groups, err = snapshot.ReadKeyedState(c.fs, c.dir, c.md.CheckpointID, c.md.Options.Kind, op.UID, ref)
 		if err != nil {
 			return nil, fmt.Errorf("inspect: operator %q subtask %d: %w", op.UID, s.Subtask, err)
 		}

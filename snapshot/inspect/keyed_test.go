@@ -298,3 +298,48 @@ func TestNativeReducingRuns(t *testing.T) {
 	require.ErrorContains(t, err, "a run of 3 values")
 	require.ErrorContains(t, err, `operator "red" of checkpoint 1`)
 }
+
+// TestKeyedStateLookupReadsItsBlock: looking one key up in a keyed-state
+// file reads the block of the key's group alone, as a restore reads its
+// key groups' blocks (restore R10), not the whole file; reading the whole
+// state reads every block.
+func TestKeyedStateLookupReadsItsBlock(t *testing.T) {
+	fs, path, sub := tallyCheckpoint(t, 3000, false)
+	counted := &keyedReads{FS: fs}
+	c, err := inspect.Open(counted, path)
+	require.NoError(t, err)
+	const key = 1234
+	v, ok, err := inspect.Value[int64, int64](c, "tally", "sum", key)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, int64(2*key), v)
+	var block, all int64
+	for _, g := range sub.KeyedState.Groups {
+		all += g.Length
+		if g.KeyGroup == keygroup.Of(int64(key), 128) {
+			block = g.Length
+		}
+	}
+	require.Positive(t, block)
+	require.Equal(t, block, counted.n.Load(), "bytes read for one key: its key group's block")
+	counted.n.Store(0)
+	vals, err := inspect.Values[int64, int64](c, "tally", "sum")
+	require.NoError(t, err)
+	for range vals {
+	}
+	require.Equal(t, all, counted.n.Load(), "bytes read for the whole state: every block")
+}
+
+// keyedReads counts the bytes read from keyed-state files.
+type keyedReads struct {
+	vfs.FS
+	n atomic.Int64
+}
+
+func (c *keyedReads) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := c.FS.Open(name, opts...)
+	if err != nil || !strings.Contains(name, "/keyed-") {
+		return f, err
+	}
+	return &sharedReadsFile{File: f, n: &c.n}, nil
+}
