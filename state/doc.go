@@ -268,8 +268,11 @@
 // S15: A stored value of a reducing state without TTL or codec is a run
 // of one or more msgpack values, oldest first, and the state's value is
 // their fold in order, reduce(reduce(v1, v2), v3)... (runCodec). Operands
-// are never combined with each other, so reduce need not be associative,
-// and it runs only on the subtask goroutine. A snapshot entry always
+// are never combined with each other, so reduce need not be associative;
+// Pebble's merger only concatenates, so compactions never call it. It
+// runs on the subtask goroutine, except where a snapshot's asynchronous
+// part encodes a run as one value (a savepoint's canonical entries), which
+// is why Reducing asks for a function without side effects. A snapshot entry always
 // holds one value (a run of one is the value-state format), so runs never
 // leave the Pebble instance except in its native files, whose readers
 // (restore, rescale, the state reader) decode through the same codec.

@@ -315,7 +315,7 @@ func (t *pebbleTable[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
 		h := c.hash(key)
 		if s = c.find(key, h); s < 0 {
 			s = t.cacheInsert(key, h)
-			c.ents[s].ops = true
+			c.ents[s].ops, c.ents[s].unknown = true, false
 			// The key may be stored already: n becomes an upper bound.
 			t.n++
 			t.approx = true

@@ -31,7 +31,9 @@ type ReducingState[K comparable, V any] struct {
 // already registered (with equal options; the first registration's reduce
 // function stays). reduce combines the stored value a with an added value
 // b; it must be deterministic, so that a replay after a restore gives the
-// same values. Options: WithTTL, WithCodec (a Codec[V]).
+// same values, and free of side effects: on Pebble the asynchronous part
+// of a snapshot may call it, off the subtask goroutine, to fold the values
+// of blind adds (S15). Options: WithTTL, WithCodec (a Codec[V]).
 func Reducing[K comparable, V any](b *KeyedBackend[K], name string, reduce func(a, b V) V, opts ...Option) (*ReducingState[K, V], error) {
 	if reduce == nil {
 		return nil, fmt.Errorf("state: keyed state %q: nil reduce function", name)
