@@ -523,14 +523,7 @@ func (t *pebbleTable[K, V]) add(k K, kg int, v V, reduce func(a, b V) V) {
 		t.cacheAdd(t.kbuf, v, reduce)
 		return
 	}
-	t.ve.buf = t.ve.buf[:0]
-	t.cv = v
-	vb, err := t.sp.vals.append(t.ve, &t.cv)
-	var zero V
-	t.cv = zero
-	if err != nil {
-		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
-	}
+	vb := t.encodeVal(v)
 	if err := t.s.db.Merge(t.kbuf, vb, pebble.NoSync); err != nil {
 		panic(fmt.Sprintf("state: writing keyed state %q to Pebble: %v", t.name, err))
 	}

@@ -334,6 +334,15 @@ func (t *pebbleTable[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
 		t.cachePut(key, v)
 		return
 	}
+	vb := t.encodeVal(v)
+	e.enc = append(e.enc, vb...)
+	e.nops++
+	c.setDirty(s)
+}
+
+// encodeVal encodes v into the table's value buffer and returns the
+// bytes, valid until the next encoding; a failure panics, as any write's.
+func (t *pebbleTable[K, V]) encodeVal(v V) []byte {
 	t.ve.buf = t.ve.buf[:0]
 	t.cv = v
 	vb, err := t.sp.vals.append(t.ve, &t.cv)
@@ -342,9 +351,7 @@ func (t *pebbleTable[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
 	if err != nil {
 		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
 	}
-	e.enc = append(e.enc, vb...)
-	e.nops++
-	c.setDirty(s)
+	return vb
 }
 
 // resolve turns ops slot s into a slot of the key's value: Pebble's
@@ -393,14 +400,7 @@ func (t *pebbleTable[K, V]) cachePut(key []byte, v V) {
 		s = t.cacheSlot(key, slotBlind)
 		t.cslot = s
 	}
-	t.ve.buf = t.ve.buf[:0]
-	t.cv = v
-	vb, err := t.sp.vals.append(t.ve, &t.cv)
-	var zero V
-	t.cv = zero
-	if err != nil {
-		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
-	}
+	vb := t.encodeVal(v)
 	e := &t.c.ents[s]
 	e.enc = append(e.enc[:0], vb...)
 	if !e.has {
