@@ -37,7 +37,31 @@ const numKeys = 100
 // failures (injector).
 type runningSum struct {
 	sum *state.ValueState[int64, int64]
+	// withFold also adds every record's I to the reducing state "fold"
+	// (foldI), which is never read in the job: on Pebble its adds are
+	// blind (state S15), and a test reads it from a checkpoint.
+	withFold bool
+	fold     *state.ReducingState[int64, int64]
 	injector
+}
+
+// foldI is the reduce function of runningSum's "fold": it depends on the
+// order of the values and is not associative, so that a lost, repeated or
+// reordered add shows in the folded value.
+func foldI(a, b int64) int64 { return a*3 + b }
+
+// expectedFolds is the "fold" state of every key after the first n
+// records, as expectedOutput is the output.
+func expectedFolds(n int64) map[int64]int64 {
+	f := map[int64]int64{}
+	for i := int64(0); i < n; i++ {
+		k, v := i%numKeys, 2*i
+		if old, ok := f[k]; ok {
+			v = foldI(old, v)
+		}
+		f[k] = v
+	}
+	return f
 }
 
 // injector injects failures: attempt a fails at the first record, from the
@@ -73,6 +97,9 @@ func (r *injector) inject(a int) error {
 func (r *runningSum) InitializeState(ctx *graph.Context) error {
 	v, err := state.Value[int64, int64](graph.KeyedState[int64](ctx), "sum")
 	r.sum = v
+	if err == nil && r.withFold {
+		r.fold, err = state.Reducing[int64, int64](graph.KeyedState[int64](ctx), "fold", foldI)
+	}
 	return err
 }
 
@@ -83,6 +110,9 @@ func (r *runningSum) Process(ctx *graph.KeyedContext[int64], in rec, o graph.Col
 	s, _ := r.sum.Value()
 	s += in.I
 	r.sum.Update(s)
+	if r.fold != nil {
+		r.fold.Add(in.I)
+	}
 	o.Collect(out{Key: ctx.CurrentKey(), I: in.I, Sum: s})
 	return nil
 }

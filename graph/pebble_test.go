@@ -30,6 +30,7 @@ import (
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
+	"github.com/snapflow/snapflow/snapshot/inspect"
 	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/state"
 )
@@ -59,6 +60,29 @@ type pebbleRun struct {
 	// defaultEngine leaves the Pebble engine at its defaults (64 MiB cache,
 	// 16 MiB memtables) instead of small memtables that flush often.
 	defaultEngine bool
+	// lastCheckpoint is the path of the last checkpoint completed.
+	mu             sync.Mutex
+	lastCheckpoint string
+}
+
+// requireFolds checks the "fold" state of the last checkpoint of r, taken
+// at the end of the input: every key's blind adds (state S15) folded in
+// record order, each record once, as a restore reads them.
+func requireFolds(t *testing.T, r *pebbleRun) {
+	t.Helper()
+	r.mu.Lock()
+	path := r.lastCheckpoint
+	r.mu.Unlock()
+	require.NotEmpty(t, path, "a checkpoint completed")
+	c, err := inspect.Open(vfs.Default, path)
+	require.NoError(t, err)
+	vals, err := inspect.ReducedValues[int64, int64](c, "sum", "fold", foldI)
+	require.NoError(t, err)
+	got := map[int64]int64{}
+	for k, v := range vals {
+		got[k] = v
+	}
+	require.Equal(t, expectedFolds(r.n), got, "the reducing state of %s", path)
 }
 
 // pebbleJob is exactlyOnceJobWith with the keyed-state backend, the
@@ -89,6 +113,11 @@ func pebbleJob(t testing.TB, r *pebbleRun) (*graph.Job, []atomic.Bool) {
 	var completed atomic.Bool
 	completed.Store(len(r.failAt) == 0)
 	onEvent := func(ev graph.Event) {
+		if ev.Kind == graph.CheckpointCompleted && !ev.Savepoint {
+			r.mu.Lock()
+			r.lastCheckpoint = ev.Path
+			r.mu.Unlock()
+		}
 		switch {
 		case ev.Kind == graph.CheckpointCompleted && !ev.Savepoint && len(r.failAt) > 0:
 			completed.Store(true)
@@ -115,7 +144,7 @@ func pebbleJob(t testing.TB, r *pebbleRun) (*graph.Job, []atomic.Bool) {
 	mapped := graph.Map(src, "double", func(x rec) rec { x.I *= 2; return x }, graph.Parallelism(2))
 	sums := graph.ProcessKeyed(graph.KeyBy(mapped, func(x rec) int64 { return x.Key }), "sum",
 		func() graph.KeyedProcessFunc[int64, rec, out] {
-			return &runningSum{injector: injector{failAt: r.failAt, counters: counters, fired: fired}}
+			return &runningSum{withFold: true, injector: injector{failAt: r.failAt, counters: counters, fired: fired}}
 		})
 	seen, every := r.seen, r.slowEvery
 	slow := graph.Map(sums, "slow", func(o out) out {
@@ -291,6 +320,7 @@ func TestPebbleExactlyOnceWithFailures(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, e.Wait())
 			requireOutput(t, want, sorted(r.committer.Published()))
+			requireFolds(t, r)
 			require.True(t, fired[0].Load(), "the first attempt failed")
 			st := e.Stats()
 			require.Equal(t, firedCount(fired), st.Counts.Restored, "every failure restored a checkpoint")
@@ -323,6 +353,7 @@ func TestPebbleRescaleWithFailures(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.Wait())
 	requireOutput(t, expectedOutput(n), sorted(committer.Published()))
+	requireFolds(t, r)
 	require.True(t, fired[0].Load(), "the first attempt after the rescale failed")
 	evs := rs.events()
 	require.Len(t, evs, 1+firedCount(fired), "the rescale and every failure restored a checkpoint")
