@@ -524,7 +524,7 @@
 // cache holds 0.4% of the keys: every record is a miss) and 1.20-1.28 on
 // Zipf keys for a value-state counter (a read and a write per record);
 // the heap is 13-17x faster than raw. The same counter as a reducing
-// state (blind adds) is 5.5-6.9x raw on uniform keys and 5.5-5.8x on
+// state (blind adds) is 5.1-7.4x raw on uniform keys and 5.7-6.5x on
 // Zipf keys (2026-12-04, quiet machine).
 // Freeze with the cache full of dirty entries (BenchmarkPebbleFreeze,
 // 200,000 keys): at most 3.3ms for 4,096 entries, 90ms for 16,384 and
