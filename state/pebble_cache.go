@@ -202,7 +202,7 @@ func (t *pebbleTable[K, V]) cacheInsert(key []byte, h uint64) int32 {
 	var zero V
 	e.key = append(e.key[:0], key...)
 	e.val, e.hash, e.has, e.dirty, e.ref = zero, h, false, false, false
-	e.ops, e.nops, e.enc = false, 0, e.enc[:0]
+	e.unknown, e.ops, e.nops, e.enc = false, false, 0, e.enc[:0]
 	if 2*c.used > len(c.cells) {
 		c.rehash() // indexes s too
 	} else {
@@ -315,7 +315,7 @@ func (t *pebbleTable[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
 		h := c.hash(key)
 		if s = c.find(key, h); s < 0 {
 			s = t.cacheInsert(key, h)
-			c.ents[s].ops, c.ents[s].unknown = true, false
+			c.ents[s].ops = true
 			// The key may be stored already: n becomes an upper bound.
 			t.n++
 			t.approx = true
@@ -384,12 +384,7 @@ func (t *pebbleTable[K, V]) resolve(s int32) {
 	if !rewrite {
 		return
 	}
-	t.ve.buf = t.ve.buf[:0]
-	vb, err := t.sp.vals.append(t.ve, &e.val)
-	if err != nil {
-		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
-	}
-	e.enc = append(e.enc[:0], vb...)
+	e.enc = append(e.enc[:0], t.encodeVal(e.val)...)
 	t.c.setDirty(s)
 }
 

@@ -18,6 +18,20 @@ import (
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
+// storeNative takes a native snapshot of be and stores it as task's in
+// checkpoint 1 of st.
+func storeNative(t *testing.T, st *snapshot.Storage, be *state.KeyedBackend[int64], task checkpoint.TaskID) *checkpoint.NativeStateRef {
+	t.Helper()
+	ns, err := be.FreezeNative()
+	require.NoError(t, err)
+	defer ns.Release()
+	require.NoError(t, ns.Take(context.Background()))
+	ref, err := st.WriteNativeState(context.Background(), 1, task,
+		snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
+	require.NoError(t, err)
+	return ref
+}
+
 // tallyCheckpoint writes checkpoint 1 of an operator "tally" with keys
 // keys of value state "sum" (2k for key k), to a keyed-state file or, with
 // native, as a Pebble backend's native snapshot, and checks that inspect
@@ -45,13 +59,7 @@ func tallyCheckpoint(t *testing.T, keys int64, native bool) (vfs.FS, string, *ch
 	sub := checkpoint.SubtaskState{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End}
 	task := checkpoint.TaskID{Operator: "tally", Subtask: 0}
 	if native {
-		ns, err := be.FreezeNative()
-		require.NoError(t, err)
-		require.NoError(t, ns.Take(context.Background()))
-		sub.Native, err = st.WriteNativeState(context.Background(), 1, task,
-			snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
-		require.NoError(t, err)
-		ns.Release()
+		sub.Native = storeNative(t, st, be, task)
 	} else {
 		recs, err := be.Snapshot()
 		require.NoError(t, err)
@@ -130,32 +138,34 @@ func TestNativeKeyedState(t *testing.T) {
 	require.ErrorContains(t, err, file)
 }
 
-// sharedReads counts the bytes read from files of a shared/ directory.
-type sharedReads struct {
+// countedReads counts the bytes read from the files whose path contains
+// within ("/shared/": shared native files; "/keyed-": keyed-state files).
+type countedReads struct {
 	vfs.FS
-	n atomic.Int64
+	within string
+	n      atomic.Int64
 }
 
-func (c *sharedReads) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+func (c *countedReads) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
 	f, err := c.FS.Open(name, opts...)
-	if err != nil || !strings.Contains(name, "/shared/") {
+	if err != nil || !strings.Contains(name, c.within) {
 		return f, err
 	}
-	return &sharedReadsFile{File: f, n: &c.n}, nil
+	return &countedFile{File: f, n: &c.n}, nil
 }
 
-type sharedReadsFile struct {
+type countedFile struct {
 	vfs.File
 	n *atomic.Int64
 }
 
-func (f *sharedReadsFile) Read(p []byte) (int, error) {
+func (f *countedFile) Read(p []byte) (int, error) {
 	n, err := f.File.Read(p)
 	f.n.Add(int64(n))
 	return n, err
 }
 
-func (f *sharedReadsFile) ReadAt(p []byte, off int64) (int, error) {
+func (f *countedFile) ReadAt(p []byte, off int64) (int, error) {
 	n, err := f.File.ReadAt(p, off)
 	f.n.Add(int64(n))
 	return n, err
@@ -193,14 +203,7 @@ func TestNativeLookupReadsItsFiles(t *testing.T) {
 			ns.Release()
 		}
 	}
-	ns, err := be.FreezeNative()
-	require.NoError(t, err)
-	require.NoError(t, ns.Take(context.Background()))
-	task := checkpoint.TaskID{Operator: "tally", Subtask: 0}
-	ref, err := st.WriteNativeState(context.Background(), 1, task,
-		snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
-	require.NoError(t, err)
-	ns.Release()
+	ref := storeNative(t, st, be, checkpoint.TaskID{Operator: "tally", Subtask: 0})
 	var shared int64
 	for _, f := range ref.Files {
 		if f.Shared {
@@ -213,7 +216,7 @@ func TestNativeLookupReadsItsFiles(t *testing.T) {
 	path, err := st.Write(md)
 	require.NoError(t, err)
 
-	cfs := &sharedReads{FS: fs}
+	cfs := &countedReads{FS: fs, within: "/shared/"}
 	c, err := inspect.Open(cfs, path)
 	require.NoError(t, err)
 	k := byGroup[40][3]
@@ -267,14 +270,7 @@ func TestNativeReducingRuns(t *testing.T) {
 			want[k] = v
 		}
 	}
-	ns, err := be.FreezeNative()
-	require.NoError(t, err)
-	require.NoError(t, ns.Take(context.Background()))
-	task := checkpoint.TaskID{Operator: "red", Subtask: 0}
-	ref, err := st.WriteNativeState(context.Background(), 1, task,
-		snapshot.NativeFiles{FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
-	require.NoError(t, err)
-	ns.Release()
+	ref := storeNative(t, st, be, checkpoint.TaskID{Operator: "red", Subtask: 0})
 	md := &checkpoint.Metadata{CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint},
 		Operators: []checkpoint.OperatorState{{UID: "red", Name: "red", Parallelism: 1, MaxParallelism: maxP,
 			Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}}}}
@@ -305,7 +301,7 @@ func TestNativeReducingRuns(t *testing.T) {
 // state reads every block.
 func TestKeyedStateLookupReadsItsBlock(t *testing.T) {
 	fs, path, sub := tallyCheckpoint(t, 3000, false)
-	counted := &keyedReads{FS: fs}
+	counted := &countedReads{FS: fs, within: "/keyed-"}
 	c, err := inspect.Open(counted, path)
 	require.NoError(t, err)
 	const key = 1234
@@ -328,18 +324,4 @@ func TestKeyedStateLookupReadsItsBlock(t *testing.T) {
 	for range vals {
 	}
 	require.Equal(t, all, counted.n.Load(), "bytes read for the whole state: every block")
-}
-
-// keyedReads counts the bytes read from keyed-state files.
-type keyedReads struct {
-	vfs.FS
-	n atomic.Int64
-}
-
-func (c *keyedReads) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
-	f, err := c.FS.Open(name, opts...)
-	if err != nil || !strings.Contains(name, "/keyed-") {
-		return f, err
-	}
-	return &sharedReadsFile{File: f, n: &c.n}, nil
 }
