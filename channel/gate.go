@@ -125,6 +125,12 @@ func (g *Gate[T]) PollPriority() (ch int, ev marker.Event, ok bool) {
 	return -1, marker.Event{}, false
 }
 
+// PriorityPending reports whether a priority event is queued on some input,
+// blocked or not (one atomic load). A reader that processes a buffer in
+// slices asks it between two slices, to read an unaligned barrier without
+// waiting for the rest of the buffer.
+func (g *Gate[T]) PriorityPending() bool { return g.prio.Load() > 0 }
+
 // Promote makes the aligned barrier of checkpoint id queued on input ch,
 // if any, a priority (unaligned) event at the head of the channel, and
 // returns copies of the data buffers it overtook, which an unaligned

@@ -281,10 +281,10 @@ type bankCase struct {
 
 var bankCases = []bankCase{
 	{name: "aligned", cc: graph.CheckpointConfig{Mode: marker.Aligned}, accountsP: 2, capacity: 4, bufSize: 64},
-	{name: "unaligned", cc: graph.CheckpointConfig{Mode: marker.Unaligned}, accountsP: 2, unchained: true, capacity: 2, bufSize: 32},
-	{name: "aligned-timeout", cc: graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond},
+	{name: "unaligned", cc: graph.CheckpointConfig{Mode: marker.Unaligned, InputSlice: 5}, accountsP: 2, unchained: true, capacity: 2, bufSize: 32},
+	{name: "aligned-timeout", cc: graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond, InputSlice: 3},
 		accountsP: 3, capacity: 3, bufSize: 16},
-	{name: "unaligned-concurrent", cc: graph.CheckpointConfig{Mode: marker.Unaligned, MaxConcurrent: 3},
+	{name: "unaligned-concurrent", cc: graph.CheckpointConfig{Mode: marker.Unaligned, MaxConcurrent: 3, InputSlice: 20},
 		accountsP: 2, unchained: true, capacity: 4, bufSize: 128},
 }
 

@@ -143,7 +143,9 @@
 // in-flight data (MaxInflightBytes caps it per checkpoint). AlignedTimeout
 // (with Mode marker.Aligned) starts every checkpoint aligned and switches it
 // to unaligned where its alignment has not finished in time. In both
-// unaligned forms, the records on edges between chains must survive
+// unaligned forms a subtask also reads barriers inside the input buffer it
+// is processing, every InputSlice records, and the unprocessed rest of the
+// buffer is channel state too. In both, the records on edges between chains must survive
 // msgpack (Validate names the edge and field that would not). A restore
 // from a checkpoint with channel state may change parallelism: in-flight
 // records of hash edges go to the subtask owning their key group, the rest

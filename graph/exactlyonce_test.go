@@ -134,7 +134,7 @@ func exactlyOnceJobWith(t testing.TB, n int64, dir string, failAt []int64, cc gr
 	cfg := graph.Config{
 		Parallelism: 2,
 		Checkpoint: graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: cc.Mode, AlignedTimeout: cc.AlignedTimeout,
-			MaxConcurrent: cc.MaxConcurrent, Retain: 2, TolerableFailures: -1},
+			InputSlice: cc.InputSlice, MaxConcurrent: cc.MaxConcurrent, Retain: 2, TolerableFailures: -1},
 		Restart: graph.FixedDelay(len(failAt)+1, time.Millisecond),
 		Logf:    t.Logf,
 		// Chained: source+map and sum+sink each run in one subtask.
@@ -329,7 +329,9 @@ func TestExactlyOnceAcrossProcessRestarts(t *testing.T) {
 // checkpoints and for aligned ones that switch at a short timeout, with
 // channels kept full (the keyed operator's consumer pauses now and then, so
 // barriers overtake queued buffers and channel state is persisted), and
-// unchained operators, so every edge carries in-flight data.
+// unchained operators, so every edge carries in-flight data. Subtasks read
+// barriers inside their input buffers (CheckpointConfig.InputSlice), so
+// unprocessed rests of buffers are channel state as well.
 func TestExactlyOnceUnaligned(t *testing.T) {
 	const n = 1_000_000
 	want := expectedOutput(n)
@@ -344,7 +346,10 @@ func TestExactlyOnceUnaligned(t *testing.T) {
 		{"unaligned-concurrent", graph.CheckpointConfig{Mode: marker.Unaligned, MaxConcurrent: 3}},
 	} {
 		failAt := []int64{1 + rng.Int64N(n/2-1), 1 + rng.Int64N(n/4)}
-		t.Run(fmt.Sprintf("%s/fail-at=%v", tc.name, failAt), func(t *testing.T) {
+		// Barriers are read inside the 256-record buffers, after slices of
+		// 1 to 64 records: the rest of a buffer is channel state too.
+		tc.cc.InputSlice = 1 + rng.IntN(64)
+		t.Run(fmt.Sprintf("%s/slice=%d/fail-at=%v", tc.name, tc.cc.InputSlice, failAt), func(t *testing.T) {
 			var seen atomic.Int64
 			slow := func(out) {
 				if seen.Add(1)%20000 == 0 {

@@ -33,6 +33,15 @@ type CheckpointConfig struct {
 	// was triggered (Flink's execution.checkpointing.aligned-checkpoint-
 	// timeout). Unaligned from the start is Mode marker.Unaligned.
 	AlignedTimeout time.Duration
+	// InputSlice, for checkpoints that may be unaligned (Mode
+	// marker.Unaligned, or AlignedTimeout > 0), is the most records of an
+	// input buffer a subtask processes before it looks for an unaligned
+	// barrier again (default 256): a barrier waits for at most one slice,
+	// not for a whole buffer, and the rest of the buffer becomes input
+	// channel state. Smaller slices take barriers sooner, at a little cost
+	// per slice; slices of BufferSize or more read barriers between
+	// buffers only. Subtasks in a loop (Iterate) read them between buffers.
+	InputSlice int
 	// MaxInflightBytes caps the channel state (persisted in-flight data) of
 	// one unaligned checkpoint over all subtasks; a checkpoint above it
 	// fails (not counted against TolerableFailures) and the job goes on.
@@ -95,7 +104,7 @@ type Config struct {
 	// unrestorable.
 	MaxParallelism int
 	Checkpoint     CheckpointConfig
-	// State selects where keyed state lives (default: the heap).
+	// State selects where keyed state lives (default: Pebble).
 	State   StateConfig
 	Restart RestartStrategy
 	Restore RestoreConfig
@@ -268,6 +277,11 @@ func (j *Job) Validate() error {
 	}
 	if c.Checkpoint.AlignedTimeout < 0 {
 		add("graph: aligned checkpoint timeout %v must not be negative", c.Checkpoint.AlignedTimeout)
+	}
+	if c.Checkpoint.InputSlice < 0 {
+		add("graph: checkpoint input slice %d must not be negative", c.Checkpoint.InputSlice)
+	} else if c.Checkpoint.InputSlice == 0 {
+		c.Checkpoint.InputSlice = 256
 	}
 	if c.Checkpoint.AlignedTimeout > 0 && c.Checkpoint.Mode != marker.Aligned {
 		add("graph: an aligned checkpoint timeout (%v) needs Mode aligned, not %s", c.Checkpoint.AlignedTimeout, c.Checkpoint.Mode)

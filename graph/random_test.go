@@ -98,7 +98,7 @@ func TestRandomTopologiesExactlyOnce(t *testing.T) {
 				Parallelism:     1 + rng.IntN(3),
 				DisableChaining: !chaining,
 				Checkpoint: graph.CheckpointConfig{Interval: time.Duration(1+rng.IntN(5)) * time.Millisecond, Dir: t.TempDir(), TolerableFailures: -1,
-					Mode: mode, AlignedTimeout: timeout},
+					Mode: mode, AlignedTimeout: timeout, InputSlice: 1 + rng.IntN(64)},
 				Restart:         graph.FixedDelay(len(failAt), time.Millisecond),
 				BufferSize:      1 << rng.IntN(9),
 				ChannelCapacity: 1 + rng.IntN(8),

@@ -277,6 +277,11 @@ func (a *attempt) taskConfig(v *vertex, i int) *task.Config {
 		FlushInterval: a.job.cfg.FlushInterval, BatchSize: a.job.cfg.BufferSize,
 	}
 	cfg.Alignment = a.aligned[info.ID()]
+	if cc := a.job.cfg.Checkpoint; v.loop == 0 && (cc.Mode == marker.Unaligned || cc.AlignedTimeout > 0) {
+		// Barriers may overtake: read them between slices of a buffer
+		// (CheckpointConfig.InputSlice).
+		cfg.InputSlice = cc.InputSlice
+	}
 	if v.loop != 0 {
 		for _, chain := range a.job.chains {
 			if chain[0] == v {

@@ -185,9 +185,11 @@ func runChild() int {
 	switch m := os.Getenv(envMode); m {
 	case "":
 	case "unaligned":
-		cc.Mode = marker.Unaligned
+		// Barriers are read inside buffers too: a kill may find the rest
+		// of one in a checkpoint's channel state.
+		cc.Mode, cc.InputSlice = marker.Unaligned, 16
 	case "aligned-timeout":
-		cc.Mode, cc.AlignedTimeout = marker.Aligned, alignedTimeout
+		cc.Mode, cc.AlignedTimeout, cc.InputSlice = marker.Aligned, alignedTimeout, 16
 	default:
 		logf("bad %s: %q", envMode, m)
 		return exitFailed

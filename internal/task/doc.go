@@ -42,6 +42,48 @@
 // the input records of its key groups from every old subtask (keyed) or
 // those of the same old subtasks (otherwise).
 //
+// # Reading barriers inside a buffer
+//
+// A subtask takes priority events (unaligned barriers, and aligned ones
+// promoted at their deadline) between two buffers it reads. With large
+// buffers and a slow operator that is too coarse: a barrier would wait
+// for the whole buffer being processed (a throttled sink took 6.8 ms per
+// 4096-record buffer in BenchmarkBackpressure). With Config.InputSlice > 0
+// (jobs whose checkpoints may be unaligned, not in a loop) RunInput hands
+// each delivered buffer to a cursor (cursor.go) and processes it in slices
+// of at most InputSlice records; between two slices it looks for priority
+// events, mail, finished snapshots, an alignment deadline and output space
+// (one atomic load each when there is nothing), and goes on with the
+// buffer otherwise. What is unprocessed when a checkpoint triggers is in
+// flight for that checkpoint, as Flink persists the unconsumed part of its
+// deserializer's buffer:
+//
+//   - R1: while the cursor holds a buffer of input c, the subtask reads no
+//     data and no in-band event from any input (Gate.Poll), only priority
+//     events (Gate.PollPriority): so the records of the buffer come before
+//     everything that follows them on c, and every record, aligned
+//     barrier, watermark and end of input read afterwards on any input is
+//     handled after the whole buffer, as without slices.
+//   - R2: a Trigger of checkpoint N with input channel state (unaligned,
+//     or switched at its deadline) while the cursor holds a buffer of c
+//     records the unprocessed rest, a copy, as the first input channel
+//     state of N on c, before whatever the aligner marks for N on c later
+//     and before the buffers a promoted barrier overtook on c. N's snapshot
+//     covers exactly the processed records; the rest is processed after
+//     it, and replayed after N's operator state on restore. Each of
+//     several checkpoints triggered inside one buffer takes the rest as it
+//     was at its own trigger. (A buffer delivered while N was already
+//     capturing on c is N's state in full, from its Deliver, as before.)
+//   - R3: an aligned snapshot never finds the cursor busy: the barrier
+//     that completes an alignment is read in-band (R1), after the buffer;
+//     the driver fails the subtask if it ever does, rather than snapshot
+//     state that misses records it had already read.
+//
+// Under backpressure the cursor stops inside the buffer and the loop waits
+// for output space (still serving priority events), so a barrier that
+// arrives then finds the rest of the buffer unprocessed and takes it as
+// channel state instead of waiting for the downstream.
+//
 // # Loops (cyclic graphs)
 //
 // A subtask in a loop has Config.Loop. A loop head (feedback inputs) gives

@@ -203,6 +203,13 @@ type Config struct {
 	// Alignment is a source subtask's membership of its watermark
 	// alignment group (wmalignrun.go); nil when it is in none.
 	Alignment *AlignmentMember
+	// InputSlice, when > 0, makes a subtask with inputs process each input
+	// buffer in slices of at most InputSlice records and read priority
+	// events (unaligned barriers) between two slices: the rest of the
+	// buffer becomes input channel state of a checkpoint triggered
+	// meanwhile (see "Reading barriers inside a buffer" in doc.go). For
+	// jobs whose checkpoints may be unaligned; not with Loop.
+	InputSlice int
 }
 
 // Loop describes a subtask's place in a loop (a strongly connected
@@ -1101,6 +1108,41 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	holdTimer.Stop()
 	defer holdTimer.Stop()
 	lp := r.loop
+	var cur *inputCursor[IN]
+	if cfg.InputSlice > 0 && lp == nil {
+		cur = &inputCursor[IN]{slice: cfg.InputSlice}
+	}
+	// interrupted says whether the loop should look at its inputs, mail,
+	// snapshots, deadlines and output before the next slice of the cursor.
+	interrupted := func() bool {
+		if gate.PriorityPending() || cfg.Mail.Pending() || !r.chain.tail().Out.Available() {
+			return true
+		}
+		if len(r.running) > 0 {
+			select {
+			case <-r.running[0].finished:
+				return true
+			default:
+			}
+		}
+		if _, ok := al.Deadline(); ok {
+			return true // an alignment with a timeout: the loop reads the clock
+		}
+		_, queued := gate.Deadline()
+		return queued
+	}
+	// drain processes slices of the cursor's buffer until it is done or
+	// the loop has something else to do.
+	drain := func() error {
+		for {
+			if err := cur.next(gate, process); err != nil {
+				return fmt.Errorf("task: %v: %w", cfg.Info, err)
+			}
+			if !cur.busy() || interrupted() {
+				return nil
+			}
+		}
+	}
 	if lp != nil {
 		// Deferred loop inputs of the aligner: the barriers of trigger
 		// mail (a looping head) and the end of the loop.
@@ -1115,7 +1157,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					lp.endLoop = false
 					in.Kind = align.EndLoop
 				}
-				if done, err := stepAligner(ctx, r, al, gate, in, process, persist); done || err != nil {
+				if done, err := stepAligner(ctx, r, al, gate, in, process, persist, nil); done || err != nil {
 					return true, err
 				}
 			}
@@ -1184,10 +1226,11 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		// Under backpressure (an output channel at capacity) no data is
 		// read: the subtask waits below for space, still serving priority
 		// barriers, mail, timers and snapshots, rather than blocking in
-		// Send in the middle of a batch.
+		// Send in the middle of a batch. While the cursor holds a buffer,
+		// its next slices come before any other input.
 		backpressured := false
 		if !ok {
-			if backpressured = !r.chain.tail().Out.Available(); !backpressured {
+			if backpressured = !r.chain.tail().Out.Available(); !backpressured && !cur.busy() {
 				ch, it, ok = gate.Poll()
 				for spin := 0; !ok && spin < inputSpins; spin++ {
 					runtime.Gosched()
@@ -1195,7 +1238,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				}
 			}
 		}
-		if !ok {
+		if !ok && (backpressured || !cur.busy()) {
 			var flushC <-chan time.Time
 			if r.chain.pending() && !backpressured {
 				if wait := cfg.FlushInterval - cfg.now().Sub(lastFlush); wait > 0 {
@@ -1230,7 +1273,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					alignTimer.Reset(wait)
 					alignC = alignTimer.C
 				} else {
-					if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist); done || err != nil {
+					if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist, cur); done || err != nil {
 						return err
 					}
 					continue
@@ -1261,7 +1304,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			case <-cfg.Mail.Ready():
 			case <-r.asyncReady():
 			case <-alignC:
-				if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist); done || err != nil {
+				if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist, cur); done || err != nil {
 					return err
 				}
 			case <-flushC:
@@ -1287,35 +1330,42 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			}
 			continue
 		}
-		in := align.Input[*channel.Buffer[IN]]{Channel: ch}
-		if it.Buf != nil {
-			in.Kind, in.Item = align.Record, it.Buf
-		} else {
-			in.Now = cfg.now().UnixNano()
-			switch it.Event.Type {
-			case marker.EventBarrier:
-				in.Kind, in.Barrier = align.Barrier, it.Event.Barrier
-			case marker.EventCancel:
-				in.Kind, in.Barrier = align.Cancel, it.Event.Barrier
-			case marker.EventEndOfInput:
-				in.Kind = align.EndOfInput
-			case marker.EventWatermark, marker.EventIdle, marker.EventActive:
-				// Not the aligner's: every record read before it on its
-				// channel was delivered, and a blocked channel holds its
-				// watermarks back with its records (M4).
-				if err := r.stepEventTime(watermarkEvent(ch, it.Event)); err != nil {
-					return err
+		if ok {
+			in := align.Input[*channel.Buffer[IN]]{Channel: ch}
+			if it.Buf != nil {
+				in.Kind, in.Item = align.Record, it.Buf
+			} else {
+				in.Now = cfg.now().UnixNano()
+				switch it.Event.Type {
+				case marker.EventBarrier:
+					in.Kind, in.Barrier = align.Barrier, it.Event.Barrier
+				case marker.EventCancel:
+					in.Kind, in.Barrier = align.Cancel, it.Event.Barrier
+				case marker.EventEndOfInput:
+					in.Kind = align.EndOfInput
+				case marker.EventWatermark, marker.EventIdle, marker.EventActive:
+					// Not the aligner's: every record read before it on its
+					// channel was delivered, and a blocked channel holds its
+					// watermarks back with its records (M4).
+					if err := r.stepEventTime(watermarkEvent(ch, it.Event)); err != nil {
+						return err
+					}
+					continue
+				default:
+					return fmt.Errorf("task: %v: unknown event %v on input %d", cfg.Info, it.Event, ch)
 				}
-				continue
-			default:
-				return fmt.Errorf("task: %v: unknown event %v on input %d", cfg.Info, it.Event, ch)
+			}
+			if done, err := stepAligner(ctx, r, al, gate, in, process, persist, cur); done || err != nil {
+				return err
+			}
+			if promotedRead {
+				r.promoted = nil
 			}
 		}
-		if done, err := stepAligner(ctx, r, al, gate, in, process, persist); done || err != nil {
-			return err
-		}
-		if promotedRead {
-			r.promoted = nil
+		if cur.busy() {
+			if err := drain(); err != nil {
+				return err
+			}
 		}
 		if err := r.chain.err(); err != nil {
 			return err
@@ -1324,7 +1374,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		if dl, ok := al.Deadline(); ok && now.UnixNano() >= dl {
 			// Busy input never waits in the select above: check the
 			// alignment timeout here too.
-			if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: now.UnixNano()}, process, persist); done || err != nil {
+			if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: now.UnixNano()}, process, persist, cur); done || err != nil {
 				return err
 			}
 		}
@@ -1346,7 +1396,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 // go to process (and, marked so, into the input channel state of unaligned
 // checkpoints: persist), blocking to the gate, the rest to the bookkeeping.
 func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*channel.Buffer[IN]], gate *channel.Gate[IN],
-	in align.Input[*channel.Buffer[IN]], process func([]IN) error, persist func(ch int, from, to int64, recs []IN) error) (done bool, err error) {
+	in align.Input[*channel.Buffer[IN]], process func([]IN) error, persist func(ch int, from, to int64, recs []IN) error, cur *inputCursor[IN]) (done bool, err error) {
 	for _, a := range al.Step(in) {
 		switch a.Kind {
 		case align.Deliver:
@@ -1364,6 +1414,15 @@ func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*chan
 					if err := persist(a.Channel, a.PersistFrom, a.PersistTo, a.Item.Records); err != nil {
 						return true, err
 					}
+				}
+				if cur != nil {
+					// RunInput processes it in slices. It reads no other
+					// data while the cursor holds a buffer (R1).
+					if cur.busy() {
+						return true, fmt.Errorf("task: %v: input %d delivered while input %d's buffer is being processed", r.cfg.Info, a.Channel, cur.ch)
+					}
+					cur.hold(a.Channel, a.Item)
+					continue
 				}
 				if err := process(a.Item.Records); err != nil {
 					return true, fmt.Errorf("task: %v: %w", r.cfg.Info, err)
@@ -1389,6 +1448,19 @@ func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*chan
 				}
 			}
 		default:
+			if a.Kind == align.Trigger && cur.busy() {
+				if a.HasInputState {
+					// The snapshot comes before the rest of the buffer,
+					// which was in flight on its channel: it is the first
+					// input channel state of that channel (R2).
+					r.channels.get(a.ID).add(checkpoint.InputChannel, 0, cur.ch, newLazy(slices.Clone(cur.rest())))
+				} else {
+					// An aligned snapshot follows every record before its
+					// barriers, and its last barrier is read with the
+					// cursor empty (R3).
+					return true, fmt.Errorf("task: %v: aligned snapshot of checkpoint %d while input %d's buffer is being processed", r.cfg.Info, a.ID, cur.ch)
+				}
+			}
 			if done, err := stepAligned(ctx, r, &a); done || err != nil {
 				return true, err
 			}
