@@ -58,18 +58,31 @@ func (s *throttledSink) throttle(ctx *graph.Context, n int) {
 // (0: unthrottled). The keyed operator and the sink are not chained, so the
 // edge into the sink is full too.
 func EngineBackpressure(n int64, p int, rate float64, cfg graph.Config) *graph.Job {
-	return throttledJob("bench-backpressure", n, p, throttledSink{rate: rate / float64(p), only: -1}, cfg)
+	return throttledJob("bench-backpressure", n, p, throttledSink{rate: rate / float64(p), only: -1}, true, cfg)
 }
 
-// throttledJob builds source -> keyBy -> running count -> sink, the sink
-// not chained, with every sink subtask a copy of sink.
-func throttledJob(name string, n int64, p int, sink throttledSink, cfg graph.Config) *graph.Job {
+// EngineBackpressureStateless is EngineBackpressure with a keyed operator
+// that keeps no state (it emits 1 per record): the same channels and
+// barriers, without the keyed state's snapshot, which both modes pay.
+func EngineBackpressureStateless(n int64, p int, rate float64, cfg graph.Config) *graph.Job {
+	return throttledJob("bench-backpressure-stateless", n, p, throttledSink{rate: rate / float64(p), only: -1}, false, cfg)
+}
+
+// throttledJob builds source -> keyBy -> running count (keyed) or a
+// stateless keyed function (not keyed) -> sink, the sink not chained, with
+// every sink subtask a copy of sink.
+func throttledJob(name string, n int64, p int, sink throttledSink, keyed bool, cfg graph.Config) *graph.Job {
 	cfg = heapByDefault(cfg)
 	cfg.Parallelism = p
 	j := graph.NewJob(name, cfg)
 	src := graph.Source(j, "source", source.Generate(n, Gen))
 	counts := graph.ProcessKeyed(graph.KeyBy(src, KeyFn), "count",
-		func() graph.KeyedProcessFunc[int64, int64, int64] { return &runningCount{} })
+		func() graph.KeyedProcessFunc[int64, int64, int64] {
+			if !keyed {
+				return ones{}
+			}
+			return &runningCount{}
+		})
 	graph.Sink(counts, "sink", func() graph.SinkFunc[int64] { s := sink; return &s }, graph.DisableChaining())
 	return j
 }
@@ -89,5 +102,13 @@ func BackpressureChannelBytes(p, capacity, bufSize int) float64 {
 // so its channels fill, the sources block on them, and every barrier
 // behind its backlog waits.
 func EngineSkew(n int64, p int, slowRate float64, cfg graph.Config) *graph.Job {
-	return throttledJob("bench-skew", n, p, throttledSink{rate: slowRate, only: 0}, cfg)
+	return throttledJob("bench-skew", n, p, throttledSink{rate: slowRate, only: 0}, true, cfg)
+}
+
+// ones is a keyed function without state: it emits 1 per record.
+type ones struct{}
+
+func (ones) Process(_ *graph.KeyedContext[int64], _ int64, out graph.Collector[int64]) error {
+	out.Collect(1)
+	return nil
 }
