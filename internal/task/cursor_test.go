@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -47,12 +48,7 @@ func TestCursorUnalignedBarrierOnOtherInput(t *testing.T) {
 		require.Equal(t, ReportAck, ack.Kind)
 		require.Equal(t, int64(1), ack.ID)
 		require.Equal(t, []string{"input 0/0: [2 3 4]", "output 0/0: [1]"}, channelState(t, ack))
-		synctest.Wait()
-		before, after := cut(t, h.rec.log(), "head snapshot 1")
-		require.Equal(t, []string{"head open 0/1", "head rec 1"}, before)
-		require.Equal(t, []string{"head rec 2", "head rec 3", "head rec 4", "head rec 5"}, after)
-		h.cancel()
-		require.ErrorIs(t, h.wait(), context.Canceled)
+		h.snapshotBetween(1, []string{"head open 0/1", "head rec 1"}, []string{"head rec 2", "head rec 3", "head rec 4", "head rec 5"}, true)
 	})
 }
 
@@ -73,12 +69,7 @@ func TestCursorUnalignedBarrierOnSameInput(t *testing.T) {
 		ack := h.report()
 		require.Equal(t, ReportAck, ack.Kind)
 		require.Equal(t, []string{"input 0/0: [2 3]", "output 0/0: [1]"}, channelState(t, ack))
-		synctest.Wait()
-		before, after := cut(t, h.rec.log(), "head snapshot 1")
-		require.Equal(t, []string{"head open 0/1", "head rec 1"}, before)
-		require.Equal(t, []string{"head rec 2", "head rec 3", "head rec 4"}, after)
-		h.cancel()
-		require.ErrorIs(t, h.wait(), context.Canceled)
+		h.snapshotBetween(1, []string{"head open 0/1", "head rec 1"}, []string{"head rec 2", "head rec 3", "head rec 4"}, true)
 	})
 }
 
@@ -136,12 +127,7 @@ func TestCursorAlignedTimeoutSwitch(t *testing.T) {
 		require.Equal(t, ReportAck, ack.Kind)
 		require.True(t, ack.Metrics.Switched, "%+v", ack.Metrics)
 		require.Equal(t, []string{"input 0/1: [21 22]", "output 0/0: [20]"}, channelState(t, ack))
-		synctest.Wait()
-		before, after := cut(t, h.rec.log(), "head snapshot 1")
-		require.Equal(t, []string{"head open 0/1", "head rec 20"}, before)
-		require.ElementsMatch(t, []string{"head rec 21", "head rec 22", "head rec 5", "head rec 23"}, after)
-		h.cancel()
-		require.ErrorIs(t, h.wait(), context.Canceled)
+		h.snapshotBetween(1, []string{"head open 0/1", "head rec 20"}, []string{"head rec 21", "head rec 22", "head rec 5", "head rec 23"}, false)
 	})
 }
 
@@ -164,12 +150,7 @@ func TestCursorPromotedBarrierAfterRest(t *testing.T) {
 		require.Equal(t, ReportAck, ack.Kind)
 		require.True(t, ack.Metrics.Unaligned)
 		require.Equal(t, []string{"input 0/0: [2 3 4]", "output 0/0: [1]"}, channelState(t, ack))
-		synctest.Wait()
-		before, after := cut(t, h.rec.log(), "head snapshot 1")
-		require.Equal(t, []string{"head open 0/1", "head rec 1"}, before)
-		require.Equal(t, []string{"head rec 2", "head rec 3", "head rec 4", "head rec 5"}, after)
-		h.cancel()
-		require.ErrorIs(t, h.wait(), context.Canceled)
+		h.snapshotBetween(1, []string{"head open 0/1", "head rec 1"}, []string{"head rec 2", "head rec 3", "head rec 4", "head rec 5"}, true)
 	})
 }
 
@@ -199,6 +180,23 @@ func TestCursorWaitsForOutputSpace(t *testing.T) {
 		h.cancel()
 		require.ErrorIs(t, h.wait(), context.Canceled)
 	})
+}
+
+// snapshotBetween checks, once the subtask is idle, that it logged before
+// and then after around snapshot id (after in this order if inOrder, else
+// in any), and stops it.
+func (h *harness) snapshotBetween(id int64, before, after []string, inOrder bool) {
+	h.t.Helper()
+	synctest.Wait()
+	b, a := cut(h.t, h.rec.log(), fmt.Sprintf("head snapshot %d", id))
+	require.Equal(h.t, before, b)
+	if inOrder {
+		require.Equal(h.t, after, a)
+	} else {
+		require.ElementsMatch(h.t, after, a)
+	}
+	h.cancel()
+	require.ErrorIs(h.t, h.wait(), context.Canceled)
 }
 
 // readN reads n records from the harness's output (inside a synctest
