@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/source"
 )
 
@@ -91,24 +92,35 @@ func TestVerifyKeys(t *testing.T) {
 // keys are all in state after the first records, so value state updates
 // existing entries.) So does the keyed two-input path (EngineKeyedCo):
 // both producers convert their records on the edge, the operator branches
-// on the input.
+// on the input. And so does the keyed path of a job with unaligned
+// checkpoints, whose subtasks process their buffers in slices.
 func TestKeyedPathZeroAllocsPerRecord(t *testing.T) {
 	if raceEnabled {
 		// The race detector allocates on its own; .ci/run runs this test
 		// again without it, where it must pass.
 		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without -race")
 	}
+	// With unaligned checkpoints the subtasks process their buffers in
+	// slices (CheckpointConfig.InputSlice); the interval is long enough
+	// that only the final checkpoint is taken, once per run.
+	unaligned := graph.CheckpointConfig{Interval: time.Hour, Dir: t.TempDir(), Mode: marker.Unaligned, InputSlice: 64}
 	for _, tc := range []struct {
 		name   string
 		engine func(n int64, p int, cfg graph.Config, total *KeyedTotal) *graph.Job
 		p      int
-	}{{"keyed/p=1", EngineKeyed, 1}, {"keyed/p=2", EngineKeyed, 2}, {"two-input/p=2", EngineKeyedCo, 2}} {
+		cc     graph.CheckpointConfig
+	}{
+		{"keyed/p=1", EngineKeyed, 1, graph.CheckpointConfig{}},
+		{"keyed/p=2", EngineKeyed, 2, graph.CheckpointConfig{}},
+		{"two-input/p=2", EngineKeyedCo, 2, graph.CheckpointConfig{}},
+		{"keyed/p=2/unaligned-slices", EngineKeyed, 2, unaligned},
+	} {
 		p := tc.p
 		t.Run(tc.name, func(t *testing.T) {
 			allocs := func(n int64) float64 {
 				return testing.AllocsPerRun(2, func() {
 					var total KeyedTotal
-					if err := tc.engine(n, p, graph.Config{Logf: t.Logf}, &total).Run(context.Background()); err != nil {
+					if err := tc.engine(n, p, graph.Config{Logf: t.Logf, Checkpoint: tc.cc}, &total).Run(context.Background()); err != nil {
 						t.Fatal(err)
 					}
 					if total.Result() != ExpectedKeyed(n) {
