@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/snapshot"
@@ -618,3 +619,19 @@ func TestCancelStopsEveryGoroutine(t *testing.T) {
 type discard[T any] struct{}
 
 func (discard[T]) Write(*graph.Context, T) error { return nil }
+
+// TestValidateInputSlice: a negative CheckpointConfig.InputSlice is
+// rejected; zero means the default.
+func TestValidateInputSlice(t *testing.T) {
+	newSink, _ := collector[int64]()
+	build := func(slice int) error {
+		cfg := quiet(t)
+		cfg.Checkpoint = graph.CheckpointConfig{Interval: time.Second, Dir: t.TempDir(), Mode: marker.Unaligned, InputSlice: slice}
+		j := graph.NewJob("slices", cfg)
+		graph.Sink(graph.Source(j, "src", source.Slice(ints(3))), "sink", newSink, graph.DisableChaining())
+		return j.Validate()
+	}
+	require.ErrorContains(t, build(-1), "graph: checkpoint input slice -1 must not be negative")
+	require.NoError(t, build(0))
+	require.NoError(t, build(1))
+}
