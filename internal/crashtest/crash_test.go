@@ -52,6 +52,11 @@ var (
 	// the sources' rate, so backpressure keeps the channels full and the
 	// barriers overtake (or, aligned, wait behind) queued buffers.
 	throttleFlag = flag.Int64("crashtest.throttle", 20_000, "records per second per keyed subtask in the channel-state scenarios' child")
+	// The children a scenario means to kill or stop read slower, so that
+	// the input outlasts them all even where checkpoints take 100 ms
+	// (-race on a busy CI machine): a child lives for a few checkpoints,
+	// and one that ran out of input could not be killed any more.
+	killRateFlag = flag.Int64("crashtest.killrate", 5_000, "records per second per source subtask of the children a scenario kills or stops")
 )
 
 // The child's environment.
@@ -528,6 +533,12 @@ func newRun(t *testing.T, seed, stream uint64) *run {
 
 func (r *run) jobDir() string { return filepath.Join(r.ckpt, snapshot.JobIDFromName(jobName)) }
 
+// startToKill is start for a child the scenario kills or stops: its
+// sources read at -crashtest.killrate.
+func (r *run) startToKill(extraEnv ...string) *child {
+	return r.start(append([]string{envRate + "=" + strconv.FormatInt(*killRateFlag, 10)}, extraEnv...)...)
+}
+
 // start runs a child with the scenario's directories and the extra
 // environment.
 func (r *run) start(extraEnv ...string) *child {
@@ -870,7 +881,7 @@ func TestCrashes(t *testing.T) {
 		r := scenario(t, 1)
 		kills := 0
 		for i := range 4 {
-			c := r.start()
+			c := r.startToKill()
 			r.killAtRandom(c, i > 0)
 			if c.wait() == -1 {
 				kills++
@@ -902,7 +913,7 @@ func TestCrashes(t *testing.T) {
 			r.env = append(r.env, envSink+"=filetable")
 			kills := 0
 			for i := range 12 {
-				c := r.start()
+				c := r.startToKill()
 				r.killAtRandom(c, i > 0)
 				if c.wait() == -1 {
 					kills++
@@ -942,7 +953,7 @@ func TestCrashes(t *testing.T) {
 		r.env = append(r.env, envSink+"=postgres", envPGDSN+"="+dsn)
 		kills, leftovers := 0, 0
 		for i := range 12 {
-			c := r.start()
+			c := r.startToKill()
 			r.killAtRandom(c, i > 0)
 			if c.wait() == -1 {
 				kills++
@@ -1057,7 +1068,7 @@ func TestCrashes(t *testing.T) {
 	t.Run("stop-savepoint-new-dir", func(t *testing.T) {
 		t.Parallel()
 		r := scenario(t, 5)
-		c := r.start()
+		c := r.startToKill()
 		require.True(t, c.awaitCheckpoints(2+r.rng.IntN(3)), "the job ended before it was stopped")
 		c.signal(syscall.SIGUSR1)
 		require.Equal(t, 0, c.wait(), "stop-with-savepoint ends the job cleanly")
@@ -1084,12 +1095,13 @@ func TestCrashes(t *testing.T) {
 		// Restore the savepoint into a new checkpoint directory.
 		spID := savepointID(t, path)
 		r.ckpt, r.newest = filepath.Join(t.TempDir(), "checkpoints-2"), 0
-		c = r.start(envRestorePath + "=" + path)
 		if r.rng.IntN(2) == 0 {
+			c = r.startToKill(envRestorePath + "=" + path)
 			require.True(t, c.awaitCheckpoints(1+r.rng.IntN(3)), "the job ended before it was killed")
 			c.signal(syscall.SIGKILL)
 			require.Equal(t, -1, c.wait())
 		} else {
+			c = r.start(envRestorePath + "=" + path)
 			require.Equal(t, 0, c.wait())
 		}
 		id, _ := restoredFrom(c.snapshot())

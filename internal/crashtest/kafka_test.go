@@ -248,7 +248,7 @@ func TestCrashesKafka(t *testing.T) {
 		r.env = append(r.env, envSink+"=kafka", envKafkaBrokers+"="+strings.Join(brokers, ","))
 		kills, stale, leftovers := 0, 0, 0
 		for i := range 12 {
-			ch := r.start()
+			ch := r.startToKill()
 			r.killAtRandom(ch, i > 0)
 			if ch.wait() == -1 {
 				kills++
