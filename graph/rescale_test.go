@@ -29,7 +29,9 @@ import (
 func rescaleJob(t *testing.T, n int64, p int, dir string, committer *sink.Memory[out], onEvent func(graph.Event)) *graph.Job {
 	cfg := graph.Config{
 		Parallelism: p, ChannelCapacity: 4, BufferSize: 64, DisableChaining: true, Logf: t.Logf,
-		Checkpoint: graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: marker.Unaligned, Retain: 1000},
+		// Slices of 7 records: barriers are read inside the 64-record
+		// buffers, so the rests of buffers are channel state too.
+		Checkpoint: graph.CheckpointConfig{Interval: 3 * time.Millisecond, Dir: dir, Mode: marker.Unaligned, Retain: 1000, InputSlice: 7},
 		Restore:    graph.RestoreConfig{Latest: true},
 		OnEvent:    onEvent,
 	}
