@@ -170,6 +170,10 @@ type TriggerRequest struct {
 	// marker.Options.Stop. Only a savepoint can stop the job: a checkpoint
 	// request with Stop is Rejected.
 	Stop bool
+	// Final asks for the job's final checkpoint, once every subtask ended
+	// its input (FLIP-147): it is forced, and from then on no periodic
+	// checkpoint is triggered (C13). It must be a checkpoint.
+	Final bool
 	// Reply is opaque to the coordinator (for example a channel of the
 	// driver). It is echoed in the TriggerSources or Rejected action that
 	// answers this request.
@@ -475,6 +479,8 @@ type Coordinator struct {
 	// stopPending is the id of the pending stop-with-savepoint, and
 	// stopCompleted that of the completed one, or 0 (C12).
 	stopPending, stopCompleted int64
+	// finalRequested: the final checkpoint was requested (C13).
+	finalRequested bool
 
 	stats   *Stats
 	actions []Action
@@ -640,10 +646,10 @@ func (c *Coordinator) minPauseEnd() time.Time {
 }
 
 // periodicAt is when the next periodic checkpoint may start, if a Tick
-// alone can start it (C7, C12).
+// alone can start it (C7, C12, C13).
 func (c *Coordinator) periodicAt() (time.Time, bool) {
 	if c.cfg.Interval <= 0 || len(c.pending) >= c.cfg.MaxConcurrent ||
-		c.stopPending != 0 || c.stopCompleted != 0 {
+		c.stopPending != 0 || c.stopCompleted != 0 || c.finalRequested {
 		return time.Time{}, false
 	}
 	t := c.nextPeriodic
@@ -686,6 +692,9 @@ func (c *Coordinator) handleTrigger(r TriggerRequest, now time.Time) {
 	case r.Stop && r.Kind != marker.Savepoint:
 		c.reject(r, "only a savepoint can stop the job")
 		return
+	case r.Final && r.Kind != marker.Checkpoint:
+		c.reject(r, "the final snapshot must be a checkpoint")
+		return
 	case c.stopCompleted != 0:
 		c.reject(r, fmt.Sprintf("the job is stopping: stop-with-savepoint %d completed", c.stopCompleted))
 		return
@@ -693,7 +702,7 @@ func (c *Coordinator) handleTrigger(r TriggerRequest, now time.Time) {
 		c.reject(r, fmt.Sprintf("stop-with-savepoint %d is in progress", c.stopPending))
 		return
 	}
-	forced := r.Forced || (r.Kind == marker.Savepoint && c.cfg.Mode != marker.Unaligned)
+	forced := r.Forced || r.Final || (r.Kind == marker.Savepoint && c.cfg.Mode != marker.Unaligned)
 	if !forced {
 		if n := len(c.pending); n >= c.cfg.MaxConcurrent {
 			c.reject(r, fmt.Sprintf("too many concurrent checkpoints (%d pending, max %d)", n, c.cfg.MaxConcurrent))
@@ -703,6 +712,9 @@ func (c *Coordinator) handleTrigger(r TriggerRequest, now time.Time) {
 			c.reject(r, fmt.Sprintf("minimum pause between checkpoints: %v left", e.Sub(now)))
 			return
 		}
+	}
+	if r.Final {
+		c.finalRequested = true // C13: no periodic checkpoint from now on
 	}
 	c.trigger(r.Kind, r.Stop, now, r.Reply)
 }

@@ -198,7 +198,7 @@ func parseEvent(t *testing.T, cmd string, args []datadriven.CmdArg) Event {
 	case "tick":
 		return Tick{Now: now}
 	case "trigger":
-		r := TriggerRequest{Now: now, Forced: hasArg(args, "forced"), Stop: hasArg(args, "stop")}
+		r := TriggerRequest{Now: now, Forced: hasArg(args, "forced"), Stop: hasArg(args, "stop"), Final: hasArg(args, "final")}
 		switch k := argString(args, "kind", "checkpoint"); k {
 		case "checkpoint":
 		case "savepoint":
@@ -498,6 +498,7 @@ func runRandom(t *testing.T, seed uint64) []string {
 		finalized    = map[int64]bool{}
 		stopPending  int64
 		stopDone     int64
+		final        bool // a final checkpoint was triggered (C13)
 	)
 	for step := 0; step < 300; step++ {
 		now = now.Add(time.Duration(rng.IntN(30)) * time.Millisecond)
@@ -508,7 +509,7 @@ func runRandom(t *testing.T, seed uint64) []string {
 			ev = Tick{Now: now}
 		case r < 5:
 			ev = TriggerRequest{Now: now, Kind: marker.Kind(rng.IntN(2)), Forced: rng.IntN(2) == 0, Stop: rng.IntN(4) == 0,
-				Reply: "manual"}
+				Final: rng.IntN(6) == 0, Reply: "manual"}
 		case r < 15:
 			ev = Ack{Now: now, ID: id, Task: tasks[rng.IntN(len(tasks))],
 				State: checkpoint.SubtaskState{KeyGroupStart: -1, KeyGroupEnd: -1}}
@@ -543,6 +544,11 @@ func runRandom(t *testing.T, seed uint64) []string {
 				require.Zero(t, stopDone, "seed %d: C12: checkpoint %d after stop %d completed", seed, a.Barrier.ID, stopDone)
 				if a.Reply == nil {
 					require.Zero(t, stopPending, "seed %d: C12: periodic checkpoint %d during stop", seed, a.Barrier.ID)
+					require.False(t, final, "seed %d: C13: periodic checkpoint %d after the final one", seed, a.Barrier.ID)
+				}
+				if r, ok := ev.(TriggerRequest); ok && r.Final && a.Reply != nil {
+					require.Equal(t, marker.Checkpoint, a.Barrier.Options.Kind, "seed %d: C13", seed)
+					final = true
 				}
 				if a.Barrier.Options.Stop {
 					require.Zero(t, stopPending, "seed %d: C12: two stops pending", seed)

@@ -151,6 +151,15 @@
 //     notified unless a higher id was notified already (C4), in which case
 //     that notification covers it. Flink: stopCheckpointScheduler before a
 //     synchronous savepoint, startCheckpointScheduler if it fails.
+//   - C13: the final checkpoint. A TriggerRequest with Final (the job's
+//     last checkpoint, once every subtask ended its input) must be a
+//     checkpoint (a savepoint with Final is Rejected) and is forced (C8).
+//     Once one was accepted, no periodic checkpoint is triggered any more,
+//     whatever becomes of it: every record of the job is in the final
+//     checkpoint's snapshot, a periodic one after it would only write the
+//     same state again (and leave its directory behind when the job
+//     ends first). Checkpoints already pending go on; a final checkpoint
+//     that is aborted is requested again by the driver, Final again.
 //
 // Differences from Flink, on purpose:
 //

@@ -19,10 +19,11 @@
 //   - The end of a bounded job (FLIP-147). Once every chain subtask has
 //     ended its input (EndInput and timers included, so everything it will
 //     ever emit is in its output channels), the master requests the final
-//     checkpoint, again after every abort. When a checkpoint at or above the
-//     final one completes, every mailbox gets MailComplete and then
-//     MailFinish (MS2): every record is covered by a completed checkpoint
-//     and committed before the job ends.
+//     checkpoint (TriggerRequest.Final: no periodic checkpoint follows
+//     it, coordinator C13), again after every abort. When a checkpoint at
+//     or above the final one completes, every mailbox gets MailComplete and
+//     then MailFinish (MS2): every record is covered by a completed
+//     checkpoint and committed before the job ends.
 //   - Savepoints. A savepoint request is answered when the savepoint
 //     completes, is aborted or rejected, or the attempt stops (MS3: every
 //     request gets exactly one Reply). Savepoint completions are not passed
