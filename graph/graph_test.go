@@ -419,7 +419,15 @@ func TestCorruptLatestCheckpointRefusesFallback(t *testing.T) {
 	build := func(cfg graph.Config) *graph.Job {
 		newSink, _ := collector[int64]()
 		j := graph.NewJob("corrupt", cfg)
-		graph.Sink(graph.Process(graph.Source(j, "src", source.Slice(ints(50_000))), "count",
+		// Paced (at least 10 ms), so that periodic checkpoints complete
+		// before the final one.
+		paced := graph.Map(graph.Source(j, "src", source.Slice(ints(50_000))), "pace", func(v int64) int64 {
+			if v%5000 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+			return v
+		})
+		graph.Sink(graph.Process(paced, "count",
 			func() graph.ProcessFunc[int64, int64] { return &counter{} }), "sink", newSink)
 		return j
 	}
