@@ -41,6 +41,13 @@
 // counts every id exactly once, and no transaction of the prefix is left
 // open).
 //
+// A child's sources are paced (-crashtest.rate records per second per
+// subtask), and the children a scenario kills or stops read slower
+// (-crashtest.killrate), so that the input outlasts a dozen of them even
+// where checkpoints are slow: a child lives for a few checkpoints, and one
+// that ran out of input would finish instead of being killed. Runs to
+// completion read at the full rate.
+//
 // Run with -crashtest.seed=N to replay the random moments of a failed run
 // (the seed is logged).
 package crashtest
