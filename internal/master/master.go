@@ -435,7 +435,12 @@ func (m *Master) mailPending(dst []Action, i int, handled int64) []Action {
 
 func (m *Master) requestFinal(dst []Action) []Action {
 	m.finalID = -1
-	return m.feed(dst, snapshot.TriggerRequest{Now: m.now, Kind: marker.Checkpoint, Final: true, Reply: finalRequest{}})
+	return m.feed(dst, m.finalTrigger())
+}
+
+// finalTrigger is the request for the final checkpoint (coordinator C13).
+func (m *Master) finalTrigger() snapshot.TriggerRequest {
+	return snapshot.TriggerRequest{Now: m.now, Kind: marker.Checkpoint, Final: true, Reply: finalRequest{}}
 }
 
 func (m *Master) finished(r task.Report) {
@@ -587,7 +592,7 @@ func (m *Master) do(dst []Action, act snapshot.Action) ([]Action, bool) {
 // coordinator's actions join the queue feed is working through.
 func (m *Master) queueFinal() {
 	m.finalID = -1
-	m.queue = append(m.queue, m.coord.Step(snapshot.TriggerRequest{Now: m.now, Kind: marker.Checkpoint, Final: true, Reply: finalRequest{}})...)
+	m.queue = append(m.queue, m.coord.Step(m.finalTrigger())...)
 }
 
 // loop is the termination detection of one loop, by Mattern's double

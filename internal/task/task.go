@@ -1118,12 +1118,10 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 		if gate.PriorityPending() || cfg.Mail.Pending() || !r.chain.tail().Out.Available() {
 			return true
 		}
-		if len(r.running) > 0 {
-			select {
-			case <-r.running[0].finished:
-				return true
-			default:
-			}
+		select {
+		case <-r.asyncReady(): // nil, never ready, when none runs
+			return true
+		default:
 		}
 		if _, ok := al.Deadline(); ok {
 			return true // an alignment with a timeout: the loop reads the clock
