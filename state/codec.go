@@ -26,6 +26,9 @@ type encoder struct {
 	// used of them are taken.
 	es   []checkpoint.KeyedEntry
 	used int
+	// sortKeys and sorted are sortGroup's scratch.
+	sortKeys []sortKey
+	sorted   []checkpoint.KeyedEntry
 }
 
 // entries returns n snapshot entries for the caller to fill, from es

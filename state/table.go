@@ -630,7 +630,7 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 		}
 	}
 	for _, g := range x.groups {
-		if err := sortGroup(name, g.kg, x.es[g.from+h:g.to], !plain); err != nil {
+		if err := e.sortGroup(name, g.kg, x.es[g.from+h:g.to], !plain); err != nil {
 			return encoded{}, err
 		}
 	}

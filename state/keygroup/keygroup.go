@@ -1,7 +1,6 @@
 package keygroup
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
@@ -129,11 +128,31 @@ func HashString(s string) uint32 {
 	return h
 }
 
+// hashUint64 is HashBytes of the 8 little-endian bytes of v, computed
+// without the multiplications of v's high zero bytes: FNV-1a's step for a
+// zero byte is a multiplication by the prime alone (h ^ 0 == h), so the k
+// high zero bytes of a small integer fold into one multiplication by
+// prime^k. A key below 2^16 takes 3 dependent multiplications instead of
+// 8, a third of the latency of the hash on the keyed path
+// (TestHashUint64MatchesBytes checks the equality).
 func hashUint64(v uint64) uint32 {
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], v)
-	return HashBytes(b[:])
+	n := 8 - bits.LeadingZeros64(v)/8 // v's significant bytes
+	h := uint32(fnvOffset)
+	for i := range n {
+		h ^= uint32(v>>(8*i)) & 0xff
+		h *= fnvPrime
+	}
+	return h * fnvPrimePow[8-n]
 }
+
+// fnvPrimePow[k] is fnvPrime^k (mod 2^32).
+var fnvPrimePow = func() (p [9]uint32) {
+	p[0] = 1
+	for k := 1; k < len(p); k++ {
+		p[k] = p[k-1] * fnvPrime
+	}
+	return p
+}()
 
 // Hash returns the stable hash of a key. Strings, byte-free integer kinds and
 // bools hash without allocating; any other comparable type is hashed over its

@@ -1,10 +1,14 @@
 package keygroup
 
 import (
+	"encoding/binary"
+	"flag"
 	"fmt"
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -128,15 +132,20 @@ func BenchmarkOf(b *testing.B) {
 	_ = s
 }
 
-// BenchmarkAssign is BenchmarkOf with an Assigner.
+// BenchmarkAssign is BenchmarkOf with an Assigner, over the keys of the
+// bench keyed job (v % 10000) and over counting keys (up to about 2^28).
 func BenchmarkAssign(b *testing.B) {
-	a := NewAssigner(benchMaxP, benchP)
-	s := 0
-	for i := 0; b.Loop(); i++ {
-		_, o := Assign(a, i)
-		s += o
+	for _, keys := range []int{10_000, math.MaxInt} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			a := NewAssigner(benchMaxP, benchP)
+			s := 0
+			for i := 0; b.Loop(); i++ {
+				_, o := Assign(a, i%keys)
+				s += o
+			}
+			_ = s
+		})
 	}
-	_ = s
 }
 
 // TestMurmurMixAbs pins the sign handling of Flink's murmurHash(int): the
@@ -177,3 +186,32 @@ func TestMurmurMixAbs(t *testing.T) {
 	require.Equal(t, uint32(5), abs(5))
 	require.Equal(t, uint32(0), abs(0))
 }
+
+// TestHashUint64MatchesBytes checks that hashUint64's folding of high zero
+// bytes computes FNV-1a over all 8 little-endian bytes, for every length
+// of significant bytes and random values (seeded; -keygroup.seed replays).
+func TestHashUint64MatchesBytes(t *testing.T) {
+	ref := func(v uint64) uint32 {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], v)
+		return HashBytes(b[:])
+	}
+	seed := *hashSeed
+	if seed == 0 {
+		seed = time.Now().UnixNano()
+	}
+	t.Logf("seed %d (replay with -keygroup.seed=%d)", seed, seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	vs := []uint64{0, 1, 0xff, 0x100, 0xffff, 0x10000, math.MaxUint32, 1 << 56, math.MaxUint64, 1<<63 | 1}
+	for range 100_000 {
+		// Every number of significant bytes equally often.
+		vs = append(vs, rng.Uint64()>>(8*rng.IntN(8)))
+	}
+	for _, v := range vs {
+		if got, want := hashUint64(v), ref(v); got != want {
+			t.Fatalf("hashUint64(%#x) = %#x, FNV-1a of its bytes is %#x", v, got, want)
+		}
+	}
+}
+
+var hashSeed = flag.Int64("keygroup.seed", 0, "seed of TestHashUint64MatchesBytes (0: from the clock)")
