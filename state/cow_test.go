@@ -379,15 +379,7 @@ func BenchmarkUpdateDuringSnapshot(b *testing.B) {
 //
 //	go test -run - -bench SnapshotEncodeTo -benchmem ./state
 func BenchmarkSnapshotEncodeTo(b *testing.B) {
-	be := newBackend[int64](b, all, nil)
-	s, err := Value[int64, int64](be, "count")
-	require.NoError(b, err)
-	for k := range int64(10_000) {
-		be.SetCurrentKey(k, keygroup.Of(k, maxP))
-		s.Update(k * 7)
-	}
-	view, err := be.Freeze()
-	require.NoError(b, err)
+	view := frozenCounts(b, 10_000)
 	defer view.Release()
 	b.ReportAllocs()
 	for b.Loop() {

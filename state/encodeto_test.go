@@ -19,16 +19,7 @@ func TestEncodeToAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items under the race detector")
 	}
-	b, err := NewKeyedBackend[int64](all, maxP, nil)
-	require.NoError(t, err)
-	v, err := Value[int64, int64](b, "count")
-	require.NoError(t, err)
-	for k := range int64(5000) {
-		b.SetCurrentKey(k, keygroup.Of(k, maxP))
-		v.Update(k * 7)
-	}
-	view, err := b.Freeze()
-	require.NoError(t, err)
+	view := frozenCounts(t, 5000)
 	defer view.Release()
 	want, err := view.Encode(context.Background())
 	require.NoError(t, err)
@@ -52,4 +43,21 @@ func TestEncodeToAllocs(t *testing.T) {
 	t.Logf("bytes allocated per call: Encode %d, EncodeTo %d", encode, encodeTo)
 	require.Less(t, encodeTo*5, encode, "EncodeTo reuses its entries and bytes")
 	require.NoError(t, view.EncodeTo(context.Background(), check), "a reused encoder encodes the same")
+}
+
+// frozenCounts freezes a backend holding keys int64 keys, 0 to keys-1,
+// with int64 values in value state "count": the state of the bench keyed
+// job's subtasks. The caller releases the view.
+func frozenCounts(t testing.TB, keys int64) *KeyedSnapshot {
+	b, err := NewKeyedBackend[int64](all, maxP, nil)
+	require.NoError(t, err)
+	v, err := Value[int64, int64](b, "count")
+	require.NoError(t, err)
+	for k := range keys {
+		b.SetCurrentKey(k, keygroup.Of(k, maxP))
+		v.Update(k * 7)
+	}
+	view, err := b.Freeze()
+	require.NoError(t, err)
+	return view
 }
