@@ -267,3 +267,23 @@ func TestRunAsyncNoLeakAtExit(t *testing.T) {
 		})
 	}
 }
+
+// TestPollAsyncAfterCancel: once the attempt's context is done, a finished
+// asynchronous part (here one that the cancellation made fail) is not
+// reported: no decline goes to a master that no longer listens. The loops
+// race a cancellation against the encoder's end, so without this a
+// cancelled subtask sometimes declined (TestRunAsyncNoLeakAtExit/cancel
+// failed once in CI).
+func TestPollAsyncAfterCancel(t *testing.T) {
+	reports := make(chan Report, 4)
+	r := newRunner(&Config{Reports: reports, Info: Info{UID: "op"}}, nil, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	finished := make(chan struct{})
+	close(finished)
+	r.running = append(r.running, &snap{id: 1, running: true, finished: finished, cancel: func() {}, err: ctx.Err()})
+	done, err := r.pollAsync(ctx)
+	require.True(t, done)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Empty(t, reports)
+}

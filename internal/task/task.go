@@ -675,7 +675,13 @@ func (r *runner) asyncReady() <-chan struct{} {
 
 // pollAsync reports every asynchronous part that finished, in order, to
 // the bookkeeping (OnSnapshotDone), which acks or declines its snapshot.
+// Once ctx is done it returns ctx.Err() and reports nothing: the attempt
+// is over, and a part that ctx cancelled would otherwise be declined to a
+// master that no longer listens (the loops return ctx.Err() anyway).
 func (r *runner) pollAsync(ctx context.Context) (done bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return true, err
+	}
 	for len(r.running) > 0 {
 		s := r.running[0]
 		select {
