@@ -237,7 +237,9 @@
 //     the subtask: they report by closing a channel the loop polls (one
 //     field test per buffer when nothing is in flight), and every report
 //     to the master is sent by the loop, selecting on the attempt's
-//     context.
+//     context. Once that context has ended the loop reports no finished
+//     part any more (pollAsync returns the context's error), not even one
+//     that the ending cancelled.
 //   - A panic in an asynchronous part is recovered on the encoder
 //     goroutine and fails the subtask with an error naming the member.
 //
