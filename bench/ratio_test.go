@@ -35,7 +35,6 @@ import (
 //
 //	go test -run '^$' -bench Ratios -benchtime 300000000x ./bench/
 func BenchmarkRatios(b *testing.B) {
-	const rounds = 10 // a multiple of the variants
 	ps := []int{1, 2}
 	for _, w := range Workloads {
 		b.Run(w.Name, func(b *testing.B) {
@@ -62,6 +61,9 @@ func BenchmarkRatios(b *testing.B) {
 				unaligned
 				control // off once more
 				impls
+				// rounds is a multiple of impls: every variant runs in
+				// every position equally often.
+				rounds = 2 * impls
 			)
 			// times[p][impl][round], cores[p][impl][round]
 			var times, cores [2][impls][]float64

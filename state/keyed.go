@@ -602,7 +602,7 @@ func (e *encoder) sortGroup(name string, kg int, es []checkpoint.KeyedEntry, use
 			continue
 		}
 		x, y := &es[ks[j-1].i], &es[ks[j].i]
-		if bytes.Equal(x.Key, y.Key) && (!userKeys || bytes.Equal(x.UserKey, y.UserKey)) {
+		if compare(x, y) == 0 {
 			if y.UserKey != nil {
 				return fmt.Errorf("state: two entries of map state %q in key group %d have the same key and user key encodings %x, %x; "+
 					"keys must encode injectively (msgpack skips unexported fields)", name, kg, y.Key, y.UserKey)
