@@ -16,9 +16,10 @@ import (
 // with the sink throttled to a tenth of what the engine otherwise reaches
 // on this workload (about 12 M records/s at p=1 here: 1.2 M records/s), so
 // the channels stay full, and checkpoints every 200 ms for 3 s per mode:
-// aligned, unaligned, and aligned with a 20 ms timeout, at two buffer
-// sizes; then aligned and unaligned once more with a keyed operator that
-// keeps no state (stateless/...: what barriers and channel state cost
+// aligned, unaligned, aligned with a 20 ms timeout, and unaligned with the
+// keyed state under the memory threshold (CheckpointConfig.
+// InlineKeyedEntries), at two buffer sizes; then aligned and unaligned
+// once more with a keyed operator that keeps no state (stateless/...: what barriers and channel state cost
 // without the keyed state's snapshot, which both modes pay). Per mode it
 // reports the median and the maximum checkpoint end-to-end duration
 // (trigger to the last acknowledgement, as Flink reports it), the median
@@ -48,13 +49,18 @@ func BenchmarkBackpressure(b *testing.B) {
 			mode      marker.Mode
 			timeout   time.Duration
 			stateless bool
+			inline    int // CheckpointConfig.InlineKeyedEntries
 		}{
-			{"aligned", marker.Aligned, 0, false},
-			{"unaligned", marker.Unaligned, 0, false},
-			{"aligned-timeout=20ms", marker.Aligned, 20 * time.Millisecond, false},
+			{"aligned", marker.Aligned, 0, false, 0},
+			{"unaligned", marker.Unaligned, 0, false, 0},
+			{"aligned-timeout=20ms", marker.Aligned, 20 * time.Millisecond, false, 0},
+			// Unaligned with the keyed state (5,000 entries per subtask)
+			// under the memory threshold: encoded in the synchronous part
+			// and sent inline, no encoder goroutine and no keyed-state file.
+			{"unaligned/inline=8192", marker.Unaligned, 0, false, 8192},
 			// The floor: the same job without keyed state to snapshot.
-			{"stateless/aligned", marker.Aligned, 0, true},
-			{"stateless/unaligned", marker.Unaligned, 0, true},
+			{"stateless/aligned", marker.Aligned, 0, true, 0},
+			{"stateless/unaligned", marker.Unaligned, 0, true, 0},
 		} {
 			si := 0 // alignedMedian's index
 			if m.stateless {
@@ -64,7 +70,7 @@ func BenchmarkBackpressure(b *testing.B) {
 				cfg := graph.Config{
 					Logf: func(string, ...any) {}, BufferSize: bufSize, ChannelCapacity: capacity,
 					Checkpoint: graph.CheckpointConfig{Interval: interval, Dir: b.TempDir(), Mode: m.mode,
-						AlignedTimeout: m.timeout, Timeout: time.Minute},
+						AlignedTimeout: m.timeout, Timeout: time.Minute, InlineKeyedEntries: m.inline},
 				}
 				job := EngineBackpressure(1<<50, p, rate, cfg)
 				if m.stateless {

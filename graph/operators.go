@@ -317,11 +317,13 @@ type hooks struct {
 		CanSnapshotNative() bool
 		FreezeNative() (*state.NativeSnapshot, error)
 	}
-	// keyedFiles writes keyed state above inlineKeyedEntries to its
+	// keyedFiles writes keyed state above inlineEntries to its
 	// keyed-state file (task.Info.KeyedState); nil without checkpoint
 	// storage.
 	keyedFiles snapshot.KeyedStateWriter
-	task       checkpoint.TaskID
+	// inlineEntries is task.Info.InlineKeyedEntries (-1: none inline).
+	inlineEntries int
+	task          checkpoint.TaskID
 	// endInput is the function's InputEnder or SinkEnder, bound to its
 	// Collector; nil if it has none.
 	endInput func() error
@@ -348,7 +350,10 @@ func (h *hooks) open(info task.Info) error {
 		c.sides, c.logf = h.sides, h.logf
 	}
 	h.ctx = c
-	h.keyedFiles, h.task = info.KeyedState, info.ID()
+	h.keyedFiles, h.task, h.inlineEntries = info.KeyedState, info.ID(), info.InlineKeyedEntries
+	if h.inlineEntries == 0 {
+		h.inlineEntries = DefaultInlineKeyedEntries
+	}
 	return err
 }
 
@@ -379,7 +384,7 @@ func (h *hooks) Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error) {
 // the user's SnapshotState hook, encodes the operator list state and
 // freezes the keyed state (timers included), in time independent of the
 // number of keys for copy-on-write state. Keyed state of at most
-// inlineKeyedEntries entries is encoded at once and goes inline in the ack
+// CheckpointConfig.InlineKeyedEntries entries is encoded at once and goes inline in the ack
 // (and _metadata); above that, the asynchronous part encodes the frozen
 // state and writes it to the subtask's keyed-state file in the
 // checkpoint's directory (keyedPart), so that the ack carries only the
@@ -413,7 +418,7 @@ func (h *hooks) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.A
 	if err != nil {
 		return checkpoint.SubtaskState{}, nil, err
 	}
-	if ks.Entries() <= inlineKeyedEntries {
+	if ks.Entries() <= h.inlineEntries {
 		// Small enough to encode at once: cheaper than handing it to a
 		// goroutine, and the ack leaves without waiting for one.
 		st.KeyGroups, err = ks.Encode(context.Background())
@@ -426,14 +431,14 @@ func (h *hooks) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.A
 	return st, keyedPart{s: ks, files: h.keyedFiles, task: h.task, barrier: b}, nil
 }
 
-// inlineKeyedEntries is the most keyed entries a keyed operator encodes in
-// the synchronous part of its snapshot (a fraction of a millisecond) and
-// sends inline, in the ack and _metadata: the memory threshold (Flink's
-// state.storage.fs.memory-threshold, here counted in entries). Above it
-// the frozen state is encoded and written to a keyed-state file
-// asynchronously, so the pause does not grow with the number of keys and
-// neither the master's memory nor _metadata holds the state.
-const inlineKeyedEntries = 1024
+// DefaultInlineKeyedEntries is CheckpointConfig.InlineKeyedEntries' default:
+// the most keyed entries a keyed operator encodes in the synchronous part
+// of its snapshot (a fraction of a millisecond) and sends inline, in the
+// ack and _metadata. Above it the frozen state is encoded and written to a
+// keyed-state file asynchronously, so the pause does not grow with the
+// number of keys and neither the master's memory nor _metadata holds the
+// state.
+const DefaultInlineKeyedEntries = 1024
 
 // keyedPart encodes a frozen keyed state off the subtask goroutine and
 // writes it to the subtask's keyed-state file for the barrier's checkpoint

@@ -257,6 +257,7 @@ func (a *attempt) info(v *vertex, i int) task.Info {
 		KeyGroups:            keygroup.Empty,
 		CheckpointingEnabled: a.job.cfg.Checkpoint.Interval > 0,
 		KeyedState:           a.keyedState,
+		InlineKeyedEntries:   a.job.cfg.Checkpoint.InlineKeyedEntries,
 	}
 	if v.keyed {
 		info.KeyGroups = keygroup.RangeFor(v.maxParallelism, v.parallelism, i)

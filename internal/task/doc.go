@@ -201,7 +201,8 @@
 // time independent of the number of keys). Then the barrier is forwarded,
 // and records flow again while a goroutine of the subtask runs the
 // asynchronous parts (encoding the frozen keyed state; a keyed operator
-// with at most 1024 entries encodes them at once and has none). When it finished,
+// with at most Info.InlineKeyedEntries entries, 1024 by default, encodes
+// them at once and has none). When it finished,
 // the loop steps OnSnapshotDone{N, Err}: Checkpoints acks N, one Report per
 // chain member as before, once N's barrier was forwarded and N is complete,
 // or, if the asynchronous part failed, declines N as a task error and

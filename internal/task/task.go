@@ -49,6 +49,10 @@ type Info struct {
 	// carries SubtaskState.KeyedState); nil without checkpoint storage,
 	// and then keyed state goes inline in the ack.
 	KeyedState snapshot.KeyedStateWriter
+	// InlineKeyedEntries is the most keyed entries a keyed operator sends
+	// inline in the ack rather than writing them to KeyedState
+	// (graph.CheckpointConfig.InlineKeyedEntries; -1: none).
+	InlineKeyedEntries int
 }
 
 // ID returns the subtask's task id.
