@@ -46,6 +46,13 @@ type Chan[T any] struct {
 	// queued mirrors nData, for Queued. Written under mu.
 	queued atomic.Int64
 
+	// copies are the buffers of overtaken-buffer copies (SendEventOvertaking,
+	// promote) that their owners gave back (ReleaseCopy): an unaligned
+	// checkpoint copies every queued buffer of a full channel, and
+	// allocating the copies anew each time was most of a writer's garbage
+	// per checkpoint.
+	copies sync.Pool
+
 	mu sync.Mutex
 	// queue holds data buffers and non-priority events in send order (CH1).
 	queue ring[Item[T]]
@@ -404,12 +411,30 @@ func (c *Chan[T]) copyDataLocked(n, hint int) []*Buffer[T] {
 	out := make([]*Buffer[T], 0, hint)
 	for i := 0; i < n; i++ {
 		if b := c.queue.at(i).Buf; b != nil {
-			cp := &Buffer[T]{Records: make([]T, len(b.Records))}
-			copy(cp.Records, b.Records)
+			cp, _ := c.copies.Get().(*Buffer[T])
+			if cp == nil {
+				cp = &Buffer[T]{Records: make([]T, 0, max(len(b.Records), c.bufferSize))}
+			}
+			cp.Records = append(cp.Records[:0], b.Records...)
 			out = append(out, cp)
 		}
 	}
 	return out
+}
+
+// ReleaseCopy gives back a copy that SendEventOvertaking or a promotion
+// returned, once its owner no longer reads it, for later copies to reuse.
+// Releasing is optional (a copy not released is garbage); the owner must
+// not use b afterwards.
+func (c *Chan[T]) ReleaseCopy(b *Buffer[T]) {
+	if b == nil {
+		return
+	}
+	if c.clearRecords {
+		clear(b.Records)
+	}
+	b.Records = b.Records[:0]
+	c.copies.Put(b)
 }
 
 // TryPoll returns the head of the queue; it never blocks (reader side).

@@ -1016,3 +1016,63 @@ func TestGateHold(t *testing.T) {
 		t.Fatal("a blocked input was polled after Hold(false)")
 	}
 }
+
+// TestOvertakenCopiesReused: copies given back with ReleaseCopy are reused
+// by the next SendEventOvertaking, which still returns exactly what it
+// overtook (not what an earlier copy held), so an unaligned checkpoint of
+// a full channel allocates only the list of its copies.
+func TestOvertakenCopiesReused(t *testing.T) {
+	c := New[int](Config{Overdraft: NoOverdraft, Capacity: 4, BufferSize: 8})
+	round := 0
+	cycle := func() {
+		round++
+		for i := range 3 {
+			b := c.NewBuffer()
+			for k := range 1 + i {
+				b.Records = append(b.Records, 100*round+10*i+k)
+			}
+			if err := c.Send(context.Background(), b); err != nil {
+				panic(err)
+			}
+		}
+		ov, err := c.SendEventOvertaking(unalignedBarrier(int64(round)))
+		if err != nil {
+			panic(err)
+		}
+		if len(ov) != 3 {
+			panic(fmt.Sprintf("round %d: overtook %d buffers, want 3", round, len(ov)))
+		}
+		for i, cp := range ov {
+			if len(cp.Records) != 1+i {
+				panic(fmt.Sprintf("round %d: copy %d holds %v", round, i, cp.Records))
+			}
+			for k, r := range cp.Records {
+				if r != 100*round+10*i+k {
+					panic(fmt.Sprintf("round %d: copy %d holds %v", round, i, cp.Records))
+				}
+			}
+		}
+		for _, cp := range ov {
+			c.ReleaseCopy(cp)
+		}
+		for {
+			it, ok := c.TryPoll()
+			if !ok {
+				break
+			}
+			if !it.IsEvent() {
+				c.Recycle(it.Buf)
+			}
+		}
+	}
+	cycle() // warm up the free list and the copies' pool
+	if raceEnabled {
+		for range 50 {
+			cycle()
+		}
+		return
+	}
+	if n := testing.AllocsPerRun(100, cycle); n > 1 {
+		t.Fatalf("SendEventOvertaking with released copies: %v allocs per run, want at most the list of copies", n)
+	}
+}

@@ -24,9 +24,10 @@
 // the channel, TryPoll/Poll to the reader, and Recycle back to the free list.
 // Buffers are never shared, so records need no copying and no locking; in
 // steady state the cycle NewBuffer, Send, Poll, Recycle allocates nothing.
-// Overtaken-buffer copies (SendEventOvertaking) are fresh allocations: they
-// leave the cycle to become channel state of an unaligned checkpoint. They
-// copy the record values; memory that records point to is shared, so records
+// Overtaken-buffer copies (SendEventOvertaking) leave the cycle to become
+// channel state of an unaligned checkpoint; they come from a pool of their
+// own, which ReleaseCopy refills once the copy is encoded. They copy the
+// record values; memory that records point to is shared, so records
 // must be treated as immutable once sent.
 //
 // Hash-partitioned channels. A channel is generic in its element type and
@@ -112,7 +113,9 @@
 //     overtook, and share no memory with them.
 //   - CH5 (ownership): a buffer is owned by exactly one of: the writer (from
 //     NewBuffer to Send), the channel (until polled), the reader (until
-//     Recycle), the free list. Send that fails recycles the buffer.
+//     Recycle), the free list. Send that fails recycles the buffer. A copy
+//     of overtaken buffers is owned by whoever it was returned to, until
+//     ReleaseCopy, then by the copies' pool.
 //   - CH6 (no reader-side buffering): a blocked input is simply not polled;
 //     Gate keeps no items of its own.
 //   - CH7 (end of input): once marker.EndOfInput was sent on a channel, every

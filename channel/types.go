@@ -127,8 +127,11 @@ type Sender[T any] interface {
 	// event, deep copies of the data buffers it overtook in FIFO order (nil
 	// for a non-priority event). The originals stay queued and are consumed
 	// normally; the copies belong to the caller (channel state of an
-	// unaligned checkpoint).
+	// unaligned checkpoint), who may give them back with ReleaseCopy.
 	SendEventOvertaking(ev marker.Event) (overtaken []*Buffer[T], err error)
+	// ReleaseCopy gives back a copy SendEventOvertaking returned, for
+	// later copies to reuse; the caller must not use it afterwards.
+	ReleaseCopy(b *Buffer[T])
 	// Gauges returns the channel's counters.
 	Gauges() Gauges
 }

@@ -463,6 +463,7 @@ func (s *Storage) Persist(md *checkpoint.Metadata) (path string, err error) {
 	if err != nil {
 		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
 	}
+	defer releaseChannelFiles(files)
 	b, err := checkpoint.EncodeMetadata(written)
 	if err != nil {
 		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
@@ -1301,6 +1302,22 @@ func (s *Storage) cleanUp() error {
 type channelFile struct {
 	name string
 	data []byte
+	// buf holds data, from channelFileBufs.
+	buf *[]byte
+}
+
+// channelFileBufs are the buffers channel-state files are encoded in,
+// reused from checkpoint to checkpoint (releaseChannelFiles): a checkpoint
+// of a job under backpressure writes its channels' whole capacity.
+var channelFileBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// releaseChannelFiles gives the files' buffers back; files must not be
+// used afterwards.
+func releaseChannelFiles(files []channelFile) {
+	for _, f := range files {
+		*f.buf = f.data[:0]
+		channelFileBufs.Put(f.buf)
+	}
 }
 
 // channelStateFiles returns the metadata that Write writes for md and the
@@ -1326,11 +1343,13 @@ func channelStateFiles(md *checkpoint.Metadata) (*checkpoint.Metadata, []channel
 					break
 				}
 				name := checkpoint.ChannelStateFileName(op.UID, st.Subtask)
-				b, err := checkpoint.EncodeChannelState(st.Channels)
+				buf := channelFileBufs.Get().(*[]byte)
+				b, err := checkpoint.AppendChannelState((*buf)[:0], st.Channels)
 				if err != nil {
+					releaseChannelFiles(files)
 					return nil, nil, fmt.Errorf("operator %q subtask %d: %w", op.UID, st.Subtask, err)
 				}
-				files = append(files, channelFile{name: name, data: b})
+				files = append(files, channelFile{name: name, data: b, buf: buf})
 				ref = checkpoint.NewChannelStateRef(name, b, st.Channels)
 			case st.Channels == nil && st.ChannelState != nil:
 				return nil, nil, fmt.Errorf("%w: operator %q subtask %d: channel-state reference %q without the channel state (Channels)",

@@ -59,22 +59,31 @@ type lazySlot struct {
 // acknowledged, once even if several checkpoints recorded it.
 type ChannelBuffer struct {
 	encode func() ([]byte, error)
-	b      []byte
-	err    error
-	done   bool
+	// release gives the copy back for reuse once it is encoded; nil if
+	// the copy is garbage then.
+	release func()
+	b       []byte
+	err     error
+	done    bool
 }
 
 func (l *ChannelBuffer) bytes() ([]byte, error) {
 	if !l.done {
 		l.b, l.err = l.encode()
 		l.done, l.encode = true, nil
+		if l.release != nil {
+			l.release()
+			l.release = nil
+		}
 	}
 	return l.b, l.err
 }
 
-// newLazy records recs, which the recording owns, for encoding later.
-func newLazy[E any](recs []E) *ChannelBuffer {
-	return &ChannelBuffer{encode: func() ([]byte, error) { return encodeRecords(recs) }}
+// newLazy records recs, which the recording owns, for encoding later;
+// release (if not nil) gives them back once encoded (the encoding keeps
+// nothing of them).
+func newLazy[E any](recs []E, release func()) *ChannelBuffer {
+	return &ChannelBuffer{encode: func() ([]byte, error) { return encodeRecords(recs) }, release: release}
 }
 
 // channels returns the entry of (kind, edge, ch), adding it.

@@ -304,14 +304,14 @@ func (o *Output[T]) BroadcastOvertaking(ev marker.Event, rec func(edge, ch int, 
 }
 
 // sendOvertaking sends ev on c and hands rec the buffers it overtook (the
-// channel's copies).
+// channel's copies, given back to c once encoded).
 func sendOvertaking[E any](c channel.Sender[E], ev marker.Event, rec func(b *ChannelBuffer)) error {
 	ov, err := c.SendEventOvertaking(ev)
 	if err != nil {
 		return err
 	}
 	for _, buf := range ov {
-		rec(newLazy(buf.Records))
+		rec(newLazy(buf.Records, func() { c.ReleaseCopy(buf) }))
 	}
 	return nil
 }

@@ -1100,6 +1100,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	defer alignTimer.Stop()
 	// persist records one delivered buffer as input channel state of the
 	// open unaligned checkpoints in [from, to].
+	var inputCopies sync.Pool // of *[]IN
 	persist := func(ch int, from, to int64, recs []IN) error {
 		var b *ChannelBuffer
 		for _, rec := range r.channels.open {
@@ -1107,8 +1108,17 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				continue
 			}
 			if b == nil {
-				// The buffer is recycled after processing: keep a copy.
-				b = newLazy(slices.Clone(recs))
+				// The buffer is recycled after processing: keep a copy,
+				// from the copies given back once encoded.
+				cp, _ := inputCopies.Get().(*[]IN)
+				if cp == nil {
+					cp = new([]IN)
+				}
+				*cp = append((*cp)[:0], recs...)
+				b = newLazy(*cp, func() {
+					clear(*cp)
+					inputCopies.Put(cp)
+				})
 			}
 			rec.add(checkpoint.InputChannel, 0, ch, b)
 		}
@@ -1213,12 +1223,12 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 					// input channel state of this input, after what was
 					// recorded of it so far.
 					for _, b := range ov {
-						rec.add(checkpoint.InputChannel, 0, ch, newLazy(b.Records))
+						rec.add(checkpoint.InputChannel, 0, ch, newLazy(b.Records, nil))
 					}
 				} else {
 					p := &promotion{ch: ch, id: id}
 					for _, b := range ov {
-						p.bufs = append(p.bufs, newLazy(b.Records))
+						p.bufs = append(p.bufs, newLazy(b.Records, nil))
 					}
 					r.promoted = p
 				}
@@ -1461,7 +1471,7 @@ func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*chan
 					// The snapshot comes before the rest of the buffer,
 					// which was in flight on its channel: it is the first
 					// input channel state of that channel (R2).
-					r.channels.get(a.ID).add(checkpoint.InputChannel, 0, cur.ch, newLazy(slices.Clone(cur.rest())))
+					r.channels.get(a.ID).add(checkpoint.InputChannel, 0, cur.ch, newLazy(slices.Clone(cur.rest()), nil))
 				} else {
 					// An aligned snapshot follows every record before its
 					// barriers, and its last barrier is read with the

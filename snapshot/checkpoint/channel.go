@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -261,15 +262,22 @@ func EncodeChannelState(cs *ChannelState) ([]byte, error) {
 	if err := ValidateChannelState(cs); err != nil {
 		return nil, err
 	}
-	// One allocation of the file's exact size: the master encodes every
-	// channel-state file of every unaligned checkpoint, and growing a
-	// buffer by doubling (msgpack.Marshal) allocated three times the
-	// file, garbage that started a collection at most checkpoints of a
-	// small-heap job, in the middle of the next checkpoint's trigger.
-	b := make([]byte, 0, metadataMinLen+channelStatePayloadLen(cs))
-	b = channelStateFrame.open(b)
-	b = appendChannelState(b, cs)
-	return channelStateFrame.close(b, 0), nil
+	return AppendChannelState(nil, cs)
+}
+
+// AppendChannelState appends the channel-state file encoding of cs to dst
+// (EncodeChannelState's), growing it at most once: the master encodes
+// every channel-state file of every unaligned checkpoint, into buffers it
+// reuses. It fails as EncodeChannelState does.
+func AppendChannelState(dst []byte, cs *ChannelState) ([]byte, error) {
+	if err := ValidateChannelState(cs); err != nil {
+		return nil, err
+	}
+	dst = slices.Grow(dst, metadataMinLen+channelStatePayloadLen(cs))
+	start := len(dst)
+	dst = channelStateFrame.open(dst)
+	dst = appendChannelState(dst, cs)
+	return channelStateFrame.close(dst, start), nil
 }
 
 // appendChannelState appends cs exactly as msgpack.Marshal writes it (a map

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -540,6 +541,27 @@ func TestChannelStateEncoding(t *testing.T) {
 	}
 	if got, want := mustEncodeChannelState(t, cs), frameChannelPayload(channelStateFrame.version, payload); !bytes.Equal(got, want) {
 		t.Fatalf("EncodeChannelState\n got % x\nwant % x", got, want)
+	}
+	// Appended after other bytes, into a buffer with room: the same
+	// frame, and no allocation beyond validation's.
+	prefix := []byte("prefix")
+	got, err := AppendChannelState(prefix, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := append(slices.Clone(prefix), mustEncodeChannelState(t, cs)...); !bytes.Equal(got, want) {
+		t.Fatalf("AppendChannelState after %q\n got % x\nwant % x", prefix, got, want)
+	}
+	if _, err := DecodeChannelState(got[len(prefix):]); err != nil {
+		t.Fatal(err)
+	}
+	room := make([]byte, 0, 4096)
+	if n := testing.AllocsPerRun(10, func() {
+		if _, err := AppendChannelState(room, cs); err != nil {
+			t.Fatal(err)
+		}
+	}); n > 1 {
+		t.Fatalf("AppendChannelState into a buffer with room: %v allocations, want validation's at most", n)
 	}
 	if n := testing.AllocsPerRun(10, func() { mustEncodeChannelState(t, cs) }); n > 2 {
 		t.Fatalf("EncodeChannelState: %v allocations, want the file's and validation's at most", n)
