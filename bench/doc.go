@@ -25,6 +25,10 @@
 //
 //	go test -run '^$' -bench Backpressure -benchtime 1x ./bench/
 //
+// BenchmarkWakeLatency characterizes the machine rather than the engine:
+// how long a goroutine that a busy one readies waits while another core
+// is idle, the hand-offs of a checkpoint's first milliseconds.
+//
 // The workload table (Workloads: engine job, baseline, expected result),
 // the raw channel hand-off (RawHandoff) and the throttled pipelines
 // (EngineBackpressure, EngineSkew) are non-test code, so that the harness
