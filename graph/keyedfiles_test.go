@@ -45,6 +45,75 @@ func keyedFilesJob(n, keys int64, p int, dir, restorePath string, inline int, on
 	return job
 }
 
+// keyedFilesSavepoint runs keyedFilesJob at parallelism 2 until it has
+// completed `checkpoints` checkpoints, stops it with a savepoint and
+// returns the savepoint's path and its "count" operator.
+func keyedFilesSavepoint(t *testing.T, n, keys int64, inline int, checkpoints int64) (string, *checkpoint.OperatorState) {
+	t.Helper()
+	var completed atomic.Int64
+	e, err := keyedFilesJob(n, keys, 2, t.TempDir(), "", inline, func(ev graph.Event) {
+		if ev.Kind == graph.CheckpointCompleted {
+			completed.Add(1)
+		}
+	}).Start(context.Background())
+	require.NoError(t, err)
+	for completed.Load() < checkpoints {
+		time.Sleep(time.Millisecond)
+	}
+	sp, err := e.Stop(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, e.Wait())
+	md, err := snapshot.ReadMetadata(vfs.Default, sp)
+	require.NoError(t, err)
+	op := md.Operator("count")
+	require.NotNil(t, op)
+	return sp, op
+}
+
+// restoreKeyedCounts restores savepoint sp at parallelism p, runs the job
+// to the end and checks that its final checkpoint counts every key n/keys
+// times; it returns that checkpoint's path.
+func restoreKeyedCounts(t *testing.T, n, keys int64, p int, sp string, inline int) string {
+	t.Helper()
+	e, err := keyedFilesJob(n, keys, p, t.TempDir(), sp, inline, nil).Start(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, e.Wait())
+	lc := e.Stats().LatestCompleted
+	require.NotNil(t, lc)
+	final, err := restore.Load(vfs.Default, lc.Path)
+	require.NoError(t, err)
+	op := final.Operator("count")
+	require.NotNil(t, op)
+	require.Equal(t, p, op.Parallelism)
+	got := int64(0)
+	for _, s := range op.Subtasks {
+		be, err := state.NewKeyedBackend[int64](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, s.KeyGroups)
+		require.NoError(t, err)
+		counts, err := state.Value[int64, int64](be, "count")
+		require.NoError(t, err)
+		for k, c := range counts.All() {
+			require.Equal(t, n/keys, c, "key %d", k)
+			got++
+		}
+	}
+	require.Equal(t, keys, got)
+	return lc.Path
+}
+
+// keyedStateFiles counts the keyed-state files in dir.
+func keyedStateFiles(t *testing.T, dir string) int {
+	t.Helper()
+	names, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	n := 0
+	for _, d := range names {
+		if strings.HasPrefix(d.Name(), checkpoint.KeyedStateFilePrefix) {
+			n++
+		}
+	}
+	return n
+}
+
 // TestKeyedStateFiles: keyed state above the memory threshold is written by
 // the subtasks to keyed-state files in the checkpoint directory and only
 // referenced from _metadata; a stop-with-savepoint copied to another
@@ -52,25 +121,7 @@ func keyedFilesJob(n, keys int64, p int, dir, restorePath string, inline int, on
 // to exactly the counts.
 func TestKeyedStateFiles(t *testing.T) {
 	const n, keys = 1_000_000, 20_000
-	dir := t.TempDir()
-	var completed atomic.Int64
-	e, err := keyedFilesJob(n, keys, 2, dir, "", 0, func(ev graph.Event) {
-		if ev.Kind == graph.CheckpointCompleted {
-			completed.Add(1)
-		}
-	}).Start(context.Background())
-	require.NoError(t, err)
-	for completed.Load() < 2 {
-		time.Sleep(time.Millisecond)
-	}
-	sp, err := e.Stop(context.Background())
-	require.NoError(t, err)
-	require.NoError(t, e.Wait())
-
-	md, err := snapshot.ReadMetadata(vfs.Default, sp)
-	require.NoError(t, err)
-	op := md.Operator("count")
-	require.NotNil(t, op)
+	sp, op := keyedFilesSavepoint(t, n, keys, 0, 2)
 	var stateBytes int64
 	for _, s := range op.Subtasks {
 		require.NotNil(t, s.KeyedState, "subtask %d: keyed state in a file", s.Subtask)
@@ -86,42 +137,12 @@ func TestKeyedStateFiles(t *testing.T) {
 	t.Logf("savepoint %s: _metadata %d bytes, keyed-state files %d bytes", sp, mi.Size(), stateBytes)
 	require.Less(t, mi.Size(), stateBytes/4, "_metadata holds references, not the state")
 
-	// Move the savepoint and restore it at parallelism 3.
+	// Move the savepoint and restore it at parallelism 3; the final
+	// checkpoint's files are in its directory.
 	moved := filepath.Join(t.TempDir(), "moved")
 	require.NoError(t, os.Rename(sp, moved))
-	dir2 := t.TempDir()
-	e2, err := keyedFilesJob(n, keys, 3, dir2, moved, 0, nil).Start(context.Background())
-	require.NoError(t, err)
-	require.NoError(t, e2.Wait())
-	lc := e2.Stats().LatestCompleted
-	require.NotNil(t, lc)
-	final, err := restore.Load(vfs.Default, lc.Path)
-	require.NoError(t, err)
-	op = final.Operator("count")
-	require.NotNil(t, op)
-	require.Equal(t, 3, op.Parallelism)
-	got := 0
-	for _, s := range op.Subtasks {
-		be, err := state.NewKeyedBackend[int64](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, s.KeyGroups)
-		require.NoError(t, err)
-		counts, err := state.Value[int64, int64](be, "count")
-		require.NoError(t, err)
-		for k, c := range counts.All() {
-			require.Equal(t, int64(n/keys), c, "key %d", k)
-			got++
-		}
-	}
-	require.Equal(t, keys, got)
-	// The final checkpoint's files are in its directory.
-	names, err := os.ReadDir(lc.Path)
-	require.NoError(t, err)
-	keyed := 0
-	for _, d := range names {
-		if strings.HasPrefix(d.Name(), checkpoint.KeyedStateFilePrefix) {
-			keyed++
-		}
-	}
-	require.Equal(t, 3, keyed)
+	final := restoreKeyedCounts(t, n, keys, 3, moved, 0)
+	require.Equal(t, 3, keyedStateFiles(t, final))
 }
 
 // TestInlineKeyedEntries: the memory threshold is the job's
@@ -143,24 +164,7 @@ func TestInlineKeyedEntries(t *testing.T) {
 		{"files-only", 10, -1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var completed atomic.Int64
-			e, err := keyedFilesJob(n, tc.keys, 2, t.TempDir(), "", tc.inline, func(ev graph.Event) {
-				if ev.Kind == graph.CheckpointCompleted {
-					completed.Add(1)
-				}
-			}).Start(context.Background())
-			require.NoError(t, err)
-			for completed.Load() < 1 {
-				time.Sleep(time.Millisecond)
-			}
-			sp, err := e.Stop(context.Background())
-			require.NoError(t, err)
-			require.NoError(t, e.Wait())
-
-			md, err := snapshot.ReadMetadata(vfs.Default, sp)
-			require.NoError(t, err)
-			op := md.Operator("count")
-			require.NotNil(t, op)
+			sp, op := keyedFilesSavepoint(t, n, tc.keys, tc.inline, 1)
 			for _, s := range op.Subtasks {
 				if tc.files {
 					require.NotNil(t, s.KeyedState, "subtask %d: keyed state in a file", s.Subtask)
@@ -170,42 +174,12 @@ func TestInlineKeyedEntries(t *testing.T) {
 					require.NotEmpty(t, s.KeyGroups, "subtask %d: keyed state inline", s.Subtask)
 				}
 			}
-			names, err := os.ReadDir(sp)
-			require.NoError(t, err)
-			files := 0
-			for _, d := range names {
-				if strings.HasPrefix(d.Name(), checkpoint.KeyedStateFilePrefix) {
-					files++
-				}
-			}
+			want := 0
 			if tc.files {
-				require.Equal(t, 2, files)
-			} else {
-				require.Zero(t, files)
+				want = 2
 			}
-
-			// The savepoint restores at parallelism 3 to exactly the counts.
-			e2, err := keyedFilesJob(n, tc.keys, 3, t.TempDir(), sp, tc.inline, nil).Start(context.Background())
-			require.NoError(t, err)
-			require.NoError(t, e2.Wait())
-			lc := e2.Stats().LatestCompleted
-			require.NotNil(t, lc)
-			final, err := restore.Load(vfs.Default, lc.Path)
-			require.NoError(t, err)
-			op = final.Operator("count")
-			require.NotNil(t, op)
-			got := int64(0)
-			for _, s := range op.Subtasks {
-				be, err := state.NewKeyedBackend[int64](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, s.KeyGroups)
-				require.NoError(t, err)
-				counts, err := state.Value[int64, int64](be, "count")
-				require.NoError(t, err)
-				for k, c := range counts.All() {
-					require.Equal(t, n/tc.keys, c, "key %d", k)
-					got++
-				}
-			}
-			require.Equal(t, tc.keys, got)
+			require.Equal(t, want, keyedStateFiles(t, sp))
+			restoreKeyedCounts(t, n, tc.keys, 3, sp, tc.inline)
 		})
 	}
 }
