@@ -196,6 +196,53 @@ func (s *Stats) Clone() *Stats {
 	return &c
 }
 
+// CloneReusing is Clone, except that it shares with prev, an earlier
+// CloneReusing or Clone of s that nobody changed, the statistics of the
+// checkpoints that had ended in prev: those no longer change (a
+// completed or failed checkpoint's entry is final), so a driver that
+// publishes a clone after every step copies only the checkpoints in
+// progress. The result must not be changed either; Clone it for a caller
+// that may.
+func (s *Stats) CloneReusing(prev *Stats) *Stats {
+	if prev == nil {
+		return s.Clone()
+	}
+	c := *s
+	c.History = make([]CheckpointStats, len(s.History))
+	j := 0
+	for i := range s.History {
+		h := &s.History[i]
+		for j < len(prev.History) && prev.History[j].ID < h.ID {
+			j++
+		}
+		if h.Status != StatusInProgress && j < len(prev.History) && prev.History[j].ID == h.ID && prev.History[j].Status == h.Status {
+			c.History[i] = prev.History[j]
+			continue
+		}
+		c.History[i] = *h.clone()
+	}
+	c.LatestCompleted = reuseEnded(s.LatestCompleted, prev.LatestCompleted)
+	c.LatestFailed = reuseEnded(s.LatestFailed, prev.LatestFailed)
+	if s.LatestRestored != nil {
+		r := *s.LatestRestored
+		c.LatestRestored = &r
+	}
+	return &c
+}
+
+// reuseEnded returns prev if it is the clone of the same ended checkpoint
+// as cur (the pointer the Stats hold changes with every completion or
+// failure), else a clone of cur.
+func reuseEnded(cur, prev *CheckpointStats) *CheckpointStats {
+	switch {
+	case cur == nil:
+		return nil
+	case prev != nil && prev.ID == cur.ID && prev.Status == cur.Status && prev.EndTime.Equal(cur.EndTime):
+		return prev
+	}
+	return cur.clone()
+}
+
 func (s *Stats) setHistorySize(n int) {
 	s.historySize = n
 	s.trim()

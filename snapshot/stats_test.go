@@ -192,3 +192,57 @@ func TestAckAllocs(t *testing.T) {
 	require.Zero(t, allocs)
 	require.Equal(t, 501, c.Stats().History[0].Acked)
 }
+
+// TestStatsCloneReusing: a clone that reuses the previous one equals a
+// deep clone after every step, shares the entries of checkpoints that had
+// ended (completed or failed) with the previous clone, copies those in
+// progress, and, like a deep clone, does not change when the coordinator
+// goes on.
+func TestStatsCloneReusing(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxConcurrent = 2
+	c, err := NewCoordinator(cfg, 1, epoch, nil)
+	require.NoError(t, err)
+	var pub *Stats
+	var clones []*Stats
+	step := func(ev Event) {
+		c.Step(ev)
+		pub = c.Stats().CloneReusing(pub)
+		require.Equal(t, c.Stats().Clone(), pub)
+		clones = append(clones, pub)
+	}
+	step(TriggerRequest{Now: ms(0)})
+	step(ack(1, "src", 0, 1, 1))
+	step(TriggerRequest{Now: ms(2)})
+	step(ack(1, "src", 1, 3, 2))
+	step(ack(1, "sink", 0, 4, 3))
+	step(Persisted{Now: ms(5), ID: 1, Path: "chk-1"})
+	step(Decline{Now: ms(6), ID: 2, Task: checkpoint.TaskID{Operator: "src", Subtask: 0}, Reason: DeclinedSkipped})
+	step(TriggerRequest{Now: ms(20)})
+	before := pub
+	step(ack(3, "src", 0, 21, 4))
+
+	// Checkpoint 1 completed and 2 failed before the last step: their
+	// entries (and LatestCompleted, LatestFailed) are shared; 3 was copied.
+	require.Len(t, pub.History, 3)
+	for i := range 2 {
+		require.NotEqual(t, StatusInProgress, pub.History[i].Status)
+		require.Same(t, &before.History[i].Subtasks[0], &pub.History[i].Subtasks[0], "entry %d", i)
+	}
+	require.Same(t, before.LatestCompleted, pub.LatestCompleted)
+	require.Same(t, before.LatestFailed, pub.LatestFailed)
+	require.NotSame(t, &before.History[2].Subtasks[0], &pub.History[2].Subtasks[0])
+	require.NotSame(t, &c.Stats().History[2].Subtasks[0], &pub.History[2].Subtasks[0])
+
+	// The coordinator goes on: no clone taken so far changes.
+	want := make([]*Stats, len(clones))
+	for i, cl := range clones {
+		want[i] = cl.Clone()
+	}
+	c.Step(ack(3, "src", 1, 22, 5))
+	c.Step(ack(3, "sink", 0, 23, 6))
+	c.Step(Persisted{Now: ms(24), ID: 3, Path: "chk-3"})
+	for i, cl := range clones {
+		require.Equal(t, want[i], cl, "clone %d", i)
+	}
+}

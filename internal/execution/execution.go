@@ -214,8 +214,14 @@ func (e *Execution) Stats() *snapshot.Stats {
 	return e.stats.Clone()
 }
 
+// publish makes the live statistics visible to Stats, after every step of
+// the driver: the checkpoints in progress are copied, the ended ones
+// shared with the previous publication (Stats.CloneReusing).
 func (e *Execution) publish() {
-	c := e.liveStats.Clone()
+	e.mu.Lock()
+	prev := e.stats
+	e.mu.Unlock()
+	c := e.liveStats.CloneReusing(prev)
 	e.mu.Lock()
 	e.stats = c
 	e.mu.Unlock()
