@@ -1017,11 +1017,11 @@ func TestGateHold(t *testing.T) {
 	}
 }
 
-// TestOvertakenCopiesReused: copies given back with ReleaseCopy are reused
+// TestOvertakenCopiesAllocs: copies given back with ReleaseCopy are reused
 // by the next SendEventOvertaking, which still returns exactly what it
 // overtook (not what an earlier copy held), so an unaligned checkpoint of
 // a full channel allocates only the list of its copies.
-func TestOvertakenCopiesReused(t *testing.T) {
+func TestOvertakenCopiesAllocs(t *testing.T) {
 	c := New[int](Config{Overdraft: NoOverdraft, Capacity: 4, BufferSize: 8})
 	round := 0
 	cycle := func() {
