@@ -321,7 +321,8 @@ type hooks struct {
 	// keyed-state file (task.Info.KeyedState); nil without checkpoint
 	// storage.
 	keyedFiles snapshot.KeyedStateWriter
-	// inlineEntries is task.Info.InlineKeyedEntries (-1: none inline).
+	// inlineEntries is task.Info.InlineKeyedEntries, the job's validated
+	// CheckpointConfig.InlineKeyedEntries (-1: none inline).
 	inlineEntries int
 	task          checkpoint.TaskID
 	// endInput is the function's InputEnder or SinkEnder, bound to its
@@ -351,9 +352,6 @@ func (h *hooks) open(info task.Info) error {
 	}
 	h.ctx = c
 	h.keyedFiles, h.task, h.inlineEntries = info.KeyedState, info.ID(), info.InlineKeyedEntries
-	if h.inlineEntries == 0 {
-		h.inlineEntries = DefaultInlineKeyedEntries
-	}
 	return err
 }
 

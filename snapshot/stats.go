@@ -177,35 +177,18 @@ func (s *Stats) RecordRestore(id int64, path string, now time.Time) {
 }
 
 // Clone returns a deep copy of s.
-func (s *Stats) Clone() *Stats {
-	c := *s
-	c.History = make([]CheckpointStats, len(s.History))
-	for i := range s.History {
-		c.History[i] = *s.History[i].clone()
-	}
-	if s.LatestCompleted != nil {
-		c.LatestCompleted = s.LatestCompleted.clone()
-	}
-	if s.LatestFailed != nil {
-		c.LatestFailed = s.LatestFailed.clone()
-	}
-	if s.LatestRestored != nil {
-		r := *s.LatestRestored
-		c.LatestRestored = &r
-	}
-	return &c
-}
+func (s *Stats) Clone() *Stats { return s.CloneReusing(nil) }
 
-// CloneReusing is Clone, except that it shares with prev, an earlier
-// CloneReusing or Clone of s that nobody changed, the statistics of the
-// checkpoints that had ended in prev: those no longer change (a
-// completed or failed checkpoint's entry is final), so a driver that
-// publishes a clone after every step copies only the checkpoints in
-// progress. The result must not be changed either; Clone it for a caller
-// that may.
+// CloneReusing is Clone, except that it shares with prev (if not nil),
+// an earlier CloneReusing or Clone of s that nobody changed, the
+// statistics of the checkpoints that had ended in prev: those no longer
+// change (a completed or failed checkpoint's entry is final), so a
+// driver that publishes a clone after every step copies only the
+// checkpoints in progress. With a non-nil prev the result must not be
+// changed either; Clone it for a caller that may.
 func (s *Stats) CloneReusing(prev *Stats) *Stats {
 	if prev == nil {
-		return s.Clone()
+		prev = &Stats{}
 	}
 	c := *s
 	c.History = make([]CheckpointStats, len(s.History))

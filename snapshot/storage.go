@@ -82,7 +82,8 @@ import (
 //
 // Keyed state and the memory threshold. A keyed subtask whose frozen keyed
 // state holds at most a small number of entries
-// (graph.CheckpointConfig.InlineKeyedEntries, 1024 by default) sends it inline in its acknowledgement, and it
+// (graph.CheckpointConfig.InlineKeyedEntries, 1024 by default) sends it
+// inline in its acknowledgement, and it
 // goes inline into _metadata (SubtaskState.KeyGroups), as Flink's
 // state.storage.fs.memory-threshold keeps small state in the metadata.
 // Larger keyed state never reaches the master: the subtask writes it to
