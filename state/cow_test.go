@@ -303,6 +303,107 @@ func TestWritesAfterReleaseInPlace(t *testing.T) {
 	require.Zero(t, copied())
 }
 
+// TestCopiedPagesRecycledAllocs: once a view is released, the page arrays
+// that copy-on-write replaced while it was live are reused by the next
+// view's copies, so a cycle of freeze, a write to every page and release
+// allocates what Freeze alone does, whatever the number of pages.
+func TestCopiedPagesRecycledAllocs(t *testing.T) {
+	skipOnPebble(t, "it inspects the heap tables")
+	b := newBackend[int](t, all, nil)
+	s, err := Value[int, int](b, "v")
+	require.NoError(t, err)
+	const keys = 16 * pageSize
+	for k := range keys {
+		setKey(b, k)
+		s.Update(k)
+	}
+	touchAll := func() {
+		for k := 0; k < keys; k += pageSize / 4 {
+			setKey(b, k)
+			v, _ := s.Value()
+			s.Update(v + 1)
+		}
+	}
+	freezeRelease := func() {
+		v, err := b.Freeze()
+		if err != nil {
+			panic(err)
+		}
+		v.Release()
+	}
+	cycle := func() {
+		v, err := b.Freeze()
+		if err != nil {
+			panic(err)
+		}
+		touchAll()
+		v.Release()
+	}
+	cycle() // the first copies allocate; their originals become spares
+	cycle()
+	tbl := s.t.(*cowTable[int, int])
+	require.Len(t, tbl.spare, 16, "one spare per page")
+	require.Zero(t, len(tbl.retired))
+	base := testing.AllocsPerRun(20, freezeRelease)
+	require.Equal(t, base, testing.AllocsPerRun(20, cycle), "copies of 16 pages allocated")
+}
+
+// TestRecycledPagesWaitForOlderViews: a replaced page array is reused only
+// after every view that was live when it was replaced is released, also
+// when a newer view is released first (MaxConcurrent > 1): the older view
+// still encodes the state at its Freeze.
+func TestRecycledPagesWaitForOlderViews(t *testing.T) {
+	skipOnPebble(t, "it inspects the heap tables")
+	b := newBackend[int](t, all, nil)
+	s, err := Value[int, int](b, "v")
+	require.NoError(t, err)
+	const keys = 4 * pageSize
+	for k := range keys {
+		setKey(b, k)
+		s.Update(k)
+	}
+	touchAll := func(round int) {
+		for k := range keys {
+			setKey(b, k)
+			s.Update(k*10 + round)
+		}
+	}
+	freeze := func() (*KeyedSnapshot, []checkpoint.KeyGroupState) {
+		want, err := b.Snapshot()
+		require.NoError(t, err)
+		v, err := b.Freeze()
+		require.NoError(t, err)
+		return v, want
+	}
+	check := func(v *KeyedSnapshot, want []checkpoint.KeyGroupState, name string) {
+		got, err := v.Encode(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, want, got, "view %s", name)
+	}
+	tbl := s.t.(*cowTable[int, int])
+	a, wantA := freeze()
+	touchAll(1) // copies every page; A reads the originals
+	bv, wantB := freeze()
+	touchAll(2) // copies again; B reads the first copies
+	bv.Release()
+	require.Zero(t, len(tbl.spare), "A is live: nothing A may read is reused")
+	c, wantC := freeze()
+	touchAll(3) // copies, from fresh arrays: A is still live
+	check(a, wantA, "A")
+	a.Release()
+	require.NotZero(t, len(tbl.spare), "A and B released: what they read is spare")
+	d, wantD := freeze()
+	touchAll(4) // copies into the arrays A and B read
+	check(c, wantC, "C")
+	check(d, wantD, "D")
+	c.Release()
+	d.Release()
+	for k, v := range s.All() {
+		require.Equal(t, k*10+4, v, "key %d", k)
+	}
+	require.NotEqual(t, wantA, wantB)
+}
+
 // BenchmarkSnapshotSync measures the synchronous part of a keyed snapshot
 // (Freeze and Release) with 1,000,000 keys in value state, the pause of a
 // keyed subtask at the barrier. Every iteration first writes one key per

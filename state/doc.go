@@ -225,6 +225,13 @@
 // Freeze would give (S1), whatever the backend did since. Release runs on
 // the backend's goroutine after Encode returned (the caller orders the
 // two); a view never released costs one extra copy per page, nothing else.
+// A page array that a copy replaced is reused for a later copy only once
+// every view that was live when it was replaced is released (views may be
+// released in any order): until then it is on the table's retired list,
+// tagged with the highest epoch a view then held. So a job that
+// checkpoints copies pages into the arrays its previous checkpoint read,
+// instead of allocating a page per page and checkpoint
+// (TestRecycledPagesWaitForOlderViews, TestCopiedPagesRecycledAllocs).
 //
 // S10: Per-entry map operations touch only their entry. MapState.Get, Put,
 // Remove and Contains name the key and the user key all the way down to

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"time"
@@ -202,7 +203,13 @@ type cowTable[K comparable, V any] struct {
 	// the views not released yet.
 	epoch, required uint64
 	live            []uint64
-	sp              *spec[K, V]
+	// retired holds the full page arrays that copy-on-write replaced
+	// while a view held them; spare those that no view holds any more,
+	// which copyPage reuses (S9 holds: an array is reused only once
+	// every view that could read it is released).
+	retired []retiredPage[K, V]
+	spare   [][]pageEntry[K, V]
+	sp      *spec[K, V]
 	// now is the backend's time (Unix nanoseconds), read at freeze for
 	// the view's expiry (S12).
 	now *int64
@@ -411,14 +418,39 @@ func (t *cowTable[K, V]) writable(i int) *page[K, V] {
 func (t *cowTable[K, V]) copyPage(i int) *page[K, V] {
 	p := &t.pages[i]
 	old := p.e
-	c := cap(old)
+	// A full page's copy has exactly pageSize slots, whatever append
+	// left in the original's capacity.
+	c := pageSize
 	if len(old) < pageSize {
-		c = min(pageSize, max(c, 2*len(old), firstPageCap))
+		c = min(pageSize, max(cap(old), 2*len(old), firstPageCap))
 	}
-	e := make([]pageEntry[K, V], len(old), c)
+	var e []pageEntry[K, V]
+	if n := len(t.spare); n > 0 && c == pageSize {
+		e = t.spare[n-1][:len(old)]
+		t.spare[n-1] = nil
+		t.spare = t.spare[:n-1]
+		// Entries past len are never read before they are written, but
+		// may hold the references of an earlier use.
+		clear(e[len(old):cap(e)])
+	} else {
+		e = make([]pageEntry[K, V], len(old), c)
+	}
 	copy(e, old)
+	if cap(old) >= pageSize {
+		// The views live now (epochs up to required) may read old; later
+		// ones read e.
+		t.retired = append(t.retired, retiredPage[K, V]{e: old, until: t.required})
+	}
 	*p = page[K, V]{epoch: t.epoch, e: e}
 	return p
+}
+
+// retiredPage is a page array that copy-on-write replaced, with the
+// highest epoch of a view that may read it: it is free once no view of an
+// epoch up to until is live.
+type retiredPage[K comparable, V any] struct {
+	e     []pageEntry[K, V]
+	until uint64
 }
 
 func (t *cowTable[K, V]) all(yield func(K, V) bool) {
@@ -459,9 +491,25 @@ func (t *cowTable[K, V]) unpin(epoch uint64) {
 	}
 	t.live = slices.Delete(t.live, i, i+1)
 	t.required = 0
+	oldest := uint64(math.MaxUint64)
 	for _, e := range t.live {
 		t.required = max(t.required, e)
+		oldest = min(oldest, e)
 	}
+	// Recycle the arrays that only released views could read, keeping
+	// at most one spare per page (more are never needed between two
+	// freezes: each page is copied at most once per view).
+	kept := t.retired[:0]
+	for _, r := range t.retired {
+		switch {
+		case r.until >= oldest:
+			kept = append(kept, r)
+		case len(t.spare) < len(t.pages):
+			t.spare = append(t.spare, r.e)
+		}
+	}
+	clear(t.retired[len(kept):])
+	t.retired = kept
 }
 
 // pageView is the frozen view of a cowTable. encode reads only pages,
