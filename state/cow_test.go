@@ -303,20 +303,27 @@ func TestWritesAfterReleaseInPlace(t *testing.T) {
 	require.Zero(t, copied())
 }
 
+// identityCounts returns a heap backend whose value state maps each of
+// keys keys to itself, for tests that inspect its table.
+func identityCounts(t *testing.T, keys int) (*KeyedBackend[int], *ValueState[int, int]) {
+	skipOnPebble(t, "it inspects the heap tables")
+	b := newBackend[int](t, all, nil)
+	s, err := Value[int, int](b, "v")
+	require.NoError(t, err)
+	for k := range keys {
+		setKey(b, k)
+		s.Update(k)
+	}
+	return b, s
+}
+
 // TestCopiedPagesRecycledAllocs: once a view is released, the page arrays
 // that copy-on-write replaced while it was live are reused by the next
 // view's copies, so a cycle of freeze, a write to every page and release
 // allocates what Freeze alone does, whatever the number of pages.
 func TestCopiedPagesRecycledAllocs(t *testing.T) {
-	skipOnPebble(t, "it inspects the heap tables")
-	b := newBackend[int](t, all, nil)
-	s, err := Value[int, int](b, "v")
-	require.NoError(t, err)
 	const keys = 16 * pageSize
-	for k := range keys {
-		setKey(b, k)
-		s.Update(k)
-	}
+	b, s := identityCounts(t, keys)
 	touchAll := func() {
 		for k := 0; k < keys; k += pageSize / 4 {
 			setKey(b, k)
@@ -353,15 +360,8 @@ func TestCopiedPagesRecycledAllocs(t *testing.T) {
 // when a newer view is released first (MaxConcurrent > 1): the older view
 // still encodes the state at its Freeze.
 func TestRecycledPagesWaitForOlderViews(t *testing.T) {
-	skipOnPebble(t, "it inspects the heap tables")
-	b := newBackend[int](t, all, nil)
-	s, err := Value[int, int](b, "v")
-	require.NoError(t, err)
 	const keys = 4 * pageSize
-	for k := range keys {
-		setKey(b, k)
-		s.Update(k)
-	}
+	b, s := identityCounts(t, keys)
 	touchAll := func(round int) {
 		for k := range keys {
 			setKey(b, k)

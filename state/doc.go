@@ -232,6 +232,9 @@
 // checkpoints copies pages into the arrays its previous checkpoint read,
 // instead of allocating a page per page and checkpoint
 // (TestRecycledPagesWaitForOlderViews, TestCopiedPagesRecycledAllocs).
+// The table keeps at most one spare array per page, so it holds at most
+// twice its pages between checkpoints: what it holds during each of them
+// anyway.
 //
 // S10: Per-entry map operations touch only their entry. MapState.Get, Put,
 // Remove and Contains name the key and the user key all the way down to
