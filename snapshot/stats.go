@@ -198,7 +198,7 @@ func (s *Stats) CloneReusing(prev *Stats) *Stats {
 		for j < len(prev.History) && prev.History[j].ID < h.ID {
 			j++
 		}
-		if h.Status != StatusInProgress && j < len(prev.History) && prev.History[j].ID == h.ID && prev.History[j].Status == h.Status {
+		if j < len(prev.History) && sameEnded(&prev.History[j], h) {
 			c.History[i] = prev.History[j]
 			continue
 		}
@@ -220,10 +220,16 @@ func reuseEnded(cur, prev *CheckpointStats) *CheckpointStats {
 	switch {
 	case cur == nil:
 		return nil
-	case prev != nil && prev.ID == cur.ID && prev.Status == cur.Status && prev.EndTime.Equal(cur.EndTime):
+	case prev != nil && sameEnded(prev, cur):
 		return prev
 	}
 	return cur.clone()
+}
+
+// sameEnded reports whether prev is a clone of cur taken after cur's
+// checkpoint ended: an ended checkpoint's entry never changes again.
+func sameEnded(prev, cur *CheckpointStats) bool {
+	return cur.Status != StatusInProgress && prev.ID == cur.ID && prev.Status == cur.Status
 }
 
 func (s *Stats) setHistorySize(n int) {

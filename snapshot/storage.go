@@ -83,9 +83,9 @@ import (
 // Keyed state and the memory threshold. A keyed subtask whose frozen keyed
 // state holds at most a small number of entries
 // (graph.CheckpointConfig.InlineKeyedEntries, 1024 by default) sends it
-// inline in its acknowledgement, and it
-// goes inline into _metadata (SubtaskState.KeyGroups), as Flink's
-// state.storage.fs.memory-threshold keeps small state in the metadata.
+// inline in its acknowledgement, and it goes inline into _metadata
+// (SubtaskState.KeyGroups), as Flink's state.storage.fs.memory-threshold
+// keeps small state in the metadata.
 // Larger keyed state never reaches the master: the subtask writes it to
 // its keyed-state file through the KeyedStateWriter the runtime hands it
 // (Storage.WriteKeyedState), and acknowledges with the reference
