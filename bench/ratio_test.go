@@ -88,21 +88,7 @@ func BenchmarkRatios(b *testing.B) {
 					}
 				}
 			}
-			// report reports the median of f over the rounds, and its spread
-			// when spread is set.
-			report := func(name string, spread bool, f func(r int) float64) {
-				v := make([]float64, rounds)
-				for r := range v {
-					v[r] = f(r)
-				}
-				s := slices.Clone(v)
-				slices.Sort(s)
-				b.ReportMetric(s[len(s)/2], name)
-				if spread {
-					b.ReportMetric(s[0], name+"-min")
-					b.ReportMetric(s[len(s)-1], name+"-max")
-				}
-			}
+			report := func(name string, spread bool, f func(r int) float64) { reportMedian(b, rounds, name, spread, f) }
 			for pi, p := range ps {
 				t := &times[pi]
 				report(fmt.Sprintf("p%d-engine/baseline", p), true, func(r int) float64 { return t[base][r] / t[off][r] })
@@ -117,5 +103,20 @@ func BenchmarkRatios(b *testing.B) {
 			report("engine-scaling", true, func(r int) float64 { return times[0][off][r] / times[1][off][r] })
 			report("baseline-scaling", true, func(r int) float64 { return times[0][base][r] / times[1][base][r] })
 		})
+	}
+}
+
+// reportMedian reports the median of f over rounds rounds as metric name,
+// and its spread (name-min, name-max) when spread is set.
+func reportMedian(b *testing.B, rounds int, name string, spread bool, f func(r int) float64) {
+	v := make([]float64, rounds)
+	for r := range v {
+		v[r] = f(r)
+	}
+	slices.Sort(v)
+	b.ReportMetric(v[len(v)/2], name)
+	if spread {
+		b.ReportMetric(v[0], name+"-min")
+		b.ReportMetric(v[len(v)-1], name+"-max")
 	}
 }
