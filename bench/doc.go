@@ -19,6 +19,12 @@
 //
 //	go test -run '^$' -bench Ratios -benchtime 300000000x ./bench/
 //
+// BenchmarkScaling measures the scaling from p=1 to p=2 of both, engine and
+// baseline, per core (p=1 on one core against p=2 on two) and on two
+// cores (both on two, as BenchmarkRatios does):
+//
+//	go test -run '^$' -bench Scaling -benchtime 300000000x ./bench/
+//
 // BenchmarkBackpressure (backpressure.go) compares aligned, unaligned and
 // aligned-with-timeout checkpoints with the channels full behind a
 // throttled sink:
