@@ -78,13 +78,12 @@ func BenchmarkRatios(b *testing.B) {
 					}
 					for k := range impls {
 						i := (r + k) % impls
-						start, cpu := time.Now(), cpuTime()
-						if got := runs[i](); got != want {
+						got, wall, c := timed(runs[i])
+						if got != want {
 							b.Fatalf("p=%d run %d delivered %v, want %v", p, i, got, want)
 						}
-						wall := time.Since(start)
-						times[pi][i] = append(times[pi][i], float64(wall))
-						cores[pi][i] = append(cores[pi][i], float64(cpuTime()-cpu)/float64(wall))
+						times[pi][i] = append(times[pi][i], wall)
+						cores[pi][i] = append(cores[pi][i], c)
 					}
 				}
 			}
@@ -119,4 +118,13 @@ func reportMedian(b *testing.B, rounds int, name string, spread bool, f func(r i
 		b.ReportMetric(v[0], name+"-min")
 		b.ReportMetric(v[len(v)-1], name+"-max")
 	}
+}
+
+// timed runs run and returns its result, its wall time in nanoseconds and
+// the CPU cores the process used meanwhile (CPU time over wall time).
+func timed(run func() any) (got any, wall, cores float64) {
+	start, cpu := time.Now(), cpuTime()
+	got = run()
+	wall = float64(time.Since(start))
+	return got, wall, float64(cpuTime()-cpu) / wall
 }

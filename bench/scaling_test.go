@@ -4,7 +4,6 @@ import (
 	"context"
 	"runtime"
 	"testing"
-	"time"
 
 	"github.com/snapflow/snapflow/graph"
 )
@@ -34,7 +33,12 @@ func BenchmarkScaling(b *testing.B) {
 		name     string
 		p, cores int
 	}
-	setups := []setup{{"p1-1core", 1, 1}, {"p1", 1, 2}, {"p2", 2, 2}}
+	const (
+		p1OneCore = iota // p=1 on one core
+		p1               // p=1 on two cores
+		p2               // p=2 on two cores
+	)
+	setups := [...]setup{p1OneCore: {"p1-1core", 1, 1}, p1: {"p1", 1, 2}, p2: {"p2", 2, 2}}
 	const (
 		base = iota
 		engine
@@ -55,30 +59,28 @@ func BenchmarkScaling(b *testing.B) {
 					si, impl := v/impls, v%impls
 					s := setups[si]
 					runtime.GOMAXPROCS(s.cores)
-					start, cpu := time.Now(), cpuTime()
-					var got any
-					if impl == base {
-						got = w.Baseline(n, s.p)
-					} else {
-						var err error
-						if got, _, err = w.Engine(context.Background(), n, s.p, graph.Config{Logf: func(string, ...any) {}}); err != nil {
+					got, wall, c := timed(func() any {
+						if impl == base {
+							return w.Baseline(n, s.p)
+						}
+						got, _, err := w.Engine(context.Background(), n, s.p, graph.Config{Logf: func(string, ...any) {}})
+						if err != nil {
 							b.Fatal(err)
 						}
-					}
-					wall := time.Since(start)
+						return got
+					})
 					if got != want {
 						b.Fatalf("%s %s impl %d delivered %v, want %v", w.Name, s.name, impl, got, want)
 					}
-					times[si][impl] = append(times[si][impl], float64(wall))
-					cores[si][impl] = append(cores[si][impl], float64(cpuTime()-cpu)/float64(wall))
+					times[si][impl] = append(times[si][impl], wall)
+					cores[si][impl] = append(cores[si][impl], c)
 				}
 			}
 			report := func(name string, spread bool, f func(r int) float64) { reportMedian(b, rounds, name, spread, f) }
-			const one, two, p2 = 0, 1, 2 // setups' indices
-			report("engine-scaling-per-core", true, func(r int) float64 { return times[one][engine][r] / times[p2][engine][r] })
-			report("baseline-scaling-per-core", true, func(r int) float64 { return times[one][base][r] / times[p2][base][r] })
-			report("engine-scaling", true, func(r int) float64 { return times[two][engine][r] / times[p2][engine][r] })
-			report("baseline-scaling", true, func(r int) float64 { return times[two][base][r] / times[p2][base][r] })
+			report("engine-scaling-per-core", true, func(r int) float64 { return times[p1OneCore][engine][r] / times[p2][engine][r] })
+			report("baseline-scaling-per-core", true, func(r int) float64 { return times[p1OneCore][base][r] / times[p2][base][r] })
+			report("engine-scaling", true, func(r int) float64 { return times[p1][engine][r] / times[p2][engine][r] })
+			report("baseline-scaling", true, func(r int) float64 { return times[p1][base][r] / times[p2][base][r] })
 			for si, s := range setups {
 				t := &times[si]
 				report(s.name+"-engine/baseline", true, func(r int) float64 { return t[base][r] / t[engine][r] })
