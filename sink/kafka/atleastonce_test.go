@@ -3,7 +3,7 @@ package kafka_test
 import (
 	"context"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,33 +19,66 @@ import (
 	"github.com/snapflow/snapflow/state"
 )
 
+// wrapped forwards every call of a sink function to inner; the test
+// wrappers below embed it and override what they watch.
+type wrapped[T any] struct{ inner graph.SinkFunc[T] }
+
+func (w wrapped[T]) InitializeState(ctx *graph.Context) error {
+	return w.inner.(graph.Initializer).InitializeState(ctx)
+}
+
+func (w wrapped[T]) SnapshotState(ctx *graph.SnapshotContext) error {
+	return w.inner.(graph.Snapshotter).SnapshotState(ctx)
+}
+
+func (w wrapped[T]) EndInput(ctx *graph.Context) error {
+	return w.inner.(graph.SinkEnder).EndInput(ctx)
+}
+
+func (w wrapped[T]) Close() error { return w.inner.(graph.Closer).Close() }
+
+func (w wrapped[T]) Write(ctx *graph.Context, v T) error { return w.inner.Write(ctx, v) }
+
 // failAfterWrite wraps a sink function and fails the "write-after" site
 // after the record was handed to the producer (so it is in Kafka by the
 // time the attempt closed: a certain duplicate after the restore).
 type failAfterWrite[T any] struct {
-	inner graph.SinkFunc[T]
-	f     *faults
+	wrapped[T]
+	f *faults
 }
-
-func (w failAfterWrite[T]) InitializeState(ctx *graph.Context) error {
-	return w.inner.(graph.Initializer).InitializeState(ctx)
-}
-
-func (w failAfterWrite[T]) SnapshotState(ctx *graph.SnapshotContext) error {
-	return w.inner.(graph.Snapshotter).SnapshotState(ctx)
-}
-
-func (w failAfterWrite[T]) EndInput(ctx *graph.Context) error {
-	return w.inner.(graph.SinkEnder).EndInput(ctx)
-}
-
-func (w failAfterWrite[T]) Close() error { return w.inner.(graph.Closer).Close() }
 
 func (w failAfterWrite[T]) Write(ctx *graph.Context, v T) error {
 	if err := w.inner.Write(ctx, v); err != nil {
 		return err
 	}
 	return w.f.hit("write-after")
+}
+
+// barrierWrites counts, per checkpoint, the records the sink subtasks were
+// given before its barrier (summed over the subtasks that took it).
+type barrierWrites struct {
+	mu     sync.Mutex
+	before map[int64]int64
+}
+
+// countWrites wraps a sink function of one subtask and adds the records
+// written so far to w at each barrier.
+type countWrites[T any] struct {
+	wrapped[T]
+	n *int64
+	w *barrierWrites
+}
+
+func (c countWrites[T]) Write(ctx *graph.Context, v T) error {
+	*c.n++
+	return c.inner.Write(ctx, v)
+}
+
+func (c countWrites[T]) SnapshotState(ctx *graph.SnapshotContext) error {
+	c.w.mu.Lock()
+	c.w.before[ctx.CheckpointID] += *c.n
+	c.w.mu.Unlock()
+	return c.wrapped.SnapshotState(ctx)
 }
 
 func source(t *testing.T, c *kfake.Cluster) *kafka.Source[rec] {
@@ -82,7 +115,7 @@ func TestAtLeastOnceSeed003(t *testing.T) {
 	j := graph.NewJob(t.Name(), jobConfig(t, 5))
 	s := graph.Source(j, "kafka", source(t, c).New)
 	mp := graph.Process(s, "map", func() graph.ProcessFunc[rec, rec] { return failing{f} })
-	graph.Sink(mp, "out", func() graph.SinkFunc[rec] { return failAfterWrite[rec]{alo.New(), f} })
+	graph.Sink(mp, "out", func() graph.SinkFunc[rec] { return failAfterWrite[rec]{wrapped[rec]{alo.New()}, f} })
 	require.NoError(t, j.Run(context.Background()))
 	require.Equal(t, []string{"map#900", "write-after#2500"}, f.fired)
 	total, distinct := readCommitted(t, c)
@@ -132,7 +165,7 @@ func TestUpsertConverges(t *testing.T) {
 	mp := graph.Process(s, "map", func() graph.ProcessFunc[rec, rec] { return failing{f} })
 	counts := graph.ProcessKeyed(graph.KeyBy(mp, func(r rec) int64 { return r.ID % keys }), "count",
 		func() graph.KeyedProcessFunc[int64, rec, keyCount] { return &counter{} })
-	graph.Sink(counts, "table", func() graph.SinkFunc[keyCount] { return failAfterWrite[keyCount]{up.New(), f} })
+	graph.Sink(counts, "table", func() graph.SinkFunc[keyCount] { return failAfterWrite[keyCount]{wrapped[keyCount]{up.New()}, f} })
 	require.NoError(t, j.Run(context.Background()))
 	require.Len(t, f.fired, 2)
 
@@ -189,17 +222,32 @@ func TestAtLeastOnceUnreachableBroker(t *testing.T) {
 	alo, err := skafka.NewAtLeastOnce(skafka.AtLeastOnceConfig[int64]{Brokers: []string{"127.0.0.1:1"}, Topic: "out", FlushTimeout: 300 * time.Millisecond,
 		Logf: t.Logf, Serializer: func(i int64) (*kgo.Record, error) { return &kgo.Record{Value: []byte(strconv.FormatInt(i, 10))}, nil }})
 	require.NoError(t, err)
-	var completed atomic.Int64
+	// A checkpoint may complete only if no sink subtask had been given a
+	// record before its barrier (one triggered before the first record
+	// reached the sinks has nothing to deliver).
+	writes := &barrierWrites{before: map[int64]int64{}}
+	var mu sync.Mutex
+	var completed []int64
 	cfg := jobConfig(t, 0)
 	cfg.OnEvent = func(e graph.Event) {
 		if e.Kind == graph.CheckpointCompleted {
-			completed.Add(1)
+			mu.Lock()
+			completed = append(completed, e.CheckpointID)
+			mu.Unlock()
 		}
 	}
 	j := graph.NewJob(t.Name(), cfg)
-	graph.Sink(graph.Source(j, "gen", gensrc.Generate(1_000_000, func(i int64) int64 { return i })), "out", alo.New)
+	graph.Sink(graph.Source(j, "gen", gensrc.Generate(1_000_000, func(i int64) int64 { return i })), "out",
+		func() graph.SinkFunc[int64] { return countWrites[int64]{wrapped[int64]{alo.New()}, new(int64), writes} })
 	err = j.Run(context.Background())
 	require.Error(t, err)
 	require.Regexp(t, `flush at checkpoint|produce to out`, err.Error())
-	require.Zero(t, completed.Load(), "a checkpoint completed without its records in Kafka")
+	mu.Lock()
+	defer mu.Unlock()
+	writes.mu.Lock()
+	defer writes.mu.Unlock()
+	for _, id := range completed {
+		require.Zero(t, writes.before[id], "checkpoint %d completed without its records in Kafka", id)
+	}
+	require.Zero(t, alo.Records(), "a flush vouched for records the broker never had")
 }
