@@ -139,6 +139,15 @@
 // replay of its records would wait on its locks forever. AbortStale
 // resolves them at the restore, before the first Begin.
 //
+// Two sessions may finish the same prepared transaction at once: a
+// subtask's AbortStale and another's RecoverAndAbort at a restore, or a
+// restore and the session of the failed attempt that is still ending.
+// PostgreSQL then answers the second "prepared transaction ... is busy"
+// (SQLSTATE 55000). That is no failure: COMMIT and ROLLBACK PREPARED wait
+// and try again (from 1 ms, backing off to 50 ms, within the sink's
+// timeout) until the other session is done, and then find the gid gone or
+// still prepared as usual.
+//
 // Config.LockTimeout (default 30s) turns any other lock wait into an
 // error (SQLSTATE 55P03) that fails the attempt: a table written by
 // another writer, or a primary key that reaches two sink subtasks (a

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
@@ -227,4 +228,30 @@ func TestPostgresRefusesOlderRestore(t *testing.T) {
 		require.NotEqual(t, "fork", id.CommitUser, gid)
 		require.Equal(t, e.ID(), id.Execution, gid)
 	}
+}
+
+// TestBusyRetry: finishing a prepared transaction that another session is
+// finishing (SQLSTATE 55000, "is busy") is tried again until that session
+// is done, and gives up with the busy error when the context ends; any
+// other outcome returns at once.
+func TestBusyRetry(t *testing.T) {
+	busy := &pgconn.PgError{Code: "55000", Message: `prepared transaction with identifier "g" is busy`}
+	calls := 0
+	err := busyRetry(context.Background(), func() error {
+		if calls++; calls < 4 {
+			return busy
+		}
+		return &pgconn.PgError{Code: "42704"}
+	})
+	require.Equal(t, 4, calls)
+	require.Equal(t, "42704", sqlState(err))
+
+	calls = 0
+	require.NoError(t, busyRetry(context.Background(), func() error { calls++; return nil }))
+	require.Equal(t, 1, calls)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err = busyRetry(ctx, func() error { return busy })
+	require.ErrorIs(t, err, busy)
 }

@@ -641,7 +641,10 @@ func (s *Sink[T]) Commit(t *Txn) error {
 	if err != nil {
 		return err
 	}
-	_, err = conn.Exec(ctx, "COMMIT PREPARED "+quote(t.GID))
+	err = busyRetry(ctx, func() error {
+		_, err := conn.Exec(ctx, "COMMIT PREPARED "+quote(t.GID))
+		return err
+	})
 	conn.Release()
 	if err == nil {
 		return nil
@@ -762,12 +765,15 @@ func (s *Sink[T]) prepared(ctx context.Context, conn *pgxpool.Conn) ([]preparedG
 // rollbackPrepared rolls back gid if it is prepared.
 func (s *Sink[T]) rollbackPrepared(ctx context.Context, conn *pgxpool.Conn, gid string) error {
 	q := "ROLLBACK PREPARED " + quote(gid)
-	var err error
-	if conn != nil {
-		_, err = conn.Exec(ctx, q)
-	} else {
-		_, err = s.pool.Exec(ctx, q)
-	}
+	err := busyRetry(ctx, func() error {
+		var err error
+		if conn != nil {
+			_, err = conn.Exec(ctx, q)
+		} else {
+			_, err = s.pool.Exec(ctx, q)
+		}
+		return err
+	})
 	if err != nil && sqlState(err) != "42704" { // gone: committed or rolled back
 		return fmt.Errorf("sink/postgres: ROLLBACK PREPARED %s on %s: %w", gid, s.addr, err)
 	}
@@ -850,6 +856,31 @@ func (s *Sink[T]) Prepared(ctx context.Context, user string) ([]string, error) {
 }
 
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// busyRetry runs f, which finishes a prepared transaction (COMMIT or
+// ROLLBACK PREPARED), again while PostgreSQL reports that transaction busy
+// (SQLSTATE 55000): another session is finishing it at that moment, such
+// as another subtask's AbortStale or the session of an attempt that is
+// still ending. Its outcome decides what f then finds (the gid gone, or
+// prepared still). It backs off from 1 ms to 50 ms and gives up, returning
+// the busy error, when ctx ends.
+func busyRetry(ctx context.Context, f func() error) error {
+	wait := time.Millisecond
+	for {
+		err := f()
+		if sqlState(err) != "55000" {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
 
 func sqlState(err error) string {
 	var pe *pgconn.PgError
