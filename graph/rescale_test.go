@@ -160,7 +160,7 @@ func TestRescaleRefusesBroadcastChannelState(t *testing.T) {
 	require.ErrorIs(t, e.Wait(), context.Canceled)
 	require.True(t, done.Load(), "no checkpoint with in-flight data on the broadcast edge")
 	err = build(3, nil).Run(context.Background())
-	require.ErrorContains(t, err, `edge source "source" (source) -> operator "slow" (slow) is a broadcast edge`)
+	require.ErrorContains(t, err, `edge "source" -> "slow", a broadcast edge, whose in-flight records are copies for one receiver each`)
 }
 
 // requireOutput is require.Equal for long outputs: it reports the first

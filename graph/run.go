@@ -2,7 +2,6 @@ package graph
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/internal/execution"
@@ -139,25 +138,15 @@ func (j *Job) spec() *execution.Spec {
 			Source: v.kind == kindSource, Keyed: v.keyed,
 		})
 	}
-	// A chain head holds the channel state of its chain: in-flight data of
-	// its input edges and of its tail's output edges.
-	for _, chain := range j.chains {
-		op := &s.Operators[chain[0].id]
-		var edges []*edge
-		for _, e := range chain[0].inputs {
-			op.Upstream = append(op.Upstream, e.from.uid)
-			edges = append(edges, e)
+	// Channel state belongs to the operators that write and read each
+	// edge: restore places it by these edges.
+	for _, v := range j.vertices {
+		op := &s.Operators[v.id]
+		for _, e := range v.inputs {
+			op.Inputs = append(op.Inputs, e.restoreEdge())
 		}
-		for _, e := range chain[len(chain)-1].outputs {
-			if !e.chained {
-				op.Downstream = append(op.Downstream, e.to.uid)
-				edges = append(edges, e)
-			}
-		}
-		for _, e := range edges {
-			if e.part == Broadcast && op.Unmovable == "" {
-				op.Unmovable = fmt.Sprintf("edge %s -> %s is a broadcast edge, whose in-flight records are copies for one receiver each", e.from, e.to)
-			}
+		for _, e := range v.outputs {
+			op.Outputs = append(op.Outputs, e.restoreEdge())
 		}
 	}
 	return s
@@ -266,6 +255,7 @@ func (a *attempt) info(v *vertex, i int) task.Info {
 		info.IsRestore, info.RestoredCheckpoint = true, a.plan.CheckpointID
 		info.Restored = a.plan.Tasks[info.ID()]
 	}
+	info.Channels = a.channelIDs(v, i)
 	return info
 }
 

@@ -17,12 +17,33 @@ import (
 
 // Tests of channel state in restore (R8, R9).
 
-// channelState returns channel state with one output and one input
-// channel whose buffers name tag.
+// channelState returns channel state of operator "src" with one output
+// and one input channel whose buffers name tag.
 func channelState(tag string) *checkpoint.ChannelState {
 	return &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
-		{Kind: checkpoint.OutputChannel, Edge: 0, Channel: 1, Buffers: items(tag+" out a", tag+" out b")},
-		{Kind: checkpoint.InputChannel, Channel: 0, Buffers: items(tag + " in")},
+		{Kind: checkpoint.OutputChannel, From: "src", To: "count", Part: checkpoint.PartHash, Channel: 1, Buffers: items(tag+" out a", tag+" out b")},
+		{Kind: checkpoint.InputChannel, From: "up", To: "src", Part: checkpoint.PartRebalance, Channel: 0, Buffers: items(tag + " in")},
+	}}
+}
+
+// channelStateOf returns channel state of operator uid in the job src ->
+// count -> sink of TestAssignChannelState, whose buffers name tag: src's
+// output to count, count's input from src and output to sink, each on the
+// partitioning given (count -> sink: toSink).
+func channelStateOf(uid, tag string, toSink checkpoint.Partitioning) *checkpoint.ChannelState {
+	switch uid {
+	case "src":
+		return &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
+			{Kind: checkpoint.OutputChannel, From: "src", To: "count", Part: checkpoint.PartHash, Channel: 1, Buffers: items(tag+" out a", tag+" out b")},
+		}}
+	case "count":
+		return &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
+			{Kind: checkpoint.InputChannel, From: "src", To: "count", Part: checkpoint.PartHash, Channel: 0, Buffers: items(tag + " in")},
+			{Kind: checkpoint.OutputChannel, From: "count", To: "sink", Part: toSink, Channel: 0, Buffers: items(tag + " out")},
+		}}
+	}
+	return &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
+		{Kind: checkpoint.OutputChannel, From: uid, To: "sink", Part: checkpoint.PartForward, Buffers: items(tag + " out")},
 	}}
 }
 
@@ -257,7 +278,12 @@ func TestLoadChannelState(t *testing.T) {
 // withChannels returns s with channel state tagged tag (and a reference to
 // a file, as ReadMetadata leaves it).
 func withChannels(s checkpoint.SubtaskState, uid, tag string) checkpoint.SubtaskState {
-	s.Channels = channelState(tag)
+	return withChannelState(s, uid, channelStateOf(uid, tag, checkpoint.PartRebalance))
+}
+
+// withChannelState returns s with channel state cs of operator uid.
+func withChannelState(s checkpoint.SubtaskState, uid string, cs *checkpoint.ChannelState) checkpoint.SubtaskState {
+	s.Channels = cs
 	in, out := s.Channels.Bytes()
 	s.ChannelState = &checkpoint.ChannelStateRef{File: checkpoint.ChannelStateFileName(uid, s.Subtask),
 		Size: 1000, CRC: 7, InputBytes: in, OutputBytes: out}
@@ -266,9 +292,11 @@ func withChannels(s checkpoint.SubtaskState, uid, tag string) checkpoint.Subtask
 
 // TestAssignChannelState checks R8: with unchanged parallelism every
 // subtask gets back its own channel state, as copies (R6); where the
-// channels of an operator's channel state change (its parallelism, or a
-// neighbour's) every new subtask gets all of it (RescaledChannels), unless
-// the operator says it cannot move, which fails naming the cause.
+// channels of an operator's channel state change (its parallelism, or that
+// of the operator at the other end of an edge it holds in-flight data of)
+// every new subtask gets all of it (RescaledChannels); in-flight data that
+// cannot be placed (an edge the job no longer has, a changed partitioning,
+// a rescaled broadcast edge, format version 1) fails naming the edge.
 func TestAssignChannelState(t *testing.T) {
 	md := func() *checkpoint.Metadata {
 		return metadata(
@@ -277,11 +305,13 @@ func TestAssignChannelState(t *testing.T) {
 			opState("sink", 1, 0, plain(0)),
 		)
 	}
+	toCount := Edge{From: "src", To: "count", Part: checkpoint.PartHash}
+	toSink := Edge{From: "count", To: "sink", Part: checkpoint.PartRebalance}
 	ops := func(src, count, sink int) []Operator {
 		return []Operator{
-			{UID: "src", Parallelism: src, MaxParallelism: 128},
-			{UID: "count", Parallelism: count, MaxParallelism: 128, Keyed: true},
-			{UID: "sink", Parallelism: sink},
+			{UID: "src", Parallelism: src, MaxParallelism: 128, Outputs: []Edge{toCount}},
+			{UID: "count", Parallelism: count, MaxParallelism: 128, Keyed: true, Inputs: []Edge{toCount}, Outputs: []Edge{toSink}},
+			{UID: "sink", Parallelism: sink, Inputs: []Edge{toSink}},
 		}
 	}
 
@@ -312,11 +342,26 @@ func TestAssignChannelState(t *testing.T) {
 		// R6: the plan's slices are its own.
 		got := plan.Tasks[checkpoint.TaskID{Operator: "src", Subtask: 0}]
 		got.Channels.Channels[0].Buffers[0] = []byte("changed")
-		got.Channels.Channels[1].Channel = 9
+		got.Channels.Channels[0].Channel = 9
 		got.ChannelState.File = "changed"
-		if !reflect.DeepEqual(m.Operators[0].Subtasks[0].Channels, channelState("src0")) ||
+		if !reflect.DeepEqual(m.Operators[0].Subtasks[0].Channels, channelStateOf("src", "src0", checkpoint.PartRebalance)) ||
 			m.Operators[0].Subtasks[0].ChannelState.File != "channels-src-0" {
 			t.Fatal("plan aliases the metadata")
+		}
+	})
+
+	t.Run("a changed chaining keeps every operator's own channel state", func(t *testing.T) {
+		o := ops(2, 2, 2)
+		o[1].Outputs[0].Chained, o[2].Inputs[0].Chained = true, true
+		o[1].Outputs[0].Part, o[2].Inputs[0].Part = checkpoint.PartForward, checkpoint.PartForward
+		m := md()
+		m.Operators[2].Parallelism, m.Operators[2].Subtasks = 2, []checkpoint.SubtaskState{plain(0), plain(1)}
+		plan, err := Assign(m, "/p", o, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := plan.Tasks[checkpoint.TaskID{Operator: "count", Subtask: 1}]; !reflect.DeepEqual(got.Channels, m.Operators[1].Subtasks[1].Channels) {
+			t.Fatalf("count/1: %+v", got.Channels)
 		}
 	})
 
@@ -345,17 +390,10 @@ func TestAssignChannelState(t *testing.T) {
 			}
 		}
 	}
-	wired := func(src, count, sink int) []Operator {
-		o := ops(src, count, sink)
-		o[0].Downstream = []string{"count"}
-		o[1].Upstream, o[1].Downstream = []string{"src"}, []string{"sink"}
-		o[2].Upstream = []string{"count"}
-		return o
-	}
 
 	t.Run("the operator with channel state rescales", func(t *testing.T) {
 		m := md()
-		plan, err := Assign(m, "/p", wired(2, 3, 1), false, nil)
+		plan, err := Assign(m, "/p", ops(2, 3, 1), false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -368,7 +406,7 @@ func TestAssignChannelState(t *testing.T) {
 
 	t.Run("a neighbour rescales", func(t *testing.T) {
 		m := md()
-		plan, err := Assign(m, "/p", wired(2, 2, 4), false, nil)
+		plan, err := Assign(m, "/p", ops(2, 2, 4), false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -380,27 +418,90 @@ func TestAssignChannelState(t *testing.T) {
 		}
 	})
 
-	t.Run("channel state that cannot move", func(t *testing.T) {
-		o := wired(2, 3, 1)
-		o[1].Unmovable = `edge "count" -> "sink" is a broadcast edge`
-		_, err := Assign(md(), "/p", o, false, nil)
-		want := `restore: checkpoint 5 (/p): operator uid "count": its parallelism changes from 2 to 3, but its subtask 1 ` +
-			"holds in-flight data of an unaligned checkpoint (channel state) that cannot be redistributed: " +
-			`edge "count" -> "sink" is a broadcast edge; restore at the checkpoint's parallelism, or from an aligned checkpoint or savepoint`
-		if !errors.Is(err, ErrUnrecoverable) || err.Error() != want {
-			t.Fatalf("got  %v\nwant %s", err, want)
+	t.Run("channel state that cannot be placed", func(t *testing.T) {
+		prefix := `restore: checkpoint 5 (/p): operator uid "count" subtask 1 holds in-flight records (channel state, channels-count-1) of edge "count" -> "sink"`
+		broadcast := func() *checkpoint.Metadata {
+			m := md()
+			m.Operators[1].Subtasks[1] = withChannelState(keyed(128, 2, 1, nil, 100), "count", channelStateOf("count", "b", checkpoint.PartBroadcast))
+			return m
 		}
-		o = wired(2, 2, 4)
-		o[1].Unmovable = "x"
-		_, err = Assign(md(), "/p", o, false, nil)
-		if err == nil || !strings.Contains(err.Error(), `operator uid "sink", which its in-flight data flows between, is new or changes its parallelism`) {
+		withPart := func(o []Operator, p checkpoint.Partitioning) []Operator {
+			o[1].Outputs[0].Part, o[2].Inputs[0].Part = p, p
+			return o
+		}
+		noEdge := ops(2, 2, 1)
+		noEdge[1].Outputs, noEdge[2].Inputs = nil, nil
+		for _, tc := range []struct {
+			name string
+			md   *checkpoint.Metadata
+			ops  []Operator
+			want string
+		}{
+			{"broadcast edge rescaled", broadcast(), withPart(ops(2, 2, 3), checkpoint.PartBroadcast),
+				prefix + `, a broadcast edge, whose in-flight records are copies for one receiver each and cannot be redistributed`},
+			{"broadcast edge no more", broadcast(), ops(2, 2, 1),
+				prefix + `, which was a broadcast edge and is a rebalance edge now: its in-flight records cannot be placed on it`},
+			{"hash edge now", md(), withPart(ops(2, 2, 1), checkpoint.PartHash),
+				prefix + `, which was a rebalance edge and is a hash edge now`},
+			{"edge gone", md(), noEdge, prefix + `, which the job no longer has; restore a job with that edge`},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				_, err := Assign(tc.md, "/p", tc.ops, false, nil)
+				if !errors.Is(err, ErrUnrecoverable) || err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+					t.Fatalf("got  %v\nwant %s", err, tc.want)
+				}
+			})
+		}
+		// A broadcast edge at its parallelism keeps its own channels.
+		if _, err := Assign(broadcast(), "/p", withPart(ops(2, 2, 1), checkpoint.PartBroadcast), false, nil); err != nil {
+			t.Fatal(err)
+		}
+		// An edge the job no longer has is dropped explicitly, with a log
+		// line naming it.
+		logs, logf := logRecorder()
+		m := md()
+		plan, err := Assign(m, "/p", noEdge, true, logf)
+		if err != nil || !slices.ContainsFunc(*logs, func(l string) bool { return strings.Contains(l, `edge "count" -> "sink", which the job no longer has: dropped`) }) {
+			t.Fatalf("%v %q", err, *logs)
+		}
+		got := plan.Tasks[checkpoint.TaskID{Operator: "count", Subtask: 1}].Channels
+		if len(got.Channels) != 1 || got.Channels[0].Kind != checkpoint.InputChannel {
+			t.Fatalf("count/1 keeps %+v", got)
+		}
+	})
+
+	t.Run("format version 1", func(t *testing.T) {
+		legacy := func(kind checkpoint.ChannelKind) *checkpoint.Metadata {
+			m := md()
+			m.Operators[1].Subtasks[1].Channels = &checkpoint.ChannelState{Legacy: true, Channels: []checkpoint.ChannelBuffers{
+				{Kind: kind, Buffers: items("v1")}}}
+			return m
+		}
+		_, err := Assign(legacy(checkpoint.OutputChannel), "/p", ops(2, 2, 1), false, nil)
+		if err == nil || !strings.Contains(err.Error(), `operator uid "count" subtask 1 holds in-flight records (channel state, channels-count-1) `+
+			`in channel-state format version 1, which names output channels by their place in the old operator chain`) {
+			t.Fatalf("got %v", err)
+		}
+		// Input channel state is its reader's in version 1 too: it is
+		// restored while the reader heads its chain, at any parallelism.
+		m := legacy(checkpoint.InputChannel)
+		plan, err := Assign(m, "/p", ops(2, 3, 1), false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireMoved(t, plan, m, 1, 3)
+		o := ops(2, 2, 1)
+		o[1].Inputs[0].Chained = true
+		if _, err := Assign(legacy(checkpoint.InputChannel), "/p", o, false, nil); err == nil ||
+			!strings.Contains(err.Error(), `of an input that is chained now (edge "src" -> "count")`) {
 			t.Fatalf("got %v", err)
 		}
 	})
 
 	t.Run("channel state without buffers does not stop rescaling", func(t *testing.T) {
 		m := metadata(opState("src", 2, 128, plain(0, split("offsets", "a")), plain(1, split("offsets", "b"))))
-		m.Operators[0].Subtasks[1].Channels = &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{{Kind: checkpoint.InputChannel}}}
+		m.Operators[0].Subtasks[1].Channels = &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
+			{Kind: checkpoint.InputChannel, From: "up", To: "src", Part: checkpoint.PartForward}}}
 		plan, err := Assign(m, "/p", []Operator{{UID: "src", Parallelism: 3, MaxParallelism: 128}}, false, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -477,17 +477,28 @@ type Operator struct {
 	MaxParallelism int
 	// Keyed is set for operators with keyed state.
 	Keyed bool
-	// Upstream and Downstream name, for an operator that heads a chain,
-	// the operators its input gate reads from and those its chain's
-	// outputs go to: its channel state is in-flight data on those edges,
-	// so it moves (RescaledChannels) when the parallelism of any of them,
-	// or its own, changes.
-	Upstream, Downstream []string
-	// Unmovable, when set, says why the operator's channel state cannot
-	// follow such a change (it names the edge, e.g. a broadcast edge,
-	// whose in-flight copies cannot be re-partitioned): restoring it then
-	// fails.
-	Unmovable string
+	// Inputs and Outputs are the operator's edges in the job: its channel
+	// state is in-flight data on them (input channel state on an input
+	// edge, output channel state on an output edge), named by edge
+	// (checkpoint.ChannelBuffers), so it is found whatever the chaining.
+	Inputs, Outputs []Edge
+}
+
+// Edge is an edge of the job being started, as channel state names it.
+type Edge struct {
+	// From and To are the uids of the operators it connects; Index is its
+	// index among the edges from From to To (in From's output order).
+	From, To string
+	Index    int
+	// Part is its partitioning.
+	Part checkpoint.Partitioning
+	// Chained: From and To run in one subtask (no channels; the runtime
+	// hands the records in flight on the edge to To directly).
+	Chained bool
+}
+
+func (e *Edge) names(c *checkpoint.ChannelBuffers) bool {
+	return e.From == c.From && e.To == c.To && e.Index == c.Edge
 }
 
 // Plan is the state handed to each subtask of the new job.
@@ -542,7 +553,7 @@ func assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestor
 		}
 		byUID[op.UID] = op
 	}
-	moved, err := movedChannels(md, byUID, where)
+	moved, drop, err := checkChannels(md, byUID, where, allowNonRestored, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -557,7 +568,7 @@ func assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestor
 		op, ok := byUID[old.UID]
 		switch {
 		case ok:
-			if err := assignOperator(plan.Tasks, old, op, moved[old.UID], where); err != nil {
+			if err := assignOperator(plan.Tasks, old, op, moved[old.UID], drop, where); err != nil {
 				return nil, err
 			}
 		case !hasState(old):
@@ -601,24 +612,21 @@ func hasState(op *checkpoint.OperatorState) bool {
 	return false
 }
 
-// channelStateSubtask returns the lowest subtask index of op that holds
-// channel state, or -1.
-func channelStateSubtask(op *checkpoint.OperatorState) int {
-	found := -1
-	for i := range op.Subtasks {
-		if s := &op.Subtasks[i]; s.HasChannelState() && (found < 0 || s.Subtask < found) {
-			found = s.Subtask
-		}
-	}
-	return found
-}
-
-// movedChannels returns the restored operators whose channel state must
-// move to other channels (R8): those whose parallelism changes, or that of
-// an operator upstream or downstream of them (their channel state is
-// indexed by the channels of those edges). It fails for one that holds
-// channel state the runtime cannot redistribute (Operator.Unmovable).
-func movedChannels(md *checkpoint.Metadata, byUID map[string]*Operator, where string) (map[string]bool, error) {
+// checkChannels checks that the channel state of every restored operator
+// can be placed in the new job (R8) and returns the operators whose
+// channel state must move to other channels (their parallelism changes, or
+// that of an operator at the other end of an edge they hold in-flight data
+// of: channels are indexed by subtasks) and the channels to drop (of edges
+// the job no longer has, with allowNonRestored). In-flight data is
+// refused, naming the edge, where the job no longer has its edge (unless
+// allowNonRestored), where the edge's partitioning changed the records'
+// encoding (to or from a hash edge) or their meaning (a broadcast edge,
+// whose copies belong to one reader each, which cannot follow a changed
+// parallelism either), and where it is in format version 1 and cannot be
+// placed once the chaining may have changed (output channel state, and
+// input channel state of an operator that is chained now).
+func checkChannels(md *checkpoint.Metadata, byUID map[string]*Operator, where string, allowNonRestored bool,
+	logf Logf) (map[string]bool, map[*checkpoint.ChannelBuffers]bool, error) {
 	oldP := make(map[string]int, len(md.Operators))
 	for i := range md.Operators {
 		oldP[md.Operators[i].UID] = md.Operators[i].Parallelism
@@ -629,52 +637,136 @@ func movedChannels(md *checkpoint.Metadata, byUID map[string]*Operator, where st
 		return !ok || op == nil || p != op.Parallelism
 	}
 	moved := map[string]bool{}
+	drop := map[*checkpoint.ChannelBuffers]bool{}
 	for i := range md.Operators {
 		old := &md.Operators[i]
 		op, ok := byUID[old.UID]
 		if !ok {
 			continue // not restored (AllowNonRestoredState, or an error later)
 		}
-		sub := channelStateSubtask(old)
-		if sub < 0 {
-			continue
-		}
-		why := ""
-		switch {
-		case changed(old.UID):
-			why = fmt.Sprintf("its parallelism changes from %d to %d", old.Parallelism, op.Parallelism)
-		default:
-			for _, u := range append(slices.Clone(op.Upstream), op.Downstream...) {
-				if changed(u) {
-					why = fmt.Sprintf("operator uid %q, which its in-flight data flows between, is new or changes its parallelism", u)
-					break
+		for j := range old.Subtasks {
+			s := &old.Subtasks[j]
+			if !s.HasChannelState() {
+				continue
+			}
+			if s.Channels == nil {
+				return nil, nil, fmt.Errorf("restore: %s: operator uid %q subtask %d: channel state %v not loaded", where, op.UID, s.Subtask, s.ChannelState)
+			}
+			file := "in memory"
+			if s.ChannelState != nil {
+				file = s.ChannelState.File
+			}
+			at := fmt.Sprintf("restore: %s: operator uid %q subtask %d holds in-flight records (channel state, %s)", where, old.UID, s.Subtask, file)
+			if changed(old.UID) {
+				moved[old.UID] = true
+			}
+			for k := range s.Channels.Channels {
+				c := &s.Channels.Channels[k]
+				if len(c.Buffers) == 0 {
+					continue
+				}
+				if s.Channels.Legacy {
+					if err := checkLegacy(c, op, at); err != nil {
+						return nil, nil, err
+					}
+					for _, e := range op.Inputs {
+						if changed(e.From) {
+							moved[old.UID] = true
+						}
+					}
+					continue
+				}
+				edges, self, peer := op.Outputs, c.From, c.To
+				if c.Kind == checkpoint.InputChannel {
+					edges, self, peer = op.Inputs, c.To, c.From
+				}
+				if self != old.UID {
+					return nil, nil, fmt.Errorf("%s of %s, but it is not an end of that edge", at, c.EdgeName())
+				}
+				e := slices.IndexFunc(edges, func(e Edge) bool { return e.names(c) })
+				if e < 0 {
+					if allowNonRestored {
+						logf.printf("%s of %s, which the job no longer has: dropped (AllowNonRestoredState)", at, c.EdgeName())
+						drop[c] = true
+						continue
+					}
+					return nil, nil, fmt.Errorf("%s of %s, which the job no longer has; restore a job with that edge, "+
+						"or an aligned checkpoint or savepoint, or set AllowNonRestoredState to drop them", at, c.EdgeName())
+				}
+				now := edges[e].Part
+				if !samePlacement(c.Part, now) {
+					return nil, nil, fmt.Errorf("%s of %s, which was a %s edge and is a %s edge now: its in-flight records cannot "+
+						"be placed on it; restore with the edge's old partitioning, or from an aligned checkpoint or savepoint",
+						at, c.EdgeName(), c.Part, now)
+				}
+				if c.Part == checkpoint.PartBroadcast && (changed(c.From) || changed(c.To)) {
+					return nil, nil, fmt.Errorf("%s of %s, a broadcast edge, whose in-flight records are copies for one receiver "+
+						"each and cannot be redistributed to a new parallelism; restore at the checkpoint's parallelism, or from "+
+						"an aligned checkpoint or savepoint", at, c.EdgeName())
+				}
+				if changed(peer) {
+					moved[old.UID] = true
 				}
 			}
 		}
-		if why == "" {
-			continue
-		}
-		if op.Unmovable != "" {
-			return nil, fmt.Errorf("restore: %s: operator uid %q: %s, but its subtask %d holds in-flight data of an "+
-				"unaligned checkpoint (channel state) that cannot be redistributed: %s; restore at the checkpoint's "+
-				"parallelism, or from an aligned checkpoint or savepoint", where, old.UID, why, sub, op.Unmovable)
-		}
-		moved[old.UID] = true
 	}
-	return moved, nil
+	return moved, drop, nil
+}
+
+// checkLegacy refuses channel c of format version 1 (no operators named)
+// where it cannot be placed safely: output channel state was stored under
+// the chain's head and indexed by the outputs of the chain's tail, which
+// the metadata does not name; input channel state is its reader's, which
+// must still read its own gate (not be chained to its writer).
+func checkLegacy(c *checkpoint.ChannelBuffers, op *Operator, at string) error {
+	const how = "restore the checkpoint with the version that wrote it and take a savepoint, or restore an aligned checkpoint or savepoint"
+	if c.Kind == checkpoint.OutputChannel {
+		return fmt.Errorf("%s in channel-state format version 1, which names output channels by their place in the old "+
+			"operator chain, not by operator and edge: they cannot be placed once the chaining may have changed; %s", at, how)
+	}
+	for _, e := range op.Inputs {
+		if e.Chained {
+			return fmt.Errorf("%s in channel-state format version 1, of an input that is chained now (edge %q -> %q); %s",
+				at, e.From, e.To, how)
+		}
+	}
+	return nil
+}
+
+// samePlacement reports whether records in flight on an edge partitioned
+// as old can be placed on one partitioned as now: a hash edge carries every
+// record with its key and key group, the others the record alone, and the
+// copies of a broadcast edge belong to one reader each.
+func samePlacement(old, now checkpoint.Partitioning) bool {
+	class := func(p checkpoint.Partitioning) int {
+		switch p {
+		case checkpoint.PartHash:
+			return 1
+		case checkpoint.PartBroadcast:
+			return 2
+		}
+		return 0
+	}
+	return class(old) == class(now)
 }
 
 // cloneChannelState copies the channel state of s into n (R6, R8): the
-// reference, and the in-memory channel state down to the buffer slices.
-func cloneChannelState(n, s *checkpoint.SubtaskState) {
+// reference, and the in-memory channel state down to the buffer slices,
+// without the channels in drop.
+func cloneChannelState(n, s *checkpoint.SubtaskState, drop map[*checkpoint.ChannelBuffers]bool) {
 	if s.ChannelState != nil {
 		ref := *s.ChannelState
 		n.ChannelState = &ref
 	}
 	if s.Channels != nil {
-		cs := &checkpoint.ChannelState{Channels: slices.Clone(s.Channels.Channels)}
-		for i := range cs.Channels {
-			cs.Channels[i].Buffers = slices.Clone(cs.Channels[i].Buffers)
+		cs := &checkpoint.ChannelState{Legacy: s.Channels.Legacy}
+		for i := range s.Channels.Channels {
+			c := &s.Channels.Channels[i]
+			if drop[c] {
+				continue
+			}
+			cs.Channels = append(cs.Channels, *c)
+			cs.Channels[len(cs.Channels)-1].Buffers = slices.Clone(c.Buffers)
 		}
 		n.Channels = cs
 	}
@@ -682,7 +774,8 @@ func cloneChannelState(n, s *checkpoint.SubtaskState) {
 
 // assignOperator adds the new subtask states of one restored operator to
 // tasks.
-func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *checkpoint.OperatorState, op *Operator, moved bool, where string) error {
+func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *checkpoint.OperatorState, op *Operator, moved bool,
+	drop map[*checkpoint.ChannelBuffers]bool, where string) error {
 	newP := op.Parallelism
 	olds := make([]*checkpoint.SubtaskState, len(old.Subtasks))
 	oldKeyed := false
@@ -742,12 +835,9 @@ func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *c
 	if moved {
 		all := make([]*checkpoint.ChannelState, old.Parallelism)
 		for _, s := range olds {
-			if s.HasChannelState() && s.Channels == nil {
-				return fmt.Errorf("restore: %s: operator uid %q subtask %d: channel state %v not loaded", where, op.UID, s.Subtask, s.ChannelState)
-			}
 			if s.Subtask >= 0 && s.Subtask < len(all) && s.Channels != nil {
 				var c checkpoint.SubtaskState
-				cloneChannelState(&c, s)
+				cloneChannelState(&c, s, drop)
 				all[s.Subtask] = c.Channels
 			}
 		}
@@ -756,7 +846,7 @@ func assignOperator(tasks map[checkpoint.TaskID]*checkpoint.SubtaskState, old *c
 		}
 	} else if samePar {
 		for _, s := range olds {
-			cloneChannelState(news[s.Subtask], s)
+			cloneChannelState(news[s.Subtask], s, drop)
 		}
 	}
 	for _, s := range news {

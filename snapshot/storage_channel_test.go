@@ -30,17 +30,17 @@ func channelTestMD(id int64, kind marker.Kind) *checkpoint.Metadata {
 	}
 	buf := func(s string) []byte { return []byte(fmt.Sprintf("%s@%d", s, id)) }
 	md.Operators[0].Subtasks[0].Channels = &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
-		{Kind: checkpoint.OutputChannel, Edge: 0, Channel: 2, Buffers: [][]byte{buf("src out 2")}},
+		{Kind: checkpoint.OutputChannel, From: "src", To: "Count/x", Part: checkpoint.PartHash, Edge: 0, Channel: 2, Buffers: [][]byte{buf("src out 2")}},
 	}}
 	md.Operators = append(md.Operators, checkpoint.OperatorState{UID: "Count/x", Name: "Count", Parallelism: 3,
 		Subtasks: []checkpoint.SubtaskState{
 			{Subtask: 0, KeyGroupStart: -1, KeyGroupEnd: -1, Channels: &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
-				{Kind: checkpoint.InputChannel, Channel: 0, Buffers: [][]byte{buf("in 0 a"), buf("in 0 b")}},
-				{Kind: checkpoint.InputChannel, Channel: 1},
-				{Kind: checkpoint.OutputChannel, Edge: 1, Channel: 0, Buffers: [][]byte{bytes.Repeat([]byte{byte(id)}, 1000)}},
+				{Kind: checkpoint.InputChannel, From: "src", To: "Count/x", Part: checkpoint.PartHash, Channel: 0, Buffers: [][]byte{buf("in 0 a"), buf("in 0 b")}},
+				{Kind: checkpoint.InputChannel, From: "src", To: "Count/x", Part: checkpoint.PartHash, Channel: 1},
+				{Kind: checkpoint.OutputChannel, From: "Count/x", To: "sink", Part: checkpoint.PartForward, Edge: 1, Channel: 0, Buffers: [][]byte{bytes.Repeat([]byte{byte(id)}, 1000)}},
 			}}},
 			{Subtask: 1, KeyGroupStart: -1, KeyGroupEnd: -1, Channels: &checkpoint.ChannelState{Channels: []checkpoint.ChannelBuffers{
-				{Kind: checkpoint.InputChannel, Channel: 0},
+				{Kind: checkpoint.InputChannel, From: "src", To: "Count/x", Part: checkpoint.PartHash, Channel: 0},
 			}}},
 			{Subtask: 2, KeyGroupStart: -1, KeyGroupEnd: -1},
 		}})
@@ -169,7 +169,7 @@ func TestStorageChannelStateInvalid(t *testing.T) {
 		}, `snapshot: write checkpoint 5: checkpoint: invalid metadata: operator "Count/x" subtask 2: channel-state reference "channels-x" without the channel state (Channels)`},
 		{"invalid channels", func(md *checkpoint.Metadata) {
 			md.Operators[1].Subtasks[0].Channels.Channels[1].Channel = 0
-		}, `snapshot: write checkpoint 5: operator "Count/x" subtask 0: checkpoint: invalid channel state: channel 1: input edge 0 channel 0 is listed twice (also as channel 0)`},
+		}, `snapshot: write checkpoint 5: operator "Count/x" subtask 0: checkpoint: invalid channel state: channel 1: input edge "src" -> "Count/x" channel 0 is listed twice (also as channel 0)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			md := channelTestMD(5, marker.Checkpoint)

@@ -87,10 +87,9 @@ type Operator struct {
 	UID, Name                   string
 	Parallelism, MaxParallelism int
 	Source, Keyed               bool
-	// Upstream, Downstream and Unmovable are restore.Operator's: where an
-	// operator heading a chain has its channel state.
-	Upstream, Downstream []string
-	Unmovable            string
+	// Inputs and Outputs are restore.Operator's: the edges its channel
+	// state may be on.
+	Inputs, Outputs []restore.Edge
 }
 
 // RestoreConfig says where the first attempt starts from (see
@@ -398,7 +397,7 @@ func (e *Execution) restoreSource(n int, storage *snapshot.Storage) (*restore.Pl
 	ops := make([]restore.Operator, len(s.Operators))
 	for i, op := range s.Operators {
 		ops[i] = restore.Operator{UID: op.UID, Name: op.Name, Parallelism: op.Parallelism, MaxParallelism: op.MaxParallelism, Keyed: op.Keyed,
-			Upstream: op.Upstream, Downstream: op.Downstream, Unmovable: op.Unmovable}
+			Inputs: op.Inputs, Outputs: op.Outputs}
 	}
 	latest := func() (*restore.Plan, error) {
 		return restore.LatestPlan(storage, rc.AllowFallback, ops, rc.AllowNonRestoredState, e.logf)

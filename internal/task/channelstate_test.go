@@ -26,14 +26,15 @@ func TestChannelBufferRelease(t *testing.T) {
 	r2.add(checkpoint.OutputChannel, 0, 0, b)
 	require.Zero(t, released, "nothing is given back before the encoding")
 
-	cs1, err := r1.finish()
+	chain := &Chain{Members: []Member{{Info: info("a")}}}
+	_, cs1, err := r1.finish(chain)
 	require.NoError(t, err)
 	require.Equal(t, 1, released)
 	want, err := encodeRecords([]int64{1, 2, 3})
 	require.NoError(t, err)
 	require.Equal(t, want, cs1.Channels[0].Buffers[0])
 
-	cs2, err := r2.finish()
+	_, cs2, err := r2.finish(chain)
 	require.NoError(t, err)
 	require.Equal(t, 1, released, "given back once, though recorded twice")
 	require.Equal(t, want, cs1.Channels[0].Buffers[0])
@@ -42,6 +43,9 @@ func TestChannelBufferRelease(t *testing.T) {
 	// Without a release function the copy is simply garbage.
 	r3 := &chanRecorder{id: 3}
 	r3.add(checkpoint.InputChannel, 0, 1, newLazy([]int64{4}, nil))
-	_, err = r3.finish()
+	in, out, err := r3.finish(&Chain{Members: []Member{{Info: info("a")}, {Info: info("b")}}})
 	require.NoError(t, err)
+	require.Nil(t, out)
+	require.Equal(t, []checkpoint.ChannelBuffers{{Kind: checkpoint.InputChannel, From: "up", To: "a", Part: checkpoint.PartRebalance,
+		Channel: 1, Buffers: in.Channels[0].Buffers}}, in.Channels, "named by the operators and the writing subtask")
 }

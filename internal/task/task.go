@@ -37,7 +37,10 @@ type Info struct {
 	KeyGroups keygroup.Range
 	// Restored is the state handed to this subtask by the restore plan; nil
 	// when the subtask starts empty.
-	Restored             *checkpoint.SubtaskState
+	Restored *checkpoint.SubtaskState
+	// Channels name the operator's channels in channel state
+	// (channelstate.go); nil for an operator that records none.
+	Channels             *ChannelIDs
 	IsRestore            bool  // the job was restored from a checkpoint
 	RestoredCheckpoint   int64 // its id, when IsRestore
 	CheckpointingEnabled bool
@@ -734,13 +737,19 @@ func (r *runner) ack(ctx context.Context, id int64) error {
 	s := r.snaps[i]
 	r.snaps = slices.Delete(r.snaps, i, i+1)
 	if rec := r.channels.take(id); rec != nil && len(rec.state.Channels) > 0 {
-		// The subtask's channel state goes with its head's ack, which
-		// restore hands back to the head.
-		cs, err := rec.finish()
+		// Input channel state goes with the head's ack, output channel
+		// state with the tail's: restore hands each to its operator,
+		// whatever the chaining then.
+		in, out, err := rec.finish(r.chain)
 		if err != nil {
 			return fmt.Errorf("task: %v: %w", r.cfg.Info, err)
 		}
-		s.acks[0].State.Channels = cs
+		if in != nil {
+			s.acks[0].State.Channels = in
+		}
+		if out != nil {
+			s.acks[len(s.acks)-1].State.Channels = out
+		}
 	}
 	for _, a := range s.acks {
 		if err := r.report(ctx, a); err != nil {
@@ -788,38 +797,6 @@ func (r *runner) loopCounts() LoopCounts {
 	}
 }
 
-// restoreOutputs sends the restored output channel state into the tail's
-// channels (before anything new is emitted). Rescaled channel state
-// (restore moved it: its channels changed) comes from the old subtasks k
-// with k modulo the parallelism equal to this subtask, routed anew.
-func (r *runner) restoreOutputs(ctx context.Context) error {
-	head := &r.chain.Members[0].Info
-	if head.Restored != nil && head.Restored.RescaledChannels != nil {
-		for k, cs := range head.Restored.RescaledChannels {
-			if cs == nil || k%head.Parallelism != head.Subtask {
-				continue
-			}
-			for _, c := range cs.Channels {
-				if c.Kind != checkpoint.OutputChannel {
-					continue
-				}
-				where := fmt.Sprintf("output channel state of %v from old subtask %d (edge %d, channel %d), at a new parallelism", head, k, c.Edge, c.Channel)
-				if err := r.chain.tail().Out.RestoreRouted(ctx, c.Edge, c.Buffers, where); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	for _, c := range restoredChannels(head, checkpoint.OutputChannel) {
-		where := fmt.Sprintf("output channel state of %v (edge %d, channel %d)", head, c.Edge, c.Channel)
-		if err := r.chain.tail().Out.RestoreChannel(ctx, c.Edge, c.Channel, c.Buffers, where); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // broadcast flushes the chain and sends ev on the tail's channels.
 func (r *runner) broadcast(ev marker.Event) error {
 	if err := r.chain.flushLocal(); err != nil {
@@ -836,7 +813,18 @@ func (r *runner) emitting() bool { return r.cp.Phase() == Running && !r.cp.Suspe
 // end of input (EndInput drained them) and not while suspended.
 func (r *runner) timersLive() bool { return r.cp.Phase() == Running && !r.cp.Suspended() }
 
-func (r *runner) open() error { return r.chain.open() }
+// open opens the chain, then replays the in-flight records restored for
+// its chained edges (replayChained).
+func (r *runner) open() error {
+	if err := r.chain.open(); err != nil {
+		return err
+	}
+	if err := r.replayChained(); err != nil {
+		r.close(&err)
+		return err
+	}
+	return nil
+}
 
 // close stops the asynchronous parts, then closes the chain.
 func (r *runner) close(err *error) {
@@ -1509,92 +1497,6 @@ func (lp *loopState) delivered(r *runner, ch int, kind align.InputKind, records 
 		lp.recv += int64(records)
 	}
 	return nil
-}
-
-// replayInputs processes the restored input channel state, channel by
-// channel in recorded order, before anything new is read (the records were
-// delivered after the checkpoint's snapshot and before their channel's
-// barrier, so they come after the restored operator state and before
-// everything that followed the barrier).
-func replayInputs[IN any](r *runner, process func([]IN) error) error {
-	head := &r.chain.Members[0].Info
-	if head.Restored != nil && head.Restored.RescaledChannels != nil {
-		return replayRescaled(r, head, process)
-	}
-	for _, c := range restoredChannels(head, checkpoint.InputChannel) {
-		where := fmt.Sprintf("input channel state of %v (input %d)", head, c.Channel)
-		if err := replayBuffers(r, c.Buffers, nil, where, process); err != nil {
-			return err
-		}
-	}
-	return r.chain.err()
-}
-
-// replayBuffers decodes and processes restored input buffers in order,
-// keeping only the records of key groups in *own when own is set.
-func replayBuffers[IN any](r *runner, bufs [][]byte, own *keygroup.Range, where string, process func([]IN) error) error {
-	for _, b := range bufs {
-		recs, err := decodeRecords[IN](b, where)
-		if err != nil {
-			return err
-		}
-		if own != nil {
-			if recs, err = ownKeyGroups(recs, *own, where); err != nil {
-				return err
-			}
-		}
-		if len(recs) == 0 {
-			continue
-		}
-		if err := process(recs); err != nil {
-			return fmt.Errorf("task: %v: replaying %s: %w", r.cfg.Info, where, err)
-		}
-	}
-	return nil
-}
-
-// replayRescaled replays the input channel state of a restore at another
-// parallelism: a keyed subtask takes, from every old subtask, the records
-// of its key groups (they carry their key group), in old subtask order and
-// recorded order, so every key's records keep their order; another takes
-// all records of the old subtasks k with k modulo its parallelism equal to
-// its index.
-func replayRescaled[IN any](r *runner, head *Info, process func([]IN) error) error {
-	var own *keygroup.Range
-	if head.KeyGroups.Len() > 0 {
-		own = &head.KeyGroups
-	}
-	for k, cs := range head.Restored.RescaledChannels {
-		if cs == nil || (own == nil && k%head.Parallelism != head.Subtask) {
-			continue
-		}
-		for _, c := range cs.Channels {
-			if c.Kind != checkpoint.InputChannel {
-				continue
-			}
-			where := fmt.Sprintf("input channel state of %v from old subtask %d (input %d), at a new parallelism", head, k, c.Channel)
-			if err := replayBuffers(r, c.Buffers, own, where, process); err != nil {
-				return err
-			}
-		}
-	}
-	return r.chain.err()
-}
-
-// ownKeyGroups keeps the records of recs (Keyed records) whose key group
-// is in rg.
-func ownKeyGroups[IN any](recs []IN, rg keygroup.Range, where string) ([]IN, error) {
-	out := recs[:0]
-	for i := range recs {
-		g, ok := any(&recs[i]).(interface{ group() int })
-		if !ok {
-			return nil, fmt.Errorf("task: %s: records of type %T carry no key group", where, recs[i])
-		}
-		if rg.Contains(g.group()) {
-			out = append(out, recs[i])
-		}
-	}
-	return out, nil
 }
 
 // stepAligned feeds an aligner outcome (everything but Deliver, Block,

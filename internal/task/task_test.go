@@ -90,7 +90,19 @@ func (o *op) Close() error {
 }
 
 func info(uid string) Info {
-	return Info{UID: uid, Name: strings.ToUpper(uid), Subtask: 0, Parallelism: 1, MaxParallelism: 128, KeyGroups: keygroup.Empty}
+	return Info{UID: uid, Name: strings.ToUpper(uid), Subtask: 0, Parallelism: 1, MaxParallelism: 128, KeyGroups: keygroup.Empty,
+		Channels: testChannelIDs(uid)}
+}
+
+// testChannelIDs names the channels of a harness's operator uid: one
+// output edge to "down" whose channel k is read by subtask k, and input
+// gate channel g from subtask g of "up".
+func testChannelIDs(uid string) *ChannelIDs {
+	ids := &ChannelIDs{Outputs: []OutputEdge{{EdgeID: EdgeID{From: uid, To: "down", Part: checkpoint.PartRebalance}, Readers: []int{0, 1, 2, 3}}}}
+	for g := range 8 {
+		ids.Inputs = append(ids.Inputs, InputChannelID{EdgeID: EdgeID{From: "up", To: uid, Part: checkpoint.PartRebalance}, Writer: g})
+	}
+	return ids
 }
 
 // harness wires one subtask: input channels, an output channel read by the

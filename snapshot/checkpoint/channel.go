@@ -30,20 +30,38 @@ import (
 //
 //	offset  size  field
 //	0       4     magic "SFCS"
-//	4       4     format version, uint32 big-endian (ChannelStateFormatVersion)
+//	4       4     format version, uint32 big-endian (ChannelStateFormatVersion,
+//	              or 1 for a ChannelState with Legacy set)
 //	8       8     payload length n, uint64 big-endian
 //	16      4     CRC-32C of bytes [0, 16), big-endian
 //	20      n     payload: the ChannelState, msgpack-encoded (by hand,
 //	              byte for byte as msgpack.Marshal writes it)
 //	20+n    4     CRC-32C of bytes [0, 20+n), big-endian
 //
+// Version 2 names every channel by the job's operators, whatever the
+// chaining: output channel state belongs to the operator that wrote the
+// channel (its SubtaskState), input channel state to the operator that
+// reads it, and each channel says which edge it is (From, To and the
+// edge's index among the edges From -> To), how the edge was partitioned
+// and the subtask at its other end (Flink's ResultSubpartitionInfo and
+// InputChannelInfo, per operator). So a restore that chains operators
+// differently (DisableChaining, a changed parallelism) still finds the
+// edge of every in-flight record. Version 1 (Legacy) stored the channel
+// state of a whole chain under its head, output channels by the index of
+// the edge among the outputs of the chain's tail, input channels by the
+// index of the head's gate channel: the producing operator of its output
+// channels is not recorded, so those cannot be placed once the chaining
+// may have changed (restore refuses them, naming the checkpoint); its input
+// channels are the reading operator's, as in version 2.
+//
 // Invariants, continuing F1-F4:
 //
 //   - F5: F1-F4 hold for channel-state files as for _metadata, with
 //     EncodeChannelState, DecodeChannelState and ValidateChannelState in
 //     place of EncodeMetadata, DecodeMetadata and ValidateMetadata
-//     (checked by FuzzDecodeChannelState; version 1 is pinned by
-//     testdata/compat/channel-state-v1). Empty lists decode as nil.
+//     (checked by FuzzDecodeChannelState; every version is pinned by
+//     testdata/compat/channel-state-v<n>, version 1 read as Legacy state
+//     and written back byte for byte). Empty lists decode as nil.
 //   - F6: a ChannelStateRef in valid metadata names a file that is a single
 //     path element starting with ChannelStateFilePrefix (so never
 //     _metadata, nor anything outside the checkpoint directory), unique
@@ -57,9 +75,12 @@ import (
 //     checkpoint or subtask) is detected when it is read.
 const (
 	// ChannelStateFormatVersion is the version of the channel-state file
-	// format written by EncodeChannelState and the only one
-	// DecodeChannelState reads.
-	ChannelStateFormatVersion = 1
+	// format written by EncodeChannelState. DecodeChannelState also reads
+	// version 1 (into a ChannelState with Legacy set, which encodes as
+	// version 1 again).
+	ChannelStateFormatVersion = 2
+	// legacyChannelStateVersion is the format of a Legacy ChannelState.
+	legacyChannelStateVersion = 1
 	// ChannelStateFilePrefix starts the name of every channel-state file.
 	ChannelStateFilePrefix = "channels-"
 
@@ -90,6 +111,7 @@ var (
 var channelStateFrame = frameFormat{
 	magic:       channelStateMagic,
 	version:     ChannelStateFormatVersion,
+	oldest:      legacyChannelStateVersion,
 	corrupt:     errCorruptChannelState,
 	truncated:   errTruncatedChannelState,
 	unsupported: errUnsupportedChannelState,
@@ -117,22 +139,82 @@ func (k ChannelKind) String() string {
 	return fmt.Sprintf("channelkind(%d)", uint8(k))
 }
 
+// Partitioning is how an edge distributed records when its channel state
+// was recorded (the job's partitioning, with Auto resolved). It says how
+// the records are encoded (a Hash edge carries each record with its key and
+// key group) and whether they can move to other channels.
+type Partitioning uint8
+
+const (
+	// PartUnknown: channel state of format version 1, which did not
+	// record the partitioning.
+	PartUnknown Partitioning = iota
+	PartForward
+	PartRebalance
+	PartHash
+	PartBroadcast
+)
+
+func (p Partitioning) String() string {
+	switch p {
+	case PartUnknown:
+		return "unknown"
+	case PartForward:
+		return "forward"
+	case PartRebalance:
+		return "rebalance"
+	case PartHash:
+		return "hash"
+	case PartBroadcast:
+		return "broadcast"
+	}
+	return fmt.Sprintf("partitioning(%d)", uint8(p))
+}
+
 // ChannelBuffers is the captured in-flight data of one channel of one
 // subtask.
 type ChannelBuffers struct {
 	Kind ChannelKind `msgpack:"kind"`
-	// Edge: for OutputChannel, the index of the output edge among the
-	// subtask's outputs; 0 for InputChannel (a subtask has one input gate).
+	// Edge is the index of the channel's edge among the edges from From to
+	// To, in From's output order (0 unless the job connects the two
+	// operators more than once). Legacy: for OutputChannel, the index of
+	// the edge among the outputs of the chain's tail; 0 for InputChannel.
 	Edge int `msgpack:"edge"`
-	// Channel: the channel's index within the input gate or the output edge.
+	// Channel is the subtask at the other end of the channel: for
+	// OutputChannel the subtask of To that reads it, for InputChannel the
+	// subtask of From that writes it. Legacy: the channel's index within
+	// the edge (OutputChannel) or the input gate (InputChannel).
 	Channel int `msgpack:"ch"`
 	// Buffers are the encoded buffers, in channel order.
 	Buffers [][]byte `msgpack:"bufs"`
+	// From and To are the uids of the operators the edge connects: the
+	// subtask's own operator is From for OutputChannel and To for
+	// InputChannel. Empty in Legacy state.
+	From string `msgpack:"from"`
+	To   string `msgpack:"to"`
+	// Part is the edge's partitioning (PartUnknown in Legacy state).
+	Part Partitioning `msgpack:"part"`
+}
+
+// EdgeName names the channel's edge in messages: "a" -> "b" (edge 1).
+func (c *ChannelBuffers) EdgeName() string {
+	if c.From == "" && c.To == "" {
+		return fmt.Sprintf("edge %d (format version 1)", c.Edge)
+	}
+	s := fmt.Sprintf("edge %q -> %q", c.From, c.To)
+	if c.Edge != 0 {
+		s += fmt.Sprintf(" (the %d. between them)", c.Edge+1)
+	}
+	return s
 }
 
 // ChannelState is the channel state of one subtask in one checkpoint.
 type ChannelState struct {
 	Channels []ChannelBuffers `msgpack:"channels"`
+	// Legacy, in memory only, is set for state read from a file of format
+	// version 1 (see ChannelBuffers for what its fields mean then); such
+	// state encodes as version 1.
+	Legacy bool `msgpack:"-"`
 }
 
 // Bytes returns the payload bytes (the sum of the buffer lengths) of the
@@ -268,22 +350,35 @@ func EncodeChannelState(cs *ChannelState) ([]byte, error) {
 // AppendChannelState appends the channel-state file encoding of cs to dst
 // (EncodeChannelState's), growing it at most once: the master encodes
 // every channel-state file of every unaligned checkpoint, into buffers it
-// reuses. It fails as EncodeChannelState does.
+// reuses. It fails as EncodeChannelState does. Legacy state is written in
+// format version 1.
 func AppendChannelState(dst []byte, cs *ChannelState) ([]byte, error) {
 	if err := ValidateChannelState(cs); err != nil {
 		return nil, err
 	}
 	dst = slices.Grow(dst, metadataMinLen+channelStatePayloadLen(cs))
 	start := len(dst)
-	dst = channelStateFrame.open(dst)
+	frame := &channelStateFrame
+	if cs.Legacy {
+		frame = &legacyChannelStateFrame
+	}
+	dst = frame.open(dst)
 	dst = appendChannelState(dst, cs)
-	return channelStateFrame.close(dst, start), nil
+	return frame.close(dst, start), nil
 }
 
+// legacyChannelStateFrame writes Legacy state (format version 1).
+var legacyChannelStateFrame = func() frameFormat {
+	f := channelStateFrame
+	f.version, f.oldest = legacyChannelStateVersion, 0
+	return f
+}()
+
 // appendChannelState appends cs exactly as msgpack.Marshal writes it (a map
-// of one field; each channel a map of four, its kind a uint8, the other
-// integers in their shortest form, a nil slice as nil; pinned by
-// TestChannelStateEncoding).
+// of one field; each channel a map of seven, its kind and partitioning
+// uint8s, the other integers in their shortest form, a nil slice as nil;
+// pinned by TestChannelStateEncoding). Legacy state is written as version
+// 1 was, each channel a map of its first four fields.
 func appendChannelState(b []byte, cs *ChannelState) []byte {
 	b = append(b, channelsField...)
 	if cs.Channels == nil {
@@ -292,18 +387,29 @@ func appendChannelState(b []byte, cs *ChannelState) []byte {
 	b = mpenc.AppendArrayLen(b, len(cs.Channels))
 	for i := range cs.Channels {
 		c := &cs.Channels[i]
+		if cs.Legacy {
+			b = append(b, 0x84)
+		} else {
+			b = append(b, 0x87)
+		}
 		b = append(append(b, kindField...), 0xcc, byte(c.Kind))
 		b = mpenc.AppendInt(append(b, edgeField...), int64(c.Edge))
 		b = mpenc.AppendInt(append(b, chField...), int64(c.Channel))
 		b = append(b, bufsField...)
 		if c.Buffers == nil {
 			b = append(b, mpenc.Nil)
+		} else {
+			b = mpenc.AppendArrayLen(b, len(c.Buffers))
+			for _, buf := range c.Buffers {
+				b = mpenc.AppendBin(b, buf)
+			}
+		}
+		if cs.Legacy {
 			continue
 		}
-		b = mpenc.AppendArrayLen(b, len(c.Buffers))
-		for _, buf := range c.Buffers {
-			b = mpenc.AppendBin(b, buf)
-		}
+		b = mpenc.AppendString(append(b, fromField...), c.From)
+		b = mpenc.AppendString(append(b, toField...), c.To)
+		b = append(append(b, partField...), 0xcc, byte(c.Part))
 	}
 	return b
 }
@@ -314,7 +420,8 @@ func channelStatePayloadLen(cs *ChannelState) int {
 	n := len(channelsField) + 5
 	for i := range cs.Channels {
 		c := &cs.Channels[i]
-		n += len(kindField) + 2 + len(edgeField) + 9 + len(chField) + 9 + len(bufsField) + 5
+		n += 1 + len(kindField) + 2 + len(edgeField) + 9 + len(chField) + 9 + len(bufsField) + 5
+		n += len(fromField) + 5 + len(c.From) + len(toField) + 5 + len(c.To) + len(partField) + 2
 		for _, buf := range c.Buffers {
 			n += 5 + len(buf)
 		}
@@ -323,24 +430,29 @@ func channelStatePayloadLen(cs *ChannelState) int {
 }
 
 // The msgpack bytes of ChannelState's field name (after its one-field map
-// header) and of ChannelBuffers' (the first after its four-field map
-// header).
+// header) and of ChannelBuffers' (after its map header).
 var (
 	channelsField = []byte{0x81, 0xa8, 'c', 'h', 'a', 'n', 'n', 'e', 'l', 's'}
-	kindField     = []byte{0x84, 0xa4, 'k', 'i', 'n', 'd'}
+	kindField     = []byte{0xa4, 'k', 'i', 'n', 'd'}
 	edgeField     = []byte{0xa4, 'e', 'd', 'g', 'e'}
 	chField       = []byte{0xa2, 'c', 'h'}
 	bufsField     = []byte{0xa4, 'b', 'u', 'f', 's'}
+	fromField     = []byte{0xa4, 'f', 'r', 'o', 'm'}
+	toField       = []byte{0xa2, 't', 'o'}
+	partField     = []byte{0xa4, 'p', 'a', 'r', 't'}
 )
 
-// DecodeChannelState decodes and validates a channel-state file. Errors
-// wrap ErrCorrupt (ErrTruncated for a short file), ErrUnsupportedVersion or
+// DecodeChannelState decodes and validates a channel-state file, of the
+// current format version or of version 1 (then Legacy is set). Errors wrap
+// ErrCorrupt (ErrTruncated for a short file), ErrUnsupportedVersion or
 // ErrInvalid and say what is wrong.
 func DecodeChannelState(b []byte) (*ChannelState, error) {
 	cs := new(ChannelState)
-	if err := channelStateFrame.decode(b, cs); err != nil {
+	version, err := channelStateFrame.decodeVersion(b, cs)
+	if err != nil {
 		return nil, err
 	}
+	cs.Legacy = version == legacyChannelStateVersion
 	if len(cs.Channels) == 0 {
 		cs.Channels = nil
 	}
@@ -357,14 +469,17 @@ func DecodeChannelState(b []byte) (*ChannelState, error) {
 
 // ValidateChannelState checks cs and reports the first problem found,
 // wrapping ErrInvalid: every channel's kind is known, its edge and channel
-// indexes are not negative, the edge of an input channel is 0, and no
-// channel (kind, edge, channel) is listed twice.
+// indexes are not negative, and no channel is listed twice. In the current
+// format every channel names both operators of its edge and a known
+// partitioning; in Legacy state none does, and the edge of an input
+// channel is 0.
 func ValidateChannelState(cs *ChannelState) error {
 	if cs == nil {
 		return fmt.Errorf("%w: nil", errInvalidChannelState)
 	}
 	type key struct {
 		kind          ChannelKind
+		from, to      string
 		edge, channel int
 	}
 	seen := make(map[key]int, len(cs.Channels))
@@ -374,17 +489,32 @@ func ValidateChannelState(cs *ChannelState) error {
 			return fmt.Errorf("%w: channel %d: unknown kind %s", errInvalidChannelState, i, c.Kind)
 		}
 		if c.Edge < 0 || c.Channel < 0 {
-			return fmt.Errorf("%w: channel %d: %s edge %d channel %d: negative index",
-				errInvalidChannelState, i, c.Kind, c.Edge, c.Channel)
+			return fmt.Errorf("%w: channel %d: %s %s channel %d: negative index",
+				errInvalidChannelState, i, c.Kind, c.EdgeName(), c.Channel)
 		}
-		if c.Kind == InputChannel && c.Edge != 0 {
-			return fmt.Errorf("%w: channel %d: input channel %d has edge %d (a subtask has one input gate, edge 0)",
-				errInvalidChannelState, i, c.Channel, c.Edge)
+		if cs.Legacy {
+			if c.From != "" || c.To != "" || c.Part != PartUnknown {
+				return fmt.Errorf("%w: channel %d: format version 1 names no operators nor partitioning (has %q -> %q, %s)",
+					errInvalidChannelState, i, c.From, c.To, c.Part)
+			}
+			if c.Kind == InputChannel && c.Edge != 0 {
+				return fmt.Errorf("%w: channel %d: input channel %d has edge %d (a subtask has one input gate, edge 0)",
+					errInvalidChannelState, i, c.Channel, c.Edge)
+			}
+		} else {
+			if c.From == "" || c.To == "" {
+				return fmt.Errorf("%w: channel %d: %s channel %d of edge %q -> %q: an operator uid is empty",
+					errInvalidChannelState, i, c.Kind, c.Channel, c.From, c.To)
+			}
+			if c.Part < PartForward || c.Part > PartBroadcast {
+				return fmt.Errorf("%w: channel %d: %s channel %d of %s: unknown %s",
+					errInvalidChannelState, i, c.Kind, c.Channel, c.EdgeName(), c.Part)
+			}
 		}
-		k := key{c.Kind, c.Edge, c.Channel}
+		k := key{c.Kind, c.From, c.To, c.Edge, c.Channel}
 		if prev, dup := seen[k]; dup {
-			return fmt.Errorf("%w: channel %d: %s edge %d channel %d is listed twice (also as channel %d)",
-				errInvalidChannelState, i, c.Kind, c.Edge, c.Channel, prev)
+			return fmt.Errorf("%w: channel %d: %s %s channel %d is listed twice (also as channel %d)",
+				errInvalidChannelState, i, c.Kind, c.EdgeName(), c.Channel, prev)
 		}
 		seen[k] = i
 	}

@@ -19,14 +19,31 @@ import (
 )
 
 var writeChannelCompat = flag.Bool("write-channel-compat", false,
-	"write testdata/compat/channel-state-v1 from channelTestState (only when the format is first released)")
+	"write testdata/compat/channel-state-v<current> from channelTestState (only when the format is first released)")
 
-const channelCompatFile = "channel-state-v1"
+// channelCompatFiles are the channel-state files of every format version
+// as first released, and the states they decode to.
+var channelCompatFiles = map[string]func() *ChannelState{
+	"channel-state-v1": legacyChannelTestState,
+	"channel-state-v2": channelTestState,
+}
 
 // channelTestState returns valid channel state with input and output
-// channels, an empty buffer, a nil buffer and a channel without buffers.
+// channels, an empty buffer, a nil buffer, a channel without buffers and
+// two edges between the same operators.
 func channelTestState() *ChannelState {
 	return &ChannelState{Channels: []ChannelBuffers{
+		{Kind: OutputChannel, From: "sum", To: "plus", Part: PartRebalance, Edge: 0, Channel: 1, Buffers: [][]byte{[]byte("out-0-1 a"), []byte("out-0-1 b")}},
+		{Kind: OutputChannel, From: "sum", To: "plus", Part: PartHash, Edge: 1, Channel: 0, Buffers: [][]byte{bytes.Repeat([]byte{0xc1}, 300)}},
+		{Kind: InputChannel, From: "double", To: "sum", Part: PartHash, Edge: 0, Channel: 0, Buffers: [][]byte{[]byte("in-0"), {}, nil}},
+		{Kind: InputChannel, From: "double", To: "sum", Part: PartHash, Edge: 0, Channel: 2},
+	}}
+}
+
+// legacyChannelTestState is channelTestState in format version 1: no
+// operators, input channels on edge 0.
+func legacyChannelTestState() *ChannelState {
+	return &ChannelState{Legacy: true, Channels: []ChannelBuffers{
 		{Kind: OutputChannel, Edge: 0, Channel: 1, Buffers: [][]byte{[]byte("out-0-1 a"), []byte("out-0-1 b")}},
 		{Kind: OutputChannel, Edge: 1, Channel: 0, Buffers: [][]byte{bytes.Repeat([]byte{0xc1}, 300)}},
 		{Kind: InputChannel, Edge: 0, Channel: 0, Buffers: [][]byte{[]byte("in-0"), {}, nil}},
@@ -52,6 +69,23 @@ func mustEncodeChannelState(t testing.TB, cs *ChannelState) []byte {
 }
 
 func TestChannelStateRoundTrip(t *testing.T) {
+	for _, cs := range []*ChannelState{channelTestState(), legacyChannelTestState()} {
+		b := mustEncodeChannelState(t, cs)
+		got, err := DecodeChannelState(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, cs) {
+			t.Fatalf("round trip differs:\n got %+v\nwant %+v", got, cs)
+		}
+		want := uint32(ChannelStateFormatVersion)
+		if cs.Legacy {
+			want = 1
+		}
+		if v := binary.BigEndian.Uint32(b[4:8]); v != want {
+			t.Fatalf("legacy %v: written as version %d", cs.Legacy, v)
+		}
+	}
 	cs := channelTestState()
 	b := mustEncodeChannelState(t, cs)
 	got, err := DecodeChannelState(b)
@@ -85,7 +119,7 @@ func TestChannelStateRoundTrip(t *testing.T) {
 			t.Fatalf("empty: %+v, %v", got, err)
 		}
 	}
-	got, err = DecodeChannelState(mustEncodeChannelState(t, &ChannelState{Channels: []ChannelBuffers{{Kind: InputChannel, Buffers: [][]byte{}}}}))
+	got, err = DecodeChannelState(mustEncodeChannelState(t, &ChannelState{Channels: []ChannelBuffers{{Kind: InputChannel, From: "a", To: "b", Part: PartForward, Buffers: [][]byte{}}}}))
 	if err != nil || got.Channels[0].Buffers != nil {
 		t.Fatalf("no buffers: %+v, %v", got, err)
 	}
@@ -108,7 +142,7 @@ func TestChannelStateBytes(t *testing.T) {
 	if in, out := s.InFlightBytes(); in != 7 || out != 8 || !s.HasChannelState() {
 		t.Fatal(in, out)
 	}
-	s = SubtaskState{Channels: &ChannelState{Channels: []ChannelBuffers{{Kind: InputChannel}}}}
+	s = SubtaskState{Channels: &ChannelState{Channels: []ChannelBuffers{{Kind: InputChannel, From: "a", To: "b", Part: PartForward}}}}
 	if s.HasChannelState() {
 		t.Fatal("channel state without buffers counts")
 	}
@@ -132,8 +166,17 @@ func TestDecodeChannelStateErrors(t *testing.T) {
 		b[i] ^= 0x10
 		return b
 	}
-	v2 := frameChannelPayload(2, valid[20:n-4])
-	dup, err := msgpack.Marshal(&ChannelState{Channels: []ChannelBuffers{{Kind: OutputChannel, Edge: 1}, {Kind: OutputChannel, Edge: 1}}})
+	v3 := frameChannelPayload(3, valid[20:n-4])
+	dup, err := msgpack.Marshal(&ChannelState{Channels: []ChannelBuffers{
+		{Kind: OutputChannel, From: "a", To: "b", Part: PartHash, Edge: 1}, {Kind: OutputChannel, From: "a", To: "b", Part: PartHash, Edge: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1Named, err := msgpack.Marshal(channelTestState())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2Unnamed, err := marshalChannelState(legacyChannelTestState())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,19 +190,24 @@ func TestDecodeChannelStateErrors(t *testing.T) {
 		{"bad magic", append([]byte("SFCX"), valid[4:]...), ErrCorrupt, `checkpoint: corrupt channel state: bad magic "SFCX" (want "SFCS")`},
 		{"truncated header", valid[:12], ErrTruncated, "checkpoint: truncated channel state: want at least 24 bytes, have 12"},
 		{"flipped length", flip(9), ErrCorrupt, "checkpoint: corrupt channel state: header checksum mismatch"},
-		{"unsupported version", v2, ErrUnsupportedVersion, "checkpoint: unsupported channel-state format version 2 (this build reads version 1)"},
+		{"unsupported version", v3, ErrUnsupportedVersion, "checkpoint: unsupported channel-state format version 3 (this build reads versions 1 to 2)"},
+		{"unsupported version 0", frameChannelPayload(0, valid[20:n-4]), ErrUnsupportedVersion, "checkpoint: unsupported channel-state format version 0 (this build reads versions 1 to 2)"},
 		{"truncated", valid[:n-5], ErrTruncated, fmt.Sprintf("checkpoint: truncated channel state: want %d bytes, have %d", n, n-5)},
 		{"trailing bytes", append(bytes.Clone(valid), 0), ErrCorrupt,
 			fmt.Sprintf("checkpoint: corrupt channel state: 1 trailing bytes after the checksum (want %d bytes, have %d)", n, n+1)},
 		{"flipped payload", flip(n / 2), ErrCorrupt, "checkpoint: corrupt channel state: checksum mismatch (stored"},
 		{"flipped checksum", flip(n - 1), ErrCorrupt, "checkpoint: corrupt channel state: checksum mismatch (stored"},
-		{"not msgpack", frameChannelPayload(1, []byte{0xc1}), ErrCorrupt, "checkpoint: corrupt channel state: payload: offset 0: invalid code 0xc1"},
-		{"huge array", frameChannelPayload(1, []byte{0x81, 0xa8, 'c', 'h', 'a', 'n', 'n', 'e', 'l', 's', 0xdd, 0xff, 0xff, 0xff, 0xff}),
+		{"not msgpack", frameChannelPayload(2, []byte{0xc1}), ErrCorrupt, "checkpoint: corrupt channel state: payload: offset 0: invalid code 0xc1"},
+		{"huge array", frameChannelPayload(2, []byte{0x81, 0xa8, 'c', 'h', 'a', 'n', 'n', 'e', 'l', 's', 0xdd, 0xff, 0xff, 0xff, 0xff}),
 			ErrCorrupt, "checkpoint: corrupt channel state: payload: offset 15: 4294967295 values claimed, 0 bytes left"},
-		{"wrong type", frameChannelPayload(1, []byte{0x81, 0xa8, 'c', 'h', 'a', 'n', 'n', 'e', 'l', 's', 0xa1, 'x'}),
+		{"wrong type", frameChannelPayload(2, []byte{0x81, 0xa8, 'c', 'h', 'a', 'n', 'n', 'e', 'l', 's', 0xa1, 'x'}),
 			ErrCorrupt, "checkpoint: corrupt channel state: payload: msgpack:"},
-		{"duplicate channel", frameChannelPayload(1, dup), ErrInvalid,
-			"checkpoint: invalid channel state: channel 1: output edge 1 channel 0 is listed twice (also as channel 0)"},
+		{"duplicate channel", frameChannelPayload(2, dup), ErrInvalid,
+			`checkpoint: invalid channel state: channel 1: output edge "a" -> "b" (the 2. between them) channel 0 is listed twice (also as channel 0)`},
+		{"version 2 without operators", frameChannelPayload(2, v2Unnamed), ErrInvalid,
+			`checkpoint: invalid channel state: channel 0: output channel 1 of edge "" -> "": an operator uid is empty`},
+		{"version 1 naming operators", frameChannelPayload(1, v1Named), ErrInvalid,
+			`checkpoint: invalid channel state: channel 0: format version 1 names no operators nor partitioning (has "sum" -> "plus", rebalance)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs, err := DecodeChannelState(tc.b)
@@ -191,12 +239,24 @@ func TestValidateChannelState(t *testing.T) {
 		{"valid", func(*ChannelState) {}, ""},
 		{"same index, other kind", func(cs *ChannelState) { cs.Channels[3].Channel = 1 }, ""},
 		{"unknown kind", func(cs *ChannelState) { cs.Channels[1].Kind = 0 }, "channel 1: unknown kind channelkind(0)"},
-		{"negative channel", func(cs *ChannelState) { cs.Channels[0].Channel = -1 }, "channel 0: output edge 0 channel -1: negative index"},
-		{"negative edge", func(cs *ChannelState) { cs.Channels[1].Edge = -2 }, "channel 1: output edge -2 channel 0: negative index"},
-		{"input edge", func(cs *ChannelState) { cs.Channels[2].Edge = 1 },
-			"channel 2: input channel 0 has edge 1 (a subtask has one input gate, edge 0)"},
+		{"negative channel", func(cs *ChannelState) { cs.Channels[0].Channel = -1 }, `channel 0: output edge "sum" -> "plus" channel -1: negative index`},
+		{"negative edge", func(cs *ChannelState) { cs.Channels[1].Edge = -2 }, `channel 1: output edge "sum" -> "plus" (the -1. between them) channel 0: negative index`},
+		{"input of a second edge", func(cs *ChannelState) { cs.Channels[2].Edge = 1 }, ""},
 		{"duplicate input", func(cs *ChannelState) { cs.Channels[3].Channel = 0 },
-			"channel 3: input edge 0 channel 0 is listed twice (also as channel 2)"},
+			`channel 3: input edge "double" -> "sum" channel 0 is listed twice (also as channel 2)`},
+		{"same channel of another edge", func(cs *ChannelState) { cs.Channels[3].Channel, cs.Channels[3].From = 0, "other" }, ""},
+		{"no from", func(cs *ChannelState) { cs.Channels[0].From = "" },
+			`channel 0: output channel 1 of edge "" -> "plus": an operator uid is empty`},
+		{"no to", func(cs *ChannelState) { cs.Channels[2].To = "" },
+			`channel 2: input channel 0 of edge "double" -> "": an operator uid is empty`},
+		{"unknown partitioning", func(cs *ChannelState) { cs.Channels[1].Part = 9 },
+			`channel 1: output channel 0 of edge "sum" -> "plus" (the 2. between them): unknown partitioning(9)`},
+		{"no partitioning", func(cs *ChannelState) { cs.Channels[1].Part = PartUnknown },
+			`channel 1: output channel 0 of edge "sum" -> "plus" (the 2. between them): unknown unknown`},
+		{"legacy input edge", func(cs *ChannelState) { *cs = *legacyChannelTestState(); cs.Channels[2].Edge = 1 },
+			"channel 2: input channel 0 has edge 1 (a subtask has one input gate, edge 0)"},
+		{"legacy duplicate input", func(cs *ChannelState) { *cs = *legacyChannelTestState(); cs.Channels[3].Channel = 0 },
+			"channel 3: input edge 0 (format version 1) channel 0 is listed twice (also as channel 2)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := channelTestState()
@@ -351,32 +411,40 @@ func TestMetadataChannelStateRefs(t *testing.T) {
 	}
 }
 
-// TestDecodeChannelStateCompat: the channel-state file of format version 1
-// as first released (testdata/compat) decodes to channelTestState, which
-// encodes to exactly those bytes.
+// TestDecodeChannelStateCompat: the channel-state file of every format
+// version as first released (testdata/compat) decodes to its test state,
+// which encodes to exactly those bytes.
 func TestDecodeChannelStateCompat(t *testing.T) {
-	path := filepath.Join("testdata", "compat", channelCompatFile)
-	if *writeChannelCompat {
-		if err := os.WriteFile(path, mustEncodeChannelState(t, channelTestState()), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	current := fmt.Sprintf("channel-state-v%d", ChannelStateFormatVersion)
+	for name, state := range channelCompatFiles {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join("testdata", "compat", name)
+			if *writeChannelCompat && name == current {
+				if err := os.WriteFile(path, mustEncodeChannelState(t, state()), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			old, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs, err := DecodeChannelState(old)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := state(); !reflect.DeepEqual(cs, want) {
+				t.Fatalf("compat file decodes to\n%+v\nwant\n%+v", cs, want)
+			}
+			if b := mustEncodeChannelState(t, cs); !bytes.Equal(b, old) {
+				t.Fatalf("channel state no longer encodes to the bytes of %s", name)
+			}
+			if c := crc32.Checksum(old, crc32.MakeTable(crc32.Castagnoli)); ChannelStateChecksum(old) != c {
+				t.Fatal("ChannelStateChecksum is not the CRC-32C of the file")
+			}
+		})
 	}
-	old, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs, err := DecodeChannelState(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := channelTestState(); !reflect.DeepEqual(cs, want) {
-		t.Fatalf("compat file decodes to\n%+v\nwant\n%+v", cs, want)
-	}
-	if b := mustEncodeChannelState(t, cs); !bytes.Equal(b, old) {
-		t.Fatal("channel state no longer encodes to the bytes of format version 1")
-	}
-	if c := crc32.Checksum(old, crc32.MakeTable(crc32.Castagnoli)); ChannelStateChecksum(old) != c {
-		t.Fatal("ChannelStateChecksum is not the CRC-32C of the file")
+	if _, ok := channelCompatFiles[current]; !ok {
+		t.Fatalf("no compat file of the current format version %d", ChannelStateFormatVersion)
 	}
 }
 
@@ -386,8 +454,10 @@ func fuzzChannelSeeds(t testing.TB) [][]byte {
 	var seeds [][]byte
 	for _, cs := range []*ChannelState{
 		channelTestState(),
+		legacyChannelTestState(),
 		{},
-		{Channels: []ChannelBuffers{{Kind: InputChannel, Channel: 3, Buffers: [][]byte{{1, 2, 3}}}}},
+		{Legacy: true},
+		{Channels: []ChannelBuffers{{Kind: InputChannel, From: "a", To: "b", Part: PartBroadcast, Channel: 3, Buffers: [][]byte{{1, 2, 3}}}}},
 	} {
 		b := mustEncodeChannelState(t, cs)
 		payload, err := msgpack.Marshal(cs)
@@ -415,6 +485,7 @@ func FuzzDecodeChannelState(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkChannelRoundTrip(t, b)
 		checkChannelRoundTrip(t, frameChannelPayload(ChannelStateFormatVersion, b))
+		checkChannelRoundTrip(t, frameChannelPayload(legacyChannelStateVersion, b))
 	})
 }
 
@@ -470,6 +541,30 @@ func TestChannelStateFuzzCorpus(t *testing.T) {
 	}
 }
 
+// marshalChannelState is msgpack's reflection encoding of cs, in the
+// schema of cs's format version.
+func marshalChannelState(cs *ChannelState) ([]byte, error) {
+	if !cs.Legacy {
+		return msgpack.Marshal(cs)
+	}
+	type v1Buffers struct {
+		Kind    ChannelKind `msgpack:"kind"`
+		Edge    int         `msgpack:"edge"`
+		Channel int         `msgpack:"ch"`
+		Buffers [][]byte    `msgpack:"bufs"`
+	}
+	var v1 struct {
+		Channels []v1Buffers `msgpack:"channels"`
+	}
+	if cs.Channels != nil {
+		v1.Channels = []v1Buffers{}
+	}
+	for _, c := range cs.Channels {
+		v1.Channels = append(v1.Channels, v1Buffers{c.Kind, c.Edge, c.Channel, c.Buffers})
+	}
+	return msgpack.Marshal(&v1)
+}
+
 var chanEncSeed = flag.Uint64("checkpoint.chanenc-seed", 0, "seed of TestChannelStateEncoding (0: pick one from the clock)")
 
 // TestChannelStateEncoding pins the hand-written channel-state encoder to
@@ -491,10 +586,15 @@ func TestChannelStateEncoding(t *testing.T) {
 		if rng.IntN(10) == 0 {
 			return &ChannelState{}
 		}
-		cs := &ChannelState{Channels: make([]ChannelBuffers, rng.IntN(20))}
+		cs := &ChannelState{Channels: make([]ChannelBuffers, rng.IntN(20)), Legacy: rng.IntN(4) == 0}
 		for i := range cs.Channels {
 			c := &cs.Channels[i]
 			c.Kind = ChannelKind(rng.IntN(256))
+			if !cs.Legacy {
+				c.From = strings.Repeat("f", lens[rng.IntN(len(lens)-1)])
+				c.To = strings.Repeat("t", rng.IntN(40))
+				c.Part = Partitioning(rng.IntN(256))
+			}
 			c.Edge, c.Channel = ints[rng.IntN(len(ints))], ints[rng.IntN(len(ints))]
 			if rng.IntN(4) == 0 {
 				continue // nil buffers
@@ -521,7 +621,7 @@ func TestChannelStateEncoding(t *testing.T) {
 	}
 	for i := range 500 {
 		cs := random()
-		want, err := msgpack.Marshal(cs)
+		want, err := marshalChannelState(cs)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -135,6 +135,9 @@ func DecodeMetadata(b []byte) (*Metadata, error) {
 type frameFormat struct {
 	magic   string
 	version uint32
+	// oldest, when not 0, is the oldest version the format also reads
+	// (decodeVersion reports which one a file has).
+	oldest uint32
 	// corrupt, truncated and unsupported are wrapped by the errors for a
 	// damaged file, a file shorter than its header says (a case of corrupt)
 	// and an intact file of another version.
@@ -176,52 +179,70 @@ func (f *frameFormat) close(b []byte, start int) []byte {
 // decode unframes b and decodes its msgpack payload into v, checking the
 // payload's bounds first (F4).
 func (f *frameFormat) decode(b []byte, v any) error {
-	payload, err := f.unframe(b)
+	_, err := f.decodeVersion(b, v)
+	return err
+}
+
+// decodeVersion is decode, for a format that reads several versions: it
+// also returns the file's version.
+func (f *frameFormat) decodeVersion(b []byte, v any) (uint32, error) {
+	payload, version, err := f.unframeVersion(b)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := checkMsgpackBounds(payload); err != nil {
-		return fmt.Errorf("%w: payload: %v", f.corrupt, err)
+		return 0, fmt.Errorf("%w: payload: %v", f.corrupt, err)
 	}
 	if err := msgpack.Unmarshal(payload, v); err != nil {
-		return fmt.Errorf("%w: payload: %v", f.corrupt, err)
+		return 0, fmt.Errorf("%w: payload: %v", f.corrupt, err)
 	}
-	return nil
+	return version, nil
 }
 
 // unframe checks the frame around the payload (magic, header CRC, version,
 // length, CRC) and returns the payload.
 func (f *frameFormat) unframe(b []byte) ([]byte, error) {
+	payload, _, err := f.unframeVersion(b)
+	return payload, err
+}
+
+// unframeVersion is unframe, also returning the file's version (between
+// f.oldest and f.version).
+func (f *frameFormat) unframeVersion(b []byte) ([]byte, uint32, error) {
 	n := min(len(b), len(f.magic))
 	if string(b[:n]) != f.magic[:n] {
-		return nil, fmt.Errorf("%w: bad magic %q (want %q)", f.corrupt, b[:n], f.magic)
+		return nil, 0, fmt.Errorf("%w: bad magic %q (want %q)", f.corrupt, b[:n], f.magic)
 	}
 	if len(b) < metadataHeaderLen {
-		return nil, fmt.Errorf("%w: want at least %d bytes, have %d", f.truncated, metadataMinLen, len(b))
+		return nil, 0, fmt.Errorf("%w: want at least %d bytes, have %d", f.truncated, metadataMinLen, len(b))
 	}
 	if stored, computed := binary.BigEndian.Uint32(b[16:20]), crc32.Checksum(b[:16], castagnoli); stored != computed {
-		return nil, fmt.Errorf("%w: header checksum mismatch (stored 0x%08x, computed 0x%08x)", f.corrupt, stored, computed)
+		return nil, 0, fmt.Errorf("%w: header checksum mismatch (stored 0x%08x, computed 0x%08x)", f.corrupt, stored, computed)
 	}
-	if v := binary.BigEndian.Uint32(b[4:8]); v != f.version {
-		return nil, fmt.Errorf("%w %d (this build reads version %d)", f.unsupported, v, f.version)
+	version := binary.BigEndian.Uint32(b[4:8])
+	if version != f.version && (f.oldest == 0 || version < f.oldest || version > f.version) {
+		if f.oldest != 0 {
+			return nil, 0, fmt.Errorf("%w %d (this build reads versions %d to %d)", f.unsupported, version, f.oldest, f.version)
+		}
+		return nil, 0, fmt.Errorf("%w %d (this build reads version %d)", f.unsupported, version, f.version)
 	}
 	plen := binary.BigEndian.Uint64(b[8:16])
 	if plen > math.MaxInt64-metadataMinLen {
-		return nil, fmt.Errorf("%w: payload length %d out of range", f.corrupt, plen)
+		return nil, 0, fmt.Errorf("%w: payload length %d out of range", f.corrupt, plen)
 	}
 	have, want := uint64(len(b)), plen+metadataMinLen
 	if have < want {
-		return nil, fmt.Errorf("%w: want %d bytes, have %d", f.truncated, want, have)
+		return nil, 0, fmt.Errorf("%w: want %d bytes, have %d", f.truncated, want, have)
 	}
 	if have > want {
-		return nil, fmt.Errorf("%w: %d trailing bytes after the checksum (want %d bytes, have %d)",
+		return nil, 0, fmt.Errorf("%w: %d trailing bytes after the checksum (want %d bytes, have %d)",
 			f.corrupt, have-want, want, have)
 	}
 	end := metadataHeaderLen + int(plen)
 	if stored, computed := binary.BigEndian.Uint32(b[end:]), crc32.Checksum(b[:end], castagnoli); stored != computed {
-		return nil, fmt.Errorf("%w: checksum mismatch (stored 0x%08x, computed 0x%08x)", f.corrupt, stored, computed)
+		return nil, 0, fmt.Errorf("%w: checksum mismatch (stored 0x%08x, computed 0x%08x)", f.corrupt, stored, computed)
 	}
-	return b[metadataHeaderLen:end], nil
+	return b[metadataHeaderLen:end], version, nil
 }
 
 // canonicalizeMetadata turns empty optional (omitempty) slices into nil so
