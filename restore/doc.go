@@ -119,24 +119,40 @@
 // split, so rescaling an operator that has them fails.
 //
 // Channel state (the in-flight data of an unaligned checkpoint, or of a
-// loop's feedback edges, SubtaskState.ChannelState and Channels) is indexed
-// by channels: output channel state by the channels of an edge, whose
-// number is the parallelism downstream, input channel state by the channels
-// of the input gate, whose number follows the parallelism upstream. So it
-// stays with its subtask only while the operator and every operator it
-// flows between (Operator.Upstream, Downstream: the job's edges) keep their
-// parallelism. Otherwise every new subtask of the operator gets the channel
-// state of all its old subtasks (RescaledChannels) and the runtime takes its
-// share, as Flink 1.13 does for rescaled unaligned checkpoints: the
-// in-flight records of keyed inputs go to the subtask that owns their key
-// group (every record carries it), the rest, input and output, goes from
-// old subtask k to new subtask k modulo the new parallelism, and output
-// records are routed anew through their edge (by key group on hash edges,
-// round robin on rebalance edges). Where that would be wrong (a broadcast
-// edge, whose in-flight copies belong to one receiver each), the job says
-// so in Operator.Unmovable and Assign fails with that reason, naming the
-// edge (R8). (Flink 1.11 and 1.12 could not rescale unaligned checkpoints
-// at all.)
+// loop's feedback edges, SubtaskState.ChannelState and Channels) belongs
+// to operators, not chains, as Flink's: output channel state to the
+// operator that wrote the channels, input channel state to the one that
+// reads them, each channel named by its edge (the uids of both operators,
+// the edge's index between them, its partitioning) and the subtask at its
+// other end (checkpoint.ChannelBuffers). Assign matches every channel to
+// an edge of the new job (Operator.Inputs, Outputs), so a restore that
+// chains operators otherwise (a changed parallelism, DisableChaining)
+// hands every in-flight record to the operator it was in flight to; the
+// runtime sends output channel state into the channels of its edge, or,
+// where the edge is chained now, hands it and the reader's input channel
+// state to the reading chain member directly. Channels are indexed by
+// subtasks, so channel state stays with its subtask only while the
+// operator and the operators at the other ends of its edges keep their
+// parallelism. Otherwise every new subtask of the operator gets the
+// channel state of all its old subtasks (RescaledChannels) and the
+// runtime takes its share, as Flink 1.13 does for rescaled unaligned
+// checkpoints: the in-flight records of keyed inputs go to the subtask
+// that owns their key group (every record carries it), the rest, input
+// and output, goes from old subtask k to new subtask k modulo the new
+// parallelism, and output records are routed anew through their edge (by
+// key group on hash edges, round robin on rebalance edges). Where
+// in-flight records cannot be placed, Assign fails naming the edge, the
+// operator, its subtask and file and the checkpoint (R8): the job no
+// longer has the edge (with allowNonRestored they are dropped with a log
+// line instead), its partitioning changed to or from hash (the records'
+// encoding) or broadcast (copies for one reader each), or it is a
+// broadcast edge at a changed parallelism. Channel state of format
+// version 1 (checkpoint.ChannelState.Legacy) stored a chain's output
+// channels under its head by the outputs of its tail, which the metadata
+// does not name: Assign refuses it, naming the checkpoint and why; its
+// input channel state is its reader's and is restored while the reader
+// still heads a chain. (Flink 1.11 and 1.12 could not rescale unaligned
+// checkpoints at all.)
 //
 // Deliberate differences from Flink: Split chunks always start at subtask
 // 0 (Flink rotates the start between state names for balance); a changed
@@ -167,15 +183,18 @@
 //     of the completed-checkpoint log, nor starts without state below it,
 //     unless allowFallback is set, and then only with a warning that names
 //     the checkpoints at risk.
-//   - R8: channel state is never dropped or handed to another subtask
-//     silently: while an operator and those it flows between keep their
-//     parallelism every subtask gets exactly its own ChannelState and
-//     Channels (copies, R6); otherwise every new subtask gets the channel
-//     state of every old one in RescaledChannels (copies) and nothing in
-//     Channels, unless the operator's Unmovable says it cannot move, which
-//     fails Assign naming the operator and the reason. Channel state of an
-//     operator not in the job fails Assign like other state, unless
-//     allowNonRestored.
+//   - R8: channel state is never dropped or handed to another operator or
+//     subtask silently: it stays with the operator that wrote (output) or
+//     reads (input) its edge, whatever the chaining; while that operator
+//     and those at the other ends of its edges keep their parallelism
+//     every subtask gets exactly its own ChannelState and Channels
+//     (copies, R6); otherwise every new subtask gets the channel state of
+//     every old one in RescaledChannels (copies) and nothing in Channels.
+//     In-flight records that cannot be placed on their edge in the new
+//     job fail Assign naming the edge and the checkpoint (those of an edge
+//     the job no longer has are dropped with a log line under
+//     allowNonRestored). Channel state of an operator not in the job fails
+//     Assign like other state, unless allowNonRestored.
 //   - R9: a checkpoint is only returned with all of its channel state (by
 //     snapshot.ReadMetadata, ST9); a missing, truncated or damaged
 //     channel-state file makes Latest treat the checkpoint exactly as one

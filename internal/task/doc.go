@@ -32,10 +32,14 @@
 // input channel state the buffers the aligner marks (Deliver PersistFrom..
 // PersistTo) plus those a promoted barrier overtook (the aligner's Promote,
 // or Gate.PromoteTimedOut at a deadline). Both are copies, encoded when the
-// checkpoint is acknowledged, and travel with the head's ack; the ack waits
-// for the aligner's InputStateComplete (T8). On restore the output state is
-// sent first, then the chain opens (operator state), then the input state
-// is processed before the gate is read. Restored at another parallelism
+// checkpoint is acknowledged; the input state travels with the head's ack,
+// the output state with the tail's, each channel named by its edge
+// (Info.Channels), so restore finds them whatever the chaining; the ack
+// waits for the aligner's InputStateComplete (T8). On restore the tail's
+// output state is sent first, then the chain opens (operator state), then
+// the in-flight records of edges chained now are handed to their reading
+// member (tail end first), then the head's input state is processed
+// before the gate is read. Restored at another parallelism
 // (Restored.RescaledChannels: the state of every old subtask), a subtask
 // routes the output records of the old subtasks k with k modulo its
 // parallelism equal to its index anew (Output.RestoreRouted), and replays
