@@ -469,7 +469,15 @@ func validStateFile(f string) bool {
 // container or string claims more elements or bytes than remain. It protects
 // the reflection decoder, which preallocates slices from the claimed length
 // (F4).
-func checkMsgpackBounds(b []byte) error {
+func checkMsgpackBounds(b []byte) error { return CheckMsgpackBounds(b) }
+
+// CheckMsgpackBounds is the check of F4 for msgpack read by others from a
+// checkpoint (the records of channel state): it walks one msgpack value in
+// b without decoding it and fails if b does not hold exactly one
+// well-formed value, or if any container or string claims more elements
+// or bytes than remain, which msgpack's reflection decoder would
+// preallocate.
+func CheckMsgpackBounds(b []byte) error {
 	pending := uint64(1) // values still to read
 	i := 0
 	need := func(n uint64) error {
