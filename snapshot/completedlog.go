@@ -1,10 +1,15 @@
 package snapshot
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"os"
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/snapflow/snapflow/marker"
 )
@@ -265,4 +270,27 @@ func frameVerifies(b []byte) bool {
 		return false
 	}
 	return binary.BigEndian.Uint32(b[n-recordCRCLen:n]) == crc32.Checksum(b[:n-recordCRCLen], castagnoli)
+}
+
+// ReadCompletedLog reads the completed-checkpoint log of the job directory
+// jobDir on fs without changing anything (OpenStorage creates a missing
+// log and truncates a torn last record; this does neither): its records
+// by ascending id, and the number of bytes of a torn last record it
+// ignored (an append a crash interrupted). A missing log has no records.
+// A damaged log fails, as it fails OpenStorage.
+func ReadCompletedLog(fs vfs.FS, jobDir string) (recs []CompletedRef, torn int, err error) {
+	name := fs.PathJoin(jobDir, CompletedLogName)
+	b, err := readWholeFile(fs, name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("snapshot: read %s: %w", name, err)
+	}
+	recs, valid, err := parseLog(b)
+	if err != nil {
+		return nil, 0, fmt.Errorf("snapshot: completed-checkpoint log %s: %w", name, err)
+	}
+	slices.SortStableFunc(recs, func(a, b CompletedRef) int { return cmp.Compare(a.ID, b.ID) })
+	return recs, len(b) - valid, nil
 }

@@ -3,8 +3,10 @@ package inspect
 import (
 	"fmt"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
@@ -137,4 +139,22 @@ func Records[T any](c *Checkpoint, ch *Channel) ([]InFlight[T], error) {
 		}
 	}
 	return out, nil
+}
+
+// CompletedLog returns the records of the completed-checkpoint log of the
+// job directory jobDir (a checkpoint root's <root>/<job id>) on fs (nil:
+// the OS filesystem), by ascending id, without changing anything: which
+// checkpoints and savepoints completed, whether each was notified (so
+// sinks may have committed it: snapshot.CompletedRef.Notified), its path
+// and execution. torn is the length of a torn last record, which a restore
+// drops. Records compacted away are not there (snapshot ST6).
+func CompletedLog(fs vfs.FS, jobDir string) (recs []snapshot.CompletedRef, torn int, err error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	recs, torn, err = snapshot.ReadCompletedLog(fs, jobDir)
+	if err != nil {
+		return nil, 0, fmt.Errorf("inspect: %w", err)
+	}
+	return recs, torn, nil
 }

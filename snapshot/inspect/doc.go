@@ -8,6 +8,16 @@
 // for tools without the job's types, as generic values (RawOperatorList,
 // RawEntries).
 //
+// Channel state (the records in flight at an unaligned checkpoint, or on a
+// loop's feedback edges) reads as typed records too: Channels lists every
+// channel with the operator subtask it belongs to, its edge (both
+// operators' uids, the edge's index between them, its partitioning) and
+// the subtask at its other end, and Records decodes one channel's records
+// as a restore does, with the key and key group of each record of a hash
+// edge. CompletedLog reads a job directory's completed-checkpoint log
+// without changing it (no checkpoint needed): which checkpoints and
+// savepoints completed and whether sinks may have committed them.
+//
 // Keyed state is read through package state, the same way a restoring
 // subtask reads it: the records of one state are restored into a heap
 // backend that owns every key group, and the typed handle is registered on
