@@ -18,18 +18,22 @@ const OffsetState = "offset"
 // source's split count.
 const SplitsState = "offset-splits"
 
-// position is the checkpointed read position of one split: split Split of
+// Position is the checkpointed read position of one split of an Indexed
+// source, as its operator list state OffsetState holds it (read a
+// checkpoint's with inspect.OperatorList[source.Position]): split Split of
 // Splits holds the records i with i mod Splits == Split, and Next is the
 // next of them to read (SRC5). Positions written before sources had splits
 // carry Subtask and Parallelism instead (Splits 0): the next record index
 // of that subtask, which read i mod Parallelism == Subtask.
-type position struct {
+type Position struct {
 	Split       int   `msgpack:"split,omitempty"`
 	Splits      int   `msgpack:"splits,omitempty"`
 	Subtask     int   `msgpack:"subtask,omitempty"`
 	Parallelism int   `msgpack:"parallelism,omitempty"`
 	Next        int64 `msgpack:"next"`
 }
+
+type position = Position
 
 // Indexed is a replayable source over n records made by at(i). Its exported
 // hooks make it usable directly; build one per subtask with Generate or

@@ -80,6 +80,20 @@ func TestChannels(t *testing.T) {
 
 	c, err := inspect.Open(vfs.Default, path)
 	require.NoError(t, err)
+	// The sources' positions, through their exported type: the records
+	// in flight out of the source were read before its snapshot, so each
+	// is below the position of its split.
+	positions, err := inspect.OperatorList[source.Position](c, "source", source.OffsetState)
+	require.NoError(t, err)
+	require.NotEmpty(t, positions)
+	next := map[int]int64{}
+	splits := positions[0].Splits
+	for _, p := range positions {
+		require.Equal(t, splits, p.Splits, "%+v", positions)
+		require.Equal(t, int64(p.Split), p.Next%int64(p.Splits), "%+v", p)
+		next[p.Split] = p.Next
+	}
+	require.Len(t, next, splits)
 	records := 0
 	for _, ch := range c.Channels() {
 		ch := ch
@@ -102,6 +116,7 @@ func TestChannels(t *testing.T) {
 				reader = ch.Subtask
 			}
 			require.Equal(t, keygroup.Owner(maxP, 2, kg), reader, "%s: the record's key group is its reader's", &ch)
+			require.Less(t, r.Value.ID, next[int(r.Value.ID%int64(splits))], "%s: record %+v was read before the source's snapshot", &ch, r)
 		}
 		records += len(recs)
 		raw, err := inspect.Records[any](c, &ch)
