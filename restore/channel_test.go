@@ -461,7 +461,9 @@ func TestAssignChannelState(t *testing.T) {
 		logs, logf := logRecorder()
 		m := md()
 		plan, err := Assign(m, "/p", noEdge, true, logf)
-		if err != nil || !slices.ContainsFunc(*logs, func(l string) bool { return strings.Contains(l, `edge "count" -> "sink", which the job no longer has: dropped`) }) {
+		if err != nil || !slices.ContainsFunc(*logs, func(l string) bool {
+			return strings.Contains(l, `edge "count" -> "sink", which the job no longer has: dropped`)
+		}) {
 			t.Fatalf("%v %q", err, *logs)
 		}
 		got := plan.Tasks[checkpoint.TaskID{Operator: "count", Subtask: 1}].Channels
