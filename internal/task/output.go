@@ -332,8 +332,8 @@ func (o *Output[T]) RestoreChannel(ctx context.Context, edge, ch int, bufs [][]b
 // the edge's routing, in order, before anything else is emitted: a
 // record of a hash edge goes to the subtask that owns its key group now,
 // one of a forward or rebalance edge where the edge sends it. It fails for
-// a broadcast edge (the job refuses that restore before, restore.Operator
-// Unmovable).
+// a broadcast edge (restore.Assign refuses that restore before, naming the
+// edge).
 func (o *Output[T]) RestoreRouted(ctx context.Context, edge int, bufs [][]byte, where string) error {
 	w, err := o.restoreEdge(edge, 0, where)
 	if err != nil {
