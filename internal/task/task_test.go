@@ -776,7 +776,7 @@ type fakeSource struct {
 	before func(s *fakeSource) error
 }
 
-func (s *fakeSource) Emit(max int) (bool, error) {
+func (s *fakeSource) Emit(max int, _ *Interrupt) (bool, error) {
 	if s.before != nil {
 		if err := s.before(s); err != nil {
 			return false, err
