@@ -130,7 +130,8 @@ type Config struct {
 	// BufferSize is the number of records per buffer (default 256).
 	BufferSize int
 	// FlushInterval bounds how long a record waits in a partly filled
-	// buffer (default 5ms).
+	// buffer while its subtask is busy (default 5ms); a subtask whose
+	// input runs dry passes its partly filled buffers on at once.
 	FlushInterval time.Duration
 	// DisableChaining runs every operator on goroutines of its own (see
 	// the DisableChaining option for one operator).

@@ -895,7 +895,7 @@ func (o *sourceOp[T]) Open(info task.Info) error {
 	return o.openSplits()
 }
 
-func (o *sourceOp[T]) Emit(max int) (bool, error) {
+func (o *sourceOp[T]) Emit(max int, in *task.Interrupt) (bool, error) {
 	if o.splitBatch != nil {
 		return o.emitSplitBatch(max)
 	}
@@ -925,6 +925,9 @@ func (o *sourceOp[T]) Emit(max int) (bool, error) {
 			o.gen.Observe(o.ts(r))
 		}
 		o.out.Collect(r)
+		if in.Raised() {
+			break // mail, a due flush or the end: after this record
+		}
 	}
 	return false, nil
 }

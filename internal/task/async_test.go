@@ -94,7 +94,8 @@ func TestRunInputAsyncSnapshot(t *testing.T) {
 
 		synctest.Wait()
 		h.noReports()
-		require.Equal(t, []string{"1", "2", b1}, h.readNow(), "the barrier is forwarded before the encoding")
+		require.Equal(t, []string{"1", "2", b1, "3"}, h.readNow(),
+			"the barrier is forwarded before the encoding, and 3 follows when the input runs dry")
 		log := h.rec.log()
 		require.Greater(t, index(log, "head rec 3"), index(log, "head sync 1"), "records after the barrier are processed meanwhile")
 		require.Equal(t, -1, index(log, "head run 1"))

@@ -24,6 +24,27 @@
 // emits, so Send rarely blocks, and a backpressured subtask takes an
 // unaligned barrier at once.
 //
+// # Interrupts and flushing
+//
+// The mailbox carries an Interrupt, one atomic word a busy loop polls
+// between records: raised while mail is queued (Put; Drain lowers it),
+// once the loop's context ended (Mailbox.Stop, by context.AfterFunc) and,
+// in a source, when its flush timer ran out (FlushInterval, at least
+// MinBatchTime, re-armed at every flush). A source's Emit ends its batch
+// after the record during which it was raised, so trigger mail waits for
+// one record, not a batch (a source taking 1 ms per record held a barrier
+// up to BufferSize ms), and a busy source whose chain never idles nor
+// waits for space (a fully chained job) still sees its cancellation; the
+// loop then serves the mail, returns the context's error or flushes. A
+// subtask with inputs looks at it between buffers (and slices).
+//
+// Partly filled output buffers are flushed when the loop would otherwise
+// wait: a source that has no record (ErrIdle) and a subtask whose inputs
+// ran dry (after inputSpins) pass them on before blocking, never into a
+// full output. While busy, a loop flushes once FlushInterval has passed
+// since its last flush; barriers and other events flush what precedes
+// them (T1) and do not restart the interval.
+//
 // # Unaligned checkpoints and channel state
 //
 // See channelstate.go: the output channel state of a checkpoint is what

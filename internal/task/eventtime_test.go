@@ -332,7 +332,7 @@ type wmSource struct {
 
 func (s *wmSource) Watermarks() Generator { return s.gen }
 
-func (s *wmSource) Emit(max int) (bool, error) {
+func (s *wmSource) Emit(max int, in *Interrupt) (bool, error) {
 	if s.next == s.idleAt {
 		if s.idleUntil.IsZero() {
 			s.idleUntil = time.Now().Add(s.idleFor)
@@ -342,7 +342,7 @@ func (s *wmSource) Emit(max int) (bool, error) {
 		}
 	}
 	n := s.next
-	eof, err := s.fakeSource.Emit(max)
+	eof, err := s.fakeSource.Emit(max, in)
 	for v := n; v < s.next; v++ {
 		s.gen.Observe(int64(10 * v))
 	}

@@ -56,7 +56,7 @@ func TestRunInputLoopHead(t *testing.T) {
 		synctest.Wait()
 		require.Equal(t, []string{"head open 0/1", "head rec 100"}, h.rec.log(), "only the feedback is read while backlogged")
 		c := h.probe(1)
-		require.Equal(t, LoopCounts{Sent: 0, Received: 1, Passive: false}, c, "input from outside open, output buffered")
+		require.Equal(t, LoopCounts{Sent: 1, Received: 1, Passive: false}, c, "input from outside open, output flushed when the input ran dry")
 		backlogged.Store(false)
 		time.Sleep(HoldWait)
 		synctest.Wait()
@@ -86,10 +86,10 @@ func TestRunInputLoopHead(t *testing.T) {
 		require.Equal(t, int64(1), ack.ID)
 		require.Equal(t, []string{"input 0/1: [101]"}, channelState(t, ack))
 
-		// Passive now once its output is flushed (the flush interval is
-		// long: a probe says not passive while records wait in it).
+		// Passive: its output was flushed when its input ran dry (a probe
+		// says not passive while records wait in it).
 		c = h.probe(2)
-		require.Equal(t, LoopCounts{Sent: 2, Received: 2, Passive: false}, c)
+		require.Equal(t, LoopCounts{Sent: 3, Received: 2, Passive: true}, c)
 		require.NoError(t, h.ins[1].SendEvent(marker.NewBarrier(marker.Barrier{ID: 1}))) // stale: ignored
 
 		// The loop terminated: the input ends (end of input goes out), and

@@ -79,12 +79,34 @@ type Mail struct {
 // messages. Put never blocks: the job master must never wait on a subtask
 // (a subtask may be blocked on backpressure, and a master blocked on it could
 // deadlock the checkpoint that would unblock it).
+//
+// A mailbox also carries its subtask's Interrupt, which a busy loop polls
+// between two records (one atomic load): raised while mail is queued, once
+// the subtask's attempt ended (Stop) and, for a source, when its flush
+// interval ran out (Due). So trigger mail, a cancellation or a due flush
+// waits for one record, not for a whole batch.
 type Mailbox struct {
 	mu     sync.Mutex
 	queue  []Mail
-	n      atomic.Int32
+	attn   Interrupt
 	notify chan struct{}
 }
+
+// Interrupt tells a busy loop to stop its batch at the next record. Each
+// condition is a bit: mail queued (set by Put, cleared by Drain, both under
+// the mailbox's lock, so a Put is never lost), a flush due (set by the
+// loop's timer, cleared when the loop flushes) and stop (sticky).
+type Interrupt struct{ bits atomic.Uint32 }
+
+const (
+	attnMail uint32 = 1 << iota
+	attnFlush
+	attnStop
+)
+
+// Raised reports whether the loop has something else to do than its next
+// record: one atomic load.
+func (i *Interrupt) Raised() bool { return i.bits.Load() != 0 }
 
 // NewMailbox returns an empty mailbox.
 func NewMailbox() *Mailbox { return &Mailbox{notify: make(chan struct{}, 1)} }
@@ -93,7 +115,7 @@ func NewMailbox() *Mailbox { return &Mailbox{notify: make(chan struct{}, 1)} }
 func (mb *Mailbox) Put(m Mail) {
 	mb.mu.Lock()
 	mb.queue = append(mb.queue, m)
-	mb.n.Add(1)
+	mb.attn.bits.Or(attnMail)
 	mb.mu.Unlock()
 	mb.wake()
 }
@@ -106,9 +128,27 @@ func (mb *Mailbox) wake() {
 }
 
 // Pending reports whether mail is queued; one atomic load, for the hot loop.
-func (mb *Mailbox) Pending() bool { return mb.n.Load() > 0 }
+func (mb *Mailbox) Pending() bool { return mb.attn.bits.Load()&attnMail != 0 }
 
-// Ready receives a token after Put.
+// Interrupt is the mailbox's interrupt, for the loop's record batches.
+func (mb *Mailbox) Interrupt() *Interrupt { return &mb.attn }
+
+// Stop raises the interrupt for good and wakes the consumer: its attempt
+// ended (the loop's context is done), and a busy loop must notice.
+func (mb *Mailbox) Stop() {
+	mb.attn.bits.Or(attnStop)
+	mb.wake()
+}
+
+// due raises the interrupt for a flush that is due (the loop's flush
+// timer); flushed lowers it again.
+func (mb *Mailbox) due()     { mb.attn.bits.Or(attnFlush) }
+func (mb *Mailbox) flushed() { mb.attn.bits.And(^attnFlush) }
+
+// flushDue reports whether the flush timer raised the interrupt.
+func (mb *Mailbox) flushDue() bool { return mb.attn.bits.Load()&attnFlush != 0 }
+
+// Ready receives a token after Put and after Stop.
 func (mb *Mailbox) Ready() <-chan struct{} { return mb.notify }
 
 // Drain moves all queued mail into dst and returns it.
@@ -117,7 +157,7 @@ func (mb *Mailbox) Drain(dst []Mail) []Mail {
 	dst = append(dst, mb.queue...)
 	clear(mb.queue)
 	mb.queue = mb.queue[:0]
-	mb.n.Store(0)
+	mb.attn.bits.And(^attnMail)
 	mb.mu.Unlock()
 	return dst
 }

@@ -75,3 +75,32 @@ func TestMailboxConcurrentProducers(t *testing.T) {
 	require.False(t, mb.Pending())
 	require.Empty(t, mb.Drain(nil))
 }
+
+// TestMailboxInterrupt: the interrupt is raised while mail is queued, while
+// a flush is due and for good after Stop; each condition is lowered only
+// by its own clearing.
+func TestMailboxInterrupt(t *testing.T) {
+	mb := NewMailbox()
+	in := mb.Interrupt()
+	require.False(t, in.Raised())
+	mb.Put(Mail{Kind: MailComplete, ID: 1})
+	require.True(t, in.Raised())
+	mb.due()
+	mb.Drain(nil)
+	require.True(t, in.Raised(), "a due flush outlives the drain")
+	require.False(t, mb.Pending())
+	require.True(t, mb.flushDue())
+	mb.flushed()
+	require.False(t, in.Raised())
+	mb.Stop()
+	select {
+	case <-mb.Ready():
+	default:
+		t.Fatal("Stop posted no token")
+	}
+	mb.Put(Mail{Kind: MailComplete, ID: 2})
+	mb.Drain(nil)
+	mb.flushed()
+	require.True(t, in.Raised(), "Stop is for good")
+	require.False(t, mb.Pending())
+}

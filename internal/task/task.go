@@ -26,6 +26,12 @@ var ErrIdle = errors.New("task: source has no record available")
 // IdleWait is how long an idle source waits for mail before polling again.
 const IdleWait = time.Millisecond
 
+// MinBatchTime is the least time a source's flush timer lets a batch run
+// (its FlushInterval if longer): a source fast enough to fill a batch
+// within it is never cut short, whatever the interval, and a slow one
+// flushes at most this long after its interval ran out.
+const MinBatchTime = time.Millisecond
+
 // Info describes one subtask to its operator.
 type Info struct {
 	UID, Name      string
@@ -115,8 +121,12 @@ const MaxAsyncSnapshots = 2
 type SourceOperator interface {
 	Lifecycle
 	// Emit produces up to max records into the operator's output and
-	// reports whether the input is exhausted.
-	Emit(max int) (eof bool, err error)
+	// reports whether the input is exhausted. It returns early, after a
+	// record, when in is raised (in.Raised, one atomic load per record):
+	// the loop then serves mail (a checkpoint barrier), a due flush or a
+	// cancellation after one record rather than a whole batch. A read of
+	// several records at once (a batch read) is one step.
+	Emit(max int, in *Interrupt) (eof bool, err error)
 }
 
 // ReportKind says what a Report tells the master.
@@ -906,7 +916,27 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 		al.setGenerator(gen)
 	}
 	batch := max(cfg.BatchSize, 1)
+	// The context's end raises the mailbox's interrupt, so a busy loop
+	// (never idle, never backpressured: a fully chained job) sees it
+	// between two records.
+	defer context.AfterFunc(ctx, cfg.Mail.Stop)()
+	// The flush timer raises the interrupt when FlushInterval (at least
+	// MinBatchTime) has passed since the last flush, so a slow source ends
+	// its batch and flushes then rather than after a whole batch.
 	lastFlush := cfg.now()
+	bound := max(cfg.FlushInterval, MinBatchTime)
+	flushTimer := time.AfterFunc(bound, cfg.Mail.due)
+	defer flushTimer.Stop()
+	flush := func(now time.Time) error {
+		if err := r.flushAll(); err != nil {
+			return err
+		}
+		lastFlush = now
+		cfg.Mail.flushed()
+		flushTimer.Reset(bound)
+		return nil
+	}
+	in := cfg.Mail.Interrupt()
 	for {
 		if !r.emitting() {
 			// Ended or suspended: serve the mailbox (and the snapshots in
@@ -923,11 +953,16 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 				return err
 			}
 		}
-		if cfg.Mail.Pending() {
-			if done, err := r.serveMail(ctx); done || err != nil {
+		if in.Raised() {
+			if err := ctx.Err(); err != nil {
 				return err
 			}
-			continue
+			if cfg.Mail.Pending() {
+				if done, err := r.serveMail(ctx); done || err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		if !r.emitting() {
 			continue // a spurious wake-up
@@ -953,10 +988,9 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			// Paused by watermark alignment: read nothing, but flush what
 			// was read, serve the mailbox (checkpoints) and tick the
 			// generator until resumed.
-			if err := r.flushAll(); err != nil {
+			if err := flush(cfg.now()); err != nil {
 				return err
 			}
-			lastFlush = cfg.now()
 			select {
 			case <-al.m.Wake():
 			case <-al.due(gen, lastFlush):
@@ -971,12 +1005,11 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 			}
 			continue
 		}
-		eof, err := src.Emit(batch)
+		eof, err := src.Emit(batch, in)
 		if errors.Is(err, ErrIdle) {
-			if err := r.flushAll(); err != nil {
+			if err := flush(cfg.now()); err != nil {
 				return err
 			}
-			lastFlush = cfg.now()
 			t := time.NewTimer(IdleWait)
 			select {
 			case <-cfg.Mail.Ready():
@@ -1020,14 +1053,14 @@ func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chai
 		if al != nil {
 			al.update(now)
 		}
-		// Partly filled buffers are flushed on the interval, but not into
-		// a full output: they would fill it with small buffers until Send
-		// blocks (and the downstream is busy anyway).
-		if now.Sub(lastFlush) >= cfg.FlushInterval && r.chain.tail().Out.Available() {
-			if err := r.flushAll(); err != nil {
+		// Partly filled buffers are flushed on the interval (read from
+		// the clock, or raised by the flush timer inside a batch), but not
+		// into a full output: they would fill it with small buffers until
+		// Send blocks (and the downstream is busy anyway).
+		if (now.Sub(lastFlush) >= cfg.FlushInterval || cfg.Mail.flushDue()) && r.chain.tail().Out.Available() {
+			if err := flush(now); err != nil {
 				return err
 			}
-			lastFlush = now
 		}
 	}
 }
@@ -1071,13 +1104,15 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	if err := replayInputs(r, process); err != nil {
 		return err
 	}
+	// While the input is busy, partly filled buffers wait at most
+	// FlushInterval from the last flush; when it runs dry (after the spins
+	// below) they are passed on before the loop blocks: nothing is left to
+	// wait for.
 	lastFlush := cfg.now()
-	// Idle input does not flush at once: partly filled buffers wait up to
-	// FlushInterval, so a consumer faster than its producer does not shrink
-	// every buffer to a few records.
-	flushTimer := time.NewTimer(time.Hour)
-	flushTimer.Stop()
-	defer flushTimer.Stop()
+	// The context's end raises the mailbox's interrupt, which the loop
+	// looks at between two buffers (or slices).
+	defer context.AfterFunc(ctx, cfg.Mail.Stop)()
+	in := cfg.Mail.Interrupt()
 	userTimer := time.NewTimer(time.Hour)
 	userTimer.Stop()
 	defer userTimer.Stop()
@@ -1123,7 +1158,7 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 	// interrupted says whether the loop should look at its inputs, mail,
 	// snapshots, deadlines and output before the next slice of the cursor.
 	interrupted := func() bool {
-		if gate.PriorityPending() || cfg.Mail.Pending() || !r.chain.tail().Out.Available() {
+		if gate.PriorityPending() || in.Raised() || !r.chain.tail().Out.Available() {
 			return true
 		}
 		select {
@@ -1176,9 +1211,14 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				return err
 			}
 		}
-		if cfg.Mail.Pending() {
-			if done, err := r.serveMail(ctx); done || err != nil {
+		if in.Raised() {
+			if err := ctx.Err(); err != nil {
 				return err
+			}
+			if cfg.Mail.Pending() {
+				if done, err := r.serveMail(ctx); done || err != nil {
+					return err
+				}
 			}
 		}
 		if lp != nil && lp.cfg.Backlogged != nil && !r.cp.LoopEnded() {
@@ -1245,17 +1285,13 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			}
 		}
 		if !ok && (backpressured || !cur.busy()) {
-			var flushC <-chan time.Time
-			if r.chain.pending() && !backpressured {
-				if wait := cfg.FlushInterval - cfg.now().Sub(lastFlush); wait > 0 {
-					flushTimer.Reset(wait)
-					flushC = flushTimer.C
-				} else {
-					if err := r.flushAll(); err != nil {
-						return err
-					}
-					lastFlush = cfg.now()
+			if !backpressured && r.chain.pending() {
+				// The input ran dry: pass on what waits in partly filled
+				// buffers now (not into a full output).
+				if err := r.flushAll(); err != nil {
+					return err
 				}
+				lastFlush = cfg.now()
 			}
 			var timerC <-chan time.Time
 			if at, ok := r.chain.nextTimer(); ok && r.timersLive() {
@@ -1313,11 +1349,6 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 				if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist, cur); done || err != nil {
 					return err
 				}
-			case <-flushC:
-				if err := r.flushAll(); err != nil {
-					return err
-				}
-				lastFlush = cfg.now()
 			case <-timerC:
 				if r.timersLive() {
 					if err := r.chain.fireTimers(cfg.now()); err != nil {
@@ -1327,7 +1358,6 @@ func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], 
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-			flushTimer.Stop()
 			userTimer.Stop()
 			alignTimer.Stop()
 			holdTimer.Stop()

@@ -527,9 +527,10 @@ func TestRunInputMailWhileIdle(t *testing.T) {
 	})
 }
 
-// TestRunInputFlushInterval: an idle subtask sends a partly filled output
-// buffer FlushInterval after the last flush, not earlier.
-func TestRunInputFlushInterval(t *testing.T) {
+// TestRunInputIdleFlush: a subtask whose input ran dry sends its partly
+// filled output buffer at once, not FlushInterval after its last flush
+// (issue 37: a record behind a channel hop waited for the interval).
+func TestRunInputIdleFlush(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t, 1)
 		chain, process := h.singleChain()
@@ -538,18 +539,12 @@ func TestRunInputFlushInterval(t *testing.T) {
 		cfg.FlushInterval = 5 * time.Millisecond
 		start := time.Now()
 		go func() { h.done <- RunInput(h.ctx, cfg, gate, marker.Aligned, process, chain) }()
-		h.send(0, 1)
-		synctest.Wait()
-		require.Equal(t, []string{"head open 0/1", "head rec 1"}, h.rec.log())
-		require.Empty(t, h.readNow(), "not flushed at once")
-		for {
-			if toks := h.readNow(); len(toks) > 0 {
-				require.Equal(t, []string{"1"}, toks)
-				break
-			}
-			<-h.outGate.Ready()
+		for i := range 3 {
+			h.send(0, i)
+			synctest.Wait()
+			require.Equal(t, []string{fmt.Sprint(i)}, h.readNow(), "flushed when the input ran dry")
 		}
-		require.Equal(t, cfg.FlushInterval, time.Since(start))
+		require.Zero(t, time.Since(start), "no timer waited for")
 		h.cancel()
 		require.ErrorIs(t, h.wait(), context.Canceled)
 	})
@@ -688,17 +683,17 @@ func TestRunInputUnaligned(t *testing.T) {
 		h.send(0, 1, 2)
 		h.runInput(marker.Unaligned, chain, slow)
 		synctest.Wait()
-		// 1 and 2 wait in the head's partly filled output buffer; the
-		// barrier overtakes 10 and 11 on its way in (what the upstream
-		// writer would have captured as its output state).
+		// 1 and 2 wait in the output channel (flushed when the input ran
+		// dry); the barrier overtakes 10 and 11 on its way in (what the
+		// upstream writer would have captured as its output state).
 		h.send(1, 10)
 		h.send(1, 11)
 		h.event(0, unalignedBarrier(1))
 		time.Sleep(2 * time.Millisecond) // the subtask wakes up
 		synctest.Wait()
 		h.noReports()
-		require.Equal(t, []string{"barrier(1 checkpoint unaligned)", "1", "2"}, h.readNow(),
-			"the barrier overtook the output")
+		require.Equal(t, []string{"barrier(1 checkpoint unaligned)", "1", "2", "10", "11"}, h.readNow(),
+			"the barrier overtook the output; 10 and 11 follow it")
 		h.send(0, 3)
 		h.event(1, unalignedBarrier(1))
 		ack := h.report()
@@ -772,7 +767,8 @@ func TestRunInputAlignedTimeout(t *testing.T) {
 		require.Equal(t, []string{"output 0/0: [20]", "input 0/1: [21]"}, channelState(t, ack),
 			"20 was emitted before the snapshot and overtaken, 21 overtaken by the promoted barrier")
 		synctest.Wait()
-		require.Equal(t, []string{"barrier(1 checkpoint unaligned timeout=50ms)", "20"}, h.readNow(), "the promoted barrier overtook 20")
+		require.Equal(t, []string{"barrier(1 checkpoint unaligned timeout=50ms)", "20", "5", "21", "22"}, h.readNow(),
+			"the promoted barrier overtook 20; the records after it follow")
 		h.cancel()
 		require.ErrorIs(t, h.wait(), context.Canceled)
 	})
@@ -788,7 +784,7 @@ type fakeSource struct {
 	before func(s *fakeSource) error
 }
 
-func (s *fakeSource) Emit(max int) (bool, error) {
+func (s *fakeSource) Emit(max int, _ *Interrupt) (bool, error) {
 	if s.before != nil {
 		if err := s.before(s); err != nil {
 			return false, err
