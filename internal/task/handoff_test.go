@@ -1,7 +1,10 @@
 package task
 
 import (
+	"flag"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,8 +105,10 @@ type handoff struct {
 	// loop holds the DoInject and DoEndLoop actions to feed the aligner
 	// after the current line.
 	loop []Action
-	// out collects what the current line did.
-	out []string
+	// out collects what the current line did; last the bookkeeping's
+	// actions in it.
+	out  []string
+	last []Action
 }
 
 func newHandoff(d *datadriven.TestData) (*handoff, error) {
@@ -153,7 +158,7 @@ func newHandoff(d *datadriven.TestData) (*handoff, error) {
 
 // line feeds one line and returns what happened.
 func (h *handoff) line(line string) (string, error) {
-	h.out = h.out[:0]
+	h.out, h.last = h.out[:0], h.last[:0]
 	async := strings.HasSuffix(line, " async")
 	line = strings.TrimSuffix(line, " async")
 	if h.cp.Phase() == Exited {
@@ -305,6 +310,7 @@ func (h *handoff) step(ev Event, async bool) []Action {
 		acts = completeSnapshots(h.cp, acts)
 	}
 	h.chk.check(h.cp, acts)
+	h.last = append(h.last, acts...)
 	for _, a := range acts {
 		if a.Kind == DoInject || a.Kind == DoEndLoop {
 			h.loop = append(h.loop, a)
@@ -369,4 +375,123 @@ func (h *handoff) describe() string {
 	}
 	h.chk.violations = nil
 	return b.String()
+}
+
+var handoffSeed = flag.Uint64("handoff.seed", 0, "seed of TestHandoffRandom (0: pick one from the clock)")
+
+// TestHandoffRandom drives the aligner and the bookkeeping together, as
+// TestHandoffDataDriven does, through random runs: checkpoints of random
+// modes (unaligned, aligned with a timeout, aligned) whose barriers or
+// cancel markers reach the inputs in random interleavings with records,
+// clock ticks and ends of input, abort mail of random checkpoints at
+// random moments (the master's expiry: before, during and after their
+// barriers), completions of acked ones, snapshots finishing late or
+// skipped. Every run must keep the bookkeeping's invariants (T2, T8, M3,
+// ...) and the seam (T11), and the subtask must never exit with an error.
+func TestHandoffRandom(t *testing.T) {
+	seed := *handoffSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (rerun with -handoff.seed=%d)", seed, seed)
+	r := rand.New(rand.NewPCG(seed, 0))
+	for run := range 300 {
+		channels := 1 + r.IntN(3)
+		h, err := newHandoff(&datadriven.TestData{Cmd: "new", CmdArgs: []datadriven.CmdArg{
+			{Key: "channels", Vals: []string{strconv.Itoa(channels)}},
+			{Key: "timeout", Vals: []string{strconv.Itoa(5 + r.IntN(40))}},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// queued[ch] are the markers still to arrive on ch, in order.
+		queued := make([][]string, channels)
+		ended := make([]bool, channels)
+		var trace []string
+		var inflight []int64 // snapshots whose asynchronous part runs
+		next := int64(1)
+		fail := func(format string, args ...any) {
+			t.Fatalf("seed %d, run %d, %d channels:\n%s\n%s", seed, run, channels, strings.Join(trace, "\n"), fmt.Sprintf(format, args...))
+		}
+		var feed func(line string)
+		feed = func(line string) {
+			out, err := h.line(line)
+			if err != nil {
+				fail("%s: %v", line, err)
+			}
+			trace = append(trace, line+": "+out)
+			for _, a := range h.last {
+				switch {
+				case a.Kind == DoExit && a.Err != nil:
+					fail("the subtask exited: %v", a.Err)
+				case a.Kind == DoSnapshot && strings.HasSuffix(line, " async"):
+					inflight = append(inflight, a.ID)
+				case a.Kind == DoAck && r.IntN(2) == 0:
+					defer feed(fmt.Sprintf("mail complete %d", a.ID))
+				}
+			}
+			if len(h.chk.violations) > 0 {
+				fail("%s", strings.Join(h.chk.violations, "\n"))
+			}
+		}
+		for step := 0; step < 120 && h.cp.Phase() == Running; step++ {
+			async := ""
+			if r.IntN(3) == 0 {
+				async = " async"
+			}
+			switch x := r.IntN(20); {
+			case x < 2 && next < 30:
+				// The master triggers checkpoint next: its barrier (or,
+				// upstream declined it, a cancel marker) goes to every
+				// input that is open.
+				mode := "UAA"[r.IntN(3)]
+				for ch := range channels {
+					if ended[ch] {
+						continue
+					}
+					m := fmt.Sprintf("%c%d/%d@%d", mode, next, ch, h.now)
+					if r.IntN(8) == 0 {
+						m = fmt.Sprintf("C%d/%d", next, ch)
+					}
+					queued[ch] = append(queued[ch], m)
+				}
+				next++
+			case x < 4 && next > 1:
+				// The master aborts a checkpoint (it expired).
+				feed(fmt.Sprintf("mail aborted %d", 1+r.Int64N(next-1)))
+			case x < 5 && len(inflight) > 0:
+				i := r.IntN(len(inflight))
+				id := inflight[i]
+				inflight = slices.Delete(inflight, i, i+1)
+				done := fmt.Sprintf("snapshot-done %d", id)
+				if r.IntN(4) == 0 {
+					done += " skip"
+				}
+				feed(done)
+			case x < 7:
+				h.now += int64(1 + r.IntN(20))
+				feed("tick" + async)
+			default:
+				ch := r.IntN(channels)
+				if ended[ch] {
+					continue
+				}
+				blocked := h.al.Blocked(ch)
+				switch {
+				case len(queued[ch]) > 0 && (!blocked || queued[ch][0][0] == 'U') && r.IntN(3) > 0:
+					m := queued[ch][0]
+					queued[ch] = queued[ch][1:]
+					feed(m + async)
+				case blocked:
+				case r.IntN(40) == 0:
+					// Its end: counts as every barrier still queued.
+					queued[ch] = nil
+					ended[ch] = true
+					feed(fmt.Sprintf("E/%d", ch) + async)
+				default:
+					feed(fmt.Sprintf("b%d", ch))
+				}
+			}
+		}
+	}
 }
