@@ -308,7 +308,8 @@
 // # Invariants
 //
 // The tests check these on every datadriven script and on random scripts
-// (A8 in TestNoAllocs).
+// (A8 in TestNoAllocs); internal/task's TestHandoffDataDriven drives the
+// aligner and the subtask's bookkeeping together across A14.
 //
 //   - A1 (delivery): every Record and EndOfInput is delivered exactly once,
 //     in the Step that feeds it, so the items of one channel are delivered
@@ -379,6 +380,21 @@
 //     input always triggers. So every Trigger with HasInputState still
 //     gets exactly one InputStateComplete or Abort (by A3 and A6; the
 //     random tests check it on scripts with a loop phase).
+//   - A14 (promises and release): a Trigger with HasInputState is a
+//     promise of exactly one InputStateComplete or Abort of its id (A3,
+//     A6, A13), kept whatever the driver decided about that checkpoint
+//     meanwhile. The aligner is never told that the job master aborted a
+//     checkpoint (it expired, say) or that the driver declined it: a
+//     capture ends only as the rules above say (its barriers, cancel
+//     markers or ends of input, a newer barrier on its channel, the bound
+//     of maxCapturing), so a capture the driver gave up ends as soon as
+//     any other would, and the driver must accept, and drop, a promise of
+//     a checkpoint it declined or cancelled (internal/task T11). Once a
+//     checkpoint had its last outcome (an Abort, InputStateComplete, or a
+//     Trigger without input state) the aligner keeps nothing of it: it is
+//     not Pending, Capturing does not count it, no later action names it,
+//     and a PersistFrom..PersistTo range spans it only between open ids
+//     (which the driver skips).
 //
 // # Differences from Flink
 //

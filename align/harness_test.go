@@ -666,8 +666,13 @@ func (r *run) check(si scriptInput, rec *stepRecord) {
 	if d, dok := r.a.Deadline(); dok && (!ok || d <= r.now) {
 		r.failf("A10: %s: Deadline() = %d at %d (pending %v)", at, d, r.now, ok)
 	}
+	// A14: the aligner holds nothing of a checkpoint after its last
+	// outcome: it captures exactly the open ones, and one pending has none.
 	if n := len(r.open); r.a.Capturing() != n {
-		r.failf("%s: Capturing() = %d, want %d", at, r.a.Capturing(), n)
+		r.failf("A14: %s: Capturing() = %d, want %d", at, r.a.Capturing(), n)
+	}
+	if ok && (r.triggered[id] || r.aborted[id]) {
+		r.failf("A14: %s: checkpoint %d pending after its outcome", at, id)
 	}
 	open := 0
 	for _, e := range r.ended {

@@ -286,7 +286,7 @@ type randomMode struct {
 }
 
 // TestRandomScripts runs random scripts in every mode and checks the
-// invariants of doc.go (A1-A13, via the same checker as the datadriven
+// invariants of doc.go (A1-A14, via the same checker as the datadriven
 // scripts): every record delivered exactly once in per-channel FIFO order
 // (A1), the consistent cut of every trigger (A2), and for unaligned and
 // switched checkpoints the cut with channel state (A2u: delivered before

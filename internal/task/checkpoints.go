@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/snapflow/snapflow/align"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 )
@@ -28,7 +30,9 @@ import (
 // for the barrier to be forwarded and for OnSnapshotDone (the end of the
 // asynchronous part), a failed asynchronous part is declined, and a
 // snapshot notified aborted first is cancelled (DoCancelSnapshot) and not
-// reported. See the package documentation for the invariants.
+// reported; and the aligner's promises of input channel state, kept until
+// the aligner keeps them whatever became of their checkpoints (T11). See
+// the package documentation for the invariants.
 type Checkpoints struct {
 	cfg   CheckpointsConfig
 	phase Phase
@@ -59,9 +63,27 @@ type Checkpoints struct {
 	looping, endLoop, loopEnded bool
 	// acks are the snapshots taken whose acknowledgement is not sent yet,
 	// in id order: each waits for its barrier to be forwarded (a subtask
-	// with inputs) and for its asynchronous part (OnSnapshotDone). The
-	// driver bounds how many run at once.
+	// with inputs), for its asynchronous part (OnSnapshotDone) and for its
+	// input channel state (recording). The driver bounds how many run at
+	// once.
 	acks []pendingAck
+	// recording are the aligner's open promises, in id order: the
+	// checkpoints it triggered with input channel state (OnTrigger with
+	// HasInputState) whose InputStateComplete or Abort has not come yet
+	// (align A14: exactly one comes). Each is kept until then whatever
+	// became of its checkpoint here (declined at its Trigger because the
+	// master aborted it, declined as skipped, cancelled by the master), so
+	// that the promise is accepted, and dropped if nothing waits for it
+	// (T11). The aligner bounds them (it captures at most 50 at once).
+	recording []promise
+}
+
+// promise is a checkpoint whose input channel state the aligner records.
+type promise struct {
+	id int64
+	// declined: the decline of id was reported already (at its Trigger,
+	// or T10), so the aligner's Abort of id reports nothing more.
+	declined bool
 }
 
 // pendingAck is a snapshot whose acknowledgement is not sent yet.
@@ -75,9 +97,6 @@ type pendingAck struct {
 	// cancelled: the master notified the checkpoint aborted first; its
 	// asynchronous part is cancelled and nothing is reported for it.
 	cancelled bool
-	// capturing: an unaligned checkpoint whose input channel state is still
-	// being recorded (until OnInputStateComplete); the ack waits for it.
-	capturing bool
 }
 
 // CheckpointsConfig configures Checkpoints.
@@ -149,7 +168,8 @@ const (
 	OnSnapshotDone
 	// OnInputStateComplete is the aligner's InputStateComplete for ID: the
 	// input channel state of the unaligned checkpoint ID is recorded (every
-	// input delivered its barrier or ended).
+	// input delivered its barrier or ended). For a checkpoint declined or
+	// cancelled here it is accepted and dropped (T11).
 	OnInputStateComplete
 	// OnFeedbackOnly is the aligner's FeedbackOnly (a loop head): every
 	// non-feedback input ended, only feedback inputs are open.
@@ -395,28 +415,23 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		}
 		return c.exit(dst, fmt.Errorf("task: barrier %d forwarded without a snapshot", id))
 	case OnAbort:
-		if c.loopEnded && c.phase == Ended {
-			// A cancel marker came back on a feedback channel after the
-			// loop ended: it matters only to a checkpoint still captured.
-			if i := c.findAck(ev.ID); i >= 0 {
-				c.acks[i].capturing = false
-				dst = c.cancelAck(dst, i)
-				return append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: ev.Reason})
-			}
-			return dst
-		}
-		if c.phase != Running || c.cfg.Source {
+		if (c.phase != Running && !c.loopEnded) || c.cfg.Source {
 			return c.violation(dst, ev)
 		}
-		c.h = max(c.h, ev.ID)
-		if i := c.findAck(ev.ID); i >= 0 {
-			// An unaligned checkpoint aborted while its input channel
-			// state was recorded (a cancel marker): its snapshot is
-			// cancelled, and the decline is its only answer. The
-			// aligner records nothing more for it.
-			c.acks[i].capturing = false
-			dst = c.cancelAck(dst, i)
+		if j := c.findPromise(ev.ID); j >= 0 {
+			return c.abortRecording(dst, j, ev.Reason)
 		}
+		if c.loopEnded {
+			// A cancel marker came back on a feedback channel after the
+			// loop ended: it matters only to a checkpoint still recorded.
+			return dst
+		}
+		if ev.ID <= c.h {
+			// The aligner's outcomes strictly increase, and only a
+			// checkpoint being recorded gets a second one (align A3).
+			return c.exit(dst, fmt.Errorf("task: abort of checkpoint %d after %d was handled, and it is not being recorded (align A3)", ev.ID, c.h))
+		}
+		c.h = ev.ID
 		return append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: ev.Reason})
 	case OnForwardCancel:
 		if c.loopEnded && c.phase == Ended {
@@ -456,12 +471,17 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		if (c.phase != Running && !c.loopEnded) || c.cfg.Source {
 			return c.violation(dst, ev)
 		}
-		i := c.findAck(ev.ID)
-		if i < 0 || !c.acks[i].capturing {
-			return c.exit(dst, fmt.Errorf("task: input channel state of checkpoint %d complete, but it is not being recorded", ev.ID))
+		j := c.findPromise(ev.ID)
+		if j < 0 {
+			return c.exit(dst, fmt.Errorf("task: input channel state of checkpoint %d complete, but it is not being recorded (align A14)", ev.ID))
 		}
-		c.acks[i].capturing = false
-		return c.settle(dst, i)
+		// The promise is kept. A checkpoint declined or cancelled here
+		// has no ack waiting: the promise is dropped (T11).
+		c.recording = slices.Delete(c.recording, j, j+1)
+		if i := c.findAck(ev.ID); i >= 0 {
+			return c.settle(dst, i)
+		}
+		return dst
 	case OnFeedbackOnly:
 		if c.phase != Running || !c.cfg.LoopHead || c.looping {
 			return c.violation(dst, ev)
@@ -482,13 +502,18 @@ func (c *Checkpoints) onTrigger(dst []Action, ev Event) []Action {
 		return c.exit(dst, fmt.Errorf("task: trigger of checkpoint %d after %d was handled (align A3)", id, c.h))
 	}
 	c.h = id
-	if c.isAborted(id) {
+	aborted := c.isAborted(id)
+	if ev.HasInputState {
+		// The aligner owes InputStateComplete or Abort of id, also if it
+		// is declined now (T11).
+		c.recording = append(c.recording, promise{id: id, declined: aborted})
+	}
+	if aborted {
 		c.cancelled = id
 		return append(dst, Action{Kind: DoDecline, ID: id, Reason: snapshot.DeclinedCancelMarker})
 	}
 	c.held = id
 	dst = c.snapshot(dst, ev.Barrier, ev.Metrics, false)
-	c.acks[len(c.acks)-1].capturing = ev.HasInputState
 	if ev.Barrier.Options.Stop {
 		dst = c.suspend(dst, id)
 	}
@@ -629,6 +654,9 @@ func (c *Checkpoints) onSnapshotDone(dst []Action, ev Event) []Action {
 		// T10: declined, not a failure; forgotten as a cancelled snapshot
 		// is (its barrier still goes out, its recording still ends).
 		a.cancelled, a.done = true, true
+		if j := c.findPromise(ev.ID); j >= 0 {
+			c.recording[j].declined = true
+		}
 		reason := snapshot.DeclinedSkipped
 		if errors.Is(ev.Err, snapshot.ErrSubsumed) {
 			reason = snapshot.DeclinedSubsumed
@@ -647,7 +675,7 @@ func (c *Checkpoints) onSnapshotDone(dst []Action, ev Event) []Action {
 // cancelAck cancels snapshot acks[i]: nothing is reported for it, and its
 // asynchronous part, if running, is stopped (DoCancelSnapshot). The driver
 // drops its channel state with it. A cancelled snapshot that is still
-// capturing is forgotten at its OnInputStateComplete.
+// recorded is forgotten at its OnInputStateComplete or OnAbort.
 func (c *Checkpoints) cancelAck(dst []Action, i int) []Action {
 	a := &c.acks[i]
 	a.cancelled = true
@@ -662,7 +690,7 @@ func (c *Checkpoints) cancelAck(dst []Action, i int) []Action {
 // cancelled one is forgotten silently).
 func (c *Checkpoints) settle(dst []Action, i int) []Action {
 	a := c.acks[i]
-	if !a.forwarded || !a.done || a.capturing {
+	if !a.forwarded || !a.done || c.findPromise(a.id) >= 0 {
 		return dst
 	}
 	c.acks = slices.Delete(c.acks, i, i+1)
@@ -670,6 +698,36 @@ func (c *Checkpoints) settle(dst []Action, i int) []Action {
 		return dst
 	}
 	return append(dst, Action{Kind: DoAck, ID: a.id})
+}
+
+// abortRecording handles the aligner's Abort of recording[j] (a cancel
+// marker, the end of an input with AbortOnEndOfInput, or more captures than
+// the aligner keeps): the promise is kept, so it is forgotten; a snapshot
+// of it is cancelled (once), and it is declined unless it was declined
+// already (T2, T11).
+func (c *Checkpoints) abortRecording(dst []Action, j int, reason snapshot.DeclineReason) []Action {
+	p := c.recording[j]
+	c.recording = slices.Delete(c.recording, j, j+1)
+	if i := c.findAck(p.id); i >= 0 {
+		if c.acks[i].cancelled {
+			dst = c.settle(dst, i)
+		} else {
+			dst = c.cancelAck(dst, i)
+		}
+	}
+	if p.declined {
+		return dst
+	}
+	return append(dst, Action{Kind: DoDecline, ID: p.id, Reason: reason})
+}
+
+func (c *Checkpoints) findPromise(id int64) int {
+	for j := range c.recording {
+		if c.recording[j].id == id {
+			return j
+		}
+	}
+	return -1
 }
 
 func (c *Checkpoints) findAck(id int64) int {
@@ -754,4 +812,46 @@ func (c *Checkpoints) violation(dst []Action, ev Event) []Action {
 func (c *Checkpoints) isAborted(id int64) bool {
 	_, ok := slices.BinarySearch(c.aborted, id)
 	return ok
+}
+
+// alignerEvent is the bookkeeping's event for the aligner's action a: the
+// seam between align.Aligner and Checkpoints (T11), shared by RunInput and
+// the scripts of TestHandoffDataDriven. ok is false for the actions the
+// driver carries out itself (Deliver, Block, Unblock, Promote) and for
+// unknown ones.
+func alignerEvent[T any](a *align.Action[T]) (ev Event, ok bool) {
+	switch a.Kind {
+	case align.Trigger:
+		return Event{Kind: OnTrigger, Barrier: a.Barrier, HasInputState: a.HasInputState, Metrics: snapshot.SubtaskMetrics{
+			AlignmentDuration: time.Duration(a.AlignmentNanos),
+			StartDelay:        time.Duration(a.StartDelayNanos),
+			Unaligned:         a.Unaligned,
+			Switched:          a.Switched,
+		}}, true
+	case align.InputStateComplete:
+		return Event{Kind: OnInputStateComplete, ID: a.ID}, true
+	case align.ForwardBarrier:
+		return Event{Kind: OnForwardBarrier, Barrier: a.Barrier}, true
+	case align.Abort:
+		return Event{Kind: OnAbort, ID: a.ID, Reason: declineReason(a.Reason)}, true
+	case align.ForwardCancel:
+		return Event{Kind: OnForwardCancel, ID: a.ID}, true
+	case align.Finished:
+		return Event{Kind: OnInputEnded}, true
+	case align.FeedbackOnly:
+		return Event{Kind: OnFeedbackOnly}, true
+	}
+	return Event{}, false
+}
+
+func declineReason(r align.AbortReason) snapshot.DeclineReason {
+	switch r {
+	case align.Subsumed:
+		return snapshot.DeclinedSubsumed
+	case align.CancelMarker:
+		return snapshot.DeclinedCancelMarker
+	case align.InputEnded:
+		return snapshot.DeclinedEndOfInput
+	}
+	return snapshot.DeclinedTaskError
 }

@@ -199,10 +199,14 @@ func describeState(c *Checkpoints) string {
 		s += " end-loop"
 	}
 	var async, capturing []string
-	for _, a := range c.acks {
-		if a.capturing {
-			capturing = append(capturing, strconv.FormatInt(a.id, 10))
+	for _, p := range c.recording {
+		x := strconv.FormatInt(p.id, 10)
+		if c.findAck(p.id) < 0 || p.declined {
+			x += "(declined)"
 		}
+		capturing = append(capturing, x)
+	}
+	for _, a := range c.acks {
 		if !a.done {
 			x := strconv.FormatInt(a.id, 10)
 			if a.cancelled {
@@ -369,7 +373,7 @@ func (p *protocolChecker) event(ev Event) {
 	switch {
 	case ev.Kind == OnTrigger && ev.HasInputState:
 		p.capturing[ev.Barrier.ID] = true
-	case ev.Kind == OnInputStateComplete:
+	case ev.Kind == OnInputStateComplete, ev.Kind == OnAbort:
 		delete(p.capturing, ev.ID)
 	}
 }
@@ -538,8 +542,16 @@ func TestCheckpointsRandom(t *testing.T) {
 			case 2:
 				ev = Event{Kind: OnForwardBarrier, Barrier: marker.Barrier{ID: id}}
 			case 3:
-				id++
-				ev = Event{Kind: OnAbort, ID: id, Reason: snapshot.DeclinedSubsumed}
+				// An abort of a new checkpoint, or of one being
+				// recorded (its second outcome, align A3).
+				n := id + 1
+				for k := range chk.capturing {
+					if r.IntN(2) == 0 {
+						n = k
+					}
+				}
+				id = max(id, n)
+				ev = Event{Kind: OnAbort, ID: n, Reason: snapshot.DeclinedSubsumed}
 			case 4:
 				ev = Event{Kind: OnForwardCancel, ID: id}
 			case 5:

@@ -311,8 +311,8 @@
 //     (the aligner's InputStateComplete, OnInputStateComplete), besides
 //     T7. A cancel marker for N during the recording declines N and
 //     cancels its snapshot; a master's abort cancels it and forgets it at
-//     its InputStateComplete. The channel state of a cancelled or declined
-//     checkpoint is dropped.
+//     its InputStateComplete (T11). The channel state of a cancelled or
+//     declined checkpoint is dropped.
 //   - T9 (loop heads): a loop head's input ends on MailEndLoop only, once
 //     its non-feedback inputs ended (never on the aligner's Finished); it
 //     reports LoopInputEnded{h} before, at most once, and injects trigger
@@ -328,4 +328,30 @@
 //     a cancelled one (its barrier is still forwarded, its channel state
 //     dropped, its recording forgotten when it ends). Any other error of
 //     an asynchronous part fails the subtask.
+//   - T11 (the aligner's promises): each Trigger with input channel state
+//     is the aligner's promise of exactly one InputStateComplete or Abort
+//     of its id (align A14), and the aligner is never told what became of
+//     the checkpoint here. Checkpoints keeps each promise as a recording
+//     until it is kept, whatever became of its checkpoint: snapshotted,
+//     cancelled by the master (MailAborted), declined as skipped (T10),
+//     or declined at its Trigger because the master had aborted it first
+//     (an expired checkpoint whose barrier a slow subtask read after the
+//     abort mail; its barrier becomes a cancel marker downstream). The
+//     promise is then accepted: InputStateComplete acks a snapshot that
+//     waits for it and is otherwise dropped; an Abort cancels a snapshot
+//     still in flight (once) and declines the checkpoint unless it was
+//     declined already (T2). So no expired or aborted checkpoint fails the
+//     subtask, and a restart strategy never turns checkpoints that keep
+//     expiring into a restart loop. InputStateComplete of an id never
+//     promised, or an Abort of a handled id that is not recorded, breaks
+//     align A3 or A14 and fails the subtask. While it runs, the
+//     checkpoints recorded are exactly the aligner's captures
+//     (Aligner.Capturing): TestHandoffDataDriven drives both machines
+//     through stepAligned's mapping (alignerEvent) and checks it after
+//     every input (testdata/handoff: abort mail before a barrier, between
+//     a barrier and its InputStateComplete, a switched checkpoint that
+//     expired while aligning, a loop head at parallelism > 1, a newer
+//     checkpoint subsuming an aborted one). The driver drops the channel
+//     state of such a checkpoint at its decline, cancel or abort notice
+//     (T8) and persists nothing more for it.
 package task

@@ -1533,15 +1533,12 @@ func (lp *loopState) delivered(r *runner, ch int, kind align.InputKind, records 
 // Unblock and Promote) to the bookkeeping. It is kept out of the record
 // path.
 func stepAligned[T any](ctx context.Context, r *runner, a *align.Action[T]) (done bool, err error) {
-	var ev Event
+	ev, ok := alignerEvent(a)
+	if !ok {
+		return true, fmt.Errorf("task: %v: unknown aligner action %v", r.cfg.Info, a.Kind)
+	}
 	switch a.Kind {
 	case align.Trigger:
-		ev = Event{Kind: OnTrigger, Barrier: a.Barrier, HasInputState: a.HasInputState, Metrics: snapshot.SubtaskMetrics{
-			AlignmentDuration: time.Duration(a.AlignmentNanos),
-			StartDelay:        time.Duration(a.StartDelayNanos),
-			Unaligned:         a.Unaligned,
-			Switched:          a.Switched,
-		}}
 		if a.HasInputState {
 			rec := r.channels.get(a.ID)
 			rec.input = true
@@ -1556,31 +1553,6 @@ func stepAligned[T any](ctx context.Context, r *runner, a *align.Action[T]) (don
 		if rec := r.channels.find(a.ID); rec != nil {
 			rec.input = false
 		}
-		ev = Event{Kind: OnInputStateComplete, ID: a.ID}
-	case align.ForwardBarrier:
-		ev = Event{Kind: OnForwardBarrier, Barrier: a.Barrier}
-	case align.Abort:
-		ev = Event{Kind: OnAbort, ID: a.ID, Reason: declineReason(a.Reason)}
-	case align.ForwardCancel:
-		ev = Event{Kind: OnForwardCancel, ID: a.ID}
-	case align.Finished:
-		ev = Event{Kind: OnInputEnded}
-	case align.FeedbackOnly:
-		ev = Event{Kind: OnFeedbackOnly}
-	default:
-		return true, fmt.Errorf("task: %v: unknown aligner action %v", r.cfg.Info, a.Kind)
 	}
 	return r.step(ctx, ev)
-}
-
-func declineReason(r align.AbortReason) snapshot.DeclineReason {
-	switch r {
-	case align.Subsumed:
-		return snapshot.DeclinedSubsumed
-	case align.CancelMarker:
-		return snapshot.DeclinedCancelMarker
-	case align.InputEnded:
-		return snapshot.DeclinedEndOfInput
-	}
-	return snapshot.DeclinedTaskError
 }
