@@ -30,7 +30,11 @@ import (
 //   - ST12: a shared file is written as <name>.tmp, synced, renamed to
 //     <name>, and the shared directory is synced before WriteNativeState
 //     returns, so a reference in an acknowledgement names a complete,
-//     durable file. Write checks that every file a NativeStateRef names is
+//     durable file. Durability is tracked by name, not by who renamed the
+//     file: a call syncs shared/ whenever it references a name that this
+//     Storage has not seen there at a completed sync of shared/ (one
+//     renamed by an earlier call that failed before its sync, one found
+//     there after a restart), and only then records it as durable. Write checks that every file a NativeStateRef names is
 //     there with its size (else it fails, checkpoint.ErrInvalid), as for
 //     keyed-state files (ST10), and refuses native state in a savepoint:
 //     savepoints never share files. ReadMetadata checks them by a stat
@@ -132,7 +136,7 @@ func (s *Storage) writeNative(ctx context.Context, id int64, t checkpoint.TaskID
 		return nil, err
 	}
 	ref := &checkpoint.NativeStateRef{Format: checkpoint.NativeFormatPebble, Instance: nf.Instance, States: nf.States}
-	wroteShared := false
+	var unsynced []string // shared names referenced whose entry may not be durable
 	for _, name := range names {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -170,9 +174,12 @@ func (s *Storage) writeNative(ctx context.Context, id int64, t checkpoint.TaskID
 			f.Path = checkpoint.NativeSharedFileName(t.Operator, t.Subtask, nf.Instance, name)
 		}
 		stored := s.fs.PathJoin(s.sharedDir(), f.Path)
-		there, err := s.useShared(id, stored, f.Size)
+		there, durable, err := s.useShared(id, stored, f.Size)
 		if err != nil {
 			return nil, err
+		}
+		if !durable || !there {
+			unsynced = append(unsynced, s.fs.PathBase(stored))
 		}
 		switch {
 		case there && known:
@@ -192,22 +199,30 @@ func (s *Storage) writeNative(ctx context.Context, id int64, t checkpoint.TaskID
 				_ = s.fs.Remove(tmp)
 				return nil, err
 			}
-			wroteShared = true
 			ref.Uploaded += f.Size
 		}
 		ref.Files = append(ref.Files, f)
 	}
-	if wroteShared {
+	if len(unsynced) > 0 {
 		if err := syncDirectory(s.fs, s.sharedDir()); err != nil {
 			return nil, err
 		}
+		s.mu.Lock()
+		if s.durable == nil {
+			s.durable = make(map[string]bool)
+		}
+		for _, n := range unsynced {
+			s.durable[n] = true
+		}
+		s.mu.Unlock()
 	}
 	return ref, nil
 }
 
 // useShared registers the shared file name as used by checkpoint id (ST13)
-// and reports whether it is stored with the given size.
-func (s *Storage) useShared(id int64, name string, size int64) (bool, error) {
+// and reports whether it is stored with the given size, and whether its
+// directory entry is known durable (ST12).
+func (s *Storage) useShared(id int64, name string, size int64) (there, durable bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pending == nil {
@@ -218,15 +233,16 @@ func (s *Storage) useShared(id int64, name string, size int64) (bool, error) {
 		m = make(map[string]bool)
 		s.pending[id] = m
 	}
-	m[s.fs.PathBase(name)] = true
+	base := s.fs.PathBase(name)
+	m[base] = true
 	fi, err := s.fs.Stat(name)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return false, nil
+		return false, false, nil
 	case err != nil:
-		return false, err
+		return false, false, err
 	}
-	return fi.Size() == size, nil
+	return fi.Size() == size, s.durable[base], nil
 }
 
 // copyFileSynced copies from to to (on another file system, possibly),
@@ -466,6 +482,7 @@ func (s *Storage) collectShared(done int64) error {
 		if refs[base] || !sharedFile(base) {
 			continue // referenced, or not a file of native state
 		}
+		delete(s.durable, name)
 		if err := s.fs.Remove(s.fs.PathJoin(s.sharedDir(), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 			continue

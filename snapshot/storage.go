@@ -338,6 +338,11 @@ type Storage struct {
 	// each complete checkpoint directory references.
 	pending     map[int64]map[string]bool
 	sharedCache map[string][]string
+	// durable holds the names in shared/ whose directory entry this
+	// Storage made durable (a sync of shared/ after it saw them there):
+	// a reference to any other name syncs shared/ first (ST12), whoever
+	// renamed the file.
+	durable map[string]bool
 	// untidy are the checkpoints and savepoints persisted since the last
 	// Tidy, by the order of their Persist.
 	untidy []CompletedRef

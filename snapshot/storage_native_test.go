@@ -305,3 +305,61 @@ func TestStorageFinished(t *testing.T) {
 	require.NoError(t, err, "checkpoint 1 is intact")
 	require.EqualValues(t, 1, md.CheckpointID)
 }
+
+// failSharedSync fails the next sync of the directory dir while armed.
+type failSharedSync struct {
+	dir   string
+	armed bool
+}
+
+var errSharedSync = errors.New("injected: sync of shared/ fails")
+
+func (f *failSharedSync) MaybeError(op errorfs.Op) error {
+	if f.armed && op.Kind == errorfs.OpFileSync && op.Path == f.dir {
+		f.armed = false
+		return errSharedSync
+	}
+	return nil
+}
+
+func (f *failSharedSync) String() string { return "failSharedSync" }
+
+// TestStorageNativeSharedDurableAcrossCalls: a call that renamed a file
+// into shared/ and failed before syncing the directory leaves it there; a
+// later call that references the file (found there, not copied again)
+// syncs shared/ before it returns (ST12), so after a power loss that
+// keeps only synced data the completed checkpoint restores.
+func TestStorageNativeSharedDurableAcrossCalls(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	inj := &failSharedSync{}
+	fs := errorfs.Wrap(mem, inj)
+	s := openTestStorage(t, fs, StorageOptions{Retain: 1})
+	inj.dir = s.sharedDir()
+	n := &nativeInstance{fs: vfs.NewMem(), dir: "/work/chk"}
+	n.set(t, map[string]string{"000001.sst": "one", "MANIFEST-000003": "m1", "OPTIONS-000004": "o"})
+
+	inj.armed = true
+	_, err := s.WriteNativeState(context.Background(), 1, checkpoint.TaskID{Operator: nativeTestUID, Subtask: 0}, NativeFiles{
+		FS: n.fs, Dir: n.dir, Instance: "0123456789abcdef", States: []checkpoint.NativeState{{Name: "sum", ID: 0}},
+	})
+	require.ErrorIs(t, err, errSharedSync)
+	require.False(t, inj.armed, "the sync of shared/ was attempted")
+
+	// The backend never learned of checkpoint 1's files.
+	md2, ref2 := nativeTestMD(t, s, 2, n, nil)
+	require.EqualValues(t, 2+1, ref2.Uploaded, "000001.sst was found in shared/, not copied again")
+	_, err = s.Write(md2)
+	require.NoError(t, err)
+
+	crashed := mem.CrashClone(vfs.CrashCloneCfg{}) // a power loss: only synced data survives
+	s, err = OpenStorage("/ckpt", storageTestJobID, StorageOptions{FS: crashed, Retain: 1})
+	require.NoError(t, err)
+	require.Equal(t, []int64{2}, checkpointIDs(t, s))
+	dir := s.JobDir() + "/chk-2"
+	_, err = ReadMetadata(crashed, dir)
+	require.NoError(t, err)
+	require.NoError(t, CopyNativeState(crashed, s.JobDir(), dir, 2, nativeTestUID, ref2, "/restore/a"))
+	b, err := readWholeFile(crashed, "/restore/a/000001.sst")
+	require.NoError(t, err)
+	require.Equal(t, "one", string(b))
+}

@@ -598,8 +598,10 @@
 // checkpoints (not savepoints, which stay canonical and portable, nor with
 // graph.StateConfig.FullCheckpoints). FreezeNative is the synchronous
 // part, at the barrier: the dirty cache slots of every state in one batch
-// each, a marker (a delete of a key outside every key group) whose
-// sequence number is the barrier's, and a memtable rotation (Pebble's
+// each, a marker (a batch of one LogData record and no key, which Pebble
+// gives the next sequence number without consuming it and never puts in a
+// memtable) whose sequence number is the first after the barrier, and a
+// memtable rotation (Pebble's
 // AsyncFlush). A goroutine it starts waits for that flush and at once
 // takes a Pebble checkpoint (hard links of the sstables, copies of
 // MANIFEST and OPTIONS) in a directory next to the working directory,
@@ -611,10 +613,11 @@
 // snapshot's checkpoint is not taken yet waits for it (checkpoints closer
 // than a flush), since its rotation would overrun it. Invariants:
 //
-//   - N1: everything written before FreezeNative has a sequence number at
-//     most the marker's, and is in the rotated memtable or older ones,
+//   - N1: everything written before FreezeNative has a sequence number
+//     below the marker's, and is in the rotated memtable or older ones,
 //     all flushed when the wait ends (Pebble flushes memtables in order).
-//   - N2: writes after FreezeNative have larger sequence numbers and reach
+//   - N2: writes after FreezeNative have sequence numbers at least the
+//     marker's and reach
 //     sstables only by a later flush, and from there by compactions. An
 //     event listener records, for every sstable made since the barrier,
 //     the largest sequence number it may hold (a flush output's own; a
@@ -624,8 +627,8 @@
 //     the new version, and Checkpoint reads the version under that mutex:
 //     so once Checkpoint returned, each sstable in the checkpoint
 //     directory is either recorded or existed at the barrier, and the
-//     snapshot is exact if none recorded may hold a sequence number above
-//     the marker's. (Files made after the version was read do not count:
+//     snapshot is exact if none recorded may hold a sequence number of
+//     the marker's or above. (Files made after the version was read do not count:
 //     no false alarm from a flush that ends during the checkpoint.)
 //   - N3: otherwise (a later memtable filled and was flushed, alone or with
 //     ours, before the checkpoint read the version) the checkpoint
@@ -644,10 +647,13 @@
 //     their key group; range deletions' bounds included), so a rescale
 //     copies only the sstables that overlap the new subtask's range
 //     (snapshot F13). A table compacted away in between, or a virtual one,
-//     has no span and is always copied. The barrier marker's key group is
-//     0xffff, so a table holding it spans up to there: an L0 table, or the
-//     last of a level, is copied by every restore whose range ends above
-//     its smallest key.
+//     has no span and is always copied. The barrier marker holds no key,
+//     so a table flushed at a barrier spans only the key groups of what
+//     it holds (before, a deleted marker key in key group 0xffff widened
+//     every such table up to there, and every restore whose range ended
+//     above its smallest key copied it). Instances stored by a version
+//     that wrote that marker keep such tables until a compaction drops
+//     the tombstone; they are only copied more than needed.
 //   - N5: a restore whose copy is partial (checkpoint.NativeRestore.Partial:
 //     placeholders stand for the sstables outside the new range) never
 //     adopts the instance; it opens it read-only without table statistics

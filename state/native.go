@@ -118,11 +118,13 @@ type NativeSnapshot struct {
 // backend's next FreezeNative flushes in its synchronous part.
 var ErrFlushOverrun = errors.New("state: native snapshot overrun: Pebble flushed writes made after the barrier before the checkpoint was taken")
 
-// barrierMarker is the key FreezeNative deletes to learn the barrier's
-// sequence number: a key of key group 0xffff, which no key group range
-// holds (the maximum parallelism is at most 32768), so no scan, restore
-// or ingestion ever sees it.
-var barrierMarker = []byte{0xff, 0xff}
+// barrierMarker is what FreezeNative commits to learn the barrier's
+// sequence number: a batch holding only this LogData record. Pebble gives
+// a batch of no keys the next sequence number without consuming it, and
+// writes LogData to the WAL only, never to a memtable or an sstable: the
+// marker takes no key, so it widens no sstable's bounds (N4), and every
+// write after it has a sequence number at least its own.
+var barrierMarker = []byte("snapflow barrier")
 
 // FreezeNative takes the synchronous part of a native snapshot, at the
 // barrier, in time bounded by the write-back caches' size, not by the
@@ -157,13 +159,15 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 		s.chks[ns.Dir] = struct{}{} // Release and close remove it
 	} else {
 		m := s.db.NewBatch()
-		if err := m.Delete(barrierMarker, nil); err != nil {
+		if err := m.LogData(barrierMarker, nil); err != nil {
 			return nil, fmt.Errorf("state: native snapshot: marking the barrier in %s: %w", s.dir, err)
 		}
 		if err := m.Commit(pebble.NoSync); err != nil {
 			return nil, fmt.Errorf("state: native snapshot: marking the barrier in %s: %w", s.dir, err)
 		}
-		seq := uint64(m.SeqNum())
+		// The marker's sequence number is the first one after the
+		// barrier: everything before has a smaller one (N1, N2).
+		seq := uint64(m.SeqNum()) - 1
 		_ = m.Close()
 		flushed, err := s.db.AsyncFlush()
 		if err != nil {
@@ -231,8 +235,8 @@ func tableSpan(smallest, largest []byte) checkpoint.KeyGroupSpan {
 	return sp
 }
 
-// take waits for the flush of the memtable rotated at the barrier (whose
-// marker has sequence number seq), takes the Pebble checkpoint in Dir
+// take waits for the flush of the memtable rotated at the barrier (seq is
+// the largest sequence number written before the barrier), takes the Pebble checkpoint in Dir
 // (hard links of the sstables, copies of the MANIFEST and OPTIONS) and
 // checks that no sstable in it may hold anything newer than the barrier
 // (N2); when one may (N3), it removes Dir, makes the backend's next

@@ -125,7 +125,8 @@ func TestNativeRestorePartial(t *testing.T) {
 		ns, err := b.FreezeNative()
 		require.NoError(t, err)
 		require.NoError(t, ns.Take(context.Background()))
-		// A span per chunk, and the barrier marker's.
+		// A span per chunk: the barrier's flush of an empty memtable
+		// makes no table (the marker holds no key).
 		var spans []checkpoint.KeyGroupSpan
 		for _, sp := range ns.Spans {
 			spans = append(spans, sp)
@@ -135,7 +136,7 @@ func TestNativeRestorePartial(t *testing.T) {
 		for kg := r.Start; kg <= r.End; kg += chunk {
 			wantSpans = append(wantSpans, checkpoint.KeyGroupSpan{First: uint16(kg), Last: uint16(kg + chunk - 1)})
 		}
-		require.Equal(t, append(wantSpans, checkpoint.KeyGroupSpan{First: 0xffff, Last: 0xffff}), spans)
+		require.Equal(t, wantSpans, spans)
 		ref, err := st.WriteNativeState(context.Background(), 1, checkpoint.TaskID{Operator: "count", Subtask: i}, snapshot.NativeFiles{
 			FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
 		require.NoError(t, err)
@@ -227,4 +228,89 @@ func TestNativeRestorePartial(t *testing.T) {
 			require.True(t, strings.HasPrefix(got1, fmt.Sprintf("value of %d: ", k)))
 		})
 	}
+}
+
+// TestNativeBarrierFlushSpan: the sstable flushed at the barrier (by
+// FreezeNative's memtable rotation) spans only the key groups it holds,
+// not up to the barrier marker (N4), so a rescale to a narrow range of the
+// subtask's copies it only when it overlaps.
+func TestNativeBarrierFlushSpan(t *testing.T) {
+	const maxP, perGroup, chunk = 128, 20, 8
+	fs := vfs.NewMem()
+	eng := PebbleEngine{FS: fs, Dir: "/work", CacheSize: 1 << 20, MemTableSize: 1 << 20, WriteCacheEntries: -1}
+	st, err := snapshot.OpenStorage("/chk", "job", snapshot.StorageOptions{FS: fs})
+	require.NoError(t, err)
+	r := keygroup.RangeFor(maxP, 2, 0) // [0, 64)
+	require.Equal(t, keygroup.Range{Start: 0, End: 63}, r)
+	b, err := NewPebbleKeyedBackend[int64](eng, r, maxP, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	v, err := Value[int64, string](b, "count")
+	require.NoError(t, err)
+	fill := func(first, last int) {
+		n := make([]int, maxP)
+		for k := int64(0); ; k++ {
+			kg := keygroup.Of(k, maxP)
+			if kg >= first && kg <= last && n[kg] < perGroup {
+				n[kg]++
+				b.SetCurrentKey(k, kg)
+				v.Update(fmt.Sprintf("value of %d: %s", k, strings.Repeat("x", 100)))
+			}
+			if slices.Min(n[first:last+1]) == perGroup {
+				return
+			}
+		}
+	}
+	// Every chunk but [8, 16) in an sstable of its own (disjoint, all in
+	// one sublevel of L0); [8, 16) last, in the memtable the barrier
+	// flushes.
+	for kg := 0; kg <= r.End; kg += chunk {
+		if kg != chunk {
+			fill(kg, kg+chunk-1)
+			require.NoError(t, b.peb.db.Flush())
+		}
+	}
+	fill(chunk, 2*chunk-1)
+	ns, err := b.FreezeNative()
+	require.NoError(t, err)
+	require.NotNil(t, ns.taken, "the barrier rotates the memtable, flushed asynchronously")
+	require.NoError(t, ns.Take(context.Background()))
+	defer ns.Release()
+	var spans []checkpoint.KeyGroupSpan
+	for _, sp := range ns.Spans {
+		spans = append(spans, sp)
+	}
+	slices.SortFunc(spans, func(a, b checkpoint.KeyGroupSpan) int { return int(a.First) - int(b.First) })
+	var wantSpans []checkpoint.KeyGroupSpan
+	for kg := r.Start; kg <= r.End; kg += chunk {
+		wantSpans = append(wantSpans, checkpoint.KeyGroupSpan{First: uint16(kg), Last: uint16(kg + chunk - 1)})
+	}
+	require.Equal(t, wantSpans, spans, "every sstable spans only its key groups, the one flushed at the barrier too")
+
+	ref, err := st.WriteNativeState(context.Background(), 1, checkpoint.TaskID{Operator: "count", Subtask: 0}, snapshot.NativeFiles{
+		FS: ns.FS, Dir: ns.Dir, Instance: ns.Instance, States: ns.States, Known: ns.Known, Spans: ns.Spans})
+	require.NoError(t, err)
+	md := &checkpoint.Metadata{JobID: "job", CheckpointID: 1, Options: marker.Options{Kind: marker.Checkpoint}}
+	md.Operators = append(md.Operators, checkpoint.OperatorState{UID: "count", Name: "count", Parallelism: 2, MaxParallelism: maxP,
+		Subtasks: []checkpoint.SubtaskState{{Subtask: 0, KeyGroupStart: r.Start, KeyGroupEnd: r.End, Native: ref}}})
+	path, err := st.Write(md)
+	require.NoError(t, err)
+
+	// A new subtask of [48, 56) copies the private files and the one
+	// sstable of [48, 56), nothing of the table flushed at the barrier.
+	cfs := NewReadCountingFS(fs)
+	partial, err := snapshot.CopyNativeStateFor(cfs, st.JobDir(), path, 1, "count", ref, "/restore", 48, 55)
+	require.NoError(t, err)
+	require.True(t, partial)
+	var want int64
+	copied := 0
+	for _, f := range ref.Files {
+		require.True(t, f.Shared == strings.HasSuffix(f.Name, ".sst"))
+		if !f.Shared || f.Overlaps(48, 55) {
+			want += f.Size
+			copied += min(1, len(f.Name)-len(strings.TrimSuffix(f.Name, ".sst")))
+		}
+	}
+	require.Equal(t, 1, copied, "one sstable overlaps [48, 56)")
+	require.Equal(t, want, cfs.Total(), "only the overlapping sstable and the private files are read")
 }
