@@ -97,9 +97,8 @@ type options struct {
 
 // WithCommitUser sets the commit user of the sink, overriding the one in
 // restored state. Give a job forked from another job's savepoint its own
-// identity this way (see the package doc); transactions restored from the
-// savepoint keep their original Txn, so they are still recognized when
-// they are re-committed.
+// identity this way (see the package doc): the transactions the savepoint
+// names under the origin's commit user are left to the origin (P8).
 func WithCommitUser(user string) Option {
 	return func(o *options) { o.user, o.fixed = user, true }
 }
