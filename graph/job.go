@@ -112,7 +112,8 @@ type RestoreConfig struct {
 	// again. By default such a restore fails with an error wrapping
 	// sink.ErrCommittedAhead that names the sink, its commit user and both
 	// checkpoints (sinks whose committer reports its horizon:
-	// sink.HorizonReporter).
+	// sink.HorizonReporter). AllowFallback implies it: a fallback
+	// publishes again by design.
 	AllowRepublish bool
 }
 

@@ -36,8 +36,8 @@ func (c *Context) OnJobEnd(key string, fn func(JobEnd) error) {
 	jobEnds.register(c.info.Execution, c.info.Attempt, key, fn)
 }
 
-// AllowRepublish reports RestoreConfig.AllowRepublish of a sink's job
-// (false in other operators).
+// AllowRepublish reports RestoreConfig.AllowRepublish (or AllowFallback)
+// of a sink's job (false in other operators).
 func (c *Context) AllowRepublish() bool { return c.allowRepublish }
 
 // jobEnds holds the OnJobEnd registrations of every running execution.

@@ -159,7 +159,7 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 	connect(s, v)
 	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
 		fn := newFn()
-		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, allowRepublish: a.job.cfg.Restore.AllowRepublish}, process: func(c *Context, recs []T) error {
+		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
 			for _, r := range recs {
 				if err := fn.Write(c, r); err != nil {
 					return err
@@ -339,7 +339,8 @@ type hooks struct {
 	// for its Context.
 	sides []sideSlot
 	logf  func(format string, args ...any)
-	// allowRepublish is RestoreConfig.AllowRepublish, for a sink's Context.
+	// allowRepublish is RestoreConfig.AllowRepublish (or AllowFallback),
+	// for a sink's Context.
 	allowRepublish bool
 }
 
