@@ -169,6 +169,8 @@ type Context struct {
 	// splits is the split lifecycle of a SplitSourceFunc's subtask
 	// (AddSplit, FinishSplit; splits.go), nil elsewhere.
 	splits *splitLife
+	// allowRepublish is RestoreConfig.AllowRepublish (sinks only).
+	allowRepublish bool
 }
 
 func newContext(in task.Info) (*Context, error) {

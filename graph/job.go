@@ -105,6 +105,16 @@ type RestoreConfig struct {
 	// two again: by default such a restore fails with an error wrapping
 	// restore.ErrFallback that names the checkpoints at stake.
 	AllowFallback bool
+	// AllowRepublish lets a sink restore a checkpoint or savepoint older
+	// than what its commit user committed (an old savepoint restored into
+	// a new checkpoint directory, a fork that keeps the commit user): the
+	// records committed after the restored checkpoint are published
+	// again. By default such a restore fails with an error wrapping
+	// sink.ErrCommittedAhead that names the sink, its commit user and both
+	// checkpoints (sinks whose committer reports its horizon:
+	// sink.HorizonReporter). AllowFallback implies it: a fallback
+	// publishes again by design.
+	AllowRepublish bool
 }
 
 // Config configures a job.

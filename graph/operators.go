@@ -159,7 +159,7 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 	connect(s, v)
 	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
 		fn := newFn()
-		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf}, process: func(c *Context, recs []T) error {
+		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
 			for _, r := range recs {
 				if err := fn.Write(c, r); err != nil {
 					return err
@@ -339,6 +339,9 @@ type hooks struct {
 	// for its Context.
 	sides []sideSlot
 	logf  func(format string, args ...any)
+	// allowRepublish is RestoreConfig.AllowRepublish (or AllowFallback),
+	// for a sink's Context.
+	allowRepublish bool
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -349,6 +352,7 @@ func (h *hooks) open(info task.Info) error {
 	if c != nil {
 		c.broadcast = h.broadcast
 		c.sides, c.logf = h.sides, h.logf
+		c.allowRepublish = h.allowRepublish
 	}
 	h.ctx = c
 	h.keyedFiles, h.task, h.inlineEntries = info.KeyedState, info.ID(), info.InlineKeyedEntries

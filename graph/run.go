@@ -43,7 +43,10 @@ type Event = execution.Event
 // Execution is one run of a job: every attempt from Start until the job
 // finishes, stops, fails or is cancelled. See the package documentation
 // for its lifecycle.
-type Execution struct{ x *execution.Execution }
+type Execution struct {
+	x     *execution.Execution
+	ended chan struct{} // closed once the OnJobEnd hooks ran
+}
 
 // Run runs the job until it finishes, fails beyond its restart strategy, or
 // ctx is cancelled.
@@ -61,7 +64,7 @@ func (j *Job) Start(ctx context.Context) (*Execution, error) {
 	if err := j.Validate(); err != nil {
 		return nil, err
 	}
-	return &Execution{x: execution.Start(ctx, j.spec())}, nil
+	return newExecution(execution.Start(ctx, j.spec()), j.logf), nil
 }
 
 // ID is the execution id: random, new for every Start. It is recorded in
@@ -69,9 +72,13 @@ func (j *Job) Start(ctx context.Context) (*Execution, error) {
 // sinks create, so that outputs of two executions never share an id.
 func (e *Execution) ID() string { return e.x.ID() }
 
-// Wait waits for the job to end and returns its error: nil when it
-// finished or stopped, context.Canceled after Cancel.
-func (e *Execution) Wait() error { return e.x.Wait() }
+// Wait waits for the job to end (and its OnJobEnd hooks to run) and
+// returns its error: nil when it finished or stopped, context.Canceled
+// after Cancel.
+func (e *Execution) Wait() error {
+	<-e.ended
+	return e.x.Wait()
+}
 
 // Cancel stops the job at once, like cancelling the context passed to
 // Start: it is a shutdown, and the checkpoints stay, so a later run with

@@ -203,7 +203,7 @@ type committerOp[C any] struct {
 
 func (p *committerOp[C]) InitializeState(ctx *graph.Context) error {
 	p.info, p.ckpt = ctx.Task(), ctx.CheckpointingEnabled()
-	user, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user, "")
+	user, replaced, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user, "")
 	if err != nil {
 		return err
 	}
@@ -213,6 +213,14 @@ func (p *committerOp[C]) InitializeState(ctx *graph.Context) error {
 		return err
 	}
 	p.state = l
+	if replaced != "" && len(l.Get()) > 0 {
+		// P8: the restored committables are the replaced commit user's:
+		// the job that took the checkpoint commits them (a fork given its
+		// own user by WithCommitUser publishes only what it writes).
+		p.opts.logf("sink: committer %v left alone %d restored committable(s) of commit user %s, replaced by %s (P8)",
+			p.info, len(l.Get()), replaced, user)
+		l.Clear()
+	}
 	var latest int64
 	var ok bool
 	if _, err := p.withRetry("latest-committed", func() error {

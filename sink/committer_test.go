@@ -411,7 +411,9 @@ func TestCommitterFinalCommit(t *testing.T) {
 // TestCommitterRefusesToCommitAgain: restoring a checkpoint older than the
 // newest commit of the user is refused with ErrCommittedAhead, naming both
 // checkpoints; with a new commit user (WithCommitUser) the restore runs,
-// and publishes the replayed records again as that user, deliberately.
+// and publishes the replayed records again as that user, deliberately,
+// but none of the committables the restored state holds of the origin's
+// commit user (P8).
 func TestCommitterRefusesToCommitAgain(t *testing.T) {
 	cj := commitMatrixJob(t)
 	cj.Rate = 10_000
@@ -443,9 +445,20 @@ func TestCommitterRefusesToCommitAgain(t *testing.T) {
 	fork := rerun("fork")
 	require.NoError(t, fork.run(t))
 	var forked int
+	origin := map[string]bool{}
+	for _, c := range cj.table.commits {
+		if c.User != "fork" {
+			for _, b := range c.Batches {
+				origin[b] = true
+			}
+		}
+	}
 	for _, c := range cj.table.commits {
 		if c.User == "fork" {
 			forked++
+			for _, b := range c.Batches {
+				require.False(t, origin[b], "the fork committed batch %s, restored from the origin's state, again (P8)", b)
+			}
 		}
 	}
 	require.Positive(t, forked, "the fork published as its own user")

@@ -133,6 +133,59 @@
 //     transactions of an attempt. TxnFiles refuses to begin a name that
 //     exists.
 //
+// # Identity at a restore: forks and older checkpoints
+//
+// A checkpoint or savepoint names the transactions of the job that took
+// it, under that job's commit user. A job restored from it under another
+// commit user (a fork given its own identity by WithCommitUser, as the
+// docs advise, often with its own output) is not that job:
+//
+//   - P8: the recovery hooks act only on transactions of the restoring
+//     sink's own commit user. RecoverAndCommit and RecoverAndAbort
+//     (TwoPhaseCommit), the recommit of Publishing and the restored
+//     committables of WriteAndCommit skip, with a log line, whatever the
+//     restored state holds of another commit user; AbortStale and
+//     AbortLingering filter by commit user (Stale, Lingering). Those
+//     transactions are the origin's: it committed them, or commits them
+//     (its next completion, or its own restore), or aborts them. Their
+//     handles point at the origin's files, gids and transactional ids, so
+//     an abort by the fork would destroy the origin's next commit and its
+//     newest checkpoint (issue 37, bug 6). A fork publishes only what it
+//     writes after the restored checkpoint. A job that changes its commit
+//     user on a restore of its own checkpoint leaves its pending
+//     transactions to a restore under the old one.
+//   - P9: a sink subtask that restores checkpoint R under a commit user
+//     that committed a later checkpoint refuses to start (an error
+//     wrapping ErrCommittedAhead, unrecoverable, naming the sink's uid,
+//     the commit user, R and the newest committed checkpoint), when its
+//     committer reports that horizon: a Committer or TwoPhaseCommitter
+//     that implements HorizonReporter (sink/postgres by its marker rows,
+//     the file table by its snapshots; WriteAndCommit checks the same by
+//     GlobalCommitter.LatestCommitted, CM4). Such a restore (an older
+//     checkpoint or savepoint restored into a new checkpoint directory, a
+//     fallback, a fork that keeps the commit user) would publish again
+//     what was committed after R: new transactions carry the new
+//     execution, so even a committer idempotent by the whole Txn takes
+//     them as new. graph.RestoreConfig.AllowRepublish accepts that (a
+//     warning is logged); a fork passes WithCommitUser. Checkpoint ids
+//     only grow within a job directory (graph G3), so restarts and
+//     Restore.Latest never trip it. A committer that cannot report its
+//     horizon gets no such check: see Limitations.
+//
+// # The end of an execution
+//
+// A committer whose pre-committed transactions hold resources implements
+// EndAborter (sink/postgres). When the execution ends for good (finished,
+// stopped, cancelled, or failed beyond its restart strategy), the sink's
+// job-end hook (graph.Context.OnJobEnd, once per sink) calls
+// AbortUncovered with the newest checkpoint the execution completed: what
+// the execution pre-committed for a later checkpoint is aborted (no
+// restore can name it); what a completed checkpoint covers stays for a
+// restore to commit (P5). Only the sink's own commit user, uid and
+// execution are touched. A killed process runs no hook: the next restore
+// resolves its transactions (StaleAborter), or an operator calls
+// AbortUncovered.
+//
 // # The committer contract
 //
 // See TwoPhaseCommitter. In short, PreCommit must make the commit certain
@@ -241,7 +294,12 @@
 // Exactly-once holds across restores of the newest completed checkpoint,
 // which is what restarts and Restore.Latest do. A restore of an older
 // checkpoint or savepoint replays, and so commits again, what was committed
-// after it (graph's AllowFallback warns of the same).
+// after it: refused where the committer reports its horizon (P9), silent
+// otherwise (graph's AllowFallback warns of the same). A fork that keeps
+// the commit user and starts before its origin committed past the
+// restored checkpoint is not refused: both then publish what follows it,
+// and StaleAborter committers may abort each other's transactions. Give
+// forks their own commit user.
 //
 // A savepoint (not a stop-with-savepoint) is committed by the next
 // checkpoint's completion. If the job restarts before then, from an older
@@ -263,15 +321,13 @@
 // TwoPhaseCommit sink keeps an empty transaction open instead).
 //
 // A savepoint restored into a second job (a fork) hands the fork the same
-// commit user. That is safe for a Committer idempotent by the whole Txn,
-// as the contract requires. The two jobs' new transactions differ in their
-// execution ids (P4, P7), so neither is taken for the other's. The
-// pre-committed transactions both restore are the same transactions with
-// the same records, published once. A committer that dedupes by commit
-// user and checkpoint id only must key by execution too (see Committer).
-// When a job restores a commit user (attempt 0, subtask 0), the sink logs
-// it once (WithLogf). A fork that must publish under an identity of its
-// own passes WithCommitUser.
+// commit user. The two jobs' new transactions differ in their execution
+// ids (P4, P7), so neither is taken for the other's, but both publish what
+// follows the savepoint, and a committer that reports its horizon makes
+// the fork refuse to start once the origin committed past it (P9). When a
+// job restores a commit user (attempt 0, subtask 0), the sink logs it once
+// (WithLogf). A fork passes WithCommitUser: it then publishes only what it
+// writes, and leaves the origin's transactions alone (P8).
 //
 // # End of input and stopping
 //

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -96,9 +97,8 @@ type options struct {
 
 // WithCommitUser sets the commit user of the sink, overriding the one in
 // restored state. Give a job forked from another job's savepoint its own
-// identity this way (see the package doc); transactions restored from the
-// savepoint keep their original Txn, so they are still recognized when
-// they are re-committed.
+// identity this way (see the package doc): the transactions the savepoint
+// names under the origin's commit user are left to the origin (P8).
 func WithCommitUser(user string) Option {
 	return func(o *options) { o.user, o.fixed = user, true }
 }
@@ -142,12 +142,19 @@ type publishing[T any] struct {
 
 func (p *publishing[T]) InitializeState(ctx *graph.Context) error {
 	p.info, p.ckpt = ctx.Task(), ctx.CheckpointingEnabled()
-	user, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user,
+	user, _, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user,
 		"; committers must dedupe by the whole Txn: sink.Committer")
 	if err != nil {
 		return err
 	}
 	p.user = user
+	if hr, ok := p.c.(HorizonReporter); ok {
+		restoredID, _ := ctx.RestoredCheckpoint()
+		once := func(f func() error) (int, error) { return 1, f() }
+		if err := checkHorizon(hr, user, p.info, restoredID, ctx.AllowRepublish(), once, p.opts.logf); err != nil {
+			return err
+		}
+	}
 	l, err := state.ListState[pendingTxn[T]](ctx.OperatorState(), PendingState)
 	if err != nil {
 		return err
@@ -155,13 +162,24 @@ func (p *publishing[T]) InitializeState(ctx *graph.Context) error {
 	p.state = l
 	// Recover and commit: the checkpoint that holds these completed. Each
 	// keeps its original Txn, so a committer recognizes it if it was
-	// committed before.
+	// committed before. Those of another commit user (a fork's own, set
+	// with WithCommitUser) are left to the job that took the checkpoint
+	// (P8).
 	restored := slices.Clone(l.Get())
 	slices.SortStableFunc(restored, func(a, b pendingTxn[T]) int { return cmp.Compare(a.Txn.CheckpointID, b.Txn.CheckpointID) })
+	others := 0
 	for _, t := range restored {
+		if t.Txn.CommitUser != user {
+			others++
+			continue
+		}
 		if err := p.c.Commit(t.Txn, t.Records); err != nil {
 			return fmt.Errorf("sink: recommit %v after restore: %w", t.Txn, err)
 		}
+	}
+	if others > 0 {
+		p.opts.logf("sink %v: left alone %d restored transaction(s) of another commit user than %s: the job that took the checkpoint commits them (P8)",
+			p.info, others, user)
 	}
 	l.Clear()
 	return nil
@@ -268,15 +286,18 @@ func (m *Memory[T]) Commits() (commits, recommits int) {
 
 // restoreCommitUser registers the commit user's union list state and
 // returns the commit user to use: the restored one, unless fixed by
-// WithCommitUser; it logs the choice once per job (subtask 0, attempt 0),
-// with hint appended to the message about a restored one.
-func restoreCommitUser(ops *state.OperatorStore, o options, info graph.TaskInfo, user, hint string) (string, error) {
+// WithCommitUser, and the restored one it replaces, if any ("" if none);
+// it logs the choice once per job (subtask 0, attempt 0), with hint
+// appended to the message about a restored one.
+func restoreCommitUser(ops *state.OperatorStore, o options, info graph.TaskInfo, user, hint string) (string, string, error) {
 	users, err := state.UnionListState[string](ops, CommitUserState)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
+	replaced := ""
 	if restored := users.Get(); len(restored) > 0 && restored[0] != user {
 		if o.fixed {
+			replaced = restored[0]
 			if info.Subtask == 0 && info.Attempt == 0 {
 				o.logf("sink %q: commit user %s (WithCommitUser) replaces the restored commit user %s", info.UID, user, restored[0])
 			}
@@ -289,5 +310,69 @@ func restoreCommitUser(ops *state.OperatorStore, o options, info graph.TaskInfo,
 		}
 	}
 	users.Update([]string{user})
-	return user, nil
+	return user, replaced, nil
+}
+
+// HorizonReporter is an optional interface of a Committer or a
+// TwoPhaseCommitter whose external system knows what a commit user
+// committed (marker rows, a table's snapshots). A sink subtask that
+// restores a checkpoint asks it first, and refuses the restore when its
+// commit user committed a later checkpoint (P9): the job restored an older
+// checkpoint or savepoint, or is a fork that keeps the origin's commit
+// user, and would publish again what was committed after the restored
+// checkpoint. graph.RestoreConfig.AllowRepublish accepts that.
+type HorizonReporter interface {
+	// CommittedHorizon returns the newest checkpoint committed as commit
+	// user user by the sink with uid sink (a system that does not record
+	// the uid may ignore it); ok is false if there is none. Commits at
+	// EndOfInput (a job without checkpointing) are not counted.
+	CommittedHorizon(ctx context.Context, user, sink string) (checkpoint int64, ok bool, err error)
+}
+
+// checkHorizon refuses the restore of checkpoint restored (0: none) by
+// subtask info of a sink whose commit user committed a later checkpoint,
+// per hr (P9), unless allow (a warning then, by subtask 0). retry runs
+// the question (it returns the attempts made).
+func checkHorizon(hr HorizonReporter, user string, info graph.TaskInfo, restored int64, allow bool,
+	retry func(func() error) (int, error), logf func(string, ...any)) error {
+	if restored <= 0 {
+		return nil
+	}
+	var horizon int64
+	var ok bool
+	n, err := retry(func() error {
+		var err error
+		horizon, ok, err = hr.CommittedHorizon(context.Background(), user, info.UID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sink %v: newest commit of commit user %s (to check the restore of checkpoint %d), after %d attempt(s): %w",
+			info, user, restored, n, err)
+	}
+	if !ok || horizon <= restored || horizon == EndOfInput {
+		return nil
+	}
+	if allow {
+		if info.Subtask == 0 {
+			logf("sink %q: WARNING: commit user %s committed checkpoint %d, after the restored checkpoint %d: "+
+				"what it committed after checkpoint %d is published again, because RestoreConfig.AllowRepublish is set",
+				info.UID, user, horizon, restored, restored)
+		}
+		return nil
+	}
+	return fmt.Errorf("sink %q (subtask %d): commit user %s committed checkpoint %d, after the restored checkpoint %d: "+
+		"this restore (an older checkpoint or savepoint, or a fork that keeps the commit user) would publish again what was committed after checkpoint %d; "+
+		"give a fork its own identity with sink.WithCommitUser, or set graph.RestoreConfig.AllowRepublish to accept the duplicates: %w",
+		info.UID, info.Subtask, user, horizon, restored, restored, ErrCommittedAhead)
+}
+
+// restoreEnv is what a sink learns from its Context at a restore beyond
+// the task and the state (nil hooks in unit tests).
+type restoreEnv struct {
+	allowRepublish bool
+	onJobEnd       func(key string, fn func(graph.JobEnd) error)
+}
+
+func envOf(ctx *graph.Context) restoreEnv {
+	return restoreEnv{allowRepublish: ctx.AllowRepublish(), onJobEnd: ctx.OnJobEnd}
 }

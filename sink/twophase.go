@@ -101,6 +101,40 @@ type StaleAborter interface {
 	AbortStale(s Stale) error
 }
 
+// EndAborter is an optional interface of a TwoPhaseCommitter whose
+// pre-committed transactions hold resources until they are resolved
+// (PostgreSQL's prepared transactions hold row locks and VACUUM's
+// horizon). When the job's execution ends for good (it finished, stopped,
+// was cancelled or failed beyond its restart strategy: graph.JobEnd), the
+// sink calls AbortUncovered once, so that what the execution pre-committed
+// for checkpoints that never completed does not wait for a restore that
+// may never come.
+type EndAborter interface {
+	// AbortUncovered aborts every uncommitted transaction u contains. It
+	// must not touch committed transactions, nor those of other commit
+	// users, sinks or executions.
+	AbortUncovered(u Uncovered) error
+}
+
+// Uncovered describes the pre-committed transactions of an execution that
+// ended for good that no completed checkpoint covers: those of its commit
+// user, sink and execution pre-committed for a checkpoint after
+// Completed, the newest checkpoint or savepoint it completed (or
+// restored). No restore can name them (a restore resumes from a completed
+// checkpoint, at most Completed), and no later checkpoint of the
+// execution completes. Those up to Completed stay: a restore of Completed
+// commits them (P5, P6).
+type Uncovered struct {
+	CommitUser, Sink, Execution string
+	Completed                   int64
+}
+
+// Contains reports whether a transaction id pre-committed for checkpoint
+// is uncovered.
+func (u Uncovered) Contains(id TxnID, checkpoint int64) bool {
+	return id.CommitUser == u.CommitUser && id.Sink == u.Sink && id.Execution == u.Execution && checkpoint > u.Completed
+}
+
 // Stale describes the pre-committed transactions a restored or restarted
 // sink subtask may find that no restored state names: those of its commit
 // user and sink pre-committed for a checkpoint after Restored by any other
@@ -400,16 +434,22 @@ type twoPhase[T, H any] struct {
 
 func (p *twoPhase[T, H]) InitializeState(ctx *graph.Context) error {
 	id, _ := ctx.RestoredCheckpoint()
-	return p.initialize(ctx.Task(), ctx.CheckpointingEnabled(), id, ctx.OperatorState())
+	return p.initialize(ctx.Task(), ctx.CheckpointingEnabled(), id, ctx.OperatorState(), envOf(ctx))
 }
 
-func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, restoredID int64, ops *state.OperatorStore) error {
+func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, restoredID int64, ops *state.OperatorStore, env restoreEnv) error {
 	p.info, p.ckpt = info, ckpt
-	user, err := restoreCommitUser(ops, p.opts, info, p.user, "")
+	user, _, err := restoreCommitUser(ops, p.opts, info, p.user, "")
 	if err != nil {
 		return err
 	}
 	p.user = user
+	if hr, ok := p.c.(HorizonReporter); ok {
+		retry := func(f func() error) (int, error) { return p.withRetry("committed-horizon", "commit user "+user, f) }
+		if err := checkHorizon(hr, user, info, restoredID, env.allowRepublish, retry, p.opts.logf); err != nil {
+			return err
+		}
+	}
 	l, err := state.ListState[txnEntry[H]](ops, TwoPhaseState)
 	if err != nil {
 		return err
@@ -423,7 +463,9 @@ func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, restoredID i
 	// after the restored checkpoint's barrier: their records are replayed,
 	// so they are aborted. With a changed parallelism a subtask may get
 	// several of either, of other subtasks; their handles are
-	// self-contained.
+	// self-contained. Only transactions of this sink's commit user are
+	// touched (P8): the others belong to the job that took the checkpoint,
+	// which this one forks.
 	restored := slices.Clone(l.Get())
 	slices.SortStableFunc(restored, func(a, b txnEntry[H]) int {
 		if a.Open != b.Open {
@@ -434,16 +476,24 @@ func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, restoredID i
 		}
 		return cmp.Compare(a.Checkpoint, b.Checkpoint)
 	})
+	var others []TxnID
 	for _, e := range restored {
-		if e.Open {
+		switch {
+		case e.Txn.CommitUser != p.user:
+			others = append(others, e.Txn)
+		case e.Open:
 			if err := p.try("recover-and-abort", e, p.c.RecoverAndAbort); err != nil {
 				return err
 			}
-			continue
+		default:
+			if err := p.try("recover-and-commit", e, p.c.RecoverAndCommit); err != nil {
+				return err
+			}
 		}
-		if err := p.try("recover-and-commit", e, p.c.RecoverAndCommit); err != nil {
-			return err
-		}
+	}
+	if len(others) > 0 {
+		p.opts.logf("sink %v: left alone %d restored transaction(s) of another commit user than %s (%v...): the job that took the checkpoint commits or aborts them (P8)",
+			info, len(others), p.user, others[0])
 	}
 	l.Clear()
 	if la, ok := p.c.(LingeringAborter); ok && info.Attempt > 0 {
@@ -457,6 +507,17 @@ func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, restoredID i
 		if n, err := p.withRetry("abort", what, func() error { return sa.AbortStale(s) }); err != nil {
 			return fmt.Errorf("sink: abort of %s (%+v) failed after %d attempt(s): %w", what, s, n, err)
 		}
+	}
+	if ea, ok := p.c.(EndAborter); ok && env.onJobEnd != nil {
+		user := p.user
+		env.onJobEnd("sink.TwoPhaseCommit/"+info.UID, func(end graph.JobEnd) error {
+			u := Uncovered{CommitUser: user, Sink: info.UID, Execution: end.Execution, Completed: end.Completed}
+			what := fmt.Sprintf("the transactions of sink %q, execution %s, uncovered by checkpoint %d", info.UID, end.Execution, end.Completed)
+			if n, err := p.withRetry("abort", what, func() error { return ea.AbortUncovered(u) }); err != nil {
+				return fmt.Errorf("sink: abort of %s (%+v) failed after %d attempt(s): %w", what, u, n, err)
+			}
+			return nil
+		})
 	}
 	return p.begin()
 }

@@ -177,7 +177,7 @@ func start(t *testing.T, c TwoPhaseCommitter[int, fakeTxn], ti graph.TaskInfo, c
 	ops, err := state.NewOperatorStore(restored, restored != nil)
 	require.NoError(t, err)
 	h.ops = ops
-	return h, h.p.initialize(ti, ckpt, 0, ops)
+	return h, h.p.initialize(ti, ckpt, 0, ops, restoreEnv{})
 }
 
 func mustStart(t *testing.T, c TwoPhaseCommitter[int, fakeTxn], ti graph.TaskInfo, restored []checkpoint.NamedList) *harness {
@@ -661,7 +661,7 @@ func TestTwoPhaseWriteBatch(t *testing.T) {
 	p := TwoPhaseCommit[int, fakeTxn](bf, WithCommitUser("u"))().(*twoPhase[int, fakeTxn])
 	ops, err := state.NewOperatorStore(nil, false)
 	require.NoError(t, err)
-	require.NoError(t, p.initialize(info(0, 0), true, 0, ops))
+	require.NoError(t, p.initialize(info(0, 0), true, 0, ops, restoreEnv{}))
 	require.NoError(t, p.WriteBatch(nil, []int{1, 2}))
 	require.NoError(t, p.WriteBatch(nil, nil))
 	require.Equal(t, 1, bf.batches)
@@ -676,7 +676,7 @@ func TestTwoPhaseCommitUser(t *testing.T) {
 	p := TwoPhaseCommit[int, fakeTxn](f, WithLogf(t.Logf))().(*twoPhase[int, fakeTxn])
 	ops, err := state.NewOperatorStore(nil, false)
 	require.NoError(t, err)
-	require.NoError(t, p.initialize(info(0, 0), true, 0, ops))
+	require.NoError(t, p.initialize(info(0, 0), true, 0, ops, restoreEnv{}))
 	user := p.open.Txn.CommitUser
 	require.Len(t, user, 32)
 	require.NoError(t, p.SnapshotState(&graph.SnapshotContext{CheckpointID: 1}))
@@ -690,7 +690,7 @@ func TestTwoPhaseCommitUser(t *testing.T) {
 	require.NoError(t, err)
 	ti := info(0, 0)
 	ti.Execution = "e2"
-	require.NoError(t, p2.initialize(ti, true, 0, ops2))
+	require.NoError(t, p2.initialize(ti, true, 0, ops2, restoreEnv{}))
 	require.Equal(t, user, p2.open.Txn.CommitUser)
 	require.Equal(t, "e2", p2.open.Txn.Execution)
 	require.Len(t, logs, 1)
@@ -700,7 +700,7 @@ func TestTwoPhaseCommitUser(t *testing.T) {
 	ops3, err := state.NewOperatorStore(lists, true)
 	require.NoError(t, err)
 	ti.Execution = "e3"
-	require.NoError(t, p3.initialize(ti, true, 0, ops3))
+	require.NoError(t, p3.initialize(ti, true, 0, ops3, restoreEnv{}))
 	require.Equal(t, "fork", p3.open.Txn.CommitUser)
 	require.Contains(t, logs[1], "commit user fork (WithCommitUser) replaces the restored commit user "+user)
 }
@@ -824,7 +824,7 @@ func TestTwoPhaseAbortStale(t *testing.T) {
 		p := TwoPhaseCommitWithRetry[int, fakeTxn](sf, Retry{}, WithCommitUser("u"))().(*twoPhase[int, fakeTxn])
 		ops, err := state.NewOperatorStore(restored, true)
 		require.NoError(t, err)
-		require.NoError(t, p.initialize(ti, true, id, ops))
+		require.NoError(t, p.initialize(ti, true, id, ops, restoreEnv{}))
 	}
 	ti := info(1, 0)
 	ti.Execution = "e2"
@@ -853,6 +853,6 @@ func TestTwoPhaseAbortStale(t *testing.T) {
 	p := TwoPhaseCommitWithRetry[int, fakeTxn](sf, Retry{}, WithCommitUser("u"))().(*twoPhase[int, fakeTxn])
 	ops, err := state.NewOperatorStore(nil, false)
 	require.NoError(t, err)
-	require.NoError(t, p.initialize(info(0, 2), true, 0, ops))
+	require.NoError(t, p.initialize(info(0, 2), true, 0, ops, restoreEnv{}))
 	require.Equal(t, []Stale{{CommitUser: "u", Sink: "out", Execution: "e1", Attempt: 2}}, sf.calls)
 }

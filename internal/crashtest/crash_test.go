@@ -203,6 +203,7 @@ func runChild() int {
 	if p := os.Getenv(envRestorePath); p != "" {
 		rc = graph.RestoreConfig{Path: p, AllowFallback: rc.AllowFallback}
 	}
+	rc.AllowRepublish = os.Getenv(envAllowRepublish) != "" // fork_test.go
 	cfg := graph.Config{
 		Parallelism:     2,
 		Checkpoint:      cc,
@@ -238,17 +239,17 @@ func runChild() int {
 		func() graph.KeyedProcessFunc[int64, event, counted] { return &keyCounter{rate: throttle} })
 	switch kind := os.Getenv(envSink); kind {
 	case "":
-		graph.Sink(counts, "sink", sink.Publishing[counted](committer, sink.WithLogf(logf)))
+		graph.Sink(counts, "sink", sink.Publishing[counted](committer, childSinkOptions()...))
 	case "filetable":
 		tbl, err := filetable.Open(os.Getenv(envOutput))
 		if err != nil {
 			logf("%v", err)
 			return exitFailed
 		}
-		sink.WriteAndCommitWith(counts, "sink", filetable.NewWriter[counted](tbl), tbl, sink.Retry{}, []sink.Option{sink.WithLogf(logf)})
+		sink.WriteAndCommitWith(counts, "sink", filetable.NewWriter[counted](tbl), tbl, sink.Retry{}, childSinkOptions())
 	case "postgres":
 		pg, err := postgres.Open(ctx, os.Getenv(envPGDSN), postgres.Config[counted]{
-			Table: pgTable, Columns: []string{"id", "key", "count"},
+			Table: childPGTable(), Columns: []string{"id", "key", "count"},
 			Row: func(c counted) []any { return []any{c.ID, c.Key, c.Count} },
 		})
 		if err != nil {
@@ -256,7 +257,7 @@ func runChild() int {
 			return exitFailed
 		}
 		defer pg.Close()
-		graph.Sink(counts, "sink", pg.SinkFunc(sink.WithLogf(logf)))
+		graph.Sink(counts, "sink", pg.SinkFunc(childSinkOptions()...))
 	default:
 		logf("bad %s: %q", envSink, kind)
 		return exitFailed
@@ -314,7 +315,7 @@ func runChild() int {
 	case err == nil:
 		say("finished commits=%d recommits=%d", commits, recommits)
 		return 0
-	case errors.Is(err, restore.ErrFallback):
+	case errors.Is(err, restore.ErrFallback), errors.Is(err, sink.ErrCommittedAhead):
 		logf("refused: %v", err)
 		say("refused")
 		return exitRefused
@@ -1138,7 +1139,10 @@ func TestCrashes(t *testing.T) {
 		r.requireExactlyOnce()
 
 		r.ckpt, r.newest = filepath.Join(t.TempDir(), "checkpoints-fork"), 0
-		c = r.runToCompletion(false, envRestorePath+"="+path)
+		// The first job committed past the savepoint under the same commit
+		// user: the fork opts in to publishing again (AllowRepublish; without
+		// it the restore is refused, fork_test.go).
+		c = r.runToCompletion(false, envRestorePath+"="+path, envAllowRepublish+"=1")
 		id, _ := restoredFrom(c.snapshot())
 		require.Equal(t, savepointID(t, path), id, "the fork restored the savepoint")
 		before := sourcePositions(t, path)

@@ -2,6 +2,7 @@ package crashtest
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -82,6 +83,39 @@ func (d *Dir[T]) Commit(txn sink.Txn, records []T) error {
 	}
 	d.commits.Add(1)
 	return nil
+}
+
+// CommittedHorizon returns the newest checkpoint committed as commit user
+// user by sink sinkUID (sink.HorizonReporter), commits at sink.EndOfInput
+// not counted: what a durable system with marker rows knows, so that a
+// restore that would publish again what was committed after it is
+// refused (sink P9). It reads the transaction ids of every file.
+func (d *Dir[T]) CommittedHorizon(_ context.Context, user, sinkUID string) (int64, bool, error) {
+	entries, err := os.ReadDir(d.dir)
+	if err != nil {
+		return 0, false, fmt.Errorf("crashtest: committed horizon: %w", err)
+	}
+	var horizon int64
+	found := false
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), fileSuffix) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d.dir, e.Name()))
+		if err != nil {
+			return 0, false, fmt.Errorf("crashtest: committed horizon: %w", err)
+		}
+		var f struct {
+			Txn sink.Txn `msgpack:"txn"`
+		}
+		if err := msgpack.Unmarshal(b, &f); err != nil {
+			return 0, false, fmt.Errorf("crashtest: decode %s: %w", e.Name(), err)
+		}
+		if f.Txn.CommitUser == user && f.Txn.Sink == sinkUID && f.Txn.CheckpointID != sink.EndOfInput {
+			horizon, found = max(horizon, f.Txn.CheckpointID), true
+		}
+	}
+	return horizon, found, nil
 }
 
 // Counts returns the transactions this Dir committed and the recommits it

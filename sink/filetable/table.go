@@ -1,6 +1,7 @@
 package filetable
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -306,6 +307,19 @@ func (t *Table) LatestCommitted(user string) (int64, bool, error) {
 	}
 	ckpt, ok := s.Committed[user]
 	return ckpt, ok, nil
+}
+
+// CommittedHorizon is LatestCommitted as a sink.HorizonReporter: the
+// newest checkpoint committed as user, from the newest snapshot (the
+// table does not record the sink's uid, which is ignored); a commit at
+// sink.EndOfInput is not counted. The sink's committer refuses a restore
+// below it (sink CM4, ErrCommittedAhead).
+func (t *Table) CommittedHorizon(_ context.Context, user, _ string) (int64, bool, error) {
+	ckpt, ok, err := t.LatestCommitted(user)
+	if err != nil || !ok || ckpt == sink.EndOfInput {
+		return 0, false, err
+	}
+	return ckpt, true, nil
 }
 
 // readManifest reads the manifest ref names and checks it against ref.

@@ -1,6 +1,7 @@
 package filetable_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -152,6 +153,14 @@ func TestRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, int64(3), ckpt)
+	var hr sink.HorizonReporter = tbl // the horizon a restoring sink checks (sink P9)
+	ckpt, ok, err = hr.CommittedHorizon(context.Background(), "u", "any uid")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, int64(3), ckpt)
+	_, ok, err = hr.CommittedHorizon(context.Background(), "w", "any uid")
+	require.NoError(t, err)
+	require.False(t, ok)
 
 	added, err := tbl.Added(2)
 	require.NoError(t, err)

@@ -98,7 +98,12 @@
 // The commit user and sink uid in the id let sinks and jobs share a prefix
 // (KS2 filters on them); a fork of a job must pass sink.WithCommitUser, as
 // the sink package asks, or it would abort the running job's
-// transactions. A wrapper of the Committer that hides AbortStale loses
+// transactions. With its own commit user the fork neither commits nor
+// fences the transactions of the origin that the restored savepoint names
+// (sink P8): fencing the one named as open would abort the origin's
+// running transaction. The Committer reports no committed horizon
+// (sink.HorizonReporter), so a restore of an older savepoint under the
+// same commit user is not refused (sink P9): it publishes again. A wrapper of the Committer that hides AbortStale loses
 // nothing either: the first transaction of a restored attempt then gets
 // base 0 (still a lower bound) and nothing is aborted, so stale
 // transactions wait for the transaction timeout.

@@ -198,35 +198,89 @@ func TestAbortStale(t *testing.T) {
 	exec(t, pool, "ROLLBACK PREPARED 'not-ours'")
 }
 
-// TestAbortStaleRefusesOlderRestore: a restore older than a checkpoint
-// the sink committed (a fork keeping the commit user, an old savepoint)
-// fails for good, naming the checkpoint, unless allowed.
-func TestAbortStaleRefusesOlderRestore(t *testing.T) {
+// TestCommittedHorizon: the newest checkpoint the commit user and sink
+// committed, per the marker rows (sink P9): prepared and rolled back
+// transactions do not count, nor commits at the end of the input of a job
+// without checkpointing, nor other commit users and sinks.
+func TestCommittedHorizon(t *testing.T) {
 	pool, _ := testDB(t)
 	createRecTable(t, pool, "t", false)
 	s := newTestSink(t, pool, "t", Config[rec]{})
-	commit := func(id sink.TxnID, ckpt int64) string {
+	ctx := context.Background()
+	prepare := func(id sink.TxnID, ckpt int64) *Txn {
 		h, err := s.Begin(id)
 		require.NoError(t, err)
 		writeRecs(t, s, h, 0, 1)
 		require.NoError(t, s.PreCommit(h, ckpt))
-		require.NoError(t, s.Commit(h))
+		return h
+	}
+	_, ok, err := s.CommittedHorizon(ctx, "user1", "out")
+	require.NoError(t, err)
+	require.False(t, ok, "nothing committed")
+
+	require.NoError(t, s.Commit(prepare(txnID("e1", 0, 0, 0), 10)))
+	require.NoError(t, s.Commit(prepare(txnID("e0", 0, 0, 0), sink.EndOfInput))) // a run without checkpointing
+	prepare(txnID("e1", 0, 0, 1), 12)                                            // prepared, not committed
+	require.NoError(t, s.Abort(prepare(txnID("e1", 0, 0, 2), 13)))               // rolled back
+	other := txnID("e1", 1, 0, 0)
+	other.Sink = "out2"
+	require.NoError(t, s.Commit(prepare(other, 20)))
+
+	for _, c := range []struct {
+		user, sink string
+		want       int64
+		ok         bool
+	}{
+		{"user1", "out", 10, true},
+		{"user1", "out2", 20, true},
+		{"user2", "out", 0, false},
+	} {
+		got, ok, err := s.CommittedHorizon(ctx, c.user, c.sink)
+		require.NoError(t, err)
+		require.Equal(t, c.ok, ok, "%s/%s", c.user, c.sink)
+		require.Equal(t, c.want, got, "%s/%s", c.user, c.sink)
+	}
+	exec(t, pool, "ROLLBACK PREPARED '"+mustGID(t, txnID("e1", 0, 0, 1), 12)+"'")
+}
+
+func mustGID(t *testing.T, id sink.TxnID, ckpt int64) string {
+	gid, err := GID(id, ckpt)
+	require.NoError(t, err)
+	return gid
+}
+
+// TestAbortUncovered rolls back exactly the prepared transactions
+// sink.Uncovered contains: the commit user's, sink's and execution's,
+// prepared after the execution's newest completed checkpoint (issue 37,
+// bug 14).
+func TestAbortUncovered(t *testing.T) {
+	pool, _ := testDB(t)
+	createRecTable(t, pool, "t", false)
+	s := newTestSink(t, pool, "t", Config[rec]{})
+	prepare := func(id sink.TxnID, ckpt int64) string {
+		h, err := s.Begin(id)
+		require.NoError(t, err)
+		writeRecs(t, s, h, 0, 1)
+		require.NoError(t, s.PreCommit(h, ckpt))
 		return h.GID
 	}
-	gid := commit(txnID("e1", 0, 0, 0), 10)
-	commit(txnID("e0", 0, 0, 0), sink.EndOfInput) // a run without checkpointing: ignored
+	gone1 := prepare(txnID("cur", 0, 0, 5), 6)               // after the newest completed checkpoint
+	gone2 := prepare(txnID("cur", 1, 2, 7), sink.EndOfInput) // any subtask and attempt
+	keepCovered := prepare(txnID("cur", 0, 0, 4), 5)         // covered: a restore of 5 commits it
+	keepOther := prepare(txnID("other", 0, 0, 9), 9)         // another execution (a fork, a dead one)
+	id := txnID("cur", 0, 0, 9)
+	id.CommitUser = "user2"
+	keepUser := prepare(id, 9)
+	exec(t, pool, "BEGIN; INSERT INTO t VALUES (99, 'x'); PREPARE TRANSACTION 'not-ours'")
 
-	err := s.AbortStale(sink.Stale{CommitUser: "user1", Sink: "out", Restored: 5, Execution: "e2"})
-	require.ErrorIs(t, err, ErrCommittedAfterRestore)
-	require.ErrorIs(t, err, restore.ErrUnrecoverable)
-	require.ErrorContains(t, err, "committed checkpoint 10 (gid "+gid)
-	require.ErrorContains(t, err, "restored checkpoint 5")
-	require.ErrorContains(t, err, "sink.WithCommitUser")
-
-	require.NoError(t, s.AbortStale(sink.Stale{CommitUser: "user1", Sink: "out", Restored: 10, Execution: "e2"}))
-	require.NoError(t, s.AbortStale(sink.Stale{CommitUser: "user2", Sink: "out", Restored: 5, Execution: "e2"}), "another commit user")
-	allow := newTestSink(t, pool, "t", Config[rec]{AllowOlderRestore: true})
-	require.NoError(t, allow.AbortStale(sink.Stale{CommitUser: "user1", Sink: "out", Restored: 5, Execution: "e2"}))
+	u := sink.Uncovered{CommitUser: "user1", Sink: "out", Execution: "cur", Completed: 5}
+	require.NoError(t, s.AbortUncovered(u))
+	left := preparedLeft(t, pool)
+	require.NotContains(t, left, gone1)
+	require.NotContains(t, left, gone2)
+	require.ElementsMatch(t, []string{keepCovered, keepOther, keepUser, "not-ours"}, left)
+	require.NoError(t, s.AbortUncovered(u), "idempotent")
+	exec(t, pool, "ROLLBACK PREPARED 'not-ours'")
 }
 
 // TestNewChecksTheTable: New fails naming the table and the server when

@@ -43,13 +43,24 @@
 //     as open, whose checkpoint is not known) rolls back every prepared gid
 //     of its name. Both are idempotent, and a gid that is not prepared is
 //     left alone: committed transactions are never touched.
+//   - CommittedHorizon (sink.HorizonReporter), when a subtask starts
+//     restored, before any recovery: the newest checkpoint of the commit
+//     user and sink uid among the committed marker rows. A restore older
+//     than it is refused (PG7).
 //   - AbortStale(Stale), when a subtask starts restored or restarted,
 //     after the recovery and before Begin: under a session advisory lock
-//     per commit user and sink uid (the subtasks take turns), first refuse
-//     a restore older than what the sink committed (below), then ROLLBACK
+//     per commit user and sink uid (the subtasks take turns), ROLLBACK
 //     PREPARED every gid of this database that Stale.Contains: the sink's
 //     commit user and uid, prepared for a checkpoint after the restored
 //     one, by another attempt or execution.
+//   - AbortUncovered(Uncovered) (sink.EndAborter), once when the execution
+//     ends for good (finished, stopped, cancelled, failed beyond its
+//     restarts), under the same lock: ROLLBACK PREPARED every gid of the
+//     commit user, sink uid and execution prepared for a checkpoint after
+//     the newest one the execution completed. So a cancel or a final
+//     failure leaves no prepared transaction holding locks and VACUUM's
+//     horizon until a restore (issue 37, bug 14). Operators may call it
+//     for an execution whose process died and will not be restored.
 //
 // # Gids
 //
@@ -84,18 +95,26 @@
 //   - PG6: every prepared transaction is resolved: committed (it is
 //     pending in the restored state), or rolled back by the abort of its
 //     subtask's close, by RecoverAndAbort (the restored state names it as
-//     open) or by AbortStale (prepared after the restored checkpoint by
-//     another attempt or execution). Only a process death after which the
-//     job is never restored leaves one behind (Prepared lists them).
+//     open), by AbortStale (prepared after the restored checkpoint by
+//     another attempt or execution) or by AbortUncovered (prepared after
+//     the newest checkpoint of an execution that ended for good). Only a
+//     process death after which the job is never restored leaves one
+//     behind (Prepared lists them; AbortUncovered resolves them), and a
+//     transaction of a completed checkpoint whose commit did not happen
+//     before the end waits for a restore of that checkpoint.
 //   - PG7: a restore older than a checkpoint the commit user and sink uid
 //     committed (a fork keeping the commit user, an old savepoint or
-//     checkpoint) fails with ErrCommittedAfterRestore (unrecoverable),
-//     naming the checkpoints, instead of committing those records again;
+//     checkpoint) fails with ErrCommittedAfterRestore (sink.ErrCommittedAhead,
+//     unrecoverable), naming the sink, the commit user and the
+//     checkpoints, instead of committing those records again (sink P9);
 //     sink.WithCommitUser gives a fork its own identity, and
-//     Config.AllowOlderRestore accepts the duplicates. Checkpoint ids only
-//     grow within a job directory (graph G3), so a restart or a
+//     graph.RestoreConfig.AllowRepublish accepts the duplicates. Checkpoint
+//     ids only grow within a job directory (graph G3), so a restart or a
 //     Restore.Latest never trips it. Commits of jobs without checkpointing
 //     (checkpoint sink.EndOfInput) are not counted.
+//   - PG9: a sink touches only gids of its own commit user (sink P8): a
+//     fork with its own commit user never rolls back, nor commits, a gid
+//     of its origin that the restored savepoint names.
 //   - PG8: a connection is held from Begin to PreCommit (or the abort) and
 //     by each commit or abort for one statement; no prepared transaction
 //     holds one.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/internal/inject"
 	"github.com/snapflow/snapflow/internal/pgtest"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
@@ -254,4 +255,52 @@ func TestBusyRetry(t *testing.T) {
 	defer cancel()
 	err = busyRetry(ctx, func() error { return busy })
 	require.ErrorIs(t, err, busy)
+}
+
+// TestPostgresEndAbortsUncovered is bug 14 of issue 37: a checkpoint's
+// snapshot fails after the sink prepared its transactions, and the job
+// ends for good: by a final failure (no restarts left), or by a
+// cancellation during the restart delay. The prepared transactions of that
+// checkpoint, which never completed, are rolled back when the execution
+// ends (sink.EndAborter), instead of holding their locks and VACUUM's
+// horizon until a restore; those of completed checkpoints are committed.
+func TestPostgresEndAbortsUncovered(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		restarts int
+		cancel   bool
+	}{
+		{"final failure", 0, false},
+		{"cancel while restarting", 5, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := &pgJob{Name: "end", Records: 1 << 40, Parallelism: 2, Rate: 5000, Interval: 20 * time.Millisecond,
+				Restarts: tc.restarts, RestartDelay: time.Hour,
+				Faults: []fault{{Site: "snapshot-after", At: 6}}}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			e, err := j.build(t).Start(ctx)
+			require.NoError(t, err)
+			waitFor(t, "the injected failure", time.Minute, func() bool { return len(j.failures()) > 0 })
+			if tc.cancel {
+				e.Cancel()
+				require.ErrorIs(t, e.Wait(), context.Canceled)
+			} else {
+				require.ErrorIs(t, e.Wait(), inject.ErrInjected)
+			}
+			require.Empty(t, preparedLeft(t, j.pool), "prepared transactions left after the job ended")
+			var completed int64
+			j.mu.Lock()
+			for _, ev := range j.events {
+				if ev.Kind == graph.CheckpointCompleted {
+					completed = max(completed, ev.CheckpointID)
+				}
+			}
+			j.mu.Unlock()
+			require.Positive(t, completed)
+			var horizon int64
+			require.NoError(t, j.pool.QueryRow(ctx, "SELECT max(checkpoint) FROM "+DefaultCommitsTable).Scan(&horizon))
+			require.LessOrEqual(t, horizon, completed, "only completed checkpoints' transactions are committed")
+		})
+	}
 }

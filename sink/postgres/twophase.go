@@ -21,6 +21,8 @@ var (
 	_ sink.TwoPhaseCommitter[int, *Txn] = (*Sink[int])(nil)
 	_ sink.BatchWriter[int, *Txn]       = (*Sink[int])(nil)
 	_ sink.StaleAborter                 = (*Sink[int])(nil)
+	_ sink.HorizonReporter              = (*Sink[int])(nil)
+	_ sink.EndAborter                   = (*Sink[int])(nil)
 )
 
 // WriteMode says how a Sink writes rows into its open transaction.
@@ -76,18 +78,12 @@ func (*rolledBackError) Error() string {
 }
 func (*rolledBackError) Unwrap() error { return restore.ErrUnrecoverable }
 
-// ErrCommittedAfterRestore is wrapped by the error of AbortStale when the
-// commits table shows the sink (its commit user and uid) committed a
-// checkpoint after the restored one: the restore would replay, and commit
-// again, what that checkpoint committed. It wraps restore.ErrUnrecoverable.
-var ErrCommittedAfterRestore error = &committedAfterError{}
-
-type committedAfterError struct{}
-
-func (*committedAfterError) Error() string {
-	return "sink/postgres: the sink committed a checkpoint after the restored one"
-}
-func (*committedAfterError) Unwrap() error { return restore.ErrUnrecoverable }
+// ErrCommittedAfterRestore is sink.ErrCommittedAhead: a restore older
+// than a checkpoint the sink (its commit user and uid) committed, per the
+// commits table (CommittedHorizon), fails with an error wrapping it, since
+// it would commit again what that checkpoint committed. It wraps
+// restore.ErrUnrecoverable.
+var ErrCommittedAfterRestore = sink.ErrCommittedAhead
 
 // ErrGIDTooLong is wrapped by the error of GID and Begin when a gid would
 // exceed PostgreSQL's limit (MaxGIDLen): the sink's uid is too long. It
@@ -127,11 +123,6 @@ type Config[T any] struct {
 	// row lock longer fails with SQLSTATE 55P03 instead of hanging (see
 	// "Locks" in the package documentation).
 	LockTimeout time.Duration
-	// AllowOlderRestore lets AbortStale accept a restore older than a
-	// checkpoint the sink committed: the records committed after the
-	// restored checkpoint are committed again (duplicates). By default
-	// such a restore fails with ErrCommittedAfterRestore.
-	AllowOlderRestore bool
 }
 
 // Sink is the exactly-once PostgreSQL sink: a sink.TwoPhaseCommitter over
@@ -783,23 +774,42 @@ func (s *Sink[T]) rollbackPrepared(ctx context.Context, conn *pgxpool.Conn, gid 
 // AbortStale rolls back every prepared transaction of this database that
 // st contains (sink.StaleAborter): those of the sink's commit user and uid
 // prepared for a checkpoint after the restored one by another attempt or
-// execution. Before that, unless AllowOlderRestore, it refuses a restore
-// older than a checkpoint the sink committed (ErrCommittedAfterRestore).
-// The subtasks of a sink run it one at a time (a session advisory lock per
-// commit user and uid), so they do not trip over each other's rollbacks.
+// execution. The subtasks of a sink run it one at a time (a session
+// advisory lock per commit user and uid), so they do not trip over each
+// other's rollbacks.
 func (s *Sink[T]) AbortStale(st sink.Stale) error {
+	return s.rollbackLocked("abort stale transactions", st.CommitUser, st.Sink, st.Contains)
+}
+
+// AbortUncovered rolls back every prepared transaction of this database
+// that u contains (sink.EndAborter): those of the sink's commit user, uid
+// and execution prepared for a checkpoint after the newest one the
+// execution completed. The sink calls it when the execution ends for good
+// (finished, stopped, cancelled, failed beyond its restarts), so that they
+// hold no locks and no VACUUM horizon until a restore that may never
+// come. An operator may call it too, for an execution whose process died
+// (Prepared lists the gids; ParseGID names their execution and
+// checkpoint).
+func (s *Sink[T]) AbortUncovered(u sink.Uncovered) error {
+	return s.rollbackLocked("abort uncovered transactions", u.CommitUser, u.Sink, u.Contains)
+}
+
+// rollbackLocked rolls back, under the session advisory lock of commit
+// user user and sink uid uid, every prepared gid whose transaction id and
+// checkpoint match.
+func (s *Sink[T]) rollbackLocked(what, user, uid string, match func(sink.TxnID, int64) bool) error {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	conn, err := s.acquire(ctx, "abort stale transactions")
+	conn, err := s.acquire(ctx, what)
 	if err != nil {
 		return err
 	}
-	key := "snapflow/" + st.CommitUser + "/" + st.Sink
+	key := "snapflow/" + user + "/" + uid
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", key); err != nil {
 		discard(conn)
-		return fmt.Errorf("sink/postgres: abort stale transactions: lock on %s: %w", s.addr, err)
+		return fmt.Errorf("sink/postgres: %s: lock on %s: %w", what, s.addr, err)
 	}
-	err = s.abortStale(ctx, conn, st)
+	err = s.rollbackMatching(ctx, conn, what, match)
 	if _, uerr := conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key); uerr != nil {
 		discard(conn) // closing the session releases the lock
 		return errors.Join(err, uerr)
@@ -808,35 +818,39 @@ func (s *Sink[T]) AbortStale(st sink.Stale) error {
 	return err
 }
 
-func (s *Sink[T]) abortStale(ctx context.Context, conn *pgxpool.Conn, st sink.Stale) error {
-	if st.Restored > 0 && !s.cfg.AllowOlderRestore {
-		var gid, exec string
-		var ckpt int64
-		err := conn.QueryRow(ctx, "SELECT gid, execution, checkpoint FROM "+s.commits+
-			" WHERE commit_user = $1 AND sink = $2 AND checkpoint > $3 AND checkpoint < $4 ORDER BY checkpoint DESC LIMIT 1",
-			st.CommitUser, st.Sink, st.Restored, sink.EndOfInput).Scan(&gid, &exec, &ckpt)
-		switch {
-		case err == nil:
-			return fmt.Errorf("sink/postgres: sink %q (commit user %s) committed checkpoint %d (gid %s, execution %s) after the restored checkpoint %d, per %s on %s: "+
-				"this restore (a fork of a job, or of an older checkpoint or savepoint) would commit those records again; "+
-				"give a fork its own identity with sink.WithCommitUser, or set Config.AllowOlderRestore to accept duplicates: %w",
-				st.Sink, st.CommitUser, ckpt, gid, exec, st.Restored, s.commits, s.addr, ErrCommittedAfterRestore)
-		case !errors.Is(err, pgx.ErrNoRows):
-			return fmt.Errorf("sink/postgres: abort stale transactions: read %s on %s: %w", s.commits, s.addr, err)
-		}
-	}
+func (s *Sink[T]) rollbackMatching(ctx context.Context, conn *pgxpool.Conn, what string, match func(sink.TxnID, int64) bool) error {
 	gids, err := s.prepared(ctx, conn)
 	if err != nil {
-		return fmt.Errorf("sink/postgres: abort stale transactions: %w", err)
+		return fmt.Errorf("sink/postgres: %s: %w", what, err)
 	}
 	for _, g := range gids {
-		if st.Contains(g.id, g.checkpoint) {
+		if match(g.id, g.checkpoint) {
 			if err := s.rollbackPrepared(ctx, conn, g.gid); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// CommittedHorizon returns the newest checkpoint the sink with uid sinkUID
+// committed as commit user user, per the marker rows of the commits table
+// (sink.HorizonReporter); commits at sink.EndOfInput are not counted. A
+// marker row commits with its transaction's rows (PG3), so it counts only
+// committed transactions. A restoring subtask asks it before any recovery
+// and refuses a restore below it (sink P9: ErrCommittedAfterRestore).
+func (s *Sink[T]) CommittedHorizon(ctx context.Context, user, sinkUID string) (int64, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	var horizon *int64
+	if err := s.pool.QueryRow(ctx, "SELECT max(checkpoint) FROM "+s.commits+
+		" WHERE commit_user = $1 AND sink = $2 AND checkpoint < $3", user, sinkUID, sink.EndOfInput).Scan(&horizon); err != nil {
+		return 0, false, fmt.Errorf("sink/postgres: newest commit of commit user %s, sink %q in %s on %s: %w", user, sinkUID, s.commits, s.addr, err)
+	}
+	if horizon == nil {
+		return 0, false, nil
+	}
+	return *horizon, true, nil
 }
 
 // Prepared lists the gids of the prepared transactions of this database
