@@ -103,8 +103,11 @@
 // SRC6 (nothing skipped silently): every record a reader frames is
 // emitted, or fails the source, or is dead-lettered and counted. The
 // skipped bytes are exactly: blank lines (NDJSON: whitespace only; CSV:
-// empty, as encoding/csv skips them), counted as lines; and JSON
-// whitespace and separators. With the default policy a record that does
+// empty, as encoding/csv skips them), counted as lines; JSON whitespace
+// and separators; and a UTF-8 byte-order mark (EF BB BF) at offset 0 of a
+// file, in every format. The mark belongs to the extent of the file's
+// first record (so that record starts at offset 0 and the split holding
+// byte 0 reads it); anywhere else it is data. With the default policy a record that does
 // not decode fails ReadBatch with a *RecordError naming the file, the line
 // and byte offset of the record's first byte, and the cause; the position
 // stays at that record. With DeadLetter(path) its raw bytes (without the

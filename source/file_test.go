@@ -268,6 +268,45 @@ func TestByteRangeSplits(t *testing.T) {
 	}
 }
 
+// TestByteOrderMark: files of each format starting with a UTF-8
+// byte-order mark, whole and cut into byte ranges of every size up to a
+// few lines (ranges starting inside the mark included), at parallelism 1
+// to 3: every record exactly once, the first one intact (for CSV: the
+// header's first column found). A mark anywhere else is data.
+func TestByteOrderMark(t *testing.T) {
+	for _, format := range formats {
+		t.Run(format, func(t *testing.T) {
+			dir := t.TempDir()
+			var want []rec
+			for k := range 2 {
+				recs := makeRecs(int64(k)*20, int64(k+1)*20)
+				want = append(want, recs...)
+				data := append([]byte("\xEF\xBB\xBF"), encode(format, recs, layout{crlf: k == 1, blankEvery: 3 * k})...)
+				writeFile(t, filepath.Join(dir, fmt.Sprintf("f%d.%s", k, format)), data)
+			}
+			for _, ss := range []int64{0, 1, 2, 3, 4, 5, 6, 9, 17, 64} {
+				for p := 1; p <= 3; p++ {
+					src := newSource(format, filepath.Join(dir, "*."+format), source.SplitSize(ss), source.WithLogf(func(string, ...any) {}))
+					got, err := readAll(t, src.New, p)
+					require.NoError(t, err, "split size %d, p=%d", ss, p)
+					requireOnce(t, want, got, "split size %d, p=%d", ss, p)
+				}
+			}
+		})
+	}
+	// CSVFunc sees the header without the mark.
+	path := filepath.Join(t.TempDir(), "h.csv")
+	writeFile(t, path, []byte("\xEF\xBB\xBFid,name\n1,a\n"))
+	got, err := readAll(t, source.CSVFunc[string](path, func(h, r []string) (string, error) { return h[0] + "=" + r[0], nil }, source.WithLogf(t.Logf)).New, 1)
+	require.NoError(t, err)
+	require.Equal(t, []string{"id=1"}, got)
+	// Only at the file start: a mark at the start of a later line is data.
+	path = filepath.Join(t.TempDir(), "mid.ndjson")
+	writeFile(t, path, []byte("{\"id\":1}\n\xEF\xBB\xBF{\"id\":2}\n"))
+	_, err = readAll(t, source.NDJSON[rec](path, source.SplitSize(4), source.WithLogf(t.Logf)).New, 1)
+	require.ErrorContains(t, err, "byte offset 9")
+}
+
 // TestJSONArrayFraming: elements with nested objects and arrays, strings
 // holding brackets, braces, commas, escaped quotes and backslashes, unicode
 // escapes, scalars; CRLF; no final newline: the elements equal

@@ -227,6 +227,12 @@ func (r *splitReader) position() error {
 	return nil
 }
 
+// bom is the UTF-8 byte-order mark. A file may start with it; the
+// readers drop it at offset 0 of the file only, as part of the first
+// record's (or the array's) extent, so that every split reader agrees on
+// where records start and offsets stay the file's.
+var bom = []byte{0xEF, 0xBB, 0xBF}
+
 func trimEOL(b []byte) []byte {
 	b = bytes.TrimSuffix(b, []byte{'\n'})
 	return bytes.TrimSuffix(b, []byte{'\r'})
@@ -266,6 +272,9 @@ func (r *splitReader) nextLine() ([]byte, int64, int64, error) {
 			return nil, 0, 0, err
 		}
 		content := trimEOL(r.buf)
+		if off == 0 {
+			content = bytes.TrimPrefix(content, bom)
+		}
 		if len(content) > r.max {
 			return nil, 0, 0, r.tooLong(off, line)
 		}
@@ -386,6 +395,9 @@ func (r *splitReader) nextCSV() ([]byte, int64, int64, int, error) {
 				return nil, 0, 0, 0, err
 			}
 			lines++
+			if off == 0 && base == 0 && bytes.HasPrefix(r.buf, bom) {
+				r.buf = append(r.buf[:0], r.buf[len(bom):]...)
+			}
 			st = csvScan(st, r.buf[base:])
 			if r.buf[len(r.buf)-1] != '\n' {
 				break // the last line of the file
@@ -538,8 +550,14 @@ func (r *splitReader) nextElement() ([]byte, int64, int64, error) {
 	return r.buf, off, line, nil
 }
 
-// openArray consumes '[' and the whitespace after it.
+// openArray consumes a byte-order mark at the file start, '[' and the
+// whitespace after it.
 func (r *splitReader) openArray() error {
+	if r.pos == 0 {
+		if b, _ := r.br.Peek(len(bom)); bytes.Equal(b, bom) {
+			r.discard(b)
+		}
+	}
 	c, err := r.skipWS()
 	switch {
 	case err == io.EOF:
