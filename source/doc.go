@@ -50,14 +50,20 @@
 // bytes, so the splits of a file tile [0, size). A split's id is its path
 // and range, stable across runs. A record belongs to the split in which
 // its first byte lies: the reader of a range starting at 0 begins at the
-// file start, the reader of any other range at the first line start at or
-// after Start (it seeks to Start-1 and skips through the next '\n'), and
-// each reads every record that starts before End, even one that ends
-// beyond it. Every record is therefore read by exactly one split. For CSV
-// the rule needs records of one line; a reader of a file cut into ranges
-// fails on a record with a quoted newline (read such files whole,
-// SplitSize(0)). JSON array files are always whole splits: a range reader
-// could not find an element boundary without reading from the start.
+// file start, the reader of any other range at the first record start at
+// or after Start, and each reads every record that starts before End, even
+// one that ends beyond it. Every record is therefore read by exactly one
+// split. NDJSON records are lines, so an NDJSON range reader seeks to
+// Start-1 and skips through the next '\n'. A CSV record may hold newlines
+// in quoted fields, so no byte after a '\n' is known to start a record
+// without framing from the file start: a CSV file is cut at record starts
+// (SplitProgress.Aligned), found by one framing pass over the file when it
+// is first discovered (csvStarts: the first data record start at or after
+// each multiple of SplitSize; one record in memory), and its range readers
+// begin exactly at Start. (A CSV range of an older checkpoint, not
+// aligned, finds its first record by framing from the header on.) JSON
+// array files are always whole splits: a range reader could not find an
+// element boundary without reading from the start.
 //
 // SRC3 (discovery and assignment): discovery expands the pattern and sorts
 // the files by path; the splits are those of the restored state for the
@@ -103,8 +109,11 @@
 // SRC6 (nothing skipped silently): every record a reader frames is
 // emitted, or fails the source, or is dead-lettered and counted. The
 // skipped bytes are exactly: blank lines (NDJSON: whitespace only; CSV:
-// empty, as encoding/csv skips them), counted as lines; and JSON
-// whitespace and separators. With the default policy a record that does
+// empty, as encoding/csv skips them), counted as lines; JSON whitespace
+// and separators; and a UTF-8 byte-order mark (EF BB BF) at offset 0 of a
+// file, in every format. The mark belongs to the extent of the file's
+// first record (so that record starts at offset 0 and the split holding
+// byte 0 reads it); anywhere else it is data. With the default policy a record that does
 // not decode fails ReadBatch with a *RecordError naming the file, the line
 // and byte offset of the record's first byte, and the cause; the position
 // stays at that record. With DeadLetter(path) its raw bytes (without the
@@ -112,9 +121,10 @@
 // path-<subtask>, it is counted (Files.Stats, SplitProgress.Bad) and
 // logged (the first ten per subtask one by one, then in the split's
 // summary), and reading goes on. A record the reader cannot frame (a
-// broken JSON array, a record longer than MaxRecordSize, a multi-line CSV
-// record in a range) fails under either policy: what follows cannot be
-// found reliably. Record errors wrap ErrBadRecord and
+// broken JSON array, a record longer than MaxRecordSize) fails under
+// either policy: what follows cannot be found reliably. No reader ever emits bytes that are not a record of the
+// file as a whole-file reader frames it (FuzzCSVRanges, FuzzCSVFraming).
+// Record errors wrap ErrBadRecord and
 // restore.ErrUnrecoverable. The dead-letter file is written at least once:
 // it is synced when a checkpoint is taken, and a restore writes the
 // entries after the checkpointed offsets again (deduplicate by file and

@@ -162,8 +162,9 @@ func JSONArray[T any](pattern string, opts ...FileOption) *Files[T] {
 // one stays zero; `csv:"-"` excludes a field. Fields may be strings,
 // integers, floats, bools or encoding.TextUnmarshalers; a value that does
 // not parse, or a record whose field count differs from the header's,
-// makes the record bad. Files cut into byte ranges must have one record per
-// line (a reader finding a quoted newline there fails).
+// makes the record bad. Quoted fields may hold newlines, also in files cut
+// into byte ranges (cut at record starts: a file larger than SplitSize is
+// framed once when first discovered).
 func CSV[T any](pattern string, opts ...FileOption) *Files[T] {
 	return newFiles[T](formatCSV, pattern, opts)
 }
@@ -225,7 +226,10 @@ func (s *fileSource[T]) InitializeState(ctx *graph.Context) error {
 		return lst.err
 	}
 	all, err := plan(lst.files, restored, f.format, f.pattern, f.opts.splitSize, f.format == formatJSONArray,
-		func(p string) (identity, error) { return lst.identity(f.opts.fsys, p) })
+		func(p string) (identity, error) { return lst.identity(f.opts.fsys, p) },
+		func(fi fileInfo) ([]int64, error) {
+			return lst.csvStarts(f.opts.fsys, fi, f.opts.splitSize, f.opts.maxRecord)
+		})
 	if err != nil {
 		return err
 	}
@@ -434,13 +438,10 @@ func (s *fileSource[T]) position(r *splitReader, p *SplitProgress) error {
 			}
 			s.bind = bind
 		}
-		switch {
-		case p.Started:
+		if p.Started {
 			return r.seek(p.Offset, p.Line)
-		case p.Start > 0:
-			return r.position()
 		}
-		return nil // split 0 goes on after the header
+		return r.startCSV(p.Aligned)
 	case formatJSONArray:
 		if p.Started {
 			r.phase = jsonElem

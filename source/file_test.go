@@ -268,6 +268,83 @@ func TestByteRangeSplits(t *testing.T) {
 	}
 }
 
+// TestByteOrderMark: files of each format starting with a UTF-8
+// byte-order mark, whole and cut into byte ranges of every size up to a
+// few lines (ranges starting inside the mark included), at parallelism 1
+// to 3: every record exactly once, the first one intact (for CSV: the
+// header's first column found). A mark anywhere else is data.
+func TestByteOrderMark(t *testing.T) {
+	for _, format := range formats {
+		t.Run(format, func(t *testing.T) {
+			dir := t.TempDir()
+			var want []rec
+			for k := range 2 {
+				recs := makeRecs(int64(k)*20, int64(k+1)*20)
+				want = append(want, recs...)
+				data := append([]byte("\xEF\xBB\xBF"), encode(format, recs, layout{crlf: k == 1, blankEvery: 3 * k})...)
+				writeFile(t, filepath.Join(dir, fmt.Sprintf("f%d.%s", k, format)), data)
+			}
+			for _, ss := range []int64{0, 1, 2, 3, 4, 5, 6, 9, 17, 64} {
+				for p := 1; p <= 3; p++ {
+					src := newSource(format, filepath.Join(dir, "*."+format), source.SplitSize(ss), source.WithLogf(func(string, ...any) {}))
+					got, err := readAll(t, src.New, p)
+					require.NoError(t, err, "split size %d, p=%d", ss, p)
+					requireOnce(t, want, got, "split size %d, p=%d", ss, p)
+				}
+			}
+		})
+	}
+	// CSVFunc sees the header without the mark.
+	path := filepath.Join(t.TempDir(), "h.csv")
+	writeFile(t, path, []byte("\xEF\xBB\xBFid,name\n1,a\n"))
+	got, err := readAll(t, source.CSVFunc[string](path, func(h, r []string) (string, error) { return h[0] + "=" + r[0], nil }, source.WithLogf(t.Logf)).New, 1)
+	require.NoError(t, err)
+	require.Equal(t, []string{"id=1"}, got)
+	// Only at the file start: a mark at the start of a later line is data.
+	path = filepath.Join(t.TempDir(), "mid.ndjson")
+	writeFile(t, path, []byte("{\"id\":1}\n\xEF\xBB\xBF{\"id\":2}\n"))
+	_, err = readAll(t, source.NDJSON[rec](path, source.SplitSize(4), source.WithLogf(t.Logf)).New, 1)
+	require.ErrorContains(t, err, "byte offset 9")
+}
+
+// TestCSVQuotedNewlinesInRanges: a CSV file whose quoted fields hold
+// newlines, lines that look like records or headers, quotes and blank
+// lines, LF or CRLF line ends, cut into byte ranges of every size from 1 byte to the
+// whole file (so every range start falls at every kind of byte: inside a
+// quoted field, at its second line, at a record start), at parallelism 1
+// to 4: exactly the file's records, each once, none made of a field's
+// later line.
+func TestCSVQuotedNewlinesInRanges(t *testing.T) {
+	var want []rec
+	for i := range int64(12) {
+		name := recName(i)
+		switch i % 4 {
+		case 1:
+			name = fmt.Sprintf("l1\n%d,fake,%d\nl3", 100+i, i) // a line that decodes as a record
+		case 2:
+			name = "a \"q\"\nid,name,v\n" // a header-like line (encoding/csv reads a CRLF in a quoted field as LF)
+		case 3:
+			name = "\n\n,\"" // blank lines, a comma and a quote inside
+		}
+		want = append(want, rec{ID: i, Name: name, V: float64(i) / 4})
+	}
+	for _, lay := range []layout{{}, {crlf: true, noFinalEOL: true, blankEvery: 3}} {
+		data := encode("csv", want, lay)
+		path := filepath.Join(t.TempDir(), "q.csv")
+		writeFile(t, path, data)
+		for ss := int64(1); ss <= int64(len(data)); ss++ {
+			p := 1 + int(ss)%4
+			src := source.CSV[rec](path, source.SplitSize(ss), source.WithLogf(func(string, ...any) {}))
+			got, err := readAll(t, src.New, p)
+			for _, r := range got {
+				require.True(t, r.ID >= 0 && r.ID < int64(len(want)) && r == want[r.ID], "split size %d of %d bytes, p=%d: record %+v is not in the file (err %v)", ss, len(data), p, r, err)
+			}
+			require.NoError(t, err, "split size %d of %d bytes, p=%d", ss, len(data), p)
+			requireOnce(t, want, got, "split size %d of %d bytes, p=%d", ss, len(data), p)
+		}
+	}
+}
+
 // TestJSONArrayFraming: elements with nested objects and arrays, strings
 // holding brackets, braces, commas, escaped quotes and backslashes, unicode
 // escapes, scalars; CRLF; no final newline: the elements equal

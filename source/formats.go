@@ -92,7 +92,6 @@ type splitReader struct {
 	br         *bufio.Reader
 	start, end int64
 	size       int64 // at discovery
-	whole      bool  // the split is the whole file
 	pos, line  int64
 	max        int
 	buf        []byte
@@ -107,8 +106,7 @@ type splitReader struct {
 }
 
 func newSplitReader(format string, f io.ReadSeekCloser, p *SplitProgress, max int, read *atomic.Int64) *splitReader {
-	r := &splitReader{format: format, path: p.Path, f: f, start: p.Start, end: p.End, size: p.Size,
-		whole: p.Start == 0 && p.End == p.Size, max: max, line: 1}
+	r := &splitReader{format: format, path: p.Path, f: f, start: p.Start, end: p.End, size: p.Size, max: max, line: 1}
 	r.in = countingReader{r: f, n: read}
 	r.br = bufio.NewReaderSize(&r.in, readBufferSize)
 	return r
@@ -227,6 +225,12 @@ func (r *splitReader) position() error {
 	return nil
 }
 
+// bom is the UTF-8 byte-order mark. A file may start with it; the
+// readers drop it at offset 0 of the file only, as part of the first
+// record's (or the array's) extent, so that every split reader agrees on
+// where records start and offsets stay the file's.
+var bom = []byte{0xEF, 0xBB, 0xBF}
+
 func trimEOL(b []byte) []byte {
 	b = bytes.TrimSuffix(b, []byte{'\n'})
 	return bytes.TrimSuffix(b, []byte{'\r'})
@@ -266,6 +270,9 @@ func (r *splitReader) nextLine() ([]byte, int64, int64, error) {
 			return nil, 0, 0, err
 		}
 		content := trimEOL(r.buf)
+		if off == 0 {
+			content = bytes.TrimPrefix(content, bom)
+		}
 		if len(content) > r.max {
 			return nil, 0, 0, r.tooLong(off, line)
 		}
@@ -386,8 +393,11 @@ func (r *splitReader) nextCSV() ([]byte, int64, int64, int, error) {
 				return nil, 0, 0, 0, err
 			}
 			lines++
+			if off == 0 && base == 0 && bytes.HasPrefix(r.buf, bom) {
+				r.buf = append(r.buf[:0], r.buf[len(bom):]...)
+			}
 			st = csvScan(st, r.buf[base:])
-			if r.buf[len(r.buf)-1] != '\n' {
+			if len(r.buf) == 0 || r.buf[len(r.buf)-1] != '\n' {
 				break // the last line of the file
 			}
 		}
@@ -397,11 +407,75 @@ func (r *splitReader) nextCSV() ([]byte, int64, int64, int, error) {
 		if len(trimEOL(r.buf)) > r.max {
 			return nil, 0, 0, 0, r.tooLong(off, line)
 		}
-		if lines > 1 && !r.whole {
-			return nil, 0, 0, 0, r.recordErr(off, line, true, fmt.Errorf("the record spans %d lines (a quoted field holds a newline): a CSV file cut into byte ranges must have one record per line; read it whole (SplitSize(0))", lines))
-		}
 		return r.buf, off, line, lines, nil
 	}
+}
+
+// startCSV moves a CSV split that was not started, after its header was
+// read (readHeader), to its first data record (SRC2): for a split
+// starting at 0 the record after the header; for an aligned split
+// (SplitProgress.Aligned: Start is a record start, found by csvStarts) its
+// Start; for a range of a checkpoint written before ranges were aligned,
+// the first record start at or after Start, found by framing the records
+// from the header on (a byte after a '\n' may lie in a quoted field, so
+// no local rule finds a record start). Lines then count from 1.
+func (r *splitReader) startCSV(aligned bool) error {
+	switch {
+	case r.start == 0:
+		return nil
+	case aligned:
+		return r.seek(r.start, 1)
+	}
+	for r.pos < r.start {
+		_, off, _, _, err := r.nextCSV()
+		switch {
+		case err == io.EOF:
+			r.line = 1
+			return nil
+		case err != nil:
+			return err
+		case off >= r.start: // after blank lines
+			return r.seek(off, 1)
+		}
+	}
+	r.line = 1
+	return nil
+}
+
+// csvStarts returns the starts of the byte ranges of a CSV file cut at
+// about every splitSize bytes (SRC2): 0, then for each multiple of
+// splitSize below the size the first data record start at or after it,
+// found by framing the file's records (one pass, one record in memory,
+// the header excluded: no range but the first starts before the first
+// data record), each start once. A record longer than max fails it, as it
+// would fail the reader.
+func csvStarts(f io.ReadSeekCloser, path string, size, splitSize int64, max int) ([]int64, error) {
+	var read atomic.Int64
+	r := newSplitReader(formatCSV, f, &SplitProgress{Path: path, End: size, Size: size}, max, &read)
+	defer r.close()
+	if err := r.seek(0, 1); err != nil {
+		return nil, err
+	}
+	starts := []int64{0}
+	cut := splitSize
+	for header := true; cut < size; header = false {
+		_, off, _, _, err := r.nextCSV()
+		switch {
+		case err == io.EOF:
+			return starts, nil
+		case err != nil:
+			return nil, err
+		case header:
+			continue
+		}
+		if off >= cut {
+			starts = append(starts, off)
+			for cut <= off {
+				cut += splitSize
+			}
+		}
+	}
+	return starts, nil
 }
 
 // readHeader reads the CSV header: the first non-blank record of the file.
@@ -538,8 +612,14 @@ func (r *splitReader) nextElement() ([]byte, int64, int64, error) {
 	return r.buf, off, line, nil
 }
 
-// openArray consumes '[' and the whitespace after it.
+// openArray consumes a byte-order mark at the file start, '[' and the
+// whitespace after it.
 func (r *splitReader) openArray() error {
+	if r.pos == 0 {
+		if b, _ := r.br.Peek(len(bom)); bytes.Equal(b, bom) {
+			r.discard(b)
+		}
+	}
 	c, err := r.skipWS()
 	switch {
 	case err == io.EOF:

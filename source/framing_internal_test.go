@@ -74,21 +74,23 @@ func startsArray(data []byte) bool {
 // document, with their line numbers, and framing again from any element's
 // offset (a restore) yields the rest; conversely, when it frames a
 // document without error and every element decodes, the whole document is
-// a valid array of those elements.
+// a valid array of those elements. (A byte-order mark at the start is
+// dropped.)
 func FuzzJSONArrayFraming(f *testing.F) {
 	for _, s := range []string{
 		`[]`, ` [ ] `, `[1]`, `[1,2,3]`, `["a,]","b\"]",{"c":"}"}]`,
 		"[\r\n {\"D1\" : {\"offset\": 1}}\n , {\"D2\": [1, [2, {}]]}\n]\n",
 		`[true,false,null,-1.5e3,"\u005d",[[[]]],{"a":{"b":{}}}]`,
-		`[1 2]`, `[1,]`, `[,1]`, `[{"a":1}}]`, `["unterminated]`, `[1]x`, `{"a":1}`, `[`, ``, `[{]`, "[\"\\\\\"]",
+		`[1 2]`, `[1,]`, `[,1]`, "\xEF\xBB\xBF[1]", "\xEF\xBB[1]", `[{"a":1}}]`, `["unterminated]`, `[1]x`, `{"a":1}`, `[`, ``, `[{]`, "[\"\\\\\"]",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		elems, err := frameArray(data, 0, 1)
 		var want []any
-		wholeErr := json.Unmarshal(data, &want)
-		if wholeErr == nil && startsArray(data) {
+		doc := bytes.TrimPrefix(data, bom) // the framer drops a byte-order mark at the start
+		wholeErr := json.Unmarshal(doc, &want)
+		if wholeErr == nil && startsArray(doc) {
 			if err != nil {
 				t.Fatalf("valid array %q: framing failed: %v", data, err)
 			}
@@ -190,17 +192,19 @@ func framedCSV(data []byte) ([][]string, error) {
 }
 
 // FuzzCSVFraming: the CSV framer finds the records encoding/csv finds in
-// the whole input, bad ones included (so a bad record never swallows good
-// ones, and parsing record by record equals parsing the whole).
+// the whole input (after a byte-order mark at its start, which the framer
+// drops), bad ones included (so a bad record never swallows good ones, and
+// parsing record by record equals parsing the whole).
 func FuzzCSVFraming(f *testing.F) {
 	for _, s := range []string{
 		"a,b,c\n1,2,3\n", "a,\"b\nc\",d\r\n\"x\"\"y\",z\n", "\n\r\n\n1\n", "1,a\"b,2\n3,4\n", "\"ab\"c,1\n2\n",
 		"\"open\n2\n3", "x\r", "x\r\r", "\r\r\n", "\"a\"\r\"b\"\n1\n", "\"a\"\r\n", "a,b\n\n", "\"\"\"\"", ",,\n,\n",
+		"\xEF\xBB\xBF", "\xEF\xBB\xBF\n1", "\xEF\xBB\xBF\"a\nb\",c\n", "\xEF\xBB",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		want := csvRecords(data)
+		want := csvRecords(bytes.TrimPrefix(data, bom))
 		got, err := framedCSV(data)
 		if err != nil {
 			t.Fatalf("%q: %v", data, err)
@@ -275,4 +279,122 @@ func TestIsDeadLetterFile(t *testing.T) {
 			t.Errorf("%s: %v", p, got)
 		}
 	}
+}
+
+// csvRanges frames the data records of a CSV file cut into ranges at
+// starts (the first 0) as the split readers of a source do (readHeader,
+// startCSV, nextCSV to the range's end), in order.
+func csvRanges(data []byte, starts []int64, aligned bool) ([]framed, error) {
+	size := int64(len(data))
+	var out []framed
+	for i, s := range starts {
+		end := size
+		if i+1 < len(starts) {
+			end = starts[i+1]
+		}
+		p := &SplitProgress{Path: "mem", Start: s, End: end, Size: size, Aligned: aligned}
+		r := newSplitReader(formatCSV, nopCloser{bytes.NewReader(data)}, p, 1<<20, new(atomic.Int64))
+		if err := r.readHeader(); err != nil {
+			return out, err
+		}
+		if r.finished {
+			continue
+		}
+		if err := r.startCSV(aligned); err != nil {
+			return out, err
+		}
+		for {
+			raw, off, _, _, err := r.nextCSV()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return out, err
+			}
+			out = append(out, framed{raw: slices.Clone(raw), off: off})
+		}
+	}
+	return out, nil
+}
+
+// checkCSVRanges checks that the ranges at the aligned starts csvStarts
+// finds for the split sizes, and ranges at the given unaligned starts (a
+// checkpoint of an older version), frame exactly the records of the whole
+// file, each once, at their offsets.
+func checkCSVRanges(t *testing.T, data []byte, splitSizes []int64, unaligned [][]int64) {
+	t.Helper()
+	whole, err := csvRanges(data, []int64{0}, true)
+	if err != nil {
+		return // the reader of the whole file fails too (a bad header)
+	}
+	for _, ss := range splitSizes {
+		starts, err := csvStarts(nopCloser{bytes.NewReader(data)}, "mem", int64(len(data)), ss, 1<<20)
+		if err != nil {
+			t.Fatalf("%q: split size %d: %v", data, ss, err)
+		}
+		for i := 1; i < len(starts); i++ {
+			if starts[i] <= starts[i-1] || starts[i] >= int64(len(data)) {
+				t.Fatalf("%q: split size %d: starts %v do not tile the file", data, ss, starts)
+			}
+		}
+		got, err := csvRanges(data, starts, true)
+		if err != nil || !reflect.DeepEqual(got, whole) {
+			t.Fatalf("%q: split size %d, aligned starts %v: %v, %v; want %v", data, ss, starts, got, err, whole)
+		}
+	}
+	for _, starts := range unaligned {
+		got, err := csvRanges(data, starts, false)
+		if err != nil || !reflect.DeepEqual(got, whole) {
+			t.Fatalf("%q: unaligned starts %v: %v, %v; want %v", data, starts, got, err, whole)
+		}
+	}
+}
+
+// TestCSVRangesEverySplitPoint: CSV files with quoted newlines (LF, CRLF,
+// lines that look like records), blank lines and a byte-order mark, cut
+// into 1 to 4 ranges at every combination of split points, unaligned (an
+// older checkpoint's ranges) and aligned by csvStarts: the ranges frame
+// exactly the file's records.
+func TestCSVRangesEverySplitPoint(t *testing.T) {
+	for _, data := range []string{
+		"id,n\n1,\"a\nb\"\n\n2,\"x\n3,y\"\r\n4,z",
+		"\xEF\xBB\xBF\"i\nd\",n\r\n\"1\n\n\",\"\"\"\n2,q\"\n5,w\n",
+	} {
+		size := int64(len(data))
+		var unaligned [][]int64
+		for a := int64(1); a < size; a++ {
+			unaligned = append(unaligned, []int64{0, a})
+			for b := a + 1; b < size; b++ {
+				unaligned = append(unaligned, []int64{0, a, b})
+				for c := b + 1; c < size; c++ {
+					unaligned = append(unaligned, []int64{0, a, b, c})
+				}
+			}
+		}
+		var sizes []int64
+		for ss := int64(1); ss <= size; ss++ {
+			sizes = append(sizes, ss)
+		}
+		checkCSVRanges(t, []byte(data), sizes, append(unaligned, []int64{0}))
+	}
+}
+
+// FuzzCSVRanges: for any input, ranges aligned by csvStarts at three
+// fuzzed split sizes, and unaligned ranges cut at three fuzzed points,
+// frame exactly the records of the whole file.
+func FuzzCSVRanges(f *testing.F) {
+	for _, s := range []string{
+		"a,b\n1,\"x\ny\"\n2,z\n", "h\n\"\n\"\n\"\n\"\n", "h\r\n\"a\r\n\"\"b\"\r\nc\r\n", "\xEF\xBB\xBF\"h\n\",x\n1,2\n", "h\n1,a\"b\n\"c\nd\"\n",
+	} {
+		f.Add([]byte(s), uint16(3), uint16(7), uint16(11))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, a, b, c uint16) {
+		if len(data) < 2 || len(data) > 1024 {
+			return
+		}
+		n := uint16(len(data) - 1)
+		cuts := []int64{0, 1 + int64(a%n), 1 + int64(b%n), 1 + int64(c%n)}
+		slices.Sort(cuts)
+		checkCSVRanges(t, data, slices.Clone(cuts[1:]), [][]int64{slices.Compact(cuts)})
+	})
 }

@@ -48,6 +48,11 @@ type SplitProgress struct {
 	// file start for splits with Start 0, from 1 at the split's first line
 	// otherwise.
 	Line int64 `msgpack:"line"`
+	// Aligned says that Start is a record start (CSV ranges, cut at
+	// record boundaries by a framing pass at discovery, SRC2). A CSV range
+	// not Aligned (a checkpoint of an older version) finds its first
+	// record by framing from the file start.
+	Aligned bool `msgpack:"aligned"`
 	// Done says that every record of the split was emitted.
 	Done bool `msgpack:"done"`
 	// Records and Bad count the records emitted and the bad records
@@ -247,16 +252,41 @@ type idResult struct {
 	once sync.Once
 	id   identity
 	err  error
+	// CSV range starts (csvStarts), computed once per file and attempt
+	starts    []int64
+	startsErr error
+	startsOne sync.Once
 }
 
-func (l *listing) identity(fsys fileSystem, name string) (identity, error) {
+// result returns the cache entry of name.
+func (l *listing) result(name string) *idResult {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	r := l.ids[name]
 	if r == nil {
 		r = &idResult{}
 		l.ids[name] = r
 	}
-	l.mu.Unlock()
+	return r
+}
+
+// csvStarts returns the range starts of the new CSV file fi (csvStarts),
+// framed once per attempt.
+func (l *listing) csvStarts(fsys fileSystem, fi fileInfo, splitSize int64, max int) ([]int64, error) {
+	r := l.result(fi.path)
+	r.startsOne.Do(func() {
+		f, err := fsys.open(fi.path)
+		if err != nil {
+			r.startsErr = err
+			return
+		}
+		r.starts, r.startsErr = csvStarts(f, fi.path, fi.size, splitSize, max)
+	})
+	return r.starts, r.startsErr
+}
+
+func (l *listing) identity(fsys fileSystem, name string) (identity, error) {
+	r := l.result(name)
 	r.once.Do(func() { r.id, r.err = fileIdentity(fsys, name) })
 	return r.id, r.err
 }
@@ -297,19 +327,36 @@ func (ls *listings) get(k listingKey) *listing {
 }
 
 // cut splits a new file into byte ranges of splitSize (the whole file if
-// splitSize <= 0 or whole).
-func cut(format string, fi fileInfo, id identity, splitSize int64, whole bool) []SplitProgress {
+// splitSize <= 0 or whole); a CSV file at the record starts csvStarts
+// finds near those offsets.
+func cut(format string, fi fileInfo, id identity, splitSize int64, whole bool, starts func(fileInfo) ([]int64, error)) ([]SplitProgress, error) {
 	mk := func(start, end int64) SplitProgress {
-		return SplitProgress{Format: format, Path: fi.path, Start: start, End: end, Offset: start, Line: 1, Size: id.size, CRC: id.crc}
+		return SplitProgress{Format: format, Path: fi.path, Start: start, End: end, Offset: start, Line: 1, Size: id.size, CRC: id.crc,
+			Aligned: format == formatCSV}
 	}
 	if whole || splitSize <= 0 || fi.size <= splitSize {
-		return []SplitProgress{mk(0, fi.size)}
+		return []SplitProgress{mk(0, fi.size)}, nil
 	}
-	var out []SplitProgress
-	for s := int64(0); s < fi.size; s += splitSize {
-		out = append(out, mk(s, min(s+splitSize, fi.size)))
+	var at []int64
+	if format == formatCSV {
+		var err error
+		if at, err = starts(fi); err != nil {
+			return nil, fmt.Errorf("source: cutting %s into ranges at record starts: %w", fi.path, err)
+		}
+	} else {
+		for s := int64(0); s < fi.size; s += splitSize {
+			at = append(at, s)
+		}
 	}
-	return out
+	out := make([]SplitProgress, len(at))
+	for i, s := range at {
+		end := fi.size
+		if i+1 < len(at) {
+			end = at[i+1]
+		}
+		out[i] = mk(s, end)
+	}
+	return out, nil
 }
 
 // plan merges the restored progress with the discovered files: files in
@@ -319,7 +366,7 @@ func cut(format string, fi fileInfo, id identity, splitSize int64, whole bool) [
 // checksum), of another format, a split twice, or splits that do not tile
 // their file.
 func plan(files []fileInfo, restored []SplitProgress, format, pattern string, splitSize int64, whole bool,
-	ident func(string) (identity, error)) ([]SplitProgress, error) {
+	ident func(string) (identity, error), starts func(fileInfo) ([]int64, error)) ([]SplitProgress, error) {
 	byFile := map[string][]SplitProgress{}
 	for _, p := range restored {
 		if p.Format != format {
@@ -352,7 +399,11 @@ func plan(files []fileInfo, restored []SplitProgress, format, pattern string, sp
 		}
 		if !ok {
 			f.size = id.size
-			all = append(all, cut(format, f, id, splitSize, whole)...)
+			ps, err := cut(format, f, id, splitSize, whole, starts)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, ps...)
 			continue
 		}
 		slices.SortFunc(ps, func(a, b SplitProgress) int { return cmp.Compare(a.Start, b.Start) })
