@@ -199,7 +199,8 @@ func (b *BroadcastState[K, V]) check(op string) error {
 	if b.store.writable {
 		return nil
 	}
-	err := fmt.Errorf("graph: %s: %s on broadcast state %q outside ProcessBroadcast: only the broadcast input may write it, or the subtasks' copies would differ", b.who, op, b.name)
+	// A misuse of the API: every attempt would fail alike.
+	err := Unrecoverable(fmt.Errorf("graph: %s: %s on broadcast state %q outside ProcessBroadcast: only the broadcast input may write it, or the subtasks' copies would differ", b.who, op, b.name))
 	if b.store.err == nil {
 		b.store.err = err
 	}

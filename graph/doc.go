@@ -174,22 +174,39 @@
 //     ids, which only grow within a job directory (G3). Storage writes a
 //     completed log (_completed) next to the chk-N directories: a
 //     checkpoint is complete once its metadata is durable and logged, and
-//     only then are sinks told to commit it.
+//     only then are sinks told to commit it. One execution at a time owns
+//     the job directory: Start locks it (an advisory flock of its _lock
+//     file, which names the holder's pid, host and start time) until the
+//     execution ends, and a Start on a directory another execution holds,
+//     in this process or another, fails with snapshot.ErrLocked naming
+//     the holder and the directory. The kernel releases the lock of a
+//     killed process, so a crash never leaves a lock that blocks the
+//     restart (which logs whom it took the directory over from). Readers
+//     (restore.Load, package inspect) take no lock.
 //   - First attempt. It restores nothing, unless Restore.Latest (the newest
 //     completed checkpoint, or stop-with-savepoint, of the job directory)
 //     or Restore.Path (an explicit checkpoint or savepoint) says otherwise.
 //     When it restores nothing although the job directory holds completed
 //     checkpoints, a log line says so.
 //   - Restart. After a failure the RestartStrategy decides whether and
-//     when to run another attempt. A restart restores this execution's
+//     when to run another attempt. The default, with checkpoints, is
+//     DefaultRestart: Flink's exponential delay (1s, times 1.5 per failure
+//     in a row, capped at 1m, jittered by 10%, reset after an attempt that
+//     ran for an hour, unlimited); without checkpoints NoRestart. Each
+//     attempt logs what it restores (attempt number, checkpoint id and
+//     path), as the JobRestored event says. A restart restores this execution's
 //     newest completed checkpoint, or, if it has none yet, exactly what the
 //     first attempt restored (its explicit path, the checkpoint Latest
 //     chose, or nothing): never a checkpoint another execution left behind
 //     (bug 2 of issue 5). Errors that a restart cannot cure fail the job at
-//     once: state for a uid not in the job, a changed max parallelism, an
-//     explicit path that does not decode (restore.ErrUnrecoverable; also a
-//     malformed input record or an input file that changed under a
-//     restore, from package source), a
+//     once, without asking the strategy, and the job's error says so
+//     ("not restarted: restarting cannot help"): errors marked with
+//     Unrecoverable or wrapping restore.ErrUnrecoverable (see
+//     Unrecoverable for the rule), such as state for a uid not in the job,
+//     a changed max parallelism, an explicit path that does not decode, a
+//     malformed input record, a missing input file or one that changed
+//     under a restore, a write to broadcast state outside
+//     ProcessBroadcast, a
 //     restore that would publish committed records again
 //     (restore.ErrFallback), a metadata write of unknown outcome
 //     (snapshot.ErrIndeterminate), subtasks that did not stop.

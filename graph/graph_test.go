@@ -439,6 +439,7 @@ func TestCorruptLatestCheckpointRefusesFallback(t *testing.T) {
 	require.NoError(t, err)
 	refs, err := st.Checkpoints()
 	require.NoError(t, err)
+	require.NoError(t, st.Close()) // the job takes the directory's lock
 	require.GreaterOrEqual(t, len(refs), 2)
 	newest := refs[len(refs)-1]
 	require.NoError(t, os.WriteFile(filepath.Join(newest.Path, "_metadata"), []byte("garbage"), 0o644))
@@ -558,6 +559,7 @@ func TestCheckpointTimeoutAndTolerableFailures(t *testing.T) {
 				slow.Store(true)
 				cfg := quiet(t)
 				cfg.Checkpoint = graph.CheckpointConfig{Interval: 5 * time.Millisecond, Timeout: 50 * time.Millisecond, TolerableFailures: tolerable, Dir: t.TempDir()}
+				cfg.Restart = graph.NoRestart() // the failure ends the job
 				j := graph.NewJob("timeouts", cfg)
 				s := graph.Source(j, "src", source.Slice(ints(20_000)))
 				// The first checkpoint the operator snapshots expires after

@@ -131,7 +131,11 @@ type Config struct {
 	MaxParallelism int
 	Checkpoint     CheckpointConfig
 	// State selects where keyed state lives (default: Pebble).
-	State   StateConfig
+	State StateConfig
+	// Restart decides whether and when the job restarts after a failure
+	// (see Unrecoverable for the failures that never restart). Default:
+	// with checkpoints DefaultRestart (exponential delay with jitter, 1s
+	// up to 1m, unlimited: Flink's default), without NoRestart.
 	Restart RestartStrategy
 	Restore RestoreConfig
 	// ChannelCapacity is the number of buffers a channel queues before its
@@ -277,6 +281,9 @@ func (j *Job) Validate() error {
 	}
 	if c.Restart == nil {
 		c.Restart = NoRestart()
+		if c.Checkpoint.Interval > 0 {
+			c.Restart = DefaultRestart()
+		}
 	}
 	if c.Checkpoint.FS == nil {
 		c.Checkpoint.FS = vfs.Default

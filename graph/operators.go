@@ -998,7 +998,7 @@ func (nopEmitter) RestoreChannel(_ context.Context, edge, ch int, _ [][]byte, wh
 // nilFunction is the error of an operator whose factory returned nil: it
 // fails the subtask's Open, before any record, and no restart can cure it.
 func nilFunction(v *vertex) error {
-	return unrecoverable(fmt.Errorf("graph: %s: its factory returned a nil function", v))
+	return Unrecoverable(fmt.Errorf("graph: %s: its factory returned a nil function", v))
 }
 
 func (nopEmitter) RestoreRouted(_ context.Context, edge int, _ [][]byte, where string) error {

@@ -58,13 +58,19 @@ func (j *Job) Run(ctx context.Context) error {
 	return e.Wait()
 }
 
-// Start validates the job and starts a new execution of it in the
-// background.
+// Start validates the job, locks its job directory (with checkpoints: an
+// execution in this process or another that holds it already makes Start
+// fail with an error wrapping snapshot.ErrLocked that names it) and starts
+// a new execution of it in the background.
 func (j *Job) Start(ctx context.Context) (*Execution, error) {
 	if err := j.Validate(); err != nil {
 		return nil, err
 	}
-	return newExecution(execution.Start(ctx, j.spec()), j.logf), nil
+	x, err := execution.Start(ctx, j.spec())
+	if err != nil {
+		return nil, err
+	}
+	return newExecution(x, j.logf), nil
 }
 
 // ID is the execution id: random, new for every Start. It is recorded in
@@ -114,9 +120,6 @@ func (e *Execution) TriggerSavepoint(ctx context.Context) (string, error) {
 // error.
 func (e *Execution) Stop(ctx context.Context) (string, error) { return e.x.Stop(ctx) }
 
-// unrecoverable marks err as one no restart can cure.
-func unrecoverable(err error) error { return execution.Unrecoverable(err) }
-
 // spec describes the validated job to the execution.
 func (j *Job) spec() *execution.Spec {
 	cc := j.cfg.Checkpoint
@@ -133,7 +136,7 @@ func (j *Job) spec() *execution.Spec {
 			Latest: j.cfg.Restore.Latest, Path: j.cfg.Restore.Path, FS: cc.FS,
 			AllowNonRestoredState: j.cfg.Restore.AllowNonRestoredState, AllowFallback: j.cfg.Restore.AllowFallback,
 		},
-		Restart:       j.cfg.Restart.NextDelay,
+		Restart:       j.cfg.Restart.Restarter().Failed,
 		CancelTimeout: j.cfg.CancelTimeout,
 		Logf:          j.logf,
 		OnEvent:       j.cfg.OnEvent,

@@ -425,6 +425,7 @@ func TestCommitterRefusesToCommitAgain(t *testing.T) {
 	require.NoError(t, err)
 	refs, err := st.Checkpoints()
 	require.NoError(t, err)
+	require.NoError(t, st.Close()) // the reruns take the directory's lock
 	require.Greater(t, len(refs), 2)
 	old := refs[0]
 	require.Less(t, old.ID, cj.table.commits[len(cj.table.commits)-1].Checkpoint)

@@ -32,6 +32,9 @@ import (
 //	    _completed                the completed-checkpoint log (ST6,
 //	                              completedlog.go)
 //	    _completed.tmp            only while the log is rewritten
+//	    _lock                     the job directory's lock file, naming
+//	                              its holder while it is held (ST17,
+//	                              lock.go)
 //	    shared/                   state files that may belong to several
 //	                              checkpoints: the sstables of native
 //	                              (incremental) keyed state (ST12-ST14,
@@ -106,15 +109,16 @@ import (
 // unless told to (restore.ErrFallback).
 //
 // Lifecycle. OpenStorage opens the job directory at the start of every
-// execution of the job: it creates what is missing, removes leftovers of
-// interrupted writes (ST5) and repairs a torn last log record. Persist is
+// execution of the job: it locks it (ST17), creates what is missing,
+// removes leftovers of interrupted writes (ST5) and repairs a torn last log record. Persist is
 // called once per completed checkpoint or savepoint, and Tidy after the
 // completion is reported: it applies retention (ST4) and log compaction
 // (Write does both in one call). Finished, once the job finished or
 // stopped, removes what checkpoints still in progress left (none can
 // complete any more). Close ends an execution, however it ended
 // (finished, failed, cancelled by its context, stopped with a savepoint): it
-// deletes nothing, so the next execution can restore. Discard is the only
+// deletes nothing, so the next execution can restore, and releases the
+// lock. Discard is the only
 // way, besides retention, that checkpoints are deleted: an explicit "throw
 // this job's checkpoints away" that removes every chk-N directory and the
 // log, and keeps savepoints, shared/ and taskowned/. Checkpoint ids never
@@ -142,7 +146,7 @@ import (
 //     retention failure does not fail anything (the checkpoint is
 //     complete): Tidy reports it through StorageOptions.Logf, and the Tidy
 //     after the next checkpoint retries it.
-//   - ST5: a Storage owns its job directory. OpenStorage removes leftover
+//   - ST5: a Storage owns its job directory (ST17). OpenStorage removes leftover
 //     _metadata.tmp and _completed.tmp files and incomplete chk-N
 //     directories (checkpoints that were aborted, interrupted by a crash or
 //     partly deleted: none of them can be restored; the NextID of this
@@ -224,6 +228,12 @@ import (
 //     CRC-32C against the reference before it decodes it; a damaged block
 //     fails it with a *ReadError naming the file, the checkpoint, the
 //     operator and the key group, wrapping checkpoint.ErrCorrupt.
+//   - ST17: at most one Storage, in any process, has a job directory open:
+//     OpenStorage takes its lock (an advisory flock of _lock, released by
+//     the kernel when its holder dies) before it touches anything, and
+//     fails with ErrLocked, naming the directory and the holder (pid, host,
+//     start time), if another holds it; Close and Discard release it.
+//     Readers take no lock (lock.go).
 //
 // Differences from Flink: savepoint directories are savepoint-<N>, not
 // savepoint-<job-id prefix>-<random>, so two jobs writing savepoint N into one
@@ -322,6 +332,9 @@ type Storage struct {
 
 	mu     sync.Mutex
 	closed bool
+	// lock holds the job directory from OpenStorage to Close or Discard
+	// (ST17, lock.go).
+	lock *jobLock
 	// log holds the records of the log file in file order; logSize is the
 	// size of the file they make up. logDirty says that the file may differ
 	// from them (a failed append or rewrite): it is rewritten before the
@@ -371,7 +384,9 @@ func (s *Storage) subsumed(kind marker.Kind, id int64, err error) error {
 // OpenStorage opens (creating if needed) the job directory dir/jobID with its
 // shared/ and taskowned/ subdirectories and its completed-checkpoint log,
 // cleans up after interrupted writes (ST5) and truncates a torn last log
-// record (ST6). It fails if the log is damaged before its last record.
+// record (ST6). It fails if the log is damaged before its last record, and
+// with ErrLocked if another Storage holds the job directory (ST17); the
+// lock is held until Close or Discard.
 func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 	if jobID == "" || jobID == "." || jobID == ".." || strings.ContainsAny(jobID, `/\`) {
 		return nil, fmt.Errorf("snapshot: open storage in %s: job id %q is not a single path element", dir, jobID)
@@ -397,15 +412,20 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}
-	for _, d := range []string{s.jobDir, fs.PathJoin(s.jobDir, SharedStateDir), fs.PathJoin(s.jobDir, TaskOwnedStateDir)} {
-		if err := mkdirAllSynced(fs, d); err != nil {
-			return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
-		}
-	}
-	if err := s.cleanUp(); err != nil {
+	if err := mkdirAllSynced(fs, s.jobDir); err != nil {
 		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
 	}
-	if err := s.openLog(); err != nil {
+	// The lock comes first: the cleanup removes what another holder may
+	// be writing (ST5, ST17).
+	lock, err := lockJobDir(fs, s.jobDir, s.logf)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
+	}
+	s.lock = lock
+	if err := s.open(); err != nil {
+		if rerr := lock.release(); rerr != nil {
+			s.logf("snapshot: open storage %s: %v", s.jobDir, rerr)
+		}
 		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
 	}
 	if err := s.collectShared(0); err != nil {
@@ -414,6 +434,20 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 		s.logf("snapshot: open storage %s: deleting unreferenced shared state failed (retried after the next checkpoint): %v", s.jobDir, err)
 	}
 	return s, nil
+}
+
+// open prepares the locked job directory: its subdirectories, the cleanup
+// after interrupted writes (ST5) and the completed log (ST6).
+func (s *Storage) open() error {
+	for _, d := range []string{SharedStateDir, TaskOwnedStateDir} {
+		if err := mkdirAllSynced(s.fs, s.fs.PathJoin(s.jobDir, d)); err != nil {
+			return err
+		}
+	}
+	if err := s.cleanUp(); err != nil {
+		return err
+	}
+	return s.openLog()
 }
 
 // JobDir returns the job directory, <dir>/<job-id>.
@@ -759,12 +793,25 @@ func (s *Storage) Finished() {
 
 // Close ends the use of the storage by an execution; later Writes fail. It
 // deletes nothing: checkpoints, savepoints and the log stay for the next
-// execution, whether this one finished, failed or was cancelled. Closing
-// twice is a no-op.
+// execution, whether this one finished, failed or was cancelled. It
+// releases the job directory's lock (ST17). Closing twice is a no-op.
 func (s *Storage) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
+	return s.unlock()
+}
+
+// unlock releases the job directory's lock, once (s.mu held).
+func (s *Storage) unlock() error {
+	l := s.lock
+	s.lock = nil
+	if l == nil {
+		return nil
+	}
+	if err := l.release(); err != nil {
+		return fmt.Errorf("snapshot: close storage %s: %w", s.jobDir, err)
+	}
 	return nil
 }
 
@@ -779,6 +826,14 @@ func (s *Storage) Discard() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
+	err := s.discard()
+	if uerr := s.unlock(); err == nil {
+		err = uerr
+	}
+	return err
+}
+
+func (s *Storage) discard() error {
 	complete, incomplete, err := s.listCheckpoints()
 	if err != nil {
 		return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)

@@ -152,7 +152,8 @@ type fileInfo struct {
 // discover lists the input files of pattern: the files a glob matches, the
 // regular files directly in a directory, or the one file named; sorted by
 // path. Directories a glob matches are not inputs, nor are the files of the
-// dead-letter prefix. No file at all is an error.
+// dead-letter prefix. No file at all, or a named input that does not
+// exist, is an unrecoverable error: restarting would not find it either.
 func discover(fsys fileSystem, pattern, deadLetter string) ([]fileInfo, error) {
 	var paths []string
 	if strings.ContainsAny(pattern, `*?[\`) {
@@ -163,6 +164,9 @@ func discover(fsys fileSystem, pattern, deadLetter string) ([]fileInfo, error) {
 		paths = m
 	} else {
 		st, err := fsys.stat(pattern)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, unrecoverable(fmt.Errorf("source: input %q: %w", pattern, err))
+		}
 		if err != nil {
 			return nil, fmt.Errorf("source: input %q: %w", pattern, err)
 		}
@@ -189,7 +193,7 @@ func discover(fsys fileSystem, pattern, deadLetter string) ([]fileInfo, error) {
 		out = append(out, fileInfo{path: p, size: st.Size()})
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("source: no input file matches %q", pattern)
+		return nil, unrecoverable(fmt.Errorf("source: no input file matches %q", pattern))
 	}
 	slices.SortFunc(out, func(a, b fileInfo) int { return cmp.Compare(a.path, b.path) })
 	return out, nil

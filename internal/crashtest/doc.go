@@ -48,6 +48,11 @@
 // that ran out of input would finish instead of being killed. Runs to
 // completion read at the full rate.
 //
+// Two processes on one job directory (lock_test.go): the second is refused
+// with an error naming the first (pid, host) and the directory, and the
+// first ends exactly once; a child SIGKILLed while it holds the directory
+// does not block the next, which says whom it took over from.
+//
 // Run with -crashtest.seed=N to replay the random moments of a failed run
 // (the seed is logged).
 package crashtest

@@ -28,8 +28,15 @@
 //   - Checkpoint ids continue above storage.NextID (the completed log and
 //     the directories), the restored id and every id this execution used
 //     (G3).
+//   - Start opens the checkpoint storage, which locks the job directory
+//     (snapshot ST17), before anything runs, so a second execution on it
+//     fails Start; the execution's goroutine closes it (releasing the
+//     lock) before Wait returns.
 //   - Errors no restart can cure (Unrecoverable, restore.ErrUnrecoverable)
-//     fail the job at once, as Flink's SuppressRestartsException.
+//     fail the job at once, as Flink's SuppressRestartsException. Every
+//     other failure goes to Spec.Restart (graph's Restarter, one per
+//     execution) with the failed attempt's start and failure times; each
+//     attempt logs what it restores.
 //   - When an attempt ends, its subtasks get CancelTimeout to stop. Go
 //     cannot stop a goroutine, so subtasks still running then are named
 //     in an unrecoverable error and their goroutines leak; the process

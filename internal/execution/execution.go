@@ -71,9 +71,11 @@ type Spec struct {
 	Storage    snapshot.StorageOptions
 	// Restore is what the first attempt starts from.
 	Restore RestoreConfig
-	// Restart returns the delay before restart n (1 for the first) and
-	// false when the job must not restart again.
-	Restart func(n int) (time.Duration, bool)
+	// Restart is told of every failure no restart is known to be unable
+	// to cure and returns the delay before the next attempt, or false
+	// when the job must not restart again (graph.Restarter, one per
+	// execution).
+	Restart func(Failure) (time.Duration, bool)
 	// CancelTimeout bounds the wait for subtasks to stop.
 	CancelTimeout time.Duration
 	Logf          func(format string, args ...any)
@@ -121,6 +123,16 @@ type Attempt struct {
 	Channels []interface{ Gauges() channel.Gauges }
 }
 
+// Failure is a failed attempt, as the restart strategy is told of it.
+type Failure struct {
+	Err error
+	// Attempt is the number of the failed attempt, 0 for the first.
+	Attempt int
+	// Started is when the attempt's subtasks started (after its restore;
+	// when it began, if it failed before), Failed when it failed.
+	Started, Failed time.Time
+}
+
 // Chain is one chain subtask's goroutine.
 type Chain struct {
 	Name string // names the subtask in errors
@@ -142,6 +154,10 @@ type Execution struct {
 
 	requests chan request
 
+	// storage is the job's checkpoint storage (nil without checkpoints),
+	// opened and locked by Start and closed when the execution ends.
+	storage *snapshot.Storage
+
 	// Owned by the run goroutine.
 	liveStats *snapshot.Stats
 	nextID    int64
@@ -152,6 +168,8 @@ type Execution struct {
 	startPath string
 	completed bool
 	stoppedAt string // the stop-with-savepoint the job ended with
+	// started is when the current attempt's subtasks started (Failure).
+	started time.Time
 }
 
 // request asks the master for a savepoint or a stop-with-savepoint.
@@ -165,15 +183,26 @@ type requestResult struct {
 	err  error
 }
 
-// Start starts a new execution of spec in the background.
-func Start(ctx context.Context, spec *Spec) *Execution {
-	ctx, cancel := context.WithCancel(ctx)
+// Start opens the job's checkpoint storage, which locks the job directory
+// for the life of the execution (snapshot ST17: another execution on it,
+// in this process or another, is refused with an error naming the
+// holder), and starts a new execution of spec in the background.
+func Start(ctx context.Context, spec *Spec) (*Execution, error) {
 	if spec.Logf == nil {
 		spec.Logf = log.Printf
 	}
+	var storage *snapshot.Storage
+	if spec.Dir != "" {
+		var err error
+		if storage, err = snapshot.OpenStorage(spec.Dir, spec.JobID, spec.Storage); err != nil {
+			return nil, fmt.Errorf("graph: job %q: %w", spec.Name, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
 	e := &Execution{
 		spec: spec, id: newID(), cancel: cancel, done: make(chan struct{}),
 		requests:  make(chan request),
+		storage:   storage,
 		liveStats: &snapshot.Stats{},
 		nextID:    1,
 	}
@@ -182,8 +211,16 @@ func Start(ctx context.Context, spec *Spec) *Execution {
 		defer close(e.done)
 		defer cancel()
 		e.err = e.run(ctx)
+		if storage != nil {
+			// Finishing, failing, stopping and cancelling all keep the
+			// checkpoints: a later run may resume from them. Closing
+			// releases the job directory's lock.
+			if err := storage.Close(); err != nil {
+				e.logf("graph: job %q: %v", spec.Name, err)
+			}
+		}
 	}()
-	return e
+	return e, nil
 }
 
 func newID() string {
@@ -291,11 +328,11 @@ func (e *Execution) logf(format string, args ...any) { e.spec.Logf(format, args.
 // SuppressRestartsException).
 type unrecoverableError struct{ err error }
 
-func (u unrecoverableError) Error() string { return u.err.Error() }
-func (u unrecoverableError) Unwrap() error { return u.err }
+func (u unrecoverableError) Error() string   { return u.err.Error() }
+func (u unrecoverableError) Unwrap() []error { return []error{u.err, restore.ErrUnrecoverable} }
 
 // Unrecoverable marks err as one that no restart can cure: the job fails
-// at once.
+// at once. The result wraps err and restore.ErrUnrecoverable.
 func Unrecoverable(err error) error { return unrecoverableError{err} }
 
 // IsUnrecoverable reports whether err must not be retried: marked by
@@ -311,17 +348,9 @@ func IsUnrecoverable(err error) bool {
 // from this one goroutine (G7).
 func (e *Execution) run(ctx context.Context) error {
 	s := e.spec
-	var storage *snapshot.Storage
-	if s.Dir != "" {
-		var err error
-		if storage, err = snapshot.OpenStorage(s.Dir, s.JobID, s.Storage); err != nil {
-			return err
-		}
-		// Finishing, failing, stopping and cancelling all keep the
-		// checkpoints: a later run may resume from them.
-		defer storage.Close()
-	}
+	storage := e.storage
 	for n := 0; ; n++ {
+		e.started = time.Now()
 		err := e.attempt(ctx, n, storage)
 		if err == nil {
 			if storage != nil {
@@ -342,7 +371,7 @@ func (e *Execution) run(ctx context.Context) error {
 		if IsUnrecoverable(err) {
 			return fmt.Errorf("graph: job %q failed (attempt %d, not restarted: restarting cannot help): %w", s.Name, n, err)
 		}
-		delay, ok := s.Restart(n + 1)
+		delay, ok := s.Restart(Failure{Err: err, Attempt: n, Started: e.started, Failed: time.Now()})
 		if !ok {
 			return fmt.Errorf("graph: job %q failed (attempt %d, no more restarts): %w", s.Name, n, err)
 		}
@@ -471,6 +500,11 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 		e.nextID = max(e.nextID, next)
 	}
 	if plan != nil {
+		e.logf("graph: job %q attempt %d restores %s %d from %s", s.Name, n, plan.Kind, plan.CheckpointID, plan.Path)
+	} else if n > 0 {
+		e.logf("graph: job %q attempt %d starts without state, as the execution's first attempt did (it completed no checkpoint)", s.Name, n)
+	}
+	if plan != nil {
 		e.liveStats.RecordRestore(plan.CheckpointID, plan.Path, time.Now())
 		e.publish()
 		e.emit(Event{Kind: JobRestored, Attempt: n, CheckpointID: plan.CheckpointID, Path: plan.Path})
@@ -492,6 +526,7 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 	}
 	actx, acancel := context.WithCancel(ctx)
 	defer acancel()
+	e.started = time.Now()
 	g, gctx := errgroup.WithContext(actx)
 	var running sync.Map // chain subtask name -> struct{}, while its goroutine runs
 	for _, c := range a.Chains {

@@ -291,6 +291,7 @@ func runStaleJob(t *testing.T, c *kfake.Cluster, k committer, f *faults, newest 
 		Parallelism: 2,
 		Checkpoint:  graph.CheckpointConfig{Interval: interval, Dir: ckpt, TolerableFailures: -1, Retain: 2},
 		Restore:     graph.RestoreConfig{Latest: latest},
+		Restart:     graph.NoRestart(), // the injected failure ends the process's run
 		Logf:        t.Logf,
 		OnEvent: func(e graph.Event) {
 			if e.Kind == graph.CheckpointCompleted {
