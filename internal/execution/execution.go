@@ -120,6 +120,8 @@ type Attempt struct {
 	Chains    []Chain
 	// Channels are the attempt's channels, for Execution.Channels.
 	Channels []interface{ Gauges() channel.Gauges }
+	// Counters are the execution's per-operator counts.
+	Counters *Counters
 }
 
 // Chain is one chain subtask's goroutine.
@@ -142,6 +144,7 @@ type Execution struct {
 	channels []interface{ Gauges() channel.Gauges }
 
 	requests chan request
+	counters Counters
 
 	// Owned by the run goroutine.
 	liveStats *snapshot.Stats
@@ -183,6 +186,9 @@ func Start(ctx context.Context, spec *Spec) *Execution {
 		defer close(e.done)
 		defer cancel()
 		e.err = e.run(ctx)
+		if r := lateReport(e.counters.LateRecords()); r != "" {
+			e.logf("execution: job %s: %s", e.spec.Name, r)
+		}
 	}()
 	return e
 }
@@ -197,6 +203,10 @@ func newID() string {
 
 // ID is the execution id.
 func (e *Execution) ID() string { return e.id }
+
+// LateRecords are the late records each operator subtask dropped so far
+// (Counters).
+func (e *Execution) LateRecords() []LateRecords { return e.counters.LateRecords() }
 
 // Wait waits for the job to end and returns its error.
 func (e *Execution) Wait() error {
@@ -476,7 +486,7 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 		e.publish()
 		e.emit(Event{Kind: JobRestored, Attempt: n, CheckpointID: plan.CheckpointID, Path: plan.Path})
 	}
-	x := &Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024)}
+	x := &Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024), Counters: &e.counters}
 	if storage != nil {
 		x.KeyedState = storage
 	}
