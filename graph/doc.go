@@ -55,10 +55,13 @@
 // these timers; graph does not import it.
 //
 // A subtask never emits a watermark at or below one it emitted before the
-// checkpoint it restores: the last one is in its head's snapshot (union
-// list state internal/task.WatermarkState, "_watermark"; restored at
-// another parallelism, the lowest of the old subtasks'), and a restored
-// keyed operator starts at it (EV1, EV2 below).
+// checkpoint it restores at the same parallelism: the last one is in its
+// head's snapshot (union list state internal/task.WatermarkState,
+// "_watermark"), and a restored keyed operator starts at it. At another
+// parallelism every new subtask starts at the lowest of the old
+// subtasks', and a keyed function's CurrentWatermark is, per key, at
+// least the watermark of the old subtask that held the key's key group,
+// so it never goes back for a key (EV1, EV2 below).
 //
 // Watermark alignment (Flink's withWatermarkAlignment): sources whose
 // strategies name the same WatermarkAlignment.Group, of any operators,
@@ -270,8 +273,16 @@
 //   - EV2 (no watermark regression): the watermarks a subtask emits
 //     strictly increase within an attempt and, after a restore at the
 //     same parallelism, start above the last one it emitted before the
-//     restored checkpoint; a keyed function's CurrentWatermark never
-//     goes back, across restores too (it starts at the restored one). A record whose
+//     restored checkpoint. After a restore at another parallelism a
+//     subtask's input watermark starts at the lowest of the old
+//     subtasks' (a new subtask may read records any of them would have
+//     read), so it may be below what an old subtask emitted; a keyed
+//     function's CurrentWatermark still never goes back for a key, across
+//     restores at any parallelism: until the input watermark passes it,
+//     it is the watermark of the old subtask that held the key's key
+//     group (kept in the snapshots as KeyGroupWatermarkState while the
+//     input watermark is below it), so a window fired or cleaned up
+//     before a rescale stays so (TestRescaleKeepsFiredWindows). A record whose
 //     event time is at most OutOfOrderness behind the highest one its
 //     source subtask emitted before it is never late (at or below
 //     CurrentWatermark) downstream, idle sources apart: a subtask that

@@ -25,9 +25,12 @@ import (
 // splits, idle and finished ones left out); otherwise a subtask reading
 // several splits takes the maximum over all of them, and the bound must
 // cover the disorder between its splits too. Downstream, every subtask's input
-// watermark is the minimum over its input channels, idle ones left out,
-// and a subtask's watermarks never go back, not even after a restore (the
-// last one is in its snapshot).
+// watermark is the minimum over its input channels, idle ones left out.
+// A subtask's watermarks never go back within an attempt, nor after a
+// restore at the same parallelism (the last one is in its snapshot); after
+// a restore at another parallelism a subtask starts at the lowest of the
+// old subtasks', and KeyedContext.CurrentWatermark keeps each key's from
+// going back (EV2 in the package documentation).
 type WatermarkStrategy[T any] struct {
 	// Timestamp returns the event time of a record. It runs once per
 	// record the source emits.
@@ -192,11 +195,27 @@ func (c *KeyedContext[K]) RegisterEventTimer(at time.Time) { c.eventTimers.regis
 // time, if any.
 func (c *KeyedContext[K]) DeleteEventTimer(at time.Time) { c.eventTimers.delete(at.UnixNano()) }
 
-// CurrentWatermark is the operator's input watermark (Unix nanoseconds):
-// marker.MinWatermark before the first, marker.MaxWatermark after the end
-// of the input. Inside OnTimer of an event-time timer it is the watermark
-// that fires it.
-func (c *KeyedContext[K]) CurrentWatermark() int64 { return c.watermark }
+// CurrentWatermark is the operator's input watermark for the current key
+// (Unix nanoseconds): marker.MinWatermark before the first,
+// marker.MaxWatermark after the end of the input. Inside OnTimer of an
+// event-time timer it is at least the watermark that fires it.
+//
+// It never goes back for a key, not even across a restore at another
+// parallelism, where the subtask's input watermark restarts at the lowest
+// of the old subtasks' (see "Event time" in the package documentation):
+// until that input watermark passes it, a key sees the watermark of the
+// old subtask that held its key group, so a window that fired or was
+// cleaned up before the rescale stays so. Event-time timers fire by the
+// input watermark: one registered at or below CurrentWatermark but above
+// the input watermark fires when the input watermark reaches it.
+func (c *KeyedContext[K]) CurrentWatermark() int64 {
+	if c.floors != nil {
+		if kg := c.backend.CurrentKeyGroup() - c.kgBase; kg >= 0 && kg < len(c.floors) && c.floors[kg] > c.watermark {
+			return c.floors[kg]
+		}
+	}
+	return c.watermark
+}
 
 // TimeDomain is the domain of the timer that fires, inside OnTimer.
 func (c *KeyedContext[K]) TimeDomain() TimeDomain { return c.domain }

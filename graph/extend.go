@@ -51,6 +51,17 @@ func (s *KeyedStream[K, T]) SourcesWithoutWatermarks() []string {
 	return uids
 }
 
+// LateRecordDropped counts a record the operator dropped because it came
+// behind the watermark and updates nothing (a window's late record
+// without a LateOutput): per operator uid and subtask, in
+// Execution.LateRecords and the log line at the end of the job. An
+// atomic add; call it on the subtask's goroutine.
+func (c *Context) LateRecordDropped() {
+	if c.late != nil {
+		c.late.Add(1)
+	}
+}
+
 // Logf logs through the job's Config.Logf (the standard logger if unset),
 // prefixed with the subtask.
 func (c *Context) Logf(format string, args ...any) {

@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
@@ -166,6 +167,9 @@ type Context struct {
 	sideErr error
 	// logf is the job's logger (Logf).
 	logf func(format string, args ...any)
+	// late counts the late records the subtask dropped
+	// (LateRecordDropped); nil outside an execution.
+	late *atomic.Int64
 	// splits is the split lifecycle of a SplitSourceFunc's subtask
 	// (AddSplit, FinishSplit; splits.go), nil elsewhere.
 	splits *splitLife
@@ -232,6 +236,12 @@ type KeyedContext[K comparable] struct {
 	// that fires (see TimeDomain).
 	watermark int64
 	domain    TimeDomain
+	// floors are the key groups' watermarks from before a rescale that
+	// are above watermark (kgWatermarks), indexed from kgBase; nil once
+	// the watermark passed them all (the usual case: always, but for a
+	// while after a restore at another parallelism).
+	floors []int64
+	kgBase int
 }
 
 // CurrentKey is the key of the record being processed.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/internal/execution"
 	"github.com/snapflow/snapflow/internal/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
@@ -32,7 +33,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
+		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf, counters: a.counters}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -159,7 +160,7 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 	connect(s, v)
 	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
 		fn := newFn()
-		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
+		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, counters: a.counters, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
 			for _, r := range recs {
 				if err := fn.Write(c, r); err != nil {
 					return err
@@ -203,7 +204,7 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		if !ok {
 			h = hooks{fn: fn}
 		}
-		h.logf = a.job.logf
+		h.logf, h.counters = a.job.logf, a.counters
 		return unkeyedMember(ctx, a, v, i, outFor[OUT](ctx, a, v, i, next), h, process)
 	}
 	v.run = runInput[IN](v)
@@ -342,6 +343,9 @@ type hooks struct {
 	// allowRepublish is RestoreConfig.AllowRepublish (or AllowFallback),
 	// for a sink's Context.
 	allowRepublish bool
+	// counters are the execution's per-operator counts
+	// (Context.LateRecordDropped).
+	counters *execution.Counters
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -353,6 +357,7 @@ func (h *hooks) open(info task.Info) error {
 		c.broadcast = h.broadcast
 		c.sides, c.logf = h.sides, h.logf
 		c.allowRepublish = h.allowRepublish
+		c.late = h.counters.Late(info.UID, info.Subtask)
 	}
 	h.ctx = c
 	h.keyedFiles, h.task, h.inlineEntries = info.KeyedState, info.ID(), info.InlineKeyedEntries
@@ -586,6 +591,25 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	// restoreFS holds the copies of native keyed state to restore
 	// (Config.Checkpoint.FS).
 	restoreFS vfs.FS
+	// kgWatermarks persists the key groups' watermarks from before a
+	// rescale (KeyedContext.floors) that the input watermark has not
+	// reached yet; floorMax is the highest of them.
+	kgWatermarks *state.List[kgWatermark]
+	floorMax     int64
+}
+
+// KeyGroupWatermarkState is the union list state in which a keyed
+// operator keeps, in its snapshots, the watermarks of its key groups from
+// before a rescale that its input watermark has not reached yet (see
+// KeyedContext.CurrentWatermark), so that a second rescale before it does
+// keeps them too. Usually empty.
+const KeyGroupWatermarkState = "_keygroup_watermarks"
+
+// kgWatermark is an item of KeyGroupWatermarkState: key group KG's
+// watermark At.
+type kgWatermark struct {
+	KG int   `msgpack:"g"`
+	At int64 `msgpack:"w"`
 }
 
 // newKeyedOp is a keyed operator of vertex v writing to out: fn handles
@@ -593,7 +617,7 @@ type keyedOp[K comparable, IN, OUT any] struct {
 // user function value whose hooks are honoured (nil: the factory returned
 // a nil function).
 func newKeyedOp[K comparable, IN, OUT any](a *attempt, v *vertex, kopts keyedOpts, key func(IN) K, out *task.Output[OUT], fn KeyedProcessFunc[K, IN, OUT], user any) *keyedOp[K, IN, OUT] {
-	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
+	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
 	op.onTimer, _ = user.(TimerHandler[K, OUT])
 	op.ender, op.openErr = inputEnder[OUT](v, user)
 	if user == nil {
@@ -671,9 +695,65 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 			return err
 		}
 	}
+	if err := o.restoreKeyGroupWatermarks(info); err != nil {
+		return err
+	}
 	o.maxP, o.kgs = info.MaxParallelism, info.KeyGroups
 	o.setTime(time.Now())
 	return o.initialize()
+}
+
+// restoreKeyGroupWatermarks sets the key groups' watermarks from before a
+// rescale that are above the restored input watermark: the old
+// subtasks' (task.KeyGroupWatermarks) and those persisted in
+// KeyGroupWatermarkState by a restore before.
+func (o *keyedOp[K, IN, OUT]) restoreKeyGroupWatermarks(info task.Info) error {
+	l, err := state.UnionListState[kgWatermark](o.ctx.operators, KeyGroupWatermarkState)
+	if err != nil {
+		return err
+	}
+	o.kgWatermarks = l
+	if info.Restored == nil {
+		return nil
+	}
+	wm, kgs := o.kctx.watermark, info.KeyGroups
+	floors, err := task.KeyGroupWatermarks(info.Restored.Lists, kgs, info.MaxParallelism, wm, info.String())
+	if err != nil {
+		return err
+	}
+	for _, f := range l.Get() {
+		if !kgs.Contains(f.KG) || f.At <= wm {
+			continue
+		}
+		if floors == nil {
+			floors = make([]int64, kgs.Len())
+			for i := range floors {
+				floors[i] = wm
+			}
+		}
+		floors[f.KG-kgs.Start] = max(floors[f.KG-kgs.Start], f.At)
+	}
+	l.Clear()
+	if floors != nil {
+		o.kctx.floors, o.kctx.kgBase, o.floorMax = floors, kgs.Start, slices.Max(floors)
+	}
+	return nil
+}
+
+// snapshotKeyGroupWatermarks writes the key groups' watermarks still above
+// the input watermark to KeyGroupWatermarkState.
+func (o *keyedOp[K, IN, OUT]) snapshotKeyGroupWatermarks() {
+	if o.kctx.floors == nil {
+		o.kgWatermarks.Clear()
+		return
+	}
+	items := make([]kgWatermark, 0, len(o.kctx.floors))
+	for i, at := range o.kctx.floors {
+		if at > o.kctx.watermark {
+			items = append(items, kgWatermark{KG: o.kctx.kgBase + i, At: at})
+		}
+	}
+	o.kgWatermarks.Update(items)
 }
 
 // Snapshot and SnapshotAsync set the backend's time first, so that the
@@ -681,12 +761,14 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 // no record came for a while.
 func (o *keyedOp[K, IN, OUT]) Snapshot(b marker.Barrier) (checkpoint.SubtaskState, error) {
 	o.setTime(time.Now())
+	o.snapshotKeyGroupWatermarks()
 	return o.hooks.Snapshot(b)
 }
 
 // SnapshotAsync implements task.AsyncSnapshotter (see Snapshot).
 func (o *keyedOp[K, IN, OUT]) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.AsyncPart, error) {
 	o.setTime(time.Now())
+	o.snapshotKeyGroupWatermarks()
 	return o.hooks.SnapshotAsync(b)
 }
 
@@ -704,6 +786,9 @@ func (o *keyedOp[K, IN, OUT]) FireTimers(now time.Time) error {
 // time order.
 func (o *keyedOp[K, IN, OUT]) AdvanceWatermark(at int64) error {
 	o.kctx.watermark = at
+	if o.kctx.floors != nil && at >= o.floorMax {
+		o.kctx.floors = nil // every key group caught up
+	}
 	o.setTime(time.Now())
 	return o.fire(o.kctx.eventTimers, EventTime, at)
 }

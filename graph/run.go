@@ -96,6 +96,18 @@ func (e *Execution) Cancel() { e.x.Cancel() }
 // Stats returns a copy of the checkpoint statistics.
 func (e *Execution) Stats() *snapshot.Stats { return e.x.Stats() }
 
+// LateRecords is how many late records (behind the watermark, updating
+// nothing) an operator subtask dropped: Context.LateRecordDropped counts
+// them, as a window without a LateOutput does.
+type LateRecords = execution.LateRecords
+
+// LateRecords returns the late records each operator subtask dropped so
+// far, by operator uid and subtask, summed over the execution's attempts
+// (after a restart, a record replayed since the restored checkpoint and
+// dropped again counts again). When the job ends, a log line says how
+// many each operator dropped.
+func (e *Execution) LateRecords() []LateRecords { return e.x.LateRecords() }
+
 // Channels returns the gauges of every channel of the running attempt
 // (queued buffers and bytes, records sent, time writers spent
 // backpressured), in a stable order. Chained operators have no channels
@@ -174,6 +186,8 @@ type attempt struct {
 	// keyedState writes the keyed-state files of checkpoints (nil without
 	// checkpoint storage).
 	keyedState snapshot.KeyedStateWriter
+	// counters are the execution's per-operator counts.
+	counters *execution.Counters
 	// mails maps every subtask of every operator to the mailbox of the
 	// chain subtask it runs in.
 	mails map[checkpoint.TaskID]*task.Mailbox
@@ -194,7 +208,7 @@ type runFunc func(ctx context.Context, a *attempt, i int, chain *task.Chain, hea
 func (j *Job) build(x *execution.Attempt) (*execution.Attempt, error) {
 	a := &attempt{
 		job: j, number: x.Number, execution: x.Execution, mode: j.cfg.Checkpoint.Mode,
-		plan: x.Plan, reports: x.Reports, keyedState: x.KeyedState,
+		plan: x.Plan, reports: x.Reports, keyedState: x.KeyedState, counters: x.Counters,
 		mails: map[checkpoint.TaskID]*task.Mailbox{},
 		chans: map[*edge][][]any{},
 	}

@@ -41,7 +41,10 @@
 //     AllowedLateness 0 the state goes when it fires.
 //   - W2 (late records): a record whose windows are all cleaned up
 //     (cleanup time at or below the watermark) goes to LateOutput, or is
-//     counted and logged; it never updates a result. A record is never
+//     dropped, counted per operator and subtask
+//     (graph.Context.LateRecordDropped: graph.Execution.LateRecords and
+//     a log line when the job ends) and logged; it never updates a
+//     result. A record is never
 //     late when it is within the sources' OutOfOrderness (graph EV2).
 //   - W3 (sessions): a record's session [t, t+gap) merges with every
 //     session of the key it overlaps or touches; accumulators merge with
@@ -51,7 +54,17 @@
 //   - W4 (exactly once): everything above is keyed state and keyed
 //     timers, so a restore continues exactly from the checkpoint, at any
 //     parallelism, and a firing after the checkpoint is replayed: with an
-//     exactly-once sink each (window, pane) is published once.
+//     exactly-once sink each (window, pane) is published once. The
+//     watermark the operator judges by (KeyedContext.CurrentWatermark)
+//     never goes back for a key, also across a rescale, where the
+//     subtask's input watermark restarts at the lowest of the old
+//     subtasks' (graph EV2): a key sees the watermark of the subtask that
+//     held its key group until the input watermark passes it. So a window
+//     fired before the rescale is updated by a record within its allowed
+//     lateness at once, as pane Fired, and a window cleaned up before it
+//     never reopens (its records are late, W2): no pane is emitted twice
+//     (TestRescaleKeepsFiredWindows). The timers of such windows fire
+//     when the input watermark reaches them.
 //   - W5 (end of input): the final watermark fires every pending
 //     event-time window and cleans every window; processing-time windows
 //     fire at the end of the input by the operator's EndOfInputTimers

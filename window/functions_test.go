@@ -18,6 +18,7 @@ import (
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/state"
+	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/snapflow/snapflow/window"
 )
 
@@ -376,4 +377,64 @@ func TestValidation(t *testing.T) {
 		}
 		require.Equal(t, int64(100), total, "the final watermark fires every window")
 	})
+}
+
+// straggleAll is straggle with many records after the final watermark.
+type straggleAll struct{ es []ev }
+
+func (s straggleAll) Process(_ *graph.Context, e ev, out graph.Collector[ev]) error {
+	out.Collect(e)
+	return nil
+}
+
+func (s straggleAll) EndInput(_ *graph.Context, out graph.Collector[ev]) error {
+	for _, e := range s.es {
+		out.Collect(e)
+	}
+	return nil
+}
+
+// TestLateRecordsCounted: the late records that windows without a
+// LateOutput drop are counted per operator and subtask
+// (Execution.LateRecords), reported in a log line when the job ends, and
+// logged with readable times.
+func TestLateRecordsCounted(t *testing.T) {
+	const n, p = 1_000, 2
+	var stragglers []ev
+	want := map[graph.LateRecords]bool{}
+	perSubtask := make([]int64, p)
+	for i := range int64(37) {
+		e := ev{Key: i % 11, ID: n + i, TS: i * step}
+		stragglers = append(stragglers, e)
+		maxP := keygroup.DefaultMaxParallelism(p)
+		perSubtask[keygroup.Owner(maxP, p, keygroup.Of(e.Key, maxP))]++
+	}
+	var l logs
+	j := graph.NewJob("late-counted", graph.Config{Parallelism: p, Logf: l.logf(t)})
+	src := graph.Process(orderedSource(j, n), "straggle", func() graph.ProcessFunc[ev, ev] { return straggleAll{stragglers} }, graph.Parallelism(1))
+	keyed := graph.KeyBy(src, func(e ev) int64 { return e.Key })
+	for _, a := range []struct {
+		uid string
+		a   window.Assigner
+	}{{"tumbling", window.TumblingEventTime(time.Duration(100 * step))}, {"sessions", window.EventTimeSession(time.Duration(10 * step))}} {
+		sp := window.Spec[ev]{Assigner: a.a, Timestamp: func(e ev) int64 { return e.TS }}
+		wins := window.Aggregate(keyed, a.uid, sp, state.AggregateFunction[ev, []int64, []int64](ids{}))
+		graph.Sink(wins, a.uid+"-results", sink.Publishing[result](sink.NewMemory[result]()))
+		for i, d := range perSubtask {
+			want[graph.LateRecords{Operator: a.uid, Subtask: i, Dropped: d}] = true
+		}
+	}
+	e, err := j.Start(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, e.Wait())
+	got := map[graph.LateRecords]bool{}
+	for _, r := range e.LateRecords() {
+		got[r] = true
+	}
+	require.Equal(t, want, got)
+	for _, uid := range []string{"sessions", "tumbling"} {
+		msg := fmt.Sprintf("37 late records dropped by operator %q (subtask 0: %d, subtask 1: %d)", uid, perSubtask[0], perSubtask[1])
+		require.True(t, l.contains(msg), "the end of the job reports %s", msg)
+	}
+	require.True(t, l.contains(`(event time 1970-01-01T00:00:00Z, watermark max, allowed lateness 0s)`), "readable times")
 }

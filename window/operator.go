@@ -29,9 +29,11 @@ type Spec[T any] struct {
 	AllowedLateness time.Duration
 	// LateOutput receives the records that came after every window they
 	// belong to was cleaned up (watermark at or past its end - 1 +
-	// AllowedLateness). Nil: they are counted and logged (the first of
-	// each subtask and every power of two, with the record, and the count
-	// when the subtask closes), never dropped silently.
+	// AllowedLateness). Nil: they are dropped, never silently: counted
+	// per operator and subtask (graph.Execution.LateRecords, and a log line
+	// when the job ends) and logged (the first of each subtask and every
+	// power of two, with the record, its event time and the watermark in
+	// RFC 3339, and the count when the subtask closes).
 	LateOutput *graph.OutputTag[T]
 	// MaxFutureSkew, if positive, makes a record invalid whose event time
 	// is more than that ahead of the subtask's clock (a device with a
@@ -374,9 +376,18 @@ func (o *op[K, IN, ACC, OUT]) invalid(ts int64) string {
 	case ts < minTime || ts > maxTime:
 		return fmt.Sprintf("has timestamp %d, beyond ±2^61 ns", ts)
 	case o.spec.MaxFutureSkew > 0 && ts > time.Now().Add(o.spec.MaxFutureSkew).UnixNano():
-		return fmt.Sprintf("has timestamp %s, more than MaxFutureSkew %v ahead of the clock", time.Unix(0, ts).UTC().Format(time.RFC3339Nano), o.spec.MaxFutureSkew)
+		return fmt.Sprintf("has timestamp %s, more than MaxFutureSkew %v ahead of the clock", formatTime(ts), o.spec.MaxFutureSkew)
 	}
 	return ""
+}
+
+// formatTime formats an event time or watermark (Unix nanoseconds) as
+// RFC 3339 in UTC, "min" and "max" for the ends of time.
+func formatTime(ns int64) string {
+	if ns == marker.MinWatermark || ns == marker.MaxWatermark {
+		return marker.FormatWatermark(ns)
+	}
+	return time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
 }
 
 // invalidRecord is the error of an invalid record: no restart can cure it.
@@ -526,9 +537,10 @@ func (o *op[K, IN, ACC, OUT]) late(ctx *graph.KeyedContext[K], in IN, ts, wm int
 		return
 	}
 	o.dropped++
+	ctx.LateRecordDropped()
 	if o.dropped&(o.dropped-1) == 0 {
-		ctx.Logf("window: operator %q: dropped late record %+v of key %v (event time %d, watermark %s, allowed lateness %v); %d dropped so far: set Spec.LateOutput to keep them",
-			o.uid, in, ctx.CurrentKey(), ts, marker.FormatWatermark(wm), time.Duration(o.lateness), o.dropped)
+		ctx.Logf("window: operator %q: dropped late record %+v of key %v (event time %s, watermark %s, allowed lateness %v); %d dropped so far: set Spec.LateOutput to keep them",
+			o.uid, in, ctx.CurrentKey(), formatTime(ts), formatTime(wm), time.Duration(o.lateness), o.dropped)
 	}
 }
 

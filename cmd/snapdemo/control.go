@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"os"
@@ -16,8 +20,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-
-	"github.com/snapflow/snapflow/graph"
 )
 
 // The control endpoint of a running replay.
@@ -28,8 +30,26 @@ import (
 // savepoint`) or to stop with one (`flink stop`). A replay that was killed
 // leaves the file behind: the port no longer answers, and both commands say
 // so.
+//
+// Only the job's user may use the endpoint: the control file holds a
+// random token (32 bytes, hex) and is readable by its owner only (mode
+// 0600; its directory keeps its mode), and every request must carry it as
+// "Authorization: Bearer <token>" (compared in constant time; 401
+// without it or with another). A web page in a local browser cannot use
+// it either: a request with an Origin header, a Sec-Fetch-Site other than
+// same-origin or none, or a Host other than the endpoint's address (DNS
+// rebinding) is refused (403), and a POST must be application/json (415
+// otherwise), which no HTML form sends and which a cross-site script
+// cannot send without a CORS preflight the endpoint never grants.
 
 const controlFileName = "_control.json"
+
+// controlHeader is the header that carries the token; controlToken its
+// scheme.
+const (
+	controlHeader = "Authorization"
+	controlScheme = "Bearer "
+)
 
 // controlInfo is the content of _control.json.
 type controlInfo struct {
@@ -37,6 +57,15 @@ type controlInfo struct {
 	Addr      string    `json:"addr"`
 	Execution string    `json:"execution"`
 	Started   time.Time `json:"started"`
+	// Token authenticates requests to the endpoint.
+	Token string `json:"token"`
+}
+
+// controlled is what the endpoint controls: a *graph.Execution.
+type controlled interface {
+	ID() string
+	TriggerSavepoint(ctx context.Context) (string, error)
+	Stop(ctx context.Context) (string, error)
 }
 
 // savepointReply is the answer of the endpoint (and savepoint's --json).
@@ -59,7 +88,12 @@ type controller struct {
 
 // startControl serves exec's control endpoint and writes jobDir's control
 // file.
-func startControl(jobDir string, exec *graph.Execution, log *slog.Logger) (*controller, error) {
+func startControl(jobDir string, exec controlled, log *slog.Logger) (*controller, error) {
+	var secret [32]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return nil, fmt.Errorf("control endpoint: no randomness for its token: %w", err)
+	}
+	token := hex.EncodeToString(secret[:])
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("control endpoint: %w", err)
@@ -94,21 +128,77 @@ func startControl(jobDir string, exec *graph.Execution, log *slog.Logger) (*cont
 	}
 	mux.HandleFunc("POST /savepoint", serve(false))
 	mux.HandleFunc("POST /stop", serve(true))
-	c.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	c.srv = &http.Server{Handler: guard(ln.Addr().String(), token, mux), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = c.srv.Serve(ln) }()
 
-	info, _ := json.Marshal(controlInfo{PID: os.Getpid(), Addr: ln.Addr().String(), Execution: exec.ID(), Started: time.Now().UTC()})
-	if err := os.MkdirAll(jobDir, 0o755); err == nil {
-		tmp := c.file + ".tmp"
-		if err = os.WriteFile(tmp, info, 0o644); err == nil {
-			err = os.Rename(tmp, c.file)
-		}
+	info, _ := json.Marshal(controlInfo{PID: os.Getpid(), Addr: ln.Addr().String(), Execution: exec.ID(), Started: time.Now().UTC(), Token: token})
+	if err = os.MkdirAll(jobDir, 0o755); err == nil {
+		err = writePrivate(c.file, info)
 	}
 	if err != nil {
 		_ = c.srv.Close()
 		return nil, fmt.Errorf("control file %s: %w", c.file, err)
 	}
 	return c, nil
+}
+
+// guard serves h only to requests of the job's user from outside a
+// browser (see "Only the job's user" above): not cross-site (403), with
+// token (401), a POST with a JSON body (415).
+func guard(addr, token string, h http.Handler) http.Handler {
+	want := []byte(controlScheme + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if o := r.Header.Get("Origin"); o != "" {
+			writeReply(w, http.StatusForbidden, savepointReply{Error: fmt.Sprintf("cross-site request refused (Origin %.100q)", o)})
+			return
+		}
+		if s := r.Header.Get("Sec-Fetch-Site"); s != "" && s != "same-origin" && s != "none" {
+			writeReply(w, http.StatusForbidden, savepointReply{Error: fmt.Sprintf("cross-site request refused (Sec-Fetch-Site %.100q)", s)})
+			return
+		}
+		if r.Host != addr {
+			writeReply(w, http.StatusForbidden, savepointReply{Error: fmt.Sprintf("request for host %.100q refused: the endpoint is %s", r.Host, addr)})
+			return
+		}
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get(controlHeader)), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="snapdemo replay"`)
+			writeReply(w, http.StatusUnauthorized, savepointReply{Error: "missing or wrong token: send the token of the replay's " + controlFileName + " as " + controlHeader + ": " + controlScheme + "<token>"})
+			return
+		}
+		if r.Method == http.MethodPost {
+			if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
+				writeReply(w, http.StatusUnsupportedMediaType, savepointReply{Error: fmt.Sprintf("content type %.100q refused: send application/json", r.Header.Get("Content-Type"))})
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// writePrivate writes b to file atomically, readable and writable by its
+// owner only (0600, whatever the umask): a new temporary file, synced,
+// renamed over file.
+func writePrivate(file string, b []byte) error {
+	tmp := file + ".tmp"
+	_ = os.Remove(tmp) // a left-over of a killed replay, maybe of another mode
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, file)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
 }
 
 // stoppedWith returns the savepoint the job stopped with, if it did.
@@ -180,21 +270,29 @@ func call(ctx context.Context, method string, info controlInfo, path string, tim
 	var rep savepointReply
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+info.Addr+path, nil)
+	var body io.Reader
+	if method == http.MethodPost {
+		body = strings.NewReader("{}")
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+info.Addr+path, body)
 	if err != nil {
 		return rep, err
+	}
+	req.Header.Set(controlHeader, controlScheme+info.Token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return rep, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	answer, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return rep, err
 	}
-	if err := json.Unmarshal(body, &rep); err != nil {
-		return rep, fmt.Errorf("unexpected answer (%s): %.200s", resp.Status, body)
+	if err := json.Unmarshal(answer, &rep); err != nil {
+		return rep, fmt.Errorf("unexpected answer (%s): %.200s", resp.Status, answer)
 	}
 	if rep.Error != "" {
 		return rep, errors.New(rep.Error)
@@ -205,6 +303,8 @@ func call(ctx context.Context, method string, info controlInfo, path string, tim
 const savepointLong = `savepoint asks a running replay for a savepoint, and with --stop to stop
 with one (Flink's stop-with-savepoint): its sources emit nothing after the
 savepoint's barrier, the sinks commit what it covers, and the job ends.
+It authenticates with the token in the replay's _control.json, which only
+the user who runs the replay can read.
 
 DIR is the running job's directory, or the checkpoint root holding it
 (--checkpoint-dir of replay): a running replay names its control endpoint

@@ -65,7 +65,10 @@
 //
 // A running replay serves a control endpoint on a loopback port and names
 // it in <job dir>/_control.json (removed when it ends; a killed replay
-// leaves it behind, and its port does not answer). savepoint DIR asks it
+// leaves it behind, and its port does not answer), with a random token:
+// the file is readable by its owner only (0600), and the endpoint refuses
+// requests without the token (401) and cross-site ones (403; see
+// control.go). savepoint DIR asks it
 // for a savepoint (Execution.TriggerSavepoint), and with --stop to stop
 // with one (Execution.Stop: the sinks commit what it covers); that replay
 // then judges its committed rows with the records after the savepoint as

@@ -121,6 +121,8 @@ type Attempt struct {
 	Chains    []Chain
 	// Channels are the attempt's channels, for Execution.Channels.
 	Channels []interface{ Gauges() channel.Gauges }
+	// Counters are the execution's per-operator counts.
+	Counters *Counters
 }
 
 // Failure is a failed attempt, as the restart strategy is told of it.
@@ -153,6 +155,7 @@ type Execution struct {
 	channels []interface{ Gauges() channel.Gauges }
 
 	requests chan request
+	counters Counters
 
 	// storage is the job's checkpoint storage (nil without checkpoints),
 	// opened and locked by Start and closed when the execution ends.
@@ -211,6 +214,9 @@ func Start(ctx context.Context, spec *Spec) (*Execution, error) {
 		defer close(e.done)
 		defer cancel()
 		e.err = e.run(ctx)
+		if r := lateReport(e.counters.LateRecords()); r != "" {
+			e.logf("execution: job %s: %s", e.spec.Name, r)
+		}
 		if storage != nil {
 			// Finishing, failing, stopping and cancelling all keep the
 			// checkpoints: a later run may resume from them. Closing
@@ -233,6 +239,10 @@ func newID() string {
 
 // ID is the execution id.
 func (e *Execution) ID() string { return e.id }
+
+// LateRecords are the late records each operator subtask dropped so far
+// (Counters).
+func (e *Execution) LateRecords() []LateRecords { return e.counters.LateRecords() }
 
 // Wait waits for the job to end and returns its error.
 func (e *Execution) Wait() error {
@@ -509,7 +519,7 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 		e.publish()
 		e.emit(Event{Kind: JobRestored, Attempt: n, CheckpointID: plan.CheckpointID, Path: plan.Path})
 	}
-	x := &Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024)}
+	x := &Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024), Counters: &e.counters}
 	if storage != nil {
 		x.KeyedState = storage
 	}

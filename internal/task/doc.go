@@ -155,7 +155,10 @@
 // snapshot of the head carries EventTime.Current in union list state
 // WatermarkState; a restored subtask starts its valve there, so it never
 // emits a watermark at or below one it emitted before the checkpoint (at
-// another parallelism: the lowest of the old subtasks'). Nothing of this
+// another parallelism: the lowest of the old subtasks', so it may emit one
+// below what an old subtask did; KeyGroupWatermarks gives a keyed head
+// each key group's old watermark, which graph keeps as the floor of
+// CurrentWatermark). Nothing of this
 // runs per record: watermarks are events, and a source without a strategy
 // has no generator.
 //

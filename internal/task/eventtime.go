@@ -8,6 +8,7 @@ import (
 	"github.com/snapflow/snapflow/align"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/keygroup"
 )
 
 // EventTime is a subtask's event-time bookkeeping, a pure state machine
@@ -183,6 +184,49 @@ func DecodeWatermark(lists []checkpoint.NamedList, i, p int, where string) (int6
 		return lo, nil
 	}
 	return marker.MinWatermark, nil
+}
+
+// KeyGroupWatermarks is, for each key group of kgs (the range of a keyed
+// subtask head, of max parallelism maxP), the watermark that the old
+// subtask holding it emitted last before the checkpoint (its
+// WatermarkState item; MinWatermark if no item names it), or nil when
+// none is above lo, the subtask's restored watermark (DecodeWatermark):
+// always so at the checkpoint's parallelism, where each subtask restores
+// its own. At another parallelism lo is the lowest of the old subtasks'
+// watermarks, and a key group's state may have seen a higher one: a
+// keyed operator keeps each key group's as a floor of the watermark its
+// functions see, so that a window fired or cleaned up before a rescale
+// does not reopen (graph's KeyedContext.CurrentWatermark).
+func KeyGroupWatermarks(lists []checkpoint.NamedList, kgs keygroup.Range, maxP int, lo int64, where string) ([]int64, error) {
+	var floors []int64
+	for _, l := range lists {
+		if l.Name != WatermarkState {
+			continue
+		}
+		for _, it := range l.Items {
+			if len(it) != 16 {
+				return nil, fmt.Errorf("task: %s: %s item of %d bytes, want 16", where, WatermarkState, len(it))
+			}
+			op, oi, at := int(binary.BigEndian.Uint32(it[0:])), int(binary.BigEndian.Uint32(it[4:])), int64(binary.BigEndian.Uint64(it[8:]))
+			if at <= lo || op <= 0 || op > maxP || oi >= op {
+				continue
+			}
+			held := keygroup.RangeFor(maxP, op, oi).Intersect(kgs)
+			if held.Len() == 0 {
+				continue
+			}
+			if floors == nil {
+				floors = make([]int64, kgs.Len())
+				for i := range floors {
+					floors[i] = lo
+				}
+			}
+			for kg := held.Start; kg <= held.End; kg++ {
+				floors[kg-kgs.Start] = max(floors[kg-kgs.Start], at)
+			}
+		}
+	}
+	return floors, nil
 }
 
 // WatermarkSource is implemented by a source operator with a watermark

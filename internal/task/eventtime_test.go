@@ -14,6 +14,7 @@ import (
 	"github.com/snapflow/snapflow/align"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/keygroup"
 )
 
 // TestEventTimeDataDriven runs the scripts in testdata/eventtime. If it
@@ -373,4 +374,42 @@ func TestRunSourceWatermarks(t *testing.T) {
 		require.Equal(t, []string{"0", "watermark(-1)", "1", "2", "3", "4", "watermark(39)", "idle",
 			"5", "active", "6", "7", "8", "9", wmMax, eoi}, h.readUntil(marker.EventEndOfInput))
 	})
+}
+
+// TestKeyGroupWatermarks: restored at another parallelism, each key group
+// gets the watermark of the old subtask that held it when that is above
+// the restored (lowest) one; at the same parallelism, or with every old
+// subtask at the lowest, none.
+func TestKeyGroupWatermarks(t *testing.T) {
+	const maxP = 8
+	var union []checkpoint.NamedList
+	for i, at := range []int64{30, 10} { // old subtask 0 holds [0, 3], 1 holds [4, 7]
+		l := EncodeWatermark(nil, i, 2, at)
+		if union == nil {
+			union = l
+		} else {
+			union[0].Items = append(union[0].Items, l[0].Items...)
+		}
+	}
+	lo, err := DecodeWatermark(union, 1, 3, "test")
+	require.NoError(t, err)
+	require.Equal(t, int64(10), lo)
+	for i, want := range [][]int64{{30, 30, 30}, {30, 10, 10}, {10, 10}} { // new ranges [0, 2], [3, 5], [6, 7]
+		got, err := KeyGroupWatermarks(union, keygroup.RangeFor(maxP, 3, i), maxP, lo, "test")
+		require.NoError(t, err)
+		if i == 2 {
+			require.Nil(t, got, "subtask %d of 3: every key group at the lowest", i)
+			continue
+		}
+		require.Equal(t, want, got, "subtask %d of 3", i)
+	}
+	for i := range 2 {
+		own, err := DecodeWatermark(union, i, 2, "test")
+		require.NoError(t, err)
+		got, err := KeyGroupWatermarks(union, keygroup.RangeFor(maxP, 2, i), maxP, own, "test")
+		require.NoError(t, err)
+		require.Nil(t, got, "subtask %d at the same parallelism restores its own", i)
+	}
+	_, err = KeyGroupWatermarks([]checkpoint.NamedList{{Name: WatermarkState, Items: [][]byte{{1, 2}}}}, keygroup.RangeFor(maxP, 1, 0), maxP, 0, "op[0]")
+	require.ErrorContains(t, err, "task: op[0]: _watermark item of 2 bytes")
 }
