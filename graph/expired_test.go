@@ -35,7 +35,10 @@ func TestExpiredUnalignedCheckpointKeepsTheJobRunning(t *testing.T) {
 			const n = 40_000
 			var ev events
 			cc := tc.cc
-			cc.Interval, cc.Timeout, cc.Dir = 5*time.Millisecond, 30*time.Millisecond, t.TempDir()
+			// The timeout lets a checkpoint complete under -race on a loaded
+			// machine (the final one must), and expires the ones the slow
+			// subtask holds.
+			cc.Interval, cc.Timeout, cc.Dir = 5*time.Millisecond, 250*time.Millisecond, t.TempDir()
 			cc.TolerableFailures = -1 // expired checkpoints do not fail the job
 			l := &lifecycleJob{n: n, committer: sink.NewMemory[item](), cfg: graph.Config{
 				Parallelism: 2,
@@ -47,10 +50,10 @@ func TestExpiredUnalignedCheckpointKeepsTheJobRunning(t *testing.T) {
 				DisableChaining: true, // the slow map reads a channel
 				OnEvent:         ev.on,
 			}, slowSink: func(it item) {
-				if it.ID%8000 == 2000 {
+				if it.ID%20000 == 2000 {
 					// Longer than the checkpoint timeout: the checkpoint
 					// whose barrier waits here expires meanwhile.
-					time.Sleep(150 * time.Millisecond)
+					time.Sleep(time.Second)
 				}
 			}}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

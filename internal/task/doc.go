@@ -354,7 +354,8 @@
 //     every input (testdata/handoff: abort mail before a barrier, between
 //     a barrier and its InputStateComplete, a switched checkpoint that
 //     expired while aligning, a loop head at parallelism > 1, a newer
-//     checkpoint subsuming an aborted one). The driver drops the channel
-//     state of such a checkpoint at its decline, cancel or abort notice
-//     (T8) and persists nothing more for it.
+//     checkpoint subsuming an aborted one), and TestHandoffRandom on
+//     random runs with abort mail at random moments. The driver drops
+//     the channel state of such a checkpoint at its decline, cancel or
+//     abort notice (T8) and persists nothing more for it.
 package task
