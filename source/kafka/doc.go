@@ -22,8 +22,10 @@
 // partitions that often; a new one (a partition added to a topic, a new
 // topic the regex matches) that the subtask owns is added on the subtask's
 // goroutine (before the next record or snapshot), read from its earliest
-// offset (everything in a partition created after the start belongs to the
-// read), and is in the state from the next checkpoint on. A restore
+// offset (everything in a partition created after the start belongs to
+// the read; one the restored checkpoint holds but did not list is read
+// from its checkpointed offset, K9), and is in the state from the next
+// checkpoint on. A restore
 // before that checkpoint discovers it again, from the earliest offset:
 // nothing of it had been emitted under a checkpoint.
 //
@@ -34,8 +36,7 @@
 //   - K2: every subtask snapshots every partition it owns, so the union of
 //     the state names every known partition, and a restore at any
 //     parallelism reassigns all of them by Owner. A restored partition
-//     that the listing no longer has (a deleted topic, one the regex no
-//     longer matches) stays in the state, unread.
+//     that the listing no longer has stays in the state, unread (K9).
 //   - K3: a bad record fails the source with an unrecoverable error naming
 //     topic, partition and offset, or with Config.DeadLetter goes to the
 //     handler, is counted (PartitionProgress.Bad, Stats) and skipped.
@@ -66,6 +67,18 @@
 //     (restored done ones in InitializeState), leaving the minimum. An
 //     empty or slow partition holds the watermark back unless the
 //     strategy's IdleTimeout makes it idle.
+//   - K9: not listed is not finished (Flink's enumerator keeps the
+//     offsets of unassigned splits alike). A partition of the restored
+//     checkpoint that the listing of a restore lacks (a deleted topic, one
+//     the regex no longer matches, a metadata answer that misses it) is
+//     kept by its owner subtask with its checkpointed progress unchanged
+//     and snapshotted so, through any number of checkpoints and restores;
+//     it is not read, not a split (it holds no watermark back), and a
+//     bounded read ends without it (the log names it). When a later
+//     restore lists it, or discovery finds it while running, it is read
+//     on from its checkpointed offset, not from Start or its earliest
+//     offset. (A checkpoint written before K9 marked such a partition
+//     done: Stop = Next; it stays done.)
 //
 // Not done: the strategy's Timestamp sees the deserialized record, so a
 // Kafka record timestamp is event time only if the Deserializer keeps it.

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"log"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -69,8 +70,10 @@ type Config[T any] struct {
 	// DiscoveryInterval, if > 0, lists the partitions of the topics (and
 	// of the topics TopicRegex matches) that often while running: each new
 	// partition becomes a split, read by its owner subtask (see the
-	// package documentation) from its earliest offset, and kept in the
-	// checkpoint from the next one on. Not with Bounded.
+	// package documentation) from its earliest offset (a partition of the
+	// restored checkpoint that was not listed: from its checkpointed
+	// offset, K9), and kept in the checkpoint from the next one on. Not
+	// with Bounded.
 	DiscoveryInterval time.Duration
 	// Start applies to the partitions of the first start (no checkpoint
 	// restored). After a restore, partitions the checkpoint does not name
@@ -229,6 +232,10 @@ type subtask[T any] struct {
 	last   int32
 	sp     [1]int32
 	opened bool
+	// away are the partitions of the restored checkpoint this subtask
+	// owns that the listing did not have (K9): snapshotted as restored,
+	// not read, not splits; add takes them back when listed again.
+	away map[string]PartitionProgress
 }
 
 type snap struct {
@@ -295,14 +302,17 @@ func (t *subtask[T]) InitializeState(ctx *graph.Context) error {
 			mine = append(mine, p)
 		}
 	}
-	// Restored partitions no listed topic has any more (a topic deleted,
-	// or no longer matched) stay in the state, unread.
+	// Restored partitions the listing does not have now (a topic deleted
+	// or no longer matched, a partition missing from this metadata) are
+	// not listed, which is not finished (K9): they stay in the state
+	// with their progress, unread, and are read on from it when listed
+	// again.
+	t.away = map[string]PartitionProgress{}
+	var away []string
 	for id, p := range restored {
 		if !known[id] && Owner(p.Topic, p.Partition, t.info.Parallelism) == t.info.Subtask {
-			if p.Stop < 0 || p.Stop > p.Next {
-				p.Stop = p.Next // done: nothing to read
-			}
-			mine = append(mine, p)
+			t.away[id] = p
+			away = append(away, fmt.Sprintf("%s at offset %d", id, p.Next))
 		}
 	}
 	t.gctx, t.opened = ctx, false
@@ -310,24 +320,44 @@ func (t *subtask[T]) InitializeState(ctx *graph.Context) error {
 		return err
 	}
 	t.opened = true
-	l.Update(t.parts)
+	t.list.Update(t.progress())
 	cfg.Logf("source %v: %d partitions (%d restored); this subtask reads %d", t.info, len(all), len(restored), len(t.parts))
+	if len(away) > 0 {
+		slices.Sort(away)
+		cfg.Logf("source %v: %d partitions of the checkpoint are not listed now and not read: %s; they keep their offsets in the state and are read on from them when listed again", t.info, len(away), strings.Join(away, ", "))
+	}
 	if cfg.DiscoveryInterval > 0 {
 		t.found = make(chan []PartitionProgress, 1)
 		if t.stop == nil {
 			t.startPolling(nil)
 		}
 		t.wg.Add(1)
-		go t.discoverLoop(known)
+		go t.discoverLoop(known, maps.Clone(t.away))
 	}
 	return nil
 }
 
+// progress is what the subtask snapshots: its partitions and those of
+// the checkpoint not listed now (K2, K9).
+func (t *subtask[T]) progress() []PartitionProgress {
+	out := slices.Clone(t.parts)
+	for _, p := range t.away {
+		out = append(out, p)
+	}
+	return out
+}
+
 // add takes parts (owned by this subtask, new to it) and consumes those
-// not done at their Next.
+// not done at their Next. A partition of the checkpoint that was not
+// listed (away) resumes from its checkpointed progress (K9).
 func (t *subtask[T]) add(parts []PartitionProgress) error {
 	assign := map[string]map[int32]kgo.Offset{}
 	for _, p := range parts {
+		if a, ok := t.away[p.ID()]; ok {
+			delete(t.away, p.ID())
+			p = a
+			t.s.cfg.Logf("source %v: partition %s of the checkpoint is listed again; reading it from its checkpointed offset %d", t.info, p.ID(), p.Next)
+		}
 		if t.index[p.Topic] == nil {
 			t.index[p.Topic] = map[int32]int{}
 		}
@@ -392,7 +422,7 @@ func (t *subtask[T]) startPolling(assign map[string]map[int32]kgo.Offset) error 
 // those of this subtask that are new, with their earliest offsets (a
 // partition created since the last listing holds nothing older that
 // belongs to the read).
-func (t *subtask[T]) discoverLoop(known map[string]bool) {
+func (t *subtask[T]) discoverLoop(known map[string]bool, away map[string]PartitionProgress) {
 	defer t.wg.Done()
 	cfg := &t.s.cfg
 	tick := time.NewTicker(cfg.DiscoveryInterval)
@@ -405,7 +435,7 @@ func (t *subtask[T]) discoverLoop(known map[string]bool) {
 		case <-tick.C:
 		}
 		if len(pending) == 0 {
-			ps, err := t.listNew(known)
+			ps, err := t.listNew(known, away)
 			if err != nil {
 				cfg.Logf("source %v: partition discovery: %v (retrying in %v)", t.info, err, cfg.DiscoveryInterval)
 				continue
@@ -424,8 +454,10 @@ func (t *subtask[T]) discoverLoop(known map[string]bool) {
 }
 
 // listNew returns the partitions of this subtask not in known (and adds
-// every listed partition to known).
-func (t *subtask[T]) listNew(known map[string]bool) ([]PartitionProgress, error) {
+// every listed partition to known). Those of away, in the checkpoint but
+// not listed at the start, are returned without offsets: add resumes them
+// from their progress.
+func (t *subtask[T]) listNew(known map[string]bool, away map[string]PartitionProgress) ([]PartitionProgress, error) {
 	cfg := &t.s.cfg
 	adm, err := kgo.NewClient(t.opts()...)
 	if err != nil {
@@ -439,21 +471,22 @@ func (t *subtask[T]) listNew(known map[string]bool) ([]PartitionProgress, error)
 	if err != nil {
 		return nil, err
 	}
-	var fresh []PartitionProgress
+	var fresh, back []PartitionProgress
 	for _, p := range listed {
 		if known[p.ID()] {
 			continue
 		}
 		known[p.ID()] = true
-		if Owner(p.Topic, p.Partition, t.info.Parallelism) == t.info.Subtask {
+		switch {
+		case Owner(p.Topic, p.Partition, t.info.Parallelism) != t.info.Subtask:
+		case away[p.ID()].Topic != "":
+			back = append(back, p)
+		default:
 			fresh = append(fresh, p)
 		}
 	}
-	if len(fresh) == 0 {
-		return nil, nil
-	}
 	if err := t.startOffsets(ctx, ac, fresh, Earliest); err != nil {
-		for _, p := range fresh {
+		for _, p := range slices.Concat(fresh, back) {
 			delete(known, p.ID())
 		}
 		return nil, err
@@ -461,7 +494,7 @@ func (t *subtask[T]) listNew(known map[string]bool) ([]PartitionProgress, error)
 	for _, p := range fresh {
 		cfg.Logf("source %v: discovered partition %s, reading it from offset %d", t.info, p.ID(), p.Next)
 	}
-	return fresh, nil
+	return slices.Concat(fresh, back), nil
 }
 
 // poll fetches in the background; ReadBatch never blocks on the network.
@@ -652,7 +685,7 @@ func (t *subtask[T]) startOffsets(ctx context.Context, ac *kadm.Client, fresh []
 // SnapshotState saves the progress of every assigned partition (K1).
 func (t *subtask[T]) SnapshotState(ctx *graph.SnapshotContext) error {
 	t.takeFound()
-	t.list.Update(t.parts)
+	t.list.Update(t.progress())
 	if t.s.cfg.CommitOffsets {
 		if len(t.snaps) >= 16 {
 			t.snaps = slices.Delete(t.snaps, 0, 1)
