@@ -347,10 +347,7 @@ func Unrecoverable(err error) error { return unrecoverableError{err} }
 
 // IsUnrecoverable reports whether err must not be retried: marked by
 // Unrecoverable, or a restore error that wraps restore.ErrUnrecoverable.
-func IsUnrecoverable(err error) bool {
-	var u unrecoverableError
-	return errors.As(err, &u) || errors.Is(err, restore.ErrUnrecoverable)
-}
+func IsUnrecoverable(err error) bool { return errors.Is(err, restore.ErrUnrecoverable) }
 
 // run is the restart loop: run an attempt; on failure ask the restart
 // strategy, then restore and go again. It runs on the execution's
