@@ -135,6 +135,27 @@ func listCheckpoints(dir string) ([]jobInfo, error) {
 	return jobs, nil
 }
 
+// onDisk says how many completed checkpoints and savepoints (directories
+// with their _metadata) dir holds: "4 checkpoint(s)", "4 checkpoint(s)
+// and 1 savepoint(s)". Retention deletes older ones, so this, not the
+// number the job completed, is what stays.
+func onDisk(dir string) string {
+	n := map[string]int{}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if _, kind, ok := snapDirName(e.Name()); ok && e.IsDir() {
+			if _, err := os.Stat(filepath.Join(dir, e.Name(), snapshot.MetadataFileName)); err == nil {
+				n[kind]++
+			}
+		}
+	}
+	s := fmt.Sprintf("%d checkpoint(s)", n["checkpoint"])
+	if n["savepoint"] > 0 {
+		s += fmt.Sprintf(" and %d savepoint(s)", n["savepoint"])
+	}
+	return s
+}
+
 func snapDirName(name string) (int64, string, bool) {
 	for _, p := range []struct{ prefix, kind string }{{snapshot.CheckpointDirPrefix, "checkpoint"}, {snapshot.SavepointDirPrefix, "savepoint"}} {
 		if rest, ok := strings.CutPrefix(name, p.prefix); ok {

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -295,6 +296,13 @@ func TestCLIReplaySIGINTResume(t *testing.T) {
 	require.Equal(t, exitInterrupted, code, "%s\n%s", run.stdout.String(), run.log.String())
 	require.Contains(t, run.log.String(), "interrupted: the job was cancelled")
 	require.Contains(t, run.log.String(), "--restore latest")
+	// The message counts the checkpoints on disk (retention keeps 3), not
+	// those the job completed.
+	m := regexp.MustCompile(`its (\d+) checkpoint\(s\) stay in (\S+) `).FindStringSubmatch(run.log.String())
+	require.NotNil(t, m, run.log.String())
+	metas, err := filepath.Glob(filepath.Join(dir, m[2], "chk-*", "_metadata"))
+	require.NoError(t, err)
+	require.Equal(t, strconv.Itoa(len(metas)), m[1], "checkpoints on disk in %s", m[2])
 	table := filepath.Join(dir, "snapdemo-replay", "signals.ndjson", "table")
 	partial := tableIDs(t, table)
 	require.Less(t, len(partial), 20000, "interrupted in the middle")
@@ -669,4 +677,51 @@ func TestCLIReplayKafka(t *testing.T) {
 	require.True(t, rep.Verdict.ExactlyOnce, r)
 	require.EqualValues(t, 3000, rep.Verdict.Rows)
 	require.Equal(t, 1, rep.Checkpoints.Restored, r)
+}
+
+// TestCLIReplayAllowFallback: with the newest checkpoint damaged, --restore
+// latest refuses and names --allow-fallback; with it, the replay restores
+// the newest older checkpoint and logs which one it skipped and why.
+func TestCLIReplayAllowFallback(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := gen(t, dir, "signals.ndjson", "--records", "20000", "--devices", "20", "--seed", "5")
+	args := []string{"replay", "--data", data, "--rate", "8000", "--interval", "50ms", "--parallelism", "2", "--log-format", "json", "--progress", "log"}
+	run := startReplay(t, dir, args, 3)
+	require.NoError(t, run.cmd.Process.Signal(syscall.SIGINT))
+	require.Equal(t, exitInterrupted, run.wait(t), "%s\n%s", run.stdout.String(), run.log.String())
+
+	metas, err := filepath.Glob(filepath.Join(dir, "snapdemo-replay", "signals.ndjson", "checkpoints", "*", "chk-*", "_metadata"))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(metas), 2, "retention keeps 3")
+	newest, older := int64(0), int64(0)
+	for _, m := range metas {
+		id, _, ok := snapDirName(filepath.Base(filepath.Dir(m)))
+		require.True(t, ok, m)
+		if id > newest {
+			newest, older = id, newest
+		} else if id > older {
+			older = id
+		}
+	}
+	damaged := filepath.Join(filepath.Dir(metas[0]), "..", fmt.Sprintf("chk-%d", newest), "_metadata")
+	require.NoError(t, os.WriteFile(damaged, []byte("not metadata"), 0o644))
+
+	resume := append(args[:len(args)-4], "--restore", "latest", "--rate", "0", "--log-format", "json")
+	r := snapdemo(t, dir, resume...)
+	require.Equal(t, exitFailed, r.code, r)
+	require.Contains(t, r.stderr, "add --allow-fallback")
+
+	// The sink commits again what it committed after the older
+	// checkpoint (duplicates, which the verdict reports); nothing is lost.
+	r = snapdemo(t, dir, append(resume, "--allow-fallback", "--json")...)
+	var rep replayReport
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep), r)
+	require.Empty(t, rep.Error, r)
+	require.Equal(t, []int64{older}, rep.Checkpoints.RestoredFrom, r)
+	require.Zero(t, rep.Verdict.Lost, r)
+	require.Contains(t, r.stderr, fmt.Sprintf("chk-%d", newest), "the log names the skipped checkpoint")
+	require.Contains(t, r.stderr, fmt.Sprintf("falling back to chk-%d", older))
+	require.Contains(t, r.stderr, "judging exactly-once: reading the input again and the committed rows back", "the verdict says what it does")
+	require.Contains(t, r.stderr, `"msg":"judged"`)
 }

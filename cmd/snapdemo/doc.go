@@ -8,7 +8,7 @@
 //	snapdemo replay [--data FILE|builtin:device-signals|builtin:sensors] [--key F] [--id F,...]
 //	                [--checkpoint-dir DIR] [--interval D] [--mode aligned|unaligned|at-least-once]
 //	                [--aligned-timeout D] [--parallelism N] [--fail-at-offset N] [--restore latest|PATH]
-//	                [--sink DIR|postgres://...|kafka://host:port/topic] [--state pebble|heap] [--rate R]
+//	                [--allow-fallback] [--sink DIR|postgres://...|kafka://host:port/topic] [--state pebble|heap] [--rate R]
 //	                [--fresh] [--json] [--progress auto|bar|log|none]
 //	snapdemo gen [--devices N] [--records N] [--seed S] [--disorder D] [--format ndjson|csv|json] [--out FILE]
 //	snapdemo checkpoints DIR [--json]
@@ -54,8 +54,14 @@
 // exactly-once by record identity: the --id field(s) ("offset" or "id" by
 // default; builtin:sensors uses mote_id+reading), or a hash of the
 // record's content. Ctrl-C cancels the job, keeping its checkpoints; the
-// same command with --restore latest resumes it. A fresh run over an
+// same command with --restore latest resumes it (the message counts the
+// checkpoints on disk). If the newest checkpoint is damaged, --restore
+// latest refuses; --allow-fallback restores the newest restorable older
+// one, logging which it skipped and why, with the sink as a new commit
+// user (it commits the records between them again). A fresh run over an
 // earlier one's checkpoints or rows is refused unless --fresh deletes them.
+// The verdict logs that it reads the input and the rows back, and how long
+// that took.
 //
 // builtin:sensors is the single-hop sensor network readings of
 // data/sensor-network (CC BY 4.0; its NOTICE and README ship with it and

@@ -421,6 +421,9 @@ func scanReader(d *dataset, r io.Reader, fn func(f *fields, raw []byte, line int
 			}
 		}
 	case formatCSV:
+		if err := notJSON(d, br); err != nil {
+			return err
+		}
 		cr := csv.NewReader(br)
 		cr.ReuseRecord = true
 		header, err := cr.Read()
@@ -478,10 +481,33 @@ func scanReader(d *dataset, r io.Reader, fn func(f *fields, raw []byte, line int
 	}
 }
 
+// notJSON refuses a CSV dataset whose first non-blank byte starts JSON
+// ('{' NDJSON, '[' a JSON array), naming the line and the likely format,
+// rather than a CSV parser's error about quotes.
+func notJSON(d *dataset, br *bufio.Reader) error {
+	line := int64(1)
+	for i := 0; ; i++ {
+		b, err := br.Peek(i + 1)
+		if err != nil {
+			return nil // a read error or the end: the CSV reader says so
+		}
+		switch c := b[i]; c {
+		case '\n':
+			line++
+		case ' ', '\t', '\r', 0xef, 0xbb, 0xbf: // blanks, a UTF-8 byte-order mark
+		case '{', '[':
+			likely := map[byte]string{'{': "NDJSON (one JSON object per line): pass --format ndjson", '[': "a JSON array: pass --format json"}[c]
+			return &inputError{d.Name, line, fmt.Errorf("--format csv, but the line starts with %q: this looks like %s, or leave --format out to detect it", c, likely)}
+		default:
+			return nil
+		}
+	}
+}
+
 func csvErr(name string, err error) error {
 	var pe *csv.ParseError
 	if errors.As(err, &pe) {
-		return &inputError{name, int64(pe.Line), pe.Err}
+		return &inputError{name, int64(pe.Line), fmt.Errorf("column %d: %v (want CSV with a header line; is --format right?)", pe.Column, pe.Err)}
 	}
 	return fmt.Errorf("%s: %v", name, err)
 }

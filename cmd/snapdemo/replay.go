@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/state"
@@ -43,6 +46,7 @@ type replayOpts struct {
 	parallelism           int
 	failAt                int64
 	restore               string
+	allowFallback         bool
 	sink, pgTable         string
 	state                 string
 	rate                  float64
@@ -110,6 +114,7 @@ func newReplayCmd(ctx context.Context, g *globalFlags, stdout, stderr io.Writer)
 	f.IntVarP(&o.parallelism, "parallelism", "p", 1, "parallelism of every operator")
 	f.Int64Var(&o.failAt, "fail-at-offset", 0, "fail the first attempt when it processes the N-th record (1-based; 0: never)")
 	f.StringVar(&o.restore, "restore", "", "restore from latest (the newest completed checkpoint, if any) or a checkpoint/savepoint PATH")
+	f.BoolVar(&o.allowFallback, "allow-fallback", false, "with --restore latest: if the newest checkpoint is damaged or gone, restore the newest restorable older one (the log says which and why; the sink commits as a new commit user, so it commits the records between them again)")
 	f.StringVar(&o.sink, "sink", "", "where rows are committed: a file table directory, postgres://... or kafka://host:port/topic (default: snapdemo-replay/<dataset>/table)")
 	f.StringVar(&o.pgTable, "pg-table", "snapdemo_replay", "the PostgreSQL table of a postgres:// sink (created if missing)")
 	f.StringVar(&o.state, "state", "pebble", "keyed-state backend: pebble or heap")
@@ -249,6 +254,8 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 		return usagef("invalid --fail-at-offset %d: must be 0 (never) or a record number", o.failAt)
 	case o.fresh && o.restore != "":
 		return usagef("--fresh and --restore exclude each other")
+	case o.allowFallback && o.restore != "latest":
+		return usagef("--allow-fallback needs --restore latest (it chooses among the job's checkpoints)")
 	}
 	switch o.progress {
 	case "auto", "bar", "log", "none":
@@ -259,7 +266,7 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 	switch o.restore {
 	case "":
 	case "latest":
-		rc.Latest = true
+		rc.Latest, rc.AllowFallback = true, o.allowFallback
 	default:
 		if _, err := os.Stat(o.restore); err != nil {
 			return usagef("--restore %s: %v (want latest or a checkpoint or savepoint directory)", o.restore, plainErr(err))
@@ -307,7 +314,14 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 
 	bar := o.progress == "bar" || (o.progress == "auto" && isTerminal(stdout))
 	tr := &tracker{log: log, quiet: bar}
-	logf := func(format string, args ...any) { log.Debug(fmt.Sprintf(format, args...)) }
+	logf := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		if (strings.HasPrefix(msg, "restore: skipping ") && !strings.Contains(msg, "operator uid")) || strings.HasPrefix(msg, "restore: WARNING") {
+			log.Warn(msg) // which checkpoint the restore skipped and why, or the fallback's risk
+			return
+		}
+		log.Debug(msg)
+	}
 	cfg := graph.Config{
 		Parallelism: o.parallelism,
 		Checkpoint: graph.CheckpointConfig{Interval: o.interval, Mode: mode, AlignedTimeout: o.alignedTimeout,
@@ -330,7 +344,12 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 	rows := graph.ProcessKeyed(keyed, "per-key-step", func() graph.KeyedProcessFunc[string, Record, ReplayRow] {
 		return &replayStep{nums: sch.Nums, failID: failID}
 	}, graph.Name("per-key step"))
-	if err := out.attach(rows, sinkConfig{ctx: ctx, jobID: jobID, interval: o.interval, logf: logf}); err != nil {
+	sc := sinkConfig{ctx: ctx, jobID: jobID, interval: o.interval, logf: logf}
+	if o.allowFallback {
+		sc.commitUser = "fallback-" + execUnique()
+		log.Warn("--allow-fallback: the sink commits as a new commit user, so a restore that falls back republishes what was committed after the checkpoint it restores", "commit_user", sc.commitUser)
+	}
+	if err := out.attach(rows, sc); err != nil {
 		return fmt.Errorf("sink: %w", err)
 	}
 
@@ -385,8 +404,8 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 	if runErr != nil {
 		if errors.Is(runErr, context.Canceled) && ctx.Err() != nil {
 			rep.Interrupted = true
-			msg := fmt.Sprintf("interrupted: the job was cancelled; its %d checkpoint(s) stay in %s (latest completed: %d). Resume with the same command and --restore latest",
-				st.Counts.Completed, jobDir, tr.latest.Load())
+			msg := fmt.Sprintf("interrupted: the job was cancelled; its %s stay in %s (latest completed: %d). Resume with the same command and --restore latest",
+				onDisk(jobDir), jobDir, tr.latest.Load())
 			if o.json {
 				rep.Error = msg
 				printJSON(stdout, rep)
@@ -397,6 +416,9 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 			return &interruptedError{msg: msg}
 		}
 		msg := jobError(runErr)
+		if errors.Is(runErr, restore.ErrFallback) {
+			msg += "; to restore the newest restorable older checkpoint instead, add --allow-fallback (the sink may then commit the records between the two again)"
+		}
 		if o.json {
 			rep.Error = msg
 			printJSON(stdout, rep)
@@ -407,7 +429,14 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 		return errors.New(msg)
 	}
 
+	// The verdict reads the input again and the sink's rows back, which
+	// takes a while on a large input: say so, and how long it took.
+	log.Info("judging exactly-once: reading the input again and the committed rows back", "data", ds.Name, "bytes", ds.Size, "sink", o.sink)
+	judged := time.Now()
 	v, err := judge(context.WithoutCancel(ctx), ds, sch, out, mode == marker.AtLeastOnce)
+	if err == nil {
+		log.Info("judged", "rows", v.Rows, "took", time.Since(judged).Round(time.Millisecond))
+	}
 	if err != nil {
 		return fmt.Errorf("reading the committed output back: %w", err)
 	}
@@ -712,6 +741,13 @@ func jobError(err error) string {
 func printJSON(w io.Writer, v any) {
 	b, _ := json.MarshalIndent(v, "", "  ")
 	w.Write(append(b, '\n'))
+}
+
+// execUnique is a random hex string, for a fresh commit user.
+func execUnique() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func joinInts(ids []int64) string {

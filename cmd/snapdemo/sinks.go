@@ -54,6 +54,19 @@ type sinkConfig struct {
 	jobID    string
 	interval time.Duration
 	logf     func(format string, args ...any)
+	// commitUser, if set, is the sinks' commit user (sink.WithCommitUser):
+	// --allow-fallback republishes under a new one what the user committed
+	// after the checkpoint restored, which the sink refuses otherwise.
+	commitUser string
+}
+
+// options are the sinks' options.
+func (c sinkConfig) options() []sink.Option {
+	opts := []sink.Option{sink.WithLogf(c.logf)}
+	if c.commitUser != "" {
+		opts = append(opts, sink.WithCommitUser(c.commitUser))
+	}
+	return opts
 }
 
 // openOutput resolves --sink: a file table directory, a postgres:// URL or
@@ -101,7 +114,7 @@ func (t *tableOutput) String() string { return "file table " + t.tbl.Dir() }
 
 func (t *tableOutput) attach(rows *graph.Stream[ReplayRow], cfg sinkConfig) error {
 	sink.WriteAndCommitWith(rows, "table", filetable.NewWriter[ReplayRow](t.tbl), t.tbl, sink.Retry{},
-		[]sink.Option{sink.WithLogf(cfg.logf)}, graph.Name("file table writer"))
+		cfg.options(), graph.Name("file table writer"))
 	return nil
 }
 
@@ -178,7 +191,7 @@ func (p *pgOutput) attach(rows *graph.Stream[ReplayRow], cfg sinkConfig) error {
 		return err
 	}
 	p.pg = pg
-	graph.Sink(rows, "postgres", pg.SinkFunc(sink.WithLogf(cfg.logf)), graph.Name("PostgreSQL sink"))
+	graph.Sink(rows, "postgres", pg.SinkFunc(cfg.options()...), graph.Name("PostgreSQL sink"))
 	return nil
 }
 
@@ -259,7 +272,7 @@ func (k *kafkaOutput) attach(rows *graph.Stream[ReplayRow], cfg sinkConfig) erro
 		return err
 	}
 	k.c = c
-	graph.Sink(rows, "kafka", sink.TwoPhaseCommit[ReplayRow, *kafka.Txn](c, sink.WithLogf(cfg.logf)), graph.Name("Kafka sink"))
+	graph.Sink(rows, "kafka", sink.TwoPhaseCommit[ReplayRow, *kafka.Txn](c, cfg.options()...), graph.Name("Kafka sink"))
 	return nil
 }
 
