@@ -166,6 +166,9 @@ type replayReport struct {
 	Verdict     *verdict       `json:"verdict,omitempty"`
 	Attempts    []attemptSum   `json:"attempts,omitempty"`
 	EarlierRuns int64          `json:"rows_of_earlier_runs,omitempty"`
+	// OrphansRemoved are the sink's files that no commit references,
+	// removed once the job finished (the file table's RemoveOrphans).
+	OrphansRemoved []string `json:"orphans_removed,omitempty"`
 	Checkpoints checkpointsSum `json:"checkpoints"`
 	Notice      string         `json:"notice,omitempty"`
 }
@@ -443,6 +446,18 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 	if stopped {
 		v.stopped()
 		rep.Savepoint = stoppedWith
+	} else if r, ok := out.(orphanRemover); ok {
+		// The job finished: every checkpoint it completed was committed,
+		// and no restore of its job directory can commit anything more,
+		// so what no commit references now never will be.
+		removed, err := r.removeOrphans()
+		if err != nil {
+			return fmt.Errorf("removing the orphans of %s: %w", out, err)
+		}
+		rep.OrphansRemoved = removed
+		if len(removed) > 0 {
+			log.Info("removed orphan files (written by attempts or checkpoints that never committed them)", "sink", out.String(), "files", len(removed))
+		}
 	}
 	rep.Verdict = v
 	rep.Attempts, rep.EarlierRuns = attemptSums(v, shortID(exec.ID()))

@@ -49,6 +49,13 @@ type output interface {
 	close()
 }
 
+// orphanRemover is an output that can delete what no commit references
+// (files of failed attempts and of checkpoints that never completed), once
+// the job writing it has finished for good.
+type orphanRemover interface {
+	removeOrphans() ([]string, error)
+}
+
 type sinkConfig struct {
 	ctx      context.Context
 	jobID    string
@@ -117,6 +124,11 @@ func (t *tableOutput) attach(rows *graph.Stream[ReplayRow], cfg sinkConfig) erro
 		cfg.options(), graph.Name("file table writer"))
 	return nil
 }
+
+// removeOrphans deletes every file of the table that no snapshot
+// references: the replay's job has finished, so none of them is waiting
+// for a commit any more (filetable.RemoveOrphans, with no age).
+func (t *tableOutput) removeOrphans() ([]string, error) { return t.tbl.RemoveOrphans(0) }
 
 func (t *tableOutput) committed(context.Context) (bool, error) {
 	s, ok, err := t.tbl.Latest()
