@@ -45,7 +45,9 @@ func TestEncodeGroupsAllocs(t *testing.T) {
 		return (after.TotalAlloc - before.TotalAlloc) / 10
 	}
 	encode := bytes(func() { _, _ = view.Encode(context.Background()) })
-	groups := bytes(func() { _ = view.EncodeGroups(context.Background(), func([]checkpoint.KeyGroupState) error { return nil }) })
+	groups := bytes(func() {
+		_ = view.EncodeGroups(context.Background(), func([]checkpoint.KeyGroupState) error { return nil })
+	})
 	t.Logf("bytes allocated per call: Encode %d, EncodeGroups %d", encode, groups)
 	require.Less(t, groups*5, encode, "EncodeGroups reuses its entries and bytes")
 	require.NoError(t, view.EncodeGroups(context.Background(), check()), "a reused encoder encodes the same")
