@@ -466,15 +466,12 @@ func (p keyedPart) Run(ctx context.Context, st *checkpoint.SubtaskState) error {
 		st.KeyGroups = kgs
 		return err
 	}
-	// The file takes a copy: the encoding's memory is reused (EncodeTo).
-	return p.s.EncodeTo(ctx, func(kgs []checkpoint.KeyGroupState) error {
-		if len(kgs) == 0 {
-			return nil
-		}
-		var err error
-		st.KeyedState, err = p.files.WriteKeyedState(ctx, p.barrier.ID, p.barrier.Options.Kind, p.task, kgs)
-		return err
-	})
+	// One key group at a time (snapshot ST18): the encoding's memory is
+	// reused for the next, the file keeps nothing of it.
+	var err error
+	st.KeyedState, err = p.files.WriteKeyedStateGroups(ctx, p.barrier.ID, p.barrier.Options.Kind, p.task,
+		func(add func([]checkpoint.KeyGroupState) error) error { return p.s.EncodeGroups(ctx, add) })
+	return err
 }
 
 func (p keyedPart) Release() { p.s.Release() }

@@ -218,6 +218,13 @@ import (
 //     Keyed-state files in an incomplete savepoint-N directory stay until
 //     OpenStorage (a savepoint is never subsumed and may complete after a
 //     higher checkpoint), and forever in SavepointDir (ST5).
+//   - ST18: a keyed-state file is written one key group's block at a
+//     time (WriteKeyedStateGroups, checkpoint.KeyedStateEncoder): the
+//     writer holds one block and the write buffer, never the whole state,
+//     so a savepoint of a large Pebble state (state.KeyedSnapshot's
+//     EncodeGroups reads it a key group at a time) takes memory bounded by
+//     its largest key group, not by the state. The bytes are those
+//     WriteKeyedState writes for the same states.
 //   - ST11: ReadMetadata does not read keyed state: it checks, by a stat,
 //     that each referenced keyed-state file exists with the referenced
 //     size, and fails like a missing channel-state file otherwise (a
@@ -612,6 +619,13 @@ type KeyedStateWriter interface {
 	// error wrapping ctx.Err(), once ctx is done. It does not keep states,
 	// or any of their bytes, after it returns (the caller reuses them).
 	WriteKeyedState(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID, states []checkpoint.KeyGroupState) (*checkpoint.KeyedStateRef, error)
+	// WriteKeyedStateGroups is WriteKeyedState for keyed state handed over
+	// one key group at a time, so that neither side holds more than a key
+	// group of it (ST18): groups calls add with the states of each key
+	// group that has any, by strictly ascending key group, and add writes
+	// them as that key group's block before it returns, keeping nothing of
+	// them. With no call of add it writes no file and returns nil.
+	WriteKeyedStateGroups(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID, groups func(add func([]checkpoint.KeyGroupState) error) error) (*checkpoint.KeyedStateRef, error)
 	// WriteNativeState stores the files of a Pebble checkpoint of subtask
 	// t's instance for checkpoint id (never a savepoint), shared files in
 	// shared/, and returns the reference for SubtaskState.Native (ST12).
@@ -636,40 +650,104 @@ var keyedWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, k
 // files in parallel with each other and with Write. A failed write removes
 // the file (best effort: the directory is incomplete either way).
 func (s *Storage) WriteKeyedState(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID, states []checkpoint.KeyGroupState) (*checkpoint.KeyedStateRef, error) {
-	parent, dir := s.snapshotDir(kind, id)
-	name := checkpoint.KeyedStateFileName(t.Operator, t.Subtask)
-	path := s.fs.PathJoin(dir, name)
-	ref, err := func() (*checkpoint.KeyedStateRef, error) {
-		if err := mkdirAllSynced(s.fs, parent); err != nil {
-			return nil, err
-		}
-		if err := s.fs.MkdirAll(dir, 0o755); err != nil {
-			return nil, err
-		}
-		f, err := s.fs.Create(path, vfs.WriteCategoryUnspecified)
-		if err != nil {
-			return nil, err
-		}
-		w := keyedWriters.Get().(*bufio.Writer)
-		w.Reset(ctxWriter{ctx, f})
-		ref, err := checkpoint.EncodeKeyedState(w, name,
-			checkpoint.KeyedStateHeader{CheckpointID: id, Operator: t.Operator, Subtask: t.Subtask}, states)
-		if err == nil {
-			err = w.Flush()
-		}
-		w.Reset(nil)
-		keyedWriters.Put(w)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		return ref, err
-	}()
+	k, err := s.createKeyedState(ctx, id, kind, t)
 	if err != nil {
-		_ = s.fs.Remove(path)
-		return nil, s.subsumed(kind, id, fmt.Errorf("snapshot: write the keyed state of operator %q subtask %d for %s %d to %s: %w",
-			t.Operator, t.Subtask, kind, id, path, err))
+		return nil, err
+	}
+	return k.finish(checkpoint.EncodeKeyedState(k.w, k.name, k.header, states))
+}
+
+// WriteKeyedStateGroups implements KeyedStateWriter: it writes the file
+// WriteKeyedState writes, created at the first call of add, one block per
+// call (ST17).
+func (s *Storage) WriteKeyedStateGroups(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID, groups func(add func([]checkpoint.KeyGroupState) error) error) (*checkpoint.KeyedStateRef, error) {
+	var k *keyedFile
+	var enc *checkpoint.KeyedStateEncoder
+	var failed error // add's first error: it writes nothing after it
+	err := groups(func(states []checkpoint.KeyGroupState) error {
+		if failed != nil {
+			return failed
+		}
+		if k == nil {
+			if k, failed = s.createKeyedState(ctx, id, kind, t); failed != nil {
+				k = nil
+				return failed
+			}
+			if enc, failed = checkpoint.NewKeyedStateEncoder(k.w, k.name, k.header); failed != nil {
+				return failed
+			}
+		}
+		failed = enc.WriteBlock(states)
+		return failed
+	})
+	if failed != nil {
+		err = failed
+	}
+	switch {
+	case k == nil:
+		return nil, err // nothing written, or the creation's error
+	case err != nil:
+		return k.finish(nil, err)
+	}
+	return k.finish(enc.Ref(), nil)
+}
+
+// keyedFile is a keyed-state file being written.
+type keyedFile struct {
+	s      *Storage
+	kind   marker.Kind
+	id     int64
+	t      checkpoint.TaskID
+	name   string
+	path   string
+	header checkpoint.KeyedStateHeader
+	f      vfs.File
+	w      *bufio.Writer
+}
+
+// createKeyedState creates the keyed-state file of subtask t in the
+// directory of checkpoint id (see WriteKeyedState), buffered.
+func (s *Storage) createKeyedState(ctx context.Context, id int64, kind marker.Kind, t checkpoint.TaskID) (*keyedFile, error) {
+	parent, dir := s.snapshotDir(kind, id)
+	k := &keyedFile{s: s, kind: kind, id: id, t: t, name: checkpoint.KeyedStateFileName(t.Operator, t.Subtask),
+		header: checkpoint.KeyedStateHeader{CheckpointID: id, Operator: t.Operator, Subtask: t.Subtask}}
+	k.path = s.fs.PathJoin(dir, k.name)
+	err := mkdirAllSynced(s.fs, parent)
+	if err == nil {
+		err = s.fs.MkdirAll(dir, 0o755)
+	}
+	if err == nil {
+		k.f, err = s.fs.Create(k.path, vfs.WriteCategoryUnspecified)
+	}
+	if err != nil {
+		return nil, k.error(err)
+	}
+	k.w = keyedWriters.Get().(*bufio.Writer)
+	k.w.Reset(ctxWriter{ctx, k.f})
+	return k, nil
+}
+
+// finish flushes and closes the file, or removes it if err (best effort:
+// the directory is incomplete either way), and returns ref or the error.
+func (k *keyedFile) finish(ref *checkpoint.KeyedStateRef, err error) (*checkpoint.KeyedStateRef, error) {
+	if err == nil {
+		err = k.w.Flush()
+	}
+	k.w.Reset(nil)
+	keyedWriters.Put(k.w)
+	if cerr := k.f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = k.s.fs.Remove(k.path)
+		return nil, k.error(err)
 	}
 	return ref, nil
+}
+
+func (k *keyedFile) error(err error) error {
+	return k.s.subsumed(k.kind, k.id, fmt.Errorf("snapshot: write the keyed state of operator %q subtask %d for %s %d to %s: %w",
+		k.t.Operator, k.t.Subtask, k.kind, k.id, k.path, err))
 }
 
 // ctxWriter fails writes once ctx is done.

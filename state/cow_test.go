@@ -476,7 +476,7 @@ func BenchmarkUpdateDuringSnapshot(b *testing.B) {
 
 // BenchmarkSnapshotEncodeTo measures what a keyed checkpoint of the bench
 // keyed job encodes asynchronously: 10,000 int64 keys with int64 values
-// in value state, through EncodeTo's reused buffers.
+// in value state, through EncodeGroups' reused buffers.
 //
 //	go test -run - -bench SnapshotEncodeTo -benchmem ./state
 func BenchmarkSnapshotEncodeTo(b *testing.B) {
@@ -484,7 +484,7 @@ func BenchmarkSnapshotEncodeTo(b *testing.B) {
 	defer view.Release()
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := view.EncodeTo(context.Background(), func([]checkpoint.KeyGroupState) error { return nil }); err != nil {
+		if err := view.EncodeGroups(context.Background(), func([]checkpoint.KeyGroupState) error { return nil }); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -495,27 +495,126 @@ func (s *KeyedSnapshot) encode(ctx context.Context, e *encoder) ([]checkpoint.Ke
 	return out, nil
 }
 
-// EncodeTo encodes the view as Encode does and hands the result to use,
-// which must not keep it, or any of its bytes, once it returns: the
-// memory is reused by later EncodeTo calls (a keyed-state file's writer
-// copies the states out). A job's checkpoints then encode their keyed
-// state without allocating it anew each time, and so without a garbage
-// collection per checkpoint for its sake.
-func (s *KeyedSnapshot) EncodeTo(ctx context.Context, use func([]checkpoint.KeyGroupState) error) error {
-	e := encoders.Get().(*encoder)
+// EncodeGroups encodes the view as Encode does, one key group at a time:
+// it calls use with the states of each key group that has any, by
+// ascending key group, a key group's states by name, which is the order
+// of a keyed-state file (snapshot ST17). use must not keep them, or any of
+// their bytes, once it returns: the memory is reused for the next key
+// group. The Pebble states are read a key group at a time, so a savepoint
+// of Pebble state holds one key group's encoding, whatever the state's
+// size (S16); states held in memory are encoded whole first, as Encode
+// does. It stops early, with an error wrapping ctx.Err(), once ctx is
+// done, and returns use's error.
+func (s *KeyedSnapshot) EncodeGroups(ctx context.Context, use func([]checkpoint.KeyGroupState) error) error {
+	held, group := encoders.Get().(*encoder), encoders.Get().(*encoder)
 	defer func() {
-		e.reset()
-		encoders.Put(e)
+		for _, e := range []*encoder{held, group} {
+			e.reset()
+			encoders.Put(e)
+		}
 	}()
-	out, err := s.encode(ctx, e)
-	if err != nil {
-		return err
+	cs := make([]groupCursor, 0, len(s.parts))
+	defer func() {
+		for _, c := range cs {
+			_ = c.close()
+		}
+	}()
+	for _, p := range s.parts {
+		if st, ok := p.(streamer); ok {
+			c, err := st.cursor(ctx)
+			if err != nil {
+				return err
+			}
+			cs = append(cs, c)
+			continue
+		}
+		states, err := p.encode(ctx, held, nil)
+		if err != nil {
+			return err
+		}
+		cs = append(cs, &heldCursor{states: states})
 	}
-	return use(out)
+	var out []checkpoint.KeyGroupState
+	for {
+		kg := -1
+		for _, c := range cs {
+			if n := c.next(); n >= 0 && (kg < 0 || n < kg) {
+				kg = n
+			}
+		}
+		if kg < 0 {
+			break
+		}
+		clear(out)
+		out = out[:0]
+		for _, c := range cs {
+			if c.next() != kg {
+				continue
+			}
+			var err error
+			if out, err = c.appendGroup(ctx, group, out); err != nil {
+				return err
+			}
+		}
+		if len(out) > 0 {
+			if err := use(out); err != nil {
+				return err
+			}
+		}
+		group.reset()
+	}
+	for _, c := range cs {
+		if err := c.close(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// encoders are EncodeTo's encoders, with their buffers.
+// encoders are EncodeGroups' encoders, with their buffers.
 var encoders = sync.Pool{New: func() any { return newEncoder() }}
+
+// groupCursor hands out a frozen view's states one key group at a time,
+// by ascending key group.
+type groupCursor interface {
+	// next returns the key group of the next group, -1 after the last.
+	next() int
+	// appendGroup appends the view's state of that key group to out
+	// (nothing if all its entries turn out to be expired), its bytes in e
+	// or shared with the view, and moves to the next group. The entries
+	// may be reused by the next call.
+	appendGroup(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error)
+	// close releases what the cursor holds (an iterator) and returns its
+	// error; closing twice is a no-op.
+	close() error
+}
+
+// streamer is a frozen view that reads its state one key group at a time
+// (the Pebble views): EncodeGroups takes its cursor instead of encoding
+// it whole.
+type streamer interface {
+	cursor(ctx context.Context) (groupCursor, error)
+}
+
+// heldCursor hands out states encoded whole.
+type heldCursor struct {
+	states []checkpoint.KeyGroupState
+	i      int
+}
+
+func (c *heldCursor) next() int {
+	if c.i < len(c.states) {
+		return c.states[c.i].KeyGroup
+	}
+	return -1
+}
+
+func (c *heldCursor) appendGroup(_ context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	c.i++
+	return append(out, c.states[c.i-1]), nil
+}
+
+func (c *heldCursor) close() error { return nil }
 
 // Release ends the view (see KeyedSnapshot). Releasing twice is a no-op.
 func (s *KeyedSnapshot) Release() {

@@ -598,63 +598,101 @@ func openRestored(fs vfs.FS, nr checkpoint.NativeRestore) (*pebble.DB, error) {
 // scanNative appends the KeyGroupState records of state st in the key
 // groups kgs of r, the stored bytes as they are (see NativeKeyGroups).
 func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
-	isMap, timers := false, false
+	c, err := newNativeCursor(r, kgs, st, true)
+	if err != nil {
+		return nil, err
+	}
+	defer c.close()
+	for c.next() >= 0 {
+		if out, err = c.appendGroup(context.Background(), nil, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, c.close()
+}
+
+// nativeCursor reads the KeyGroupState records of a state of a Pebble
+// reader one key group at a time (groupCursor), the stored bytes as they
+// are (see NativeKeyGroups): copied into the encoder, or cloned without
+// one; whole keeps every group's entries, otherwise a group's entries are
+// reused by the next one.
+type nativeCursor struct {
+	c             *stateCursor
+	st            checkpoint.NativeState
+	isMap, timers bool
+	whole         bool
+	es            []checkpoint.KeyedEntry
+}
+
+func newNativeCursor(r reader, kgs keygroup.Range, st checkpoint.NativeState, whole bool) (*nativeCursor, error) {
+	c := &nativeCursor{st: st, whole: whole}
 	if st.Desc != nil {
 		d, err := decodeDesc(st.Desc)
 		if err != nil {
 			return nil, fmt.Errorf("decoding the descriptor of keyed state %q: %w", st.Name, err)
 		}
-		isMap, timers = d.Kind == kindMap, d.Kind == kindTimers
+		c.isMap, c.timers = d.Kind == kindMap, d.Kind == kindTimers
 	}
-	first := len(out)
-	cur := -1
-	var ferr error
-	err := scanState(r, kgs, st.ID, nil, func(kg int, key, val []byte) bool {
-		if kg != cur {
-			cur = kg
-			g := checkpoint.KeyGroupState{State: st.Name, KeyGroup: kg}
-			if st.Desc != nil {
-				g.Entries = append(g.Entries, checkpoint.KeyedEntry{Value: st.Desc})
-			}
-			out = append(out, g)
-		}
-		e := checkpoint.KeyedEntry{Key: slices.Clone(key[pebblePrefixLen:]), Value: slices.Clone(val)}
+	var err error
+	if c.c, err = newStateCursor(r, kgs, st.ID, nil); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *nativeCursor) next() int { return c.c.kg }
+
+func (c *nativeCursor) close() error { return c.c.close() }
+
+func (c *nativeCursor) appendGroup(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	st, kg := c.st, c.c.kg
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("state: encoding keyed state %q: %w", st.Name, err)
+	}
+	raw := slices.Clone[[]byte]
+	if e != nil {
+		raw = e.appendRaw
+	}
+	es := c.es
+	if !c.whole {
+		clear(es)
+		es = es[:0]
+	}
+	from := len(es)
+	if st.Desc != nil {
+		es = append(es, checkpoint.KeyedEntry{Value: st.Desc})
+	}
+	for ; c.c.kg == kg; c.c.next() {
+		key := c.c.it.Key()
+		e := checkpoint.KeyedEntry{Key: raw(key[pebblePrefixLen:]), Value: raw(c.c.it.Value())}
 		switch {
-		case isMap:
+		case c.isMap:
 			n, err := valueLen(e.Key)
 			if err != nil {
-				ferr = fmt.Errorf("keyed state %q in key group %d: stored key %x: %w", st.Name, kg, key, err)
-				return false
+				return nil, fmt.Errorf("keyed state %q in key group %d: stored key %x: %w", st.Name, kg, key, err)
 			}
 			e.Key, e.UserKey = e.Key[:n:n], e.Key[n:]
-		case timers:
+		case c.timers:
 			// [time, 8 bytes][key] (timerqueue_pebble.go): the time is
 			// the user key (timerqueue.go).
 			if len(e.Key) < 8 || len(e.Value) != 0 {
-				ferr = fmt.Errorf("timer queue %q in key group %d: stored timer %x is not a time and a key without a value", st.Name, kg, key)
-				return false
+				return nil, fmt.Errorf("timer queue %q in key group %d: stored timer %x is not a time and a key without a value", st.Name, kg, key)
 			}
 			e.Key, e.UserKey, e.Value = e.Key[8:], e.Key[:8:8], nil
 		}
-		g := &out[len(out)-1]
-		g.Entries = append(g.Entries, e)
-		return true
-	})
-	if err == nil {
-		err = ferr
+		es = append(es, e)
 	}
-	if err != nil {
+	if err := c.c.it.Error(); err != nil {
 		return nil, err
 	}
-	if timers {
+	if c.timers {
 		// Stored by time, snapshotted by (key, time) (S1).
-		for i := first; i < len(out); i++ {
-			if err := sortTimers(st.Name, out[i].KeyGroup, out[i].Entries[1:]); err != nil {
-				return nil, err
-			}
+		if err := sortTimers(st.Name, kg, es[from+1:]); err != nil {
+			return nil, err
 		}
 	}
-	return out, nil
+	c.es = es
+	return append(out, checkpoint.KeyGroupState{State: st.Name, KeyGroup: kg, Entries: es[from:len(es):len(es)]}), nil
 }
 
 // nativeView is the frozen view of a state of an adopted instance that is
@@ -674,6 +712,13 @@ func (v *nativeView) encode(ctx context.Context, _ *encoder, out []checkpoint.Ke
 		return nil, fmt.Errorf("state: encoding keyed state %q: %w", v.st.Name, err)
 	}
 	return scanNative(v.snap, v.s.kgs, v.st, out)
+}
+
+func (v *nativeView) cursor(ctx context.Context) (groupCursor, error) {
+	if v.snap == nil {
+		return nil, fmt.Errorf("state: encoding keyed state %q: the view was released", v.st.Name)
+	}
+	return newNativeCursor(v.snap, v.s.kgs, v.st, false)
 }
 
 // entries is unknown without a scan: a view of an unregistered state

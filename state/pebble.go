@@ -299,36 +299,81 @@ type reader interface {
 // entry of state id at or after from (nil: the first), in key order, until
 // fn returns false. It skips the entries of other states by seeking.
 func scanState(r reader, kgs keygroup.Range, id uint16, from []byte, fn func(kg int, key, val []byte) bool) error {
+	c, err := newStateCursor(r, kgs, id, from)
+	if err != nil {
+		return err
+	}
+	for c.kg >= 0 && fn(c.kg, c.it.Key(), c.it.Value()) {
+		c.next()
+	}
+	return c.close()
+}
+
+// stateCursor walks the entries of state id in the key groups kgs of a
+// Pebble reader in key order, so key group by key group: it is at an
+// entry of key group kg, or past the last one (kg -1). It skips the
+// entries of other states by seeking.
+type stateCursor struct {
+	it   *pebble.Iterator
+	kgs  keygroup.Range
+	id   uint16
+	kg   int
+	seek []byte
+}
+
+// newStateCursor returns a cursor at the first entry of state id at or
+// after from (nil: the first). Close it.
+func newStateCursor(r reader, kgs keygroup.Range, id uint16, from []byte) (*stateCursor, error) {
+	c := &stateCursor{kgs: kgs, id: id, kg: -1}
 	if kgs.Len() == 0 {
-		return nil
+		return c, nil
 	}
 	lo := appendPrefix(nil, kgs.Start, 0)
 	hi := binary.BigEndian.AppendUint32(nil, uint32(kgs.End+1)<<16)
 	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	seek := appendPrefix(nil, kgs.Start, id)
-	if from != nil && bytes.Compare(from, seek) > 0 {
-		seek = append(seek[:0], from...)
+	c.it = it
+	c.seek = appendPrefix(nil, kgs.Start, id)
+	if from != nil && bytes.Compare(from, c.seek) > 0 {
+		c.seek = append(c.seek[:0], from...)
 	}
-	for ok := it.SeekGE(seek); ok; {
-		k := it.Key()
+	c.settle(it.SeekGE(c.seek))
+	return c, nil
+}
+
+// next moves to the next entry of the state.
+func (c *stateCursor) next() { c.settle(c.it.Next()) }
+
+// settle moves from the iterator's position (ok: it is at an entry) to the
+// first entry of the state at or after it.
+func (c *stateCursor) settle(ok bool) {
+	for ok {
+		k := c.it.Key()
 		kg, kid := int(binary.BigEndian.Uint16(k)), binary.BigEndian.Uint16(k[2:])
 		switch {
-		case kid == id:
-			if !fn(kg, k, it.Value()) {
-				return it.Close()
-			}
-			ok = it.Next()
-		case kid < id:
-			ok = it.SeekGE(appendPrefix(seek[:0], kg, id))
-		case kg+1 > kgs.End:
+		case kid == c.id:
+			c.kg = kg
+			return
+		case kid < c.id:
+			ok = c.it.SeekGE(appendPrefix(c.seek[:0], kg, c.id))
+		case kg+1 > c.kgs.End:
 			ok = false
 		default:
-			ok = it.SeekGE(appendPrefix(seek[:0], kg+1, id))
+			ok = c.it.SeekGE(appendPrefix(c.seek[:0], kg+1, c.id))
 		}
 	}
+	c.kg = -1
+}
+
+// close closes the iterator and returns its error.
+func (c *stateCursor) close() error {
+	if c.it == nil {
+		return nil
+	}
+	it := c.it
+	c.it, c.kg = nil, -1
 	if err := it.Error(); err != nil {
 		_ = it.Close()
 		return err
@@ -849,99 +894,138 @@ func (v *pebbleView[K, V]) release() {
 // snapshot's, except that a TTL state's values are decoded to skip the
 // expired ones (and prune lists) at the time of freeze.
 func (v *pebbleView[K, V]) encode(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	c, err := v.newCursor(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	defer c.close()
+	for c.next() >= 0 {
+		if out, err = c.appendGroup(ctx, e, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, c.close()
+}
+
+func (v *pebbleView[K, V]) cursor(ctx context.Context) (groupCursor, error) {
+	return v.newCursor(ctx, false)
+}
+
+// newCursor returns the view's cursor (groupCursor): whole keeps every
+// group's entries (encode), otherwise a group's entries are reused by the
+// next one.
+func (v *pebbleView[K, V]) newCursor(ctx context.Context, whole bool) (*pebbleViewCursor[K, V], error) {
 	if v.snap == nil {
 		return nil, fmt.Errorf("state: encoding keyed state %q: the view was released", v.name)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("state: encoding keyed state %q: %w", v.name, err)
 	}
-	dec := newDecoder()
-	var es []checkpoint.KeyedEntry
-	if v.n > 0 {
-		es = make([]checkpoint.KeyedEntry, 0, v.n)
-	}
-	from, curKG, seen := 0, -1, 0
-	flush := func() {
-		if curKG >= 0 && len(es) > from {
-			if v.sp.desc != nil {
-				// es[from] is the descriptor.
-				if len(es)-from == 1 {
-					es = es[:from]
-					return
-				}
-			}
-			out = append(out, checkpoint.KeyGroupState{State: v.name, KeyGroup: curKG, Entries: es[from:len(es):len(es)]})
-		}
-	}
-	var ferr error
-	err := scanState(v.snap, v.s.kgs, v.id, nil, func(kg int, key, val []byte) bool {
-		if seen++; seen&1023 == 0 {
-			if ferr = ctx.Err(); ferr != nil {
-				ferr = fmt.Errorf("state: encoding keyed state %q: %w", v.name, ferr)
-				return false
-			}
-		}
-		if kg != curKG {
-			flush()
-			from, curKG = len(es), kg
-			if v.sp.desc != nil {
-				es = append(es, checkpoint.KeyedEntry{Value: v.sp.desc})
-			}
-		}
-		var vb []byte
-		if v.sp.runs && isRun(val) {
-			// S15: a snapshot holds one value per key, whatever the
-			// engine stores.
-			var x V
-			if ferr = v.sp.vals.decode(dec, val, &x); ferr != nil {
-				ferr = fmt.Errorf("state: decoding a stored value of keyed state %q in key group %d: %w", v.name, kg, ferr)
-				return false
-			}
-			if vb, ferr = v.sp.vals.append(e, &x); ferr != nil {
-				return false
-			}
-		}
-		if v.sp.live != nil {
-			var x V
-			if ferr = decodeValue(v.sp.vals, v.share, dec, val, &x); ferr != nil {
-				ferr = fmt.Errorf("state: decoding a stored value of keyed state %q in key group %d: %w", v.name, kg, ferr)
-				return false
-			}
-			if !v.sp.live(&x, v.now) {
-				return true
-			}
-			if v.sp.prune != nil {
-				if px, ok := v.sp.prune(&x, v.now); ok {
-					if vb, ferr = v.sp.vals.append(e, &px); ferr != nil {
-						return false
-					}
-				}
-			}
-		}
-		if vb == nil {
-			vb = e.appendRaw(val)
-		}
-		kb := e.appendRaw(key[pebblePrefixLen:])
-		var ub []byte
-		if v.userKeys {
-			n, err := valueLen(kb)
-			if err != nil {
-				ferr = fmt.Errorf("state: a stored key of map state %q in key group %d: %w", v.name, kg, err)
-				return false
-			}
-			kb, ub = kb[:n:n], kb[n:]
-		}
-		es = append(es, checkpoint.KeyedEntry{Key: kb, UserKey: ub, Value: vb})
-		return true
-	})
-	if err == nil {
-		err = ferr
-	}
+	sc, err := newStateCursor(v.snap, v.s.kgs, v.id, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("state: encoding keyed state %q: %w", v.name, err)
 	}
-	flush()
+	c := &pebbleViewCursor[K, V]{v: v, c: sc, dec: newDecoder(), whole: whole}
+	if whole && v.n > 0 {
+		c.es = make([]checkpoint.KeyedEntry, 0, v.n)
+	}
+	return c, nil
+}
+
+// pebbleViewCursor encodes a pebbleView one key group at a time.
+type pebbleViewCursor[K comparable, V any] struct {
+	v     *pebbleView[K, V]
+	c     *stateCursor
+	dec   *decoder
+	es    []checkpoint.KeyedEntry
+	whole bool
+	seen  int
+}
+
+func (c *pebbleViewCursor[K, V]) next() int { return c.c.kg }
+
+func (c *pebbleViewCursor[K, V]) close() error { return c.c.close() }
+
+func (c *pebbleViewCursor[K, V]) appendGroup(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+	v, kg := c.v, c.c.kg
+	es := c.es
+	if !c.whole {
+		clear(es)
+		es = es[:0]
+	}
+	from := len(es)
+	if v.sp.desc != nil {
+		es = append(es, checkpoint.KeyedEntry{Value: v.sp.desc})
+	}
+	head := len(es)
+	for ; c.c.kg == kg; c.c.next() {
+		if c.seen++; c.seen&1023 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("state: encoding keyed state %q: %w", v.name, err)
+			}
+		}
+		var err error
+		if es, err = v.appendEntry(e, c.dec, kg, c.c.it.Key(), c.c.it.Value(), es); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.c.it.Error(); err != nil {
+		return nil, fmt.Errorf("state: encoding keyed state %q: %w", v.name, err)
+	}
+	if len(es) == head {
+		es = es[:from] // only expired entries: no group (nor descriptor)
+	} else {
+		out = append(out, checkpoint.KeyGroupState{State: v.name, KeyGroup: kg, Entries: es[from:len(es):len(es)]})
+	}
+	c.es = es
 	return out, nil
+}
+
+// appendEntry appends the snapshot entry of the stored entry key, val of
+// key group kg to es, unless it is expired.
+func (v *pebbleView[K, V]) appendEntry(e *encoder, dec *decoder, kg int, key, val []byte, es []checkpoint.KeyedEntry) ([]checkpoint.KeyedEntry, error) {
+	var vb []byte
+	var err error
+	if v.sp.runs && isRun(val) {
+		// S15: a snapshot holds one value per key, whatever the
+		// engine stores.
+		var x V
+		if err = v.sp.vals.decode(dec, val, &x); err != nil {
+			return nil, fmt.Errorf("state: decoding a stored value of keyed state %q in key group %d: %w", v.name, kg, err)
+		}
+		if vb, err = v.sp.vals.append(e, &x); err != nil {
+			return nil, err
+		}
+	}
+	if v.sp.live != nil {
+		var x V
+		if err = decodeValue(v.sp.vals, v.share, dec, val, &x); err != nil {
+			return nil, fmt.Errorf("state: decoding a stored value of keyed state %q in key group %d: %w", v.name, kg, err)
+		}
+		if !v.sp.live(&x, v.now) {
+			return es, nil
+		}
+		if v.sp.prune != nil {
+			if px, ok := v.sp.prune(&x, v.now); ok {
+				if vb, err = v.sp.vals.append(e, &px); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	if vb == nil {
+		vb = e.appendRaw(val)
+	}
+	kb := e.appendRaw(key[pebblePrefixLen:])
+	var ub []byte
+	if v.userKeys {
+		n, err := valueLen(kb)
+		if err != nil {
+			return nil, fmt.Errorf("state: a stored key of map state %q in key group %d: %w", v.name, kg, err)
+		}
+		kb, ub = kb[:n:n], kb[n:]
+	}
+	return append(es, checkpoint.KeyedEntry{Key: kb, UserKey: ub, Value: vb}), nil
 }
 
 // appendRaw appends b to the buffer and returns its copy there.

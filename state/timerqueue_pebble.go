@@ -502,3 +502,10 @@ func (v *pebbleTimersView) encode(ctx context.Context, _ *encoder, out []checkpo
 	}
 	return scanNative(v.snap, v.s.kgs, checkpoint.NativeState{Name: v.name, ID: v.id, Desc: v.desc}, out)
 }
+
+func (v *pebbleTimersView) cursor(ctx context.Context) (groupCursor, error) {
+	if v.snap == nil {
+		return nil, fmt.Errorf("state: encoding timer queue %q: the view was released", v.name)
+	}
+	return newNativeCursor(v.snap, v.s.kgs, checkpoint.NativeState{Name: v.name, ID: v.id, Desc: v.desc}, false)
+}

@@ -165,6 +165,36 @@ func EncodeKeyedState(w io.Writer, file string, h KeyedStateHeader, states []Key
 	}
 	sorted := slices.Clone(states)
 	slices.SortStableFunc(sorted, func(a, b KeyGroupState) int { return cmp.Compare(a.KeyGroup, b.KeyGroup) })
+	enc, err := NewKeyedStateEncoder(w, file, h)
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i < len(sorted); {
+		j := i + 1
+		for j < len(sorted) && sorted[j].KeyGroup == sorted[i].KeyGroup {
+			j++
+		}
+		if err := enc.WriteBlock(sorted[i:j]); err != nil {
+			return nil, err
+		}
+		i = j
+	}
+	return enc.Ref(), nil
+}
+
+// KeyedStateEncoder writes a keyed-state file one key group's block at a
+// time, so that a writer of a large state holds one block, not the state
+// (EncodeKeyedState is it for states held whole). The bytes are
+// EncodeKeyedState's for the same states.
+type KeyedStateEncoder struct {
+	w   io.Writer
+	ref KeyedStateRef
+	b   []byte // the block being written, reused
+}
+
+// NewKeyedStateEncoder writes the header frame of h to w and returns the
+// encoder of the file's blocks, named file.
+func NewKeyedStateEncoder(w io.Writer, file string, h KeyedStateHeader) (*KeyedStateEncoder, error) {
 	hp, err := msgpack.Marshal(&h)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: encode keyed-state header: %w", err)
@@ -173,26 +203,43 @@ func EncodeKeyedState(w io.Writer, file string, h KeyedStateHeader, states []Key
 	if _, err := w.Write(hb); err != nil {
 		return nil, err
 	}
-	ref := &KeyedStateRef{File: file, Size: int64(len(hb))}
-	var b []byte // the block being written, reused
-	for i := 0; i < len(sorted); {
-		j := i + 1
-		for j < len(sorted) && sorted[j].KeyGroup == sorted[i].KeyGroup {
-			j++
-		}
-		if err := validateKeyedBlock(sorted[i:j], sorted[i].KeyGroup); err != nil {
-			return nil, err
-		}
-		b = keyedBlockFrame.close(appendKeyGroupStates(keyedBlockFrame.open(b[:0]), sorted[i:j]), 0)
-		if _, err := w.Write(b); err != nil {
-			return nil, err
-		}
-		ref.Groups = append(ref.Groups, KeyGroupBlock{KeyGroup: sorted[i].KeyGroup, Offset: ref.Size,
-			Length: int64(len(b)), CRC32C: crc32.Checksum(b, castagnoli)})
-		ref.Size += int64(len(b))
-		i = j
+	return &KeyedStateEncoder{w: w, ref: KeyedStateRef{File: file, Size: int64(len(hb))}}, nil
+}
+
+// WriteBlock writes the block of one key group: states, all of that key
+// group, above the key group of the previous block, named, no name twice
+// (F8), in the order given. It does not keep states or their bytes. It
+// fails, wrapping ErrInvalid, for states that break these rules, and with
+// the writer's error.
+func (k *KeyedStateEncoder) WriteBlock(states []KeyGroupState) error {
+	if len(states) == 0 {
+		return fmt.Errorf("%w: no key-group state to write", errInvalidKeyedState)
 	}
-	return ref, nil
+	kg := states[0].KeyGroup
+	if err := validateKeyedBlock(states, kg); err != nil {
+		return err
+	}
+	if n := len(k.ref.Groups); n > 0 && k.ref.Groups[n-1].KeyGroup >= kg {
+		return fmt.Errorf("%w: the block of key group %d follows key group %d", errInvalidKeyedState, kg, k.ref.Groups[n-1].KeyGroup)
+	}
+	k.b = keyedBlockFrame.close(appendKeyGroupStates(keyedBlockFrame.open(k.b[:0]), states), 0)
+	if _, err := k.w.Write(k.b); err != nil {
+		return err
+	}
+	k.ref.Groups = append(k.ref.Groups, KeyGroupBlock{KeyGroup: kg, Offset: k.ref.Size,
+		Length: int64(len(k.b)), CRC32C: crc32.Checksum(k.b, castagnoli)})
+	k.ref.Size += int64(len(k.b))
+	return nil
+}
+
+// Blocks is the number of blocks written.
+func (k *KeyedStateEncoder) Blocks() int { return len(k.ref.Groups) }
+
+// Ref returns the reference to the file as written so far.
+func (k *KeyedStateEncoder) Ref() *KeyedStateRef {
+	ref := k.ref
+	ref.Groups = slices.Clone(k.ref.Groups)
+	return &ref
 }
 
 // DecodeKeyedBlock decodes the block g of a keyed-state file, b being the
