@@ -161,16 +161,16 @@ type replayReport struct {
 	// Savepoint is the savepoint the job stopped with (snapdemo savepoint
 	// --stop); the verdict then counts the records still to come as
 	// pending.
-	Savepoint   string         `json:"stopped_with_savepoint,omitempty"`
-	Error       string         `json:"error,omitempty"`
-	Verdict     *verdict       `json:"verdict,omitempty"`
-	Attempts    []attemptSum   `json:"attempts,omitempty"`
-	EarlierRuns int64          `json:"rows_of_earlier_runs,omitempty"`
+	Savepoint   string       `json:"stopped_with_savepoint,omitempty"`
+	Error       string       `json:"error,omitempty"`
+	Verdict     *verdict     `json:"verdict,omitempty"`
+	Attempts    []attemptSum `json:"attempts,omitempty"`
+	EarlierRuns int64        `json:"rows_of_earlier_runs,omitempty"`
 	// OrphansRemoved are the sink's files that no commit references,
 	// removed once the job finished (the file table's RemoveOrphans).
-	OrphansRemoved []string `json:"orphans_removed,omitempty"`
-	Checkpoints checkpointsSum `json:"checkpoints"`
-	Notice      string         `json:"notice,omitempty"`
+	OrphansRemoved []string       `json:"orphans_removed,omitempty"`
+	Checkpoints    checkpointsSum `json:"checkpoints"`
+	Notice         string         `json:"notice,omitempty"`
 }
 
 type checkpointsSum struct {
