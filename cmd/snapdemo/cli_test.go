@@ -159,6 +159,15 @@ func TestCLIReplaySensorsFailAtOffset(t *testing.T) {
 	require.Contains(t, rep.Notice, "CC BY 4.0")
 	// Read the table back here too.
 	require.Equal(t, sensorIDs(t), tableIDs(t, filepath.Join(dir, "snapdemo-replay", "sensors", "table")))
+	// The failed attempt's files past its last completed checkpoint were
+	// orphans; the finished replay removed them, and nothing else (the
+	// table still reads every id above).
+	require.NotEmpty(t, rep.OrphansRemoved, r)
+	tbl, err := filetable.Open(filepath.Join(dir, "snapdemo-replay", "sensors", "table"))
+	require.NoError(t, err)
+	left, err := tbl.RemoveOrphans(0)
+	require.NoError(t, err)
+	require.Empty(t, left)
 
 	// The checkpoints it left.
 	c := snapdemo(t, dir, "checkpoints", filepath.Join(dir, "snapdemo-replay", "sensors", "checkpoints"), "--json")

@@ -330,7 +330,11 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 		Checkpoint: graph.CheckpointConfig{Interval: o.interval, Mode: mode, AlignedTimeout: o.alignedTimeout,
 			Dir: o.checkpointDir, Retain: 3, TolerableFailures: 3},
 		State:   graph.StateConfig{Backend: backend},
-		Restart: graph.FixedDelay(3, 100*time.Millisecond),
+		// Flink's exponential delay from 100 ms: a transient failure (a
+		// full disk) gets time to clear, 10 restarts in a row wait about
+		// 11 s in all; errors that cannot succeed on retry fail at once
+		// (graph.Unrecoverable).
+		Restart: graph.ExponentialDelay{Initial: 100 * time.Millisecond, Max: 30 * time.Second, Attempts: 10},
 		Restore: rc,
 		Logf:    logf,
 		OnEvent: tr.onEvent,
