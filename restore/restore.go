@@ -694,7 +694,7 @@ func checkChannels(md *checkpoint.Metadata, byUID map[string]*Operator, where st
 						"or an aligned checkpoint or savepoint, or set AllowNonRestoredState to drop them", at, c.EdgeName())
 				}
 				now := edges[e].Part
-				if !samePlacement(c.Part, now) {
+				if !c.Part.SameEncoding(now) {
 					return nil, nil, fmt.Errorf("%s of %s, which was a %s edge and is a %s edge now: its in-flight records cannot "+
 						"be placed on it; restore with the edge's old partitioning, or from an aligned checkpoint or savepoint",
 						at, c.EdgeName(), c.Part, now)
@@ -731,23 +731,6 @@ func checkLegacy(c *checkpoint.ChannelBuffers, op *Operator, at string) error {
 		}
 	}
 	return nil
-}
-
-// samePlacement reports whether records in flight on an edge partitioned
-// as old can be placed on one partitioned as now: a hash edge carries every
-// record with its key and key group, the others the record alone, and the
-// copies of a broadcast edge belong to one reader each.
-func samePlacement(old, now checkpoint.Partitioning) bool {
-	class := func(p checkpoint.Partitioning) int {
-		switch p {
-		case checkpoint.PartHash:
-			return 1
-		case checkpoint.PartBroadcast:
-			return 2
-		}
-		return 0
-	}
-	return class(old) == class(now)
 }
 
 // cloneChannelState copies the channel state of s into n (R6, R8): the

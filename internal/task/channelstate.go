@@ -240,23 +240,6 @@ func (ids *ChannelIDs) input(c *checkpoint.ChannelBuffers) *EdgeID {
 	return nil
 }
 
-// sameEncoding reports whether records in flight on an edge partitioned
-// as old can be restored on one partitioned as now: a hash edge carries
-// every record with its key and key group (Keyed), the others the record
-// alone, and the copies of a broadcast edge belong to one reader each.
-func sameEncoding(old, now checkpoint.Partitioning) bool {
-	class := func(p checkpoint.Partitioning) int {
-		switch p {
-		case checkpoint.PartHash:
-			return 1
-		case checkpoint.PartBroadcast:
-			return 2
-		}
-		return 0
-	}
-	return class(old) == class(now)
-}
-
 // recorders are the channel states being recorded, by checkpoint id.
 type recorders struct {
 	open []*chanRecorder
@@ -395,7 +378,7 @@ func (r *runner) restoreOutputs(ctx context.Context) error {
 		if e.Chained {
 			return fmt.Errorf("task: %s: the edge is chained, but %v is the chain's tail", where, tail)
 		}
-		if !sameEncoding(c.Part, e.Part) {
+		if !c.Part.SameEncoding(e.Part) {
 			return fmt.Errorf("task: %s: recorded on a %s edge, which is a %s edge now", where, c.Part, e.Part)
 		}
 		if ch := slices.Index(e.Readers, c.Channel); rs.old < 0 && c.Part == e.Part && ch >= 0 {
@@ -474,7 +457,7 @@ func (r *runner) replayChained() error {
 			if !ok {
 				return fmt.Errorf("task: %s: the output of %v is not chained", where, writer)
 			}
-			if !sameEncoding(rs.c.Part, checkpoint.PartForward) {
+			if !rs.c.Part.SameEncoding(checkpoint.PartForward) {
 				return fmt.Errorf("task: %s: recorded on a %s edge, which is chained now", where, rs.c.Part)
 			}
 			if err := local.replayLocal(rs.c.Buffers, where); err != nil {
@@ -515,7 +498,7 @@ func replayInputs[IN any](r *runner, process func([]IN) error) error {
 			if e == nil {
 				return fmt.Errorf("task: %s: the operator reads no such edge", where)
 			}
-			if !sameEncoding(c.Part, e.Part) {
+			if !c.Part.SameEncoding(e.Part) {
 				return fmt.Errorf("task: %s: recorded on a %s edge, which is a %s edge now", where, c.Part, e.Part)
 			}
 		}

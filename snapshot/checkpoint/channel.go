@@ -155,6 +155,23 @@ const (
 	PartBroadcast
 )
 
+// SameEncoding reports whether records in flight on an edge partitioned
+// as p can be restored on one partitioned as now: a hash edge carries
+// every record with its key and key group, the others the record alone,
+// and the copies of a broadcast edge belong to one reader each.
+func (p Partitioning) SameEncoding(now Partitioning) bool {
+	class := func(p Partitioning) int {
+		switch p {
+		case PartHash:
+			return 1
+		case PartBroadcast:
+			return 2
+		}
+		return 0
+	}
+	return class(p) == class(now)
+}
+
 func (p Partitioning) String() string {
 	switch p {
 	case PartUnknown:
