@@ -25,6 +25,13 @@
 //
 //	go test -run '^$' -bench Scaling -benchtime 300000000x ./bench/
 //
+// BenchmarkLatency (latency_test.go) measures p50/p99 end-to-end latency
+// of time-stamped records behind one and two channel hops at 100 and
+// 10,000 records/s and at full speed, checkpoints off and on, beside
+// goroutines joined by Go channels in the same run:
+//
+//	go test -run '^$' -bench Latency -benchtime 1x ./bench/
+//
 // BenchmarkBackpressure (backpressure.go) compares aligned, unaligned and
 // aligned-with-timeout checkpoints with the channels full behind a
 // throttled sink:
