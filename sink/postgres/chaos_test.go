@@ -118,6 +118,12 @@ type noStale struct{ chaosPG }
 
 func (noStale) AbortStale() {} // shadows the promoted method: not a StaleAborter
 
+// noEndAbort hides AbortUncovered: the execution's end leaves its prepared
+// transactions behind, as a killed process does.
+type noEndAbort struct{ chaosPG }
+
+func (noEndAbort) AbortUncovered() {} // shadows the promoted method: not a sink.EndAborter
+
 // fullSink is every hook of a TwoPhaseCommit sink.
 type fullSink interface {
 	graph.BatchSinkFunc[rec]

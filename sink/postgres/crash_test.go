@@ -60,6 +60,7 @@ type pgJob struct {
 	Timeout      time.Duration
 	PK           bool // the table has a primary key on id
 	HideStale    bool // the committer is no StaleAborter
+	Killed       bool // the committer is no EndAborter: its end leaves what a kill leaves
 	Logf         func(string, ...any)
 	// DSN, if set, is a database shared with other jobs: the job writes
 	// to a table of its own (Table) with a sink uid of its own (UID,
@@ -137,8 +138,13 @@ func (j *pgJob) build(t testing.TB) *graph.Job {
 	})
 	require.NoError(t, err)
 	var c sink.TwoPhaseCommitter[rec, *Txn] = chaosPG{Sink: s, c: j.chaos}
-	if j.HideStale {
+	switch {
+	case j.HideStale && j.Killed:
+		panic("pgJob: HideStale and Killed together")
+	case j.HideStale:
 		c = noStale{chaosPG{Sink: s, c: j.chaos}}
+	case j.Killed:
+		c = noEndAbort{chaosPG{Sink: s, c: j.chaos}}
 	}
 	opts := []sink.Option{sink.WithLogf(j.logf)}
 	if j.CommitUser != "" {

@@ -36,7 +36,8 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 
 // TestPostgresNewExecutionAbortsStale: a process dies (here: the
 // execution is cancelled, which rolls back its open transactions as a
-// dead connection would) while checkpoints after the last completed one
+// dead connection would, with the sink's end-of-execution rollback of its
+// prepared ones hidden, as a kill skips it) while checkpoints after the last completed one
 // were pre-committed but never completed (their metadata writes fail), so
 // prepared transactions that no completed checkpoint names hold row locks
 // on a primary-key table. A new execution restoring the latest checkpoint
@@ -56,6 +57,7 @@ func TestPostgresNewExecutionAbortsStale(t *testing.T) {
 	first := &pgJob{
 		Name: "stale", Records: 30_000, Parallelism: p, Rate: 2000, Interval: 30 * time.Millisecond,
 		PK: true, CkptDir: ckpt, FS: fs, Logf: t.Logf,
+		Killed: true, // Cancel stands for a kill: no end-of-execution rollback (sink.EndAborter)
 	}
 	e, err := first.build(t).Start(context.Background())
 	require.NoError(t, err)
