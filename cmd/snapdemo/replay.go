@@ -329,7 +329,7 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 		Parallelism: o.parallelism,
 		Checkpoint: graph.CheckpointConfig{Interval: o.interval, Mode: mode, AlignedTimeout: o.alignedTimeout,
 			Dir: o.checkpointDir, Retain: 3, TolerableFailures: 3},
-		State:   graph.StateConfig{Backend: backend},
+		State: graph.StateConfig{Backend: backend},
 		// Flink's exponential delay from 100 ms: a transient failure (a
 		// full disk) gets time to clear, 10 restarts in a row wait about
 		// 11 s in all; errors that cannot succeed on retry fail at once
