@@ -308,7 +308,7 @@
 // # Invariants
 //
 // The tests check these on every datadriven script and on random scripts
-// (A8 in TestNoAllocs); internal/task's TestHandoffDataDriven drives the
+// (A8 in TestNoAllocs); internal/runtime/task's TestHandoffDataDriven drives the
 // aligner and the subtask's bookkeeping together across A14.
 //
 //   - A1 (delivery): every Record and EndOfInput is delivered exactly once,
@@ -389,7 +389,7 @@
 //     markers or ends of input, a newer barrier on its channel, the bound
 //     of maxCapturing), so a capture the driver gave up ends as soon as
 //     any other would, and the driver must accept, and drop, a promise of
-//     a checkpoint it declined or cancelled (internal/task T11). Once a
+//     a checkpoint it declined or cancelled (internal/runtime/task T11). Once a
 //     checkpoint had its last outcome (an Abort, InputStateComplete, or a
 //     Trigger without input state) the aligner keeps nothing of it: it is
 //     not Pending, Capturing does not count it, no later action names it,
@@ -455,7 +455,7 @@
 // and ends of input of a subtask's channels into the subtask's input
 // watermark, never lower than the one it restored (W1-W4 there; scripts
 // in testdata/watermark). The subtask loops feed it through package
-// internal/task's EventTime, beside the Aligner but not through it:
+// internal/runtime/task's EventTime, beside the Aligner but not through it:
 // watermark events never enter Step. The driver hands a watermark read on
 // channel c to the valve in the order it reads c, so every record before
 // it on c was delivered (A1), and an aligned checkpoint's blocked channel,

@@ -41,7 +41,7 @@
 // an element is larger than the record by the key and a uint16 (padded).
 // Writers with several output channels fill one staging batch and
 // partition it over the channels' buffers a batch at a time (package
-// internal/task, Output), so per record a hash edge costs the key call, the
+// internal/runtime/task, Output), so per record a hash edge costs the key call, the
 // hash and an append, and per buffer the four mutex acquisitions above.
 //
 // Events do not count against Capacity and SendEvent never blocks. Barriers,
@@ -95,7 +95,7 @@
 //   - CH2 (bounded): at most Capacity + Overdraft data buffers are queued
 //     on a channel; Send blocks there. At Capacity the channel is no longer
 //     Available, and a subtask loop then takes no new input (package
-//     internal/task), so the overdraft only absorbs the end of the batch
+//     internal/runtime/task), so the overdraft only absorbs the end of the batch
 //     being processed. Events do not count.
 //     An Unbounded channel (a loop's feedback edge) never blocks and is
 //     always Available; its reader bounds it instead (Gate.Hold).

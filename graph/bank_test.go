@@ -387,7 +387,7 @@ func (r *bankRun) wait(t *testing.T, ctx context.Context, what string) {
 
 // bankKeyed is task.Keyed[K, bankMsg], the element type of a hash edge's
 // channels, as msgpack encodes it (structs as arrays of their fields, in
-// field order: see internal/task/output.go and channelstate.go).
+// field order: see internal/runtime/task/output.go and channelstate.go).
 type bankKeyed[K any] struct {
 	Rec      bankMsg
 	Key      K

@@ -1,7 +1,7 @@
 package graph
 
 import (
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/channel"
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 )
 
 // Two-input operators.

@@ -35,7 +35,7 @@
 // SplitSourceFuncs, splits.go has the contract). They are in-band events (marker M4) and flow
 // through every edge kind and chain; each subtask's input watermark is the
 // minimum over its inputs, idle ones left out, and it forwards it only when
-// it goes up (align.WatermarkValve, internal/task EventTime). A loop
+// it goes up (align.WatermarkValve, internal/runtime/task EventTime). A loop
 // head's feedback inputs take no part: event time in a loop is that of the
 // loop's input. At the end of its input every subtask sends the final
 // watermark (marker.MaxWatermark), also without a strategy.
@@ -56,7 +56,7 @@
 //
 // A subtask never emits a watermark at or below one it emitted before the
 // checkpoint it restores at the same parallelism: the last one is in its
-// head's snapshot (union list state internal/task.WatermarkState,
+// head's snapshot (union list state internal/runtime/task.WatermarkState,
 // "_watermark"), and a restored keyed operator starts at it. At another
 // parallelism every new subtask starts at the lowest of the old
 // subtasks', and a keyed function's CurrentWatermark is, per key, at
@@ -127,9 +127,9 @@
 // joins its producer's chain when the edge is Forward, both have the same
 // parallelism, the producer has no other consumer and neither opted out
 // (DisableChaining). Each subtask of a chain is one goroutine running the
-// mailbox loop of package internal/task; channels connect the chains. The
+// mailbox loop of package internal/runtime/task; channels connect the chains. The
 // execution's own goroutine runs the restart loop and, during an attempt,
-// the job master: the thin driver of the pure internal/master state
+// the job master: the thin driver of the pure internal/runtime/master state
 // machine, which drives the pure snapshot.Coordinator.
 //
 // # Checkpoint modes
@@ -250,7 +250,7 @@
 //     subtasks report on a buffered channel the master always drains.
 //   - G2: every mailbox receives the final checkpoint's MailComplete before
 //     MailFinish, and the final checkpoint is triggered only after every
-//     subtask ended its input (internal/master MS2).
+//     subtask ended its input (internal/runtime/master MS2).
 //   - G3: checkpoint ids never repeat within a job directory: an attempt or
 //     execution continues above the highest id restored, triggered, logged
 //     or found in storage.
@@ -297,5 +297,5 @@
 //     its restored watermark: one batch more). The slowest active member
 //     is never paused, and a paused member serves its mailbox, so
 //     checkpoints, stop and cancellation go on (TestWatermarkAlignment,
-//     internal/task A1-A4).
+//     internal/runtime/task A1-A4).
 package graph

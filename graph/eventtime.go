@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 )
 
 // Event time.

@@ -3,7 +3,7 @@ package graph
 import (
 	"sync"
 
-	"github.com/snapflow/snapflow/internal/execution"
+	"github.com/snapflow/snapflow/internal/runtime/execution"
 )
 
 // JobEnd describes how an execution ended for good: it finished, stopped,

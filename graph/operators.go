@@ -13,8 +13,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/channel"
-	"github.com/snapflow/snapflow/internal/execution"
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/execution"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"

@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/snapflow/snapflow/internal/execution"
+	"github.com/snapflow/snapflow/internal/runtime/execution"
 )
 
 // RestartStrategy decides whether and when a failed job restarts from its

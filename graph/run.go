@@ -4,9 +4,9 @@ import (
 	"context"
 
 	"github.com/snapflow/snapflow/channel"
-	"github.com/snapflow/snapflow/internal/execution"
-	"github.com/snapflow/snapflow/internal/master"
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/execution"
+	"github.com/snapflow/snapflow/internal/runtime/master"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/snapshot"

@@ -3,7 +3,7 @@ package graph
 import (
 	"fmt"
 
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 )
 
 // SplitSourceFunc is implemented by a SourceFunc whose subtask reads

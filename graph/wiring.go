@@ -6,7 +6,7 @@ import (
 	"reflect"
 
 	"github.com/snapflow/snapflow/channel"
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 )
 
 // wireChannels creates fresh channels for every unchained edge (G5) and

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
-	"github.com/snapflow/snapflow/internal/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/inject"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/source"
@@ -33,7 +33,7 @@ var (
 	crashRuns = flag.Int("sink.runs", 200, "TestTwoPhaseRandomCrashes: number of random runs")
 )
 
-// fault and chaos are the shared fault injection (internal/inject).
+// fault and chaos are the shared fault injection (internal/testsupport/inject).
 type (
 	fault = inject.Fault
 	chaos = inject.Chaos

@@ -14,7 +14,7 @@ import (
 
 	"github.com/snapflow/snapflow/bench"
 	"github.com/snapflow/snapflow/graph"
-	"github.com/snapflow/snapflow/internal/pgtest"
+	"github.com/snapflow/snapflow/internal/testsupport/pgtest"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/sink/postgres"
 	"github.com/snapflow/snapflow/source"
@@ -128,7 +128,7 @@ func runIO(ctx context.Context, r *runner, sc *Scenario) error {
 		"Kafka: kfake, franz-go's in-process fake cluster (no network, disk or replication): the figures bound the engine's "+
 			"overhead over a plain franz-go consume/produce loop (exactly-once: a transaction every 100 ms), not a real broker's "+
 			"throughput. Visibility: records produced at about 50k/s until a read_committed consumer of the output sees them.",
-		"PostgreSQL: a throwaway local server (internal/pgtest); the exactly-once sink (prepared transactions, one per subtask "+
+		"PostgreSQL: a throwaway local server (internal/testsupport/pgtest); the exactly-once sink (prepared transactions, one per subtask "+
 			"per 100 ms checkpoint; COPY or multi-row INSERT) and the at-least-once upsert sink (INSERT ... ON CONFLICT, batches of "+
 			"500) against a plain pgx loop on one connection writing the same rows in one transaction (COPY, or INSERTs of 4096 rows).")
 	return nil

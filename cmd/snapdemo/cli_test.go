@@ -25,7 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/snapflow/snapflow/internal/pgtest"
+	"github.com/snapflow/snapflow/internal/testsupport/pgtest"
 	"github.com/snapflow/snapflow/sink/filetable"
 	"github.com/snapflow/snapflow/state/keygroup"
 )

@@ -2,7 +2,7 @@
 // github.com/vmihailenco/msgpack/v5 writes them (the smallest integer,
 // string, binary and array forms), for the hand-written encoders of the
 // hot paths: keyed state (package state), keyed-state blocks and keyed
-// metadata (snapshot/checkpoint) and channel state (internal/task). Their
+// metadata (snapshot/checkpoint) and channel state (internal/runtime/task). Their
 // output must decode with msgpack's reflection, and must not change from
 // one encoder to the other, so it is pinned here once, against msgpack
 // itself (TestAgainstMsgpack).

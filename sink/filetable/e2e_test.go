@@ -25,7 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
-	"github.com/snapflow/snapflow/internal/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/inject"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/sink/filetable"
@@ -37,7 +37,7 @@ var (
 	crashRuns = flag.Int("filetable.runs", 200, "TestTableRandomCrashes: number of random runs")
 )
 
-// fault and chaos are the shared fault injection (internal/inject).
+// fault and chaos are the shared fault injection (internal/testsupport/inject).
 type (
 	fault = inject.Fault
 	chaos = inject.Chaos

@@ -6,11 +6,11 @@ package postgres
 
 import (
 	"github.com/snapflow/snapflow/graph"
-	"github.com/snapflow/snapflow/internal/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/inject"
 	"github.com/snapflow/snapflow/sink"
 )
 
-// fault and chaos are the shared fault injection (internal/inject).
+// fault and chaos are the shared fault injection (internal/testsupport/inject).
 type (
 	fault = inject.Fault
 	chaos = inject.Chaos

@@ -18,14 +18,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/snapflow/snapflow/internal/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/inject"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
-	"github.com/snapflow/snapflow/internal/pgtest"
+	"github.com/snapflow/snapflow/internal/testsupport/pgtest"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/source"

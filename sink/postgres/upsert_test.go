@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/snapflow/snapflow/internal/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/inject"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/jackc/pgx/v5"

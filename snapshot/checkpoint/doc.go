@@ -14,6 +14,6 @@
 // It is a leaf package: the state backends (package state) produce
 // SubtaskStates, the coordinator and storage (package snapshot) assemble and
 // persist Metadata, restore redistributes it, and the subtask runtime
-// (internal/task) carries it, all without depending on one another.
+// (internal/runtime/task) carries it, all without depending on one another.
 // It imports only marker and state/keygroup.
 package checkpoint

@@ -253,7 +253,7 @@ func TestSourcePositions(t *testing.T) {
 	op, err := c.Operator("source")
 	require.NoError(t, err)
 	// Besides its position the source's head keeps its last watermark
-	// (internal/task WatermarkState).
+	// (internal/runtime/task WatermarkState).
 	i := slices.IndexFunc(op.Lists, func(l inspect.ListState) bool { return l.Name == source.OffsetState })
 	require.GreaterOrEqual(t, i, 0, "the generator keeps its position in list state: %+v", op.Lists)
 	items, err := inspect.RawOperatorList(c, "source", source.OffsetState)

@@ -18,7 +18,7 @@ import (
 )
 
 // TestEventTimeDataDriven runs the scripts in testdata/eventtime. If it
-// fails, run `go test ./internal/task -run TestEventTimeDataDriven
+// fails, run `go test ./internal/runtime/task -run TestEventTimeDataDriven
 // -rewrite` and inspect the diff; keep it only if every changed line is
 // right by E1-E3 and WG1-WG2 (eventtime.go) and SW1-SW4
 // (splitwatermarks.go).

@@ -18,7 +18,7 @@ import (
 )
 
 // TestCheckpointsDataDriven runs the scripts in testdata/checkpoints. If it
-// fails, run `go test ./internal/task -run TestCheckpointsDataDriven
+// fails, run `go test ./internal/runtime/task -run TestCheckpointsDataDriven
 // -rewrite` and inspect the diff; keep it only if every changed line is
 // right by the rules in doc.go and checkpoints.go.
 //

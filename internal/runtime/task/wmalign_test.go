@@ -136,7 +136,7 @@ func (m *alignmentModel) describe(g *AlignmentGroup) string {
 }
 
 // TestAlignmentDataDriven runs the scripts in testdata/wmalign. If it
-// fails, run `go test ./internal/task -run TestAlignmentDataDriven
+// fails, run `go test ./internal/runtime/task -run TestAlignmentDataDriven
 // -rewrite` and inspect the diff; keep it only if every changed line is
 // right by A1-A4 (wmalign.go).
 //

@@ -16,8 +16,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/snapflow/snapflow/channel"
-	"github.com/snapflow/snapflow/internal/master"
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/master"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/snapshot"
 )

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/snapflow/snapflow/internal/task"
+	"github.com/snapflow/snapflow/internal/runtime/task"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"

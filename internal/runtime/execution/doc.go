@@ -6,10 +6,10 @@
 // the builder and the public execution API.
 //
 // One goroutine per execution runs the restart loop and, during each
-// attempt, the driver of the pure internal/master state machine, so job
+// attempt, the driver of the pure internal/runtime/master state machine, so job
 // events (Spec.OnEvent) are delivered from that one goroutine, in order
 // (G7). Each chain subtask runs on a goroutine of its own (package
-// internal/task); the driver only puts mail into their unbounded mailboxes
+// internal/runtime/task); the driver only puts mail into their unbounded mailboxes
 // and reads their reports (G1).
 //
 // Decisions (the user-facing lifecycle is documented in package graph):

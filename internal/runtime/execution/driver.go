@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/snapflow/snapflow/internal/master"
+	"github.com/snapflow/snapflow/internal/runtime/master"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 )

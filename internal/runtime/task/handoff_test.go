@@ -20,7 +20,7 @@ import (
 // (align.Aligner) and the bookkeeping (Checkpoints) of one subtask driven
 // together, as RunInput drives them, so that the seam between the aligner's
 // promises and the bookkeeping is scripted (T11, align A14). If it fails,
-// run `go test ./internal/task -run TestHandoffDataDriven -rewrite` and
+// run `go test ./internal/runtime/task -run TestHandoffDataDriven -rewrite` and
 // inspect the diff; keep it only if every changed line is right by the
 // rules of both packages' doc.go.
 //
