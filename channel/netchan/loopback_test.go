@@ -1,0 +1,512 @@
+package netchan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/marker"
+)
+
+// cutListener records the connections it accepts, so that a test can cut
+// them.
+type cutListener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (l *cutListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+// cut closes every accepted connection.
+func (l *cutListener) cut() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		c.Close()
+	}
+	return len(l.conns)
+}
+
+// accepted returns the number of connections accepted.
+func (l *cutListener) accepted() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns)
+}
+
+// loopback is a Server on 127.0.0.1 and one Conn to it.
+type loopback struct {
+	srv  *Server
+	lis  *cutListener
+	conn *Conn
+}
+
+func newLoopback(t testing.TB, secret, dialSecret string) *loopback {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := &cutListener{Listener: l}
+	srv := NewServer(ServerConfig{Secret: []byte(secret), OpenTimeout: 5 * time.Second})
+	go srv.Serve(lis)
+	conn, err := Dial(l.Addr().String(), DialConfig{Secret: []byte(dialSecret),
+		Options: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+	})
+	return &loopback{srv: srv, lis: lis, conn: conn}
+}
+
+func chanID(i int) ChannelID {
+	return ChannelID{From: "map", To: "sink", FromSubtask: i, ToSubtask: i % 3, Edge: i % 2}
+}
+
+// pair opens channel id of attempt in one direction: reverse puts the
+// sender on the server and the receiver on the client.
+func (lb *loopback) pair(t testing.TB, ctx context.Context, id ChannelID, attempt int64, scfg, rcfg Config, reverse bool) (*Sender[int], *Receiver[int]) {
+	t.Helper()
+	var (
+		s   *Sender[int]
+		r   *Receiver[int]
+		err error
+	)
+	if reverse {
+		if s, err = ListenSender[int](lb.srv, id, attempt, scfg, MsgpackCodec[int]{}); err == nil {
+			r, err = DialReceiver[int](ctx, lb.conn, id, attempt, rcfg, MsgpackCodec[int]{})
+		}
+	} else {
+		if r, err = ListenReceiver[int](lb.srv, id, attempt, rcfg, MsgpackCodec[int]{}); err == nil {
+			s, err = DialSender[int](ctx, lb.conn, id, attempt, scfg, MsgpackCodec[int]{})
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, r
+}
+
+func send(t testing.TB, s *Sender[int], recs ...int) {
+	t.Helper()
+	b := s.NewBuffer()
+	b.Records = append(b.Records, recs...)
+	if err := s.Send(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor polls cond until it holds or 20s pass: it waits for the far
+// end to catch up, the assertions are on counters.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// item formats a polled item, recycling data.
+func item(r *Receiver[int], it channel.Item[int]) string {
+	if it.IsEvent() {
+		return it.Event.String()
+	}
+	s := fmt.Sprint(it.Buf.Records)
+	r.Recycle(it.Buf)
+	return s
+}
+
+// TestLoopbackOrdering sends data and every kind of in-band event on many
+// channels of one connection, in both directions, and checks that each
+// channel delivers exactly what was sent, in order (N1, N3).
+func TestLoopbackOrdering(t *testing.T) {
+	lb := newLoopback(t, "s3cret", "s3cret")
+	ctx := context.Background()
+	const channels, buffers = 8, 60
+	var wg sync.WaitGroup
+	for i := range channels {
+		s, r := lb.pair(t, ctx, chanID(i), 1, Config{Buffers: 2}, Config{Buffers: 1 + i%3}, i%2 == 1)
+		var want []string
+		for j := range buffers {
+			want = append(want, fmt.Sprint([]int{i, j, j * j}))
+			switch j % 10 {
+			case 3:
+				want = append(want, marker.NewWatermark(int64(j)).String())
+			case 5:
+				want = append(want, marker.NewBarrier(marker.Barrier{ID: int64(j)}).String())
+			case 6:
+				want = append(want, marker.Idle.String(), marker.Active.String())
+			case 7:
+				want = append(want, marker.NewCancel(int64(j)).String())
+			}
+		}
+		want = append(want, marker.EndOfInput.String())
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for j := range buffers {
+				b := s.NewBuffer()
+				b.Records = append(b.Records, i, j, j*j)
+				if err := s.Send(ctx, b); err != nil {
+					t.Error(err)
+					return
+				}
+				var evs []marker.Event
+				switch j % 10 {
+				case 3:
+					evs = []marker.Event{marker.NewWatermark(int64(j))}
+				case 5:
+					evs = []marker.Event{marker.NewBarrier(marker.Barrier{ID: int64(j)})}
+				case 6:
+					evs = []marker.Event{marker.Idle, marker.Active}
+				case 7:
+					evs = []marker.Event{marker.NewCancel(int64(j))}
+				}
+				for _, ev := range evs {
+					if err := s.SendEvent(ev); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+			if err := s.SendEvent(marker.EndOfInput); err != nil {
+				t.Error(err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			var got []string
+			for len(got) < len(want) {
+				it, err := r.Poll(ctx)
+				if err != nil {
+					t.Errorf("channel %d after %d items: %v", i, len(got), err)
+					return
+				}
+				got = append(got, item(r, it))
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("channel %d delivered\n%v\nwant\n%v", i, got, want)
+			}
+			if it, ok, err := r.TryPoll(); ok || err != nil {
+				t.Errorf("channel %d: after end-of-input: %v %v", i, it, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := lb.lis.accepted(); n != 1 {
+		t.Errorf("%d connections for %d channels, want 1", n, channels)
+	}
+}
+
+// TestLoopbackFlowControl stalls one channel's reader: its sender holds
+// at most its configured buffers and the receiver at most its own (N2),
+// while another channel on the same connection runs to its end.
+func TestLoopbackFlowControl(t *testing.T) {
+	lb := newLoopback(t, "", "")
+	ctx := context.Background()
+	const senderBuffers, receiverBuffers = 3, 2
+	slowS, slowR := lb.pair(t, ctx, chanID(0), 1, Config{Buffers: senderBuffers}, Config{Buffers: receiverBuffers}, false)
+	fastS, fastR := lb.pair(t, ctx, chanID(1), 1, Config{Buffers: 2}, Config{Buffers: 2}, false)
+
+	const slowN = 50
+	var sent sync.WaitGroup
+	sent.Add(1)
+	var accepted int64
+	var mu sync.Mutex
+	go func() {
+		defer sent.Done()
+		for j := range slowN {
+			send(t, slowS, j)
+			mu.Lock()
+			accepted++
+			mu.Unlock()
+		}
+		if err := slowS.SendEvent(marker.EndOfInput); err != nil {
+			t.Error(err)
+		}
+	}()
+
+	// The fast channel runs to its end while the slow one is stalled.
+	const fastN = 300
+	go func() {
+		for j := range fastN {
+			send(t, fastS, j)
+		}
+		if err := fastS.SendEvent(marker.EndOfInput); err != nil {
+			t.Error(err)
+		}
+	}()
+	for j := 0; ; j++ {
+		it, err := fastR.Poll(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.IsEvent() {
+			if it.Event.Type != marker.EventEndOfInput || j != fastN {
+				t.Fatalf("fast channel: %s after %d buffers", it.Event, j)
+			}
+			break
+		}
+		if got := it.Buf.Records; len(got) != 1 || got[0] != j {
+			t.Fatalf("fast channel: buffer %d is %v", j, got)
+		}
+		fastR.Recycle(it.Buf)
+	}
+
+	waitFor(t, "the slow sender to fill", func() bool { return slowS.Protocol().QueuedBuffers == senderBuffers })
+	sg, rg := slowS.Protocol(), slowR.Protocol()
+	mu.Lock()
+	n := accepted
+	mu.Unlock()
+	if rg.ReceivedBuffers > receiverBuffers || rg.QueuedBuffers > receiverBuffers || sg.SentBuffers > receiverBuffers {
+		t.Errorf("stalled receiver got %d buffers (%d queued), sender sent %d: credit was %d", rg.ReceivedBuffers, rg.QueuedBuffers, sg.SentBuffers, receiverBuffers)
+	}
+	if n > senderBuffers+receiverBuffers {
+		t.Errorf("%d sends accepted under a stalled reader, want at most %d", n, senderBuffers+receiverBuffers)
+	}
+	if slowS.Available() || sg.Credit != 0 {
+		t.Errorf("stalled sender: available %t, credit %d", slowS.Available(), sg.Credit)
+	}
+
+	for j := 0; ; j++ {
+		it, err := slowR.Poll(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.IsEvent() {
+			if j != slowN {
+				t.Fatalf("slow channel: %s after %d buffers", it.Event, j)
+			}
+			break
+		}
+		if got := it.Buf.Records; len(got) != 1 || got[0] != j {
+			t.Fatalf("slow channel: buffer %d is %v", j, got)
+		}
+		slowR.Recycle(it.Buf)
+		if g := slowR.Protocol(); g.QueuedBuffers+g.HeldBuffers > receiverBuffers {
+			t.Fatalf("receiver holds %d buffers, has %d", g.QueuedBuffers+g.HeldBuffers, receiverBuffers)
+		}
+	}
+	sent.Wait()
+}
+
+// TestLoopbackOvertaking sends an unaligned barrier into a full channel:
+// it overtakes the sender's queue and the receiver's, and the buffers it
+// overtook on both sides, receiver's first, are the data sent before it,
+// in order (N6), while the originals are still delivered.
+func TestLoopbackOvertaking(t *testing.T) {
+	for _, reverse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reverse=%t", reverse), func(t *testing.T) {
+			lb := newLoopback(t, "", "")
+			ctx := context.Background()
+			s, r := lb.pair(t, ctx, chanID(0), 1, Config{Buffers: 4}, Config{Buffers: 3}, reverse)
+			for j := range 7 {
+				send(t, s, j, 100+j)
+			}
+			waitFor(t, "the receiver to fill", func() bool { return r.Protocol().QueuedBuffers == 3 })
+			// One buffer is consumed before the barrier.
+			it, err := r.Poll(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := item(r, it)
+			waitFor(t, "the freed credit to be used", func() bool { return r.Protocol().QueuedBuffers == 3 })
+			if g := s.Protocol(); g.QueuedBuffers != 3 {
+				t.Fatalf("sender queued %d buffers, want 3", g.QueuedBuffers)
+			}
+			barrier := marker.NewBarrier(marker.Barrier{ID: 7, Options: marker.Options{Mode: marker.Unaligned}})
+			senderState, err := s.SendEventOvertaking(barrier)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the barrier to arrive", func() bool { return r.Protocol().ReceivedEvents == 1 })
+			it, err = r.Poll(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if it.Event != barrier {
+				t.Fatalf("first after the barrier arrived: %v", item(r, it))
+			}
+			state := []string{before}
+			for _, b := range r.Overtaken(7) {
+				state = append(state, fmt.Sprint(b.Records))
+				r.ReleaseCopy(b)
+			}
+			for _, b := range senderState {
+				state = append(state, fmt.Sprint(b.Records))
+				s.ReleaseCopy(b)
+			}
+			var want []string
+			for j := range 7 {
+				want = append(want, fmt.Sprint([]int{j, 100 + j}))
+			}
+			if !slices.Equal(state, want) {
+				t.Errorf("consumed before the barrier, then overtaken at the receiver, then at the sender:\n%v\nwant\n%v", state, want)
+			}
+			if got := len(state) - 1 - len(senderState); got != 3 {
+				t.Errorf("receiver overtook %d buffers, want 3", got)
+			}
+			// The originals are still delivered, in order.
+			for _, w := range want[1:] {
+				it, err := r.Poll(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := item(r, it); got != w {
+					t.Fatalf("after the barrier: %s, want %s", got, w)
+				}
+			}
+		})
+	}
+}
+
+// TestLoopbackCut cuts the connection under channels in both directions:
+// every end fails with an error (N4), none ends as if complete.
+func TestLoopbackCut(t *testing.T) {
+	lb := newLoopback(t, "", "")
+	ctx := context.Background()
+	s1, r1 := lb.pair(t, ctx, chanID(0), 1, Config{Buffers: 2}, Config{Buffers: 2}, false)
+	s2, r2 := lb.pair(t, ctx, chanID(1), 1, Config{Buffers: 2}, Config{Buffers: 2}, true)
+	for _, s := range []*Sender[int]{s1, s2} {
+		send(t, s, 1)
+	}
+	for _, r := range []*Receiver[int]{r1, r2} {
+		it, err := r.Poll(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		item(r, it)
+	}
+	if n := lb.lis.cut(); n != 1 {
+		t.Fatalf("cut %d connections, want 1", n)
+	}
+	for i, r := range []*Receiver[int]{r1, r2} {
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := r.Poll(pctx)
+		cancel()
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("receiver %d after the cut: %v", i, err)
+		}
+	}
+	for i, s := range []*Sender[int]{s1, s2} {
+		waitFor(t, "the sender to fail", func() bool { return s.Err() != nil })
+		b := s.NewBuffer()
+		b.Records = append(b.Records, 2)
+		if err := s.Send(ctx, b); err == nil {
+			t.Errorf("sender %d: send after the cut succeeded", i)
+		}
+		if err := s.SendEvent(marker.EndOfInput); err == nil {
+			t.Errorf("sender %d: end-of-input after the cut succeeded", i)
+		}
+	}
+}
+
+// TestLoopbackAttempts: a stream of an older attempt than the registered
+// end is refused, a newer registration supersedes an older one, and an
+// older registration is refused (N5).
+func TestLoopbackAttempts(t *testing.T) {
+	lb := newLoopback(t, "", "")
+	ctx := context.Background()
+	id := chanID(0)
+	old, err := ListenReceiver[int](lb.srv, id, 1, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ListenReceiver[int](lb.srv, id, 2, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := old.TryPoll(); err == nil {
+		t.Error("the receiver of attempt 1 did not fail when attempt 2 registered")
+	}
+	if _, err := ListenReceiver[int](lb.srv, id, 1, Config{}, MsgpackCodec[int]{}); err == nil {
+		t.Error("registering attempt 1 after attempt 2 succeeded")
+	}
+	stale, err := DialSender[int](ctx, lb.conn, id, 1, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stale sender to be refused", func() bool { return stale.Err() != nil })
+	if !containsCode(stale.Err(), codes.FailedPrecondition) {
+		t.Errorf("stale sender: %v, want FailedPrecondition", stale.Err())
+	}
+	s, err := DialSender[int](ctx, lb.conn, id, 2, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, s, 42)
+	it, err := r.Poll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := item(r, it); got != "[42]" {
+		t.Errorf("attempt 2 delivered %s", got)
+	}
+	// A second stream for the open channel is refused too.
+	dup, err := DialSender[int](ctx, lb.conn, id, 2, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the duplicate sender to be refused", func() bool { return dup.Err() != nil })
+	if !containsCode(dup.Err(), codes.AlreadyExists) {
+		t.Errorf("duplicate sender: %v, want AlreadyExists", dup.Err())
+	}
+}
+
+// TestLoopbackSecret: a stream without the shared secret is refused
+// (N7).
+func TestLoopbackSecret(t *testing.T) {
+	lb := newLoopback(t, "right", "wrong")
+	ctx := context.Background()
+	r, err := ListenReceiver[int](lb.srv, chanID(0), 1, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := DialSender[int](ctx, lb.conn, chanID(0), 1, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the sender to be refused", func() bool { return s.Err() != nil })
+	if !containsCode(s.Err(), codes.Unauthenticated) {
+		t.Errorf("sender with the wrong secret: %v, want Unauthenticated", s.Err())
+	}
+	if g := r.Protocol(); g.ReceivedBuffers+g.ReceivedEvents != 0 {
+		t.Errorf("the receiver got %+v from a stranger", g)
+	}
+}
+
+// containsCode reports whether a status error of code c is in err's chain.
+func containsCode(err error, c codes.Code) bool {
+	for ; err != nil; err = errors.Unwrap(err) {
+		if s, ok := status.FromError(err); ok && s.Code() == c {
+			return true
+		}
+	}
+	return false
+}
