@@ -407,7 +407,7 @@ func TestLoopbackCut(t *testing.T) {
 		t.Fatalf("cut %d connections, want 1", n)
 	}
 	for i, r := range []*Receiver[int]{r1, r2} {
-		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := r.Poll(pctx)
 		cancel()
 		if err == nil || errors.Is(err, context.DeadlineExceeded) {
@@ -509,4 +509,77 @@ func containsCode(err error, c codes.Code) bool {
 		}
 	}
 	return false
+}
+
+// TestLoopbackClose: closing one end of a channel (its attempt is
+// cancelled) fails the other end (N4).
+func TestLoopbackClose(t *testing.T) {
+	for _, reverse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reverse=%t", reverse), func(t *testing.T) {
+			lb := newLoopback(t, "", "")
+			ctx := context.Background()
+			s, r := lb.pair(t, ctx, chanID(0), 1, Config{}, Config{}, reverse)
+			send(t, s, 1)
+			if _, err := r.Poll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r.Close()
+			waitFor(t, "the sender to fail", func() bool { return s.Err() != nil })
+
+			s, r = lb.pair(t, ctx, chanID(1), 1, Config{}, Config{}, reverse)
+			send(t, s, 1)
+			waitFor(t, "the stream to carry data", func() bool { return r.Protocol().ReceivedBuffers == 1 })
+			s.Close()
+			pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			for {
+				it, err := r.Poll(pctx)
+				if err != nil {
+					if errors.Is(err, context.DeadlineExceeded) {
+						t.Fatal("the receiver did not fail")
+					}
+					break
+				}
+				if it.IsEvent() {
+					t.Fatalf("the receiver got %s from a closed sender", it.Event)
+				}
+				r.Recycle(it.Buf)
+			}
+		})
+	}
+}
+
+// TestOpenTimeout: a registered end that no stream connects within
+// ServerConfig.OpenTimeout fails, and so does a stream whose end is not
+// registered in time.
+func TestOpenTimeout(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(ServerConfig{OpenTimeout: 50 * time.Millisecond})
+	go srv.Serve(l)
+	defer srv.Stop()
+	r, err := ListenReceiver[int](srv, chanID(0), 1, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := r.Poll(pctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("unconnected receiver: %v", err)
+	}
+	conn, err := Dial(l.Addr().String(), DialConfig{Options: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	s, err := DialSender[int](context.Background(), conn, chanID(1), 1, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the sender to fail", func() bool { return s.Err() != nil })
+	if !containsCode(s.Err(), codes.NotFound) {
+		t.Errorf("sender without a receiver: %v, want NotFound", s.Err())
+	}
 }

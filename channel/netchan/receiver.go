@@ -100,9 +100,16 @@ func (e *receiverEnd[T]) serve(ss stream) error {
 	}
 	r.cancel = cancel
 	r.mu.Unlock()
-	credited := make(chan error, 1)
+	credited, read := make(chan error, 1), make(chan error, 1)
 	go func() { credited <- r.writeCredit(ctx, ss) }()
-	err := r.readFrames(ss)
+	// RecvMsg does not watch ctx: Close ends the stream by returning.
+	go func() { read <- r.readFrames(ss) }()
+	var err error
+	select {
+	case err = <-read:
+	case <-ctx.Done():
+		err = fmt.Errorf("netchan: %s: %w", r.id, context.Cause(ctx))
+	}
 	cancel()
 	if cerr := <-credited; err == nil && cerr != nil && !errors.Is(cerr, context.Canceled) {
 		err = cerr

@@ -68,7 +68,8 @@ type ServerConfig struct {
 	// (grpc.Creds), keepalive, limits. The codec is the package's own.
 	Options []grpc.ServerOption
 	// OpenTimeout bounds how long a stream waits for its channel end to
-	// be registered. Default DefaultOpenTimeout.
+	// be registered, and how long a registered end waits for its stream
+	// (then it fails). Default DefaultOpenTimeout.
 	OpenTimeout time.Duration
 }
 
@@ -134,6 +135,17 @@ func (s *Server) register(k endKey, attempt int64, ep endpoint) error {
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.mu.Unlock()
+	time.AfterFunc(s.openTimeout, func() {
+		s.mu.Lock()
+		waiting := s.ends[k] == ep
+		if waiting {
+			delete(s.ends, k)
+		}
+		s.mu.Unlock()
+		if waiting {
+			ep.fail(fmt.Errorf("netchan: %s end of %s attempt %d: no stream within %v", k.role, k.id, attempt, s.openTimeout))
+		}
+	})
 	if old != nil { // outside the lock: failing unregisters
 		old.fail(fmt.Errorf("netchan: %s end of %s: superseded by attempt %d", k.role, k.id, attempt))
 	}
