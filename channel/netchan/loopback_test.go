@@ -198,6 +198,9 @@ func TestLoopbackOrdering(t *testing.T) {
 			if err := s.SendEvent(marker.EndOfInput); err != nil {
 				t.Error(err)
 			}
+			if g := s.Gauges(); g.SentBuffers != buffers || g.SentRecords != 3*buffers || int(g.SentEvents) != len(want)-buffers || g.Name != chanID(i).String() {
+				t.Errorf("channel %d: gauges %+v after %d buffers of 3 records and %d events", i, g, buffers, len(want)-buffers)
+			}
 		}()
 		go func() {
 			defer wg.Done()

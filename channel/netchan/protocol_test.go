@@ -34,16 +34,28 @@ func TestProtocol(t *testing.T) {
 			r    *RecvSide[string]
 			wire []Out[string]
 		)
+		var buffers int
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			if d.Cmd != "new" && s == nil {
 				d.Fatalf(t, "%s before new", d.Cmd)
 			}
+			// N2, after every command: the receiver's buffers are granted
+			// and unused, queued, held or freed and not granted yet, and
+			// the sender queues at most its capacity.
+			defer func() {
+				if g := r.Gauges(); r.Err() == nil && g.Outstanding+g.QueuedBuffers+g.HeldBuffers+g.Unannounced != buffers {
+					t.Errorf("%s: receiver accounts for %+v, has %d buffers", d.Pos, g, buffers)
+				}
+				if g := s.Gauges(); g.QueuedBuffers > s.capacity {
+					t.Errorf("%s: sender queues %d buffers, capacity %d", d.Pos, g.QueuedBuffers, s.capacity)
+				}
+			}()
 			n := -1
 			d.MaybeScanArgs(t, "n", &n)
 			var b strings.Builder
 			switch d.Cmd {
 			case "new":
-				var capacity, buffers int
+				var capacity int
 				var attempt int64
 				d.ScanArgs(t, "capacity", &capacity)
 				d.ScanArgs(t, "buffers", &buffers)

@@ -57,7 +57,10 @@ type Sender[T any] struct {
 	cancel   context.CancelFunc
 	copies   sync.Pool
 
-	sentRecords, backpressured int64
+	// sentBuffers, sentRecords and sentEvents count accepted Sends and
+	// SendEvents, as channel.Gauges does; Protocol counts what went on
+	// the wire.
+	sentBuffers, sentRecords, sentEvents, backpressured int64
 }
 
 var _ channel.Sender[int] = (*Sender[int])(nil)
@@ -303,6 +306,7 @@ func (s *Sender[T]) Send(ctx context.Context, b *channel.Buffer[T]) error {
 	n := len(b.Records)
 	err := s.st.PushData(b)
 	if err == nil {
+		s.sentBuffers++
 		s.sentRecords += int64(n)
 		if s.waiters > 0 && s.st.Available() {
 			postToken(s.space)
@@ -334,6 +338,9 @@ func (s *Sender[T]) SendEventOvertaking(ev marker.Event) ([]*channel.Buffer[T], 
 func (s *Sender[T]) sendEvent(ev marker.Event, copyOvertaken bool) ([]*channel.Buffer[T], error) {
 	s.mu.Lock()
 	over, err := s.st.PushEvent(ev)
+	if err == nil {
+		s.sentEvents++
+	}
 	var copies []*channel.Buffer[T]
 	if err == nil && copyOvertaken && over != nil {
 		copies = copyBuffers(&s.copies, over, s.bufferSize)
@@ -420,7 +427,7 @@ func (s *Sender[T]) Gauges() channel.Gauges {
 	return channel.Gauges{
 		Name:          s.id.String(),
 		QueuedBuffers: g.QueuedBuffers, QueuedEvents: g.QueuedEvents,
-		SentBuffers: g.SentBuffers, SentEvents: g.SentEvents, SentRecords: s.sentRecords,
+		SentBuffers: s.sentBuffers, SentEvents: s.sentEvents, SentRecords: s.sentRecords,
 		BackpressuredNanos: s.backpressured,
 	}
 }
