@@ -586,3 +586,64 @@ func TestOpenTimeout(t *testing.T) {
 		t.Errorf("sender without a receiver: %v, want NotFound", s.Err())
 	}
 }
+
+// TestLoopbackPromote: an aligned barrier whose alignment timed out is
+// promoted to unaligned where it is queued, at the receiver or at the
+// sender, and overtakes from there, returning the buffers it overtook
+// (N6).
+func TestLoopbackPromote(t *testing.T) {
+	lb := newLoopback(t, "", "")
+	ctx := context.Background()
+	s, r := lb.pair(t, ctx, chanID(0), 1, Config{Buffers: 4}, Config{Buffers: 2}, false)
+	aligned := func(id int64) marker.Event {
+		return marker.NewBarrier(marker.Barrier{ID: id, Timestamp: 100, Options: marker.Options{AlignedTimeout: 10}})
+	}
+	send(t, s, 0)
+	send(t, s, 1)
+	if err := s.SendEvent(aligned(1)); err != nil {
+		t.Fatal(err)
+	}
+	send(t, s, 2)
+	send(t, s, 3)
+	if err := s.SendEvent(aligned(2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "barrier 1 to arrive", func() bool { return r.Protocol().ReceivedEvents == 1 })
+	if g := s.Protocol(); g.QueuedBuffers != 2 || g.QueuedEvents != 1 {
+		t.Fatalf("sender queue %+v, want buffers 2 and 3 and barrier 2", g)
+	}
+	records := func(bufs []*channel.Buffer[int]) string {
+		var recs []int
+		for _, b := range bufs {
+			recs = append(recs, b.Records...)
+		}
+		return fmt.Sprint(recs)
+	}
+	if _, _, ok := s.PromoteTimedOut(109); ok {
+		t.Error("barrier 2 promoted before its deadline")
+	}
+	over, found := r.Promote(1)
+	if !found || records(over) != "[0 1]" {
+		t.Errorf("receiver promoted barrier 1: %t, overtaking %s", found, records(over))
+	}
+	id, over, ok := s.PromoteTimedOut(110)
+	if !ok || id != 2 || records(over) != "[2 3]" {
+		t.Errorf("sender promoted %d: %t, overtaking %s", id, ok, records(over))
+	}
+	waitFor(t, "barrier 2 to arrive", func() bool { return r.Protocol().ReceivedEvents == 2 })
+	var got []string
+	for range 6 {
+		it, err := r.Poll(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, item(r, it))
+	}
+	want := []string{
+		aligned(1).Barrier.AsUnaligned().String(), aligned(2).Barrier.AsUnaligned().String(),
+		"[0]", "[1]", "[2]", "[3]",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("delivered %v, want %v", got, want)
+	}
+}
