@@ -81,7 +81,7 @@ func (c countWrites[T]) SnapshotState(ctx *graph.SnapshotContext) error {
 	return c.wrapped.SnapshotState(ctx)
 }
 
-func source(t *testing.T, c *kfake.Cluster) *kafka.Source[rec] {
+func kafkaSource(t *testing.T, c *kfake.Cluster) *kafka.Source[rec] {
 	src, err := kafka.New(kafka.Config[rec]{Brokers: c.ListenAddrs(), Topics: []string{"in"}, Bounded: true, Logf: t.Logf,
 		Deserializer: kafka.DeserializerFunc[rec](func(r *kgo.Record) (rec, error) {
 			id, err := strconv.ParseInt(string(r.Value), 10, 64)
@@ -113,7 +113,7 @@ func TestAtLeastOnceSeed003(t *testing.T) {
 	require.NoError(t, err)
 	f := newFaults(map[string][2]int{"map": {900, 1}, "write-after": {2500, 1}})
 	j := graph.NewJob(t.Name(), jobConfig(t, 5))
-	s := graph.Source(j, "kafka", source(t, c).New)
+	s := graph.Source(j, "kafka", kafkaSource(t, c).New)
 	mp := graph.Process(s, "map", func() graph.ProcessFunc[rec, rec] { return failing{f} })
 	graph.Sink(mp, "out", func() graph.SinkFunc[rec] { return failAfterWrite[rec]{wrapped[rec]{alo.New()}, f} })
 	require.NoError(t, j.Run(context.Background()))
@@ -161,7 +161,7 @@ func TestUpsertConverges(t *testing.T) {
 	require.NoError(t, err)
 	f := newFaults(map[string][2]int{"map": {700, 1}, "write-after": {1800, 1}})
 	j := graph.NewJob(t.Name(), jobConfig(t, 5))
-	s := graph.Source(j, "kafka", source(t, c).New)
+	s := graph.Source(j, "kafka", kafkaSource(t, c).New)
 	mp := graph.Process(s, "map", func() graph.ProcessFunc[rec, rec] { return failing{f} })
 	counts := graph.ProcessKeyed(graph.KeyBy(mp, func(r rec) int64 { return r.ID % keys }), "count",
 		func() graph.KeyedProcessFunc[int64, rec, keyCount] { return &counter{} })
@@ -206,7 +206,7 @@ func TestUpsertRefusesNonCompactedTopic(t *testing.T) {
 	})
 	require.NoError(t, err)
 	j := graph.NewJob(t.Name(), jobConfig(t, 3))
-	graph.Sink(graph.Source(j, "kafka", source(t, c).New), "out", up.New)
+	graph.Sink(graph.Source(j, "kafka", kafkaSource(t, c).New), "out", up.New)
 	err = j.Run(context.Background())
 	require.ErrorIs(t, err, skafka.ErrNotCompacted)
 	require.ErrorIs(t, err, restore.ErrUnrecoverable)
