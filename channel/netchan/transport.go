@@ -35,7 +35,6 @@ type stream interface {
 
 // endpoint is a channel end registered on a Server, waiting for its stream.
 type endpoint interface {
-	attemptNo() int64
 	// serve runs the channel over ss until it ends; its error ends the
 	// stream.
 	serve(ss stream) error
