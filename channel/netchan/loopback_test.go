@@ -219,6 +219,11 @@ func TestLoopbackOrdering(t *testing.T) {
 			if it, ok, err := r.TryPoll(); ok || err != nil {
 				t.Errorf("channel %d: after end-of-input: %v %v", i, it, err)
 			}
+			pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			if _, err := r.Poll(pctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("channel %d: Poll after end-of-input: %v", i, err)
+			}
 		}()
 	}
 	wg.Wait()

@@ -212,6 +212,7 @@ func (r *Receiver[T]) finish() {
 	if !r.finished && r.st.Err() == nil {
 		r.finished = true
 		close(r.closed)
+		postToken(r.ready) // a Poll waiting after end-of-input returns
 	}
 }
 
