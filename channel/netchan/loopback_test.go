@@ -219,6 +219,11 @@ func TestLoopbackOrdering(t *testing.T) {
 			if it, ok, err := r.TryPoll(); ok || err != nil {
 				t.Errorf("channel %d: after end-of-input: %v %v", i, it, err)
 			}
+			pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			if _, err := r.Poll(pctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("channel %d: Poll after end-of-input: %v", i, err)
+			}
 		}()
 	}
 	wg.Wait()
@@ -645,5 +650,42 @@ func TestLoopbackPromote(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("delivered %v, want %v", got, want)
+	}
+}
+
+// TestLoopbackLargeBuffer moves buffers beyond gRPC's default 4 MiB
+// message limit, in both directions.
+func TestLoopbackLargeBuffer(t *testing.T) {
+	lb := newLoopback(t, "", "")
+	ctx := context.Background()
+	for i, reverse := range []bool{false, true} {
+		var (
+			s   *Sender[int]
+			r   *Receiver[int]
+			err error
+		)
+		if reverse {
+			if s, err = ListenSender[int](lb.srv, chanID(i), 1, Config{}, fixedCodec{}); err == nil {
+				r, err = DialReceiver[int](ctx, lb.conn, chanID(i), 1, Config{}, fixedCodec{})
+			}
+		} else if r, err = ListenReceiver[int](lb.srv, chanID(i), 1, Config{}, fixedCodec{}); err == nil {
+			s, err = DialSender[int](ctx, lb.conn, chanID(i), 1, Config{}, fixedCodec{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := make([]int, 600_000) // 4.8 MB with the fixed-width codec
+		for j := range big {
+			big[j] = j << 20
+		}
+		send(t, s, big...)
+		it, err := r.Poll(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it.IsEvent() || !slices.Equal(it.Buf.Records, big) {
+			t.Fatalf("reverse=%t: the large buffer arrived changed", reverse)
+		}
+		r.Recycle(it.Buf)
 	}
 }

@@ -76,18 +76,18 @@ func DialReceiver[T any](ctx context.Context, c *Conn, id ChannelID, attempt int
 func ListenReceiver[T any](srv *Server, id ChannelID, attempt int64, cfg Config, codec Codec[T]) (*Receiver[T], error) {
 	r := newReceiver(id, attempt, cfg, codec)
 	k := endKey{id: id, role: roleReceiver}
+	// Set before registering: from then on, serve may replace it.
+	r.cancel = func() { srv.unregister(k, (*receiverEnd[T])(r)) }
 	if err := srv.register(k, attempt, (*receiverEnd[T])(r)); err != nil {
 		return nil, err
 	}
-	r.cancel = func() { srv.unregister(k, (*receiverEnd[T])(r)) }
 	return r, nil
 }
 
 // receiverEnd is a Receiver registered on a Server.
 type receiverEnd[T any] Receiver[T]
 
-func (e *receiverEnd[T]) attemptNo() int64 { return (*Receiver[T])(e).st.Attempt() }
-func (e *receiverEnd[T]) fail(err error)   { (*Receiver[T])(e).fail(err) }
+func (e *receiverEnd[T]) fail(err error) { (*Receiver[T])(e).fail(err) }
 
 func (e *receiverEnd[T]) serve(ss stream) error {
 	r := (*Receiver[T])(e)
@@ -212,6 +212,7 @@ func (r *Receiver[T]) finish() {
 	if !r.finished && r.st.Err() == nil {
 		r.finished = true
 		close(r.closed)
+		postToken(r.ready) // a Poll waiting after end-of-input returns
 	}
 }
 
@@ -298,7 +299,9 @@ func (r *Receiver[T]) Recycle(b *channel.Buffer[T]) {
 // Overtaken takes the copies of the data buffers that the priority barrier
 // of checkpoint id overtook in the receiver's queue (input channel state,
 // in channel order, before the sender's overtaken buffers, N6). The
-// originals are still polled as usual.
+// originals are still polled as usual. The reader takes them once it
+// polled the barrier (they are kept until then, also for a checkpoint it
+// then declines).
 func (r *Receiver[T]) Overtaken(id int64) []*channel.Buffer[T] {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -51,8 +51,8 @@ type Sender[T any] struct {
 	// stream's writer goroutine (capacity 1).
 	space, work chan struct{}
 	waiters     int
-	// failed is closed when the channel fails.
-	failed   chan struct{}
+	// ended is closed when the channel failed or finished.
+	ended    chan struct{}
 	finished bool
 	cancel   context.CancelFunc
 	copies   sync.Pool
@@ -70,7 +70,7 @@ func newSender[T any](id ChannelID, attempt int64, cfg Config, codec Codec[T]) *
 	return &Sender[T]{
 		id: id, codec: codec, bufferSize: cfg.BufferSize,
 		st:    NewSendSide[*channel.Buffer[T]](cfg.Buffers, attempt),
-		space: make(chan struct{}, 1), work: make(chan struct{}, 1), failed: make(chan struct{}),
+		space: make(chan struct{}, 1), work: make(chan struct{}, 1), ended: make(chan struct{}),
 		free: make([]*channel.Buffer[T], 0, cfg.Buffers+2),
 	}
 }
@@ -102,7 +102,7 @@ func DialSender[T any](ctx context.Context, c *Conn, id ChannelID, attempt int64
 		}
 		// Wait for the receiver's end of the stream: io.EOF once the
 		// frames sent are delivered, or the stream's error.
-		<-s.failed
+		<-s.ended
 	}()
 	return s, nil
 }
@@ -112,18 +112,18 @@ func DialSender[T any](ctx context.Context, c *Conn, id ChannelID, attempt int64
 func ListenSender[T any](srv *Server, id ChannelID, attempt int64, cfg Config, codec Codec[T]) (*Sender[T], error) {
 	s := newSender(id, attempt, cfg, codec)
 	k := endKey{id: id, role: roleSender}
+	// Set before registering: from then on, serve may replace it.
+	s.cancel = func() { srv.unregister(k, (*senderEnd[T])(s)) }
 	if err := srv.register(k, attempt, (*senderEnd[T])(s)); err != nil {
 		return nil, err
 	}
-	s.cancel = func() { srv.unregister(k, (*senderEnd[T])(s)) }
 	return s, nil
 }
 
 // senderEnd is a Sender registered on a Server.
 type senderEnd[T any] Sender[T]
 
-func (e *senderEnd[T]) attemptNo() int64 { return (*Sender[T])(e).st.Attempt() }
-func (e *senderEnd[T]) fail(err error)   { (*Sender[T])(e).fail(err) }
+func (e *senderEnd[T]) fail(err error) { (*Sender[T])(e).fail(err) }
 
 func (e *senderEnd[T]) serve(ss stream) error {
 	s := (*Sender[T])(e)
@@ -224,7 +224,7 @@ func (s *Sender[T]) finish() {
 	defer s.mu.Unlock()
 	if !s.finished && s.st.Err() == nil {
 		s.finished = true
-		close(s.failed)
+		close(s.ended)
 	}
 }
 
@@ -236,7 +236,7 @@ func (s *Sender[T]) fail(err error) {
 		return
 	}
 	s.st.Fail(err)
-	close(s.failed)
+	close(s.ended)
 	postToken(s.space)
 	postToken(s.work)
 	cancel := s.cancel
@@ -290,7 +290,7 @@ func (s *Sender[T]) Send(ctx context.Context, b *channel.Buffer[T]) error {
 		var err error
 		select {
 		case <-s.space:
-		case <-s.failed:
+		case <-s.ended:
 		case <-ctx.Done():
 			err = ctx.Err()
 		}

@@ -24,6 +24,11 @@ const (
 	// channel end is not registered yet (Flink's partition-request
 	// timeout).
 	DefaultOpenTimeout = 10 * time.Second
+	// MaxFrameBytes is the largest frame both ends accept by default
+	// (gRPC's own default is 4 MiB, less than a buffer of large records
+	// may take); Options can change it (grpc.MaxRecvMsgSize,
+	// grpc.MaxCallRecvMsgSize).
+	MaxFrameBytes = 64 << 20
 )
 
 // stream is what both ends of a gRPC stream offer.
@@ -35,7 +40,6 @@ type stream interface {
 
 // endpoint is a channel end registered on a Server, waiting for its stream.
 type endpoint interface {
-	attemptNo() int64
 	// serve runs the channel over ss until it ends; its error ends the
 	// stream.
 	serve(ss stream) error
@@ -108,7 +112,7 @@ func NewServer(cfg ServerConfig) *Server {
 	if s.openTimeout <= 0 {
 		s.openTimeout = DefaultOpenTimeout
 	}
-	opts := append([]grpc.ServerOption{grpc.ForceServerCodec(wireCodec{})}, cfg.Options...)
+	opts := append([]grpc.ServerOption{grpc.ForceServerCodec(wireCodec{}), grpc.MaxRecvMsgSize(MaxFrameBytes)}, cfg.Options...)
 	s.grpc = grpc.NewServer(opts...)
 	s.grpc.RegisterService(&serviceDesc, s)
 	return s
@@ -237,7 +241,7 @@ type Conn struct {
 
 // Dial returns a connection to target (host:port); it connects lazily.
 func Dial(target string, cfg DialConfig) (*Conn, error) {
-	opts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.ForceCodec(wireCodec{}))}, cfg.Options...)
+	opts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.ForceCodec(wireCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameBytes))}, cfg.Options...)
 	cc, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("netchan: dialing %s: %w", target, err)
