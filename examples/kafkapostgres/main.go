@@ -175,9 +175,14 @@ func (c check) Process(ctx *graph.Context, r order, out graph.Collector[order]) 
 }
 
 // failure fails the first attempt once, at the first order after one of its
-// checkpoints completed (so that the restart has a checkpoint to restore).
+// checkpoints completed (so that the restart has a checkpoint to restore;
+// until then the first attempt goes slowly, however fast Kafka is).
 type failure struct{ armed, fired atomic.Bool }
 
 func (f *failure) now(attempt int) bool {
-	return attempt == 0 && f.armed.Load() && f.fired.CompareAndSwap(false, true)
+	if attempt == 0 && !f.armed.Load() {
+		time.Sleep(time.Millisecond)
+		return false
+	}
+	return attempt == 0 && f.fired.CompareAndSwap(false, true)
 }
