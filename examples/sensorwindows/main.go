@@ -137,10 +137,16 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]minute, error) {
 		return nil, err
 	}
 
-	table, err := filetable.ReadAll[minute](tbl, 0) // the newest snapshot
+	latest, _, err := tbl.Latest()
 	if err != nil {
 		return nil, err
 	}
+	table, err := filetable.ReadAll[minute](tbl, latest.ID)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "the table's snapshot %d (committed by checkpoint %d): %d rows in %d files\n",
+		latest.ID, latest.Checkpoint, latest.TotalRecords, latest.TotalFiles)
 	if err := verify(readings, table); err != nil {
 		return table, err
 	}
