@@ -33,8 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -115,10 +114,15 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := createTable(ctx, o); err != nil {
+	pool, err := pgxpool.New(ctx, o.DSN) // the sink needs parallelism + 1 connections
+	if err != nil {
 		return nil, err
 	}
-	out, err := postgres.Open(ctx, o.DSN, postgres.Config[order]{
+	defer pool.Close()
+	if err := createTable(ctx, pool, o.Table); err != nil {
+		return nil, err
+	}
+	out, err := postgres.New(ctx, pool, postgres.Config[order]{
 		Table:   o.Table,
 		Columns: []string{"id", "customer", "cents"},
 		Row:     func(r order) []any { return []any{r.ID, r.Customer, r.Cents} },
@@ -126,7 +130,6 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer out.Close()
 
 	fail := new(failure)
 	job := graph.NewJob("kafkapostgres", graph.Config{
@@ -152,72 +155,12 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]int64, error) {
 		return nil, err
 	}
 
-	ids, err := readIDs(ctx, o)
+	ids, err := verify(ctx, pool, o.Table, o.Orders)
 	if err != nil {
-		return nil, err
-	}
-	seen := make([]bool, o.Orders)
-	for _, id := range ids {
-		if id < 0 || id >= o.Orders || seen[id] {
-			return ids, fmt.Errorf("order %d: in the table twice, or not an order of the topic", id)
-		}
-		seen[id] = true
-	}
-	if int64(len(ids)) != o.Orders {
-		return ids, fmt.Errorf("%d orders in the table, want %d", len(ids), o.Orders)
+		return ids, err
 	}
 	fmt.Fprintf(stdout, "every order exactly once in table %s: %d rows, ids 0..%d\n", o.Table, len(ids), o.Orders-1)
 	return ids, nil
-}
-
-// produce creates the topic and writes the orders to it.
-func produce(ctx context.Context, o options) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(o.Brokers...))
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 4, -1, nil, o.Topic); err != nil {
-		return fmt.Errorf("create topic %s: %w", o.Topic, err)
-	}
-	recs := make([]*kgo.Record, o.Orders)
-	for i := range recs {
-		v, _ := json.Marshal(order{ID: int64(i), Customer: fmt.Sprintf("c%d", i%37), Cents: int64(i%100) * 99})
-		recs[i] = &kgo.Record{Topic: o.Topic, Value: v}
-	}
-	return cl.ProduceSync(ctx, recs...).FirstErr()
-}
-
-// createTable creates the table (no primary key, so that a duplicate would
-// show) unless it exists, and fails if it holds rows.
-func createTable(ctx context.Context, o options) error {
-	conn, err := pgx.Connect(ctx, o.DSN)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	table := pgx.Identifier{o.Table}.Sanitize()
-	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+table+" (id bigint NOT NULL, customer text, cents bigint)"); err != nil {
-		return fmt.Errorf("create table %s: %w", o.Table, err)
-	}
-	var n int64
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		return err
-	}
-	if n > 0 {
-		return fmt.Errorf("table %s holds %d rows: drop it or name another with --table", o.Table, n)
-	}
-	return nil
-}
-
-func readIDs(ctx context.Context, o options) ([]int64, error) {
-	conn, err := pgx.Connect(ctx, o.DSN)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(ctx)
-	rows, _ := conn.Query(ctx, "SELECT id FROM "+pgx.Identifier{o.Table}.Sanitize())
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 // check passes the orders on; it is where this example injects its failure.
@@ -232,9 +175,14 @@ func (c check) Process(ctx *graph.Context, r order, out graph.Collector[order]) 
 }
 
 // failure fails the first attempt once, at the first order after one of its
-// checkpoints completed (so that the restart has a checkpoint to restore).
+// checkpoints completed (so that the restart has a checkpoint to restore;
+// until then the first attempt goes slowly, however fast Kafka is).
 type failure struct{ armed, fired atomic.Bool }
 
 func (f *failure) now(attempt int) bool {
-	return attempt == 0 && f.armed.Load() && f.fired.CompareAndSwap(false, true)
+	if attempt == 0 && !f.armed.Load() {
+		time.Sleep(time.Millisecond)
+		return false
+	}
+	return attempt == 0 && f.fired.CompareAndSwap(false, true)
 }

@@ -14,9 +14,9 @@ import (
 // output holds every word occurrence of the input exactly once, each with
 // the word it is, and every word's counts are 1..n.
 func TestWordCount(t *testing.T) {
-	const lines = 400
+	const lines = 1000
 	var stdout bytes.Buffer
-	out, err := run(context.Background(), options{Lines: lines, Rate: 2000, Interval: 10 * time.Millisecond, Logf: t.Logf}, &stdout)
+	out, err := run(context.Background(), options{Lines: lines, Rate: 1000, Interval: 10 * time.Millisecond, Logf: t.Logf}, &stdout)
 	t.Log(stdout.String())
 	require.NoError(t, err)
 	require.Contains(t, stdout.String(), "attempt 0 failed: ")
