@@ -58,3 +58,108 @@ func Example() {
 	fmt.Println(out)
 	// Output: [be=1 be=2 not=1 or=1 to=1 to=2]
 }
+
+// collatz is a number on its way to 1 and the steps it took so far.
+type collatz struct {
+	Start, N, Steps int
+}
+
+// A loop: every record goes round until its number reaches 1, each round
+// one Collatz step. Checkpoints stay exactly-once with the records on the
+// feedback edge.
+func ExampleIterate() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+
+	job := graph.NewJob("collatz", graph.Config{
+		Checkpoint: graph.CheckpointConfig{Interval: 10 * time.Millisecond, Dir: dir},
+	})
+	starts := graph.Source(job, "starts", source.Generate(6, func(i int64) collatz {
+		return collatz{Start: int(i) + 2, N: int(i) + 2}
+	}))
+	loop := graph.Iterate(starts)
+	stepped := graph.Map(loop.Stream(), "step", func(c collatz) collatz {
+		if c.N%2 == 0 {
+			c.N /= 2
+		} else {
+			c.N = 3*c.N + 1
+		}
+		c.Steps++
+		return c
+	})
+	loop.CloseWith(graph.Filter(stepped, "not-there", func(c collatz) bool { return c.N != 1 }))
+	arrived := graph.Filter(stepped, "arrived", func(c collatz) bool { return c.N == 1 })
+	committer := sink.NewMemory[collatz]()
+	graph.Sink(arrived, "publish", sink.Publishing[collatz](committer))
+
+	if err := job.Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+	out := committer.Published()
+	slices.SortFunc(out, func(a, b collatz) int { return a.Start - b.Start })
+	for _, c := range out {
+		fmt.Printf("%d reaches 1 in %d steps\n", c.Start, c.Steps)
+	}
+	// Output:
+	// 2 reaches 1 in 1 steps
+	// 3 reaches 1 in 7 steps
+	// 4 reaches 1 in 2 steps
+	// 5 reaches 1 in 5 steps
+	// 6 reaches 1 in 8 steps
+	// 7 reaches 1 in 16 steps
+}
+
+// count is a running count of a key.
+type count struct {
+	Key, N int
+}
+
+// Stop a job with a savepoint and start it again from there at another
+// parallelism: the keyed counts move with their keys, and the source
+// reads on after the last record the savepoint covered.
+func ExampleExecution_Stop() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+
+	committer := sink.NewMemory[count]()
+	build := func(parallelism int, restore graph.RestoreConfig) *graph.Job {
+		job := graph.NewJob("counts", graph.Config{
+			Parallelism: parallelism,
+			Checkpoint:  graph.CheckpointConfig{Interval: 10 * time.Millisecond, Dir: dir},
+			Restore:     restore,
+		})
+		// 4,000 records at 1,000 a second per subtask: the job still runs
+		// when it is stopped.
+		ones := graph.Source(job, "ones", source.GenerateRate(4000, 1000, func(i int64) count {
+			return count{Key: int(i % 4), N: 1}
+		}), graph.Parallelism(2))
+		counts := graph.Reduce(graph.KeyBy(ones, func(c count) int { return c.Key }), "count",
+			func(total, c count) count { return count{total.Key, total.N + c.N} })
+		graph.Sink(counts, "publish", sink.Publishing[count](committer))
+		return job
+	}
+
+	exec, err := build(2, graph.RestoreConfig{}).Start(context.Background())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	time.Sleep(100 * time.Millisecond)
+	savepoint, err := exec.Stop(context.Background())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// The same job at parallelism 3, from the savepoint.
+	if err := build(3, graph.RestoreConfig{Path: savepoint}).Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+	final := map[int]int{}
+	for _, c := range committer.Published() {
+		final[c.Key] = max(final[c.Key], c.N)
+	}
+	fmt.Println(final)
+	// Output: map[0:1000 1:1000 2:1000 3:1000]
+}

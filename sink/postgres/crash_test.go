@@ -25,7 +25,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
-	"github.com/snapflow/snapflow/internal/testsupport/pgtest"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/source"
@@ -271,7 +270,7 @@ func TestPostgresFailureMatrix(t *testing.T) {
 	}
 	// One database, a table and a sink uid per case, several cases at
 	// once (see TestPostgresRandomCrashes).
-	dsn := pgtest.NewDatabase(t)
+	dsn := newDatabase(t)
 	for _, p := range []int{1, 3} {
 		t.Run(fmt.Sprintf("p=%d", p), func(t *testing.T) {
 			concurrently(t, len(cases), func(i int) (string, func(*testing.T)) {
@@ -378,7 +377,7 @@ func randomJob(seed uint64, dsn string) *pgJob {
 func TestPostgresRandomCrashes(t *testing.T) {
 	// One database for every run (a fresh database per run costs more
 	// than the run: its first sessions build their catalog caches).
-	dsn := pgtest.NewDatabase(t)
+	dsn := newDatabase(t)
 	inject.RandomRuns(t, inject.Runs{Seed: *crashSeed, N: *crashRuns, Concurrency: *crashConcurrency,
 		Replay: "go test ./sink/postgres -run TestPostgresRandomCrashes -postgres.seed="},
 		func(t *testing.T, seed uint64) inject.Outcome {

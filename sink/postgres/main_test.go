@@ -15,7 +15,39 @@ import (
 	"github.com/snapflow/snapflow/internal/testsupport/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+// TestMain starts the package's server before the tests: the tests take
+// fresh databases of it (testDB), and the examples, which have no
+// testing.TB, read the DSN of a database of it from DATABASE_URL, as a
+// user's program would. Without a server the tests skip (or fail under
+// CI) and the examples fail, saying DATABASE_URL is not set.
+func TestMain(m *testing.M) {
+	examples := fmt.Sprintf("examples_%d", os.Getpid())
+	pgServer, pgServerErr = pgtest.StartServer()
+	if pgServerErr == nil {
+		dsn, err := pgServer.CreateDatabase(examples)
+		if err != nil {
+			pgServerErr = err
+		} else {
+			os.Setenv("DATABASE_URL", dsn)
+		}
+	}
+	if pgServerErr != nil {
+		fmt.Fprintf(os.Stderr, "sink/postgres: no PostgreSQL server for the tests and examples: %v\n", pgServerErr)
+	}
+	code := m.Run()
+	if pgServer != nil {
+		pgServer.DropDatabase(examples) // an external server keeps nothing
+		pgServer.Close()
+	}
+	os.Exit(code)
+}
+
+// pgServer is the package's PostgreSQL server; pgServerErr says why there is
+// none.
+var (
+	pgServer    *pgtest.Server
+	pgServerErr error
+)
 
 // rec is the record of the tests: ID is its identity.
 type rec struct {
@@ -43,8 +75,18 @@ func testPool(t testing.TB, dsn string, maxConns int) *pgxpool.Pool {
 // to it.
 func testDB(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
-	dsn := pgtest.NewDatabase(t)
+	dsn := newDatabase(t)
 	return testPool(t, dsn, 8), dsn
+}
+
+// newDatabase creates a fresh database on the package's server, dropped
+// at t's cleanup, and returns its DSN.
+func newDatabase(t testing.TB) string {
+	t.Helper()
+	if pgServerErr != nil {
+		pgtest.Unavailable(t, pgServerErr)
+	}
+	return pgServer.NewDatabase(t)
 }
 
 func exec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
