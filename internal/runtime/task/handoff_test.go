@@ -58,38 +58,8 @@ import (
 // checkpoints it keeps as recorded are exactly the aligner's open
 // captures, so every promise the aligner still owes is accepted.
 func TestHandoffDataDriven(t *testing.T) {
-	datadriven.Walk(t, "testdata/handoff", func(t *testing.T, path string) {
-		var h *handoff
-		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
-			switch d.Cmd {
-			case "new":
-				var err error
-				if h, err = newHandoff(d); err != nil {
-					d.Fatalf(t, "%v", err)
-				}
-				return "ok\n"
-			case "run":
-				if h == nil {
-					d.Fatalf(t, "run before new")
-				}
-				var b strings.Builder
-				for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
-					line = strings.TrimSpace(line)
-					if line == "" || strings.HasPrefix(line, "#") {
-						continue
-					}
-					out, err := h.line(line)
-					if err != nil {
-						d.Fatalf(t, "%s: %v", line, err)
-					}
-					fmt.Fprintf(&b, "%s: %s\n", line, out)
-				}
-				b.WriteString(h.describe())
-				return b.String()
-			}
-			d.Fatalf(t, "unknown command %q", d.Cmd)
-			return ""
-		})
+	runScripts(t, "testdata/handoff", "run", func(d *datadriven.TestData) (scripted, error) {
+		return newHandoff(d)
 	})
 }
 
