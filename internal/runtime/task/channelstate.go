@@ -60,9 +60,6 @@ type chanRecorder struct {
 	// for the ack (finish), so that the barrier goes downstream without
 	// waiting for it.
 	lazy []lazySlot
-	// input: the aligner marks deliveries for this checkpoint (from its
-	// unaligned Trigger to its InputStateComplete).
-	input bool
 }
 
 // lazySlot is state.Channels[ch].Buffers[buf], to be encoded by b.

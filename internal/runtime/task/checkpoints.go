@@ -396,43 +396,9 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		}
 		return c.onTrigger(dst, ev)
 	case OnForwardBarrier:
-		if c.phase != Running || c.cfg.Source {
-			return c.violation(dst, ev)
-		}
-		id := ev.Barrier.ID
-		switch {
-		case id == c.cancelled:
-			c.cancelled = 0
-			return append(dst, Action{Kind: DoForwardCancel, ID: id})
-		case id == c.held:
-			c.held = 0
-			dst = append(dst, Action{Kind: DoForwardBarrier, Barrier: ev.Barrier, ID: id})
-			if i := c.findAck(id); i >= 0 {
-				c.acks[i].forwarded = true
-				dst = c.settle(dst, i)
-			}
-			return dst
-		}
-		return c.exit(dst, fmt.Errorf("task: barrier %d forwarded without a snapshot", id))
+		return c.onForwardBarrier(dst, ev)
 	case OnAbort:
-		if (c.phase != Running && !c.loopEnded) || c.cfg.Source {
-			return c.violation(dst, ev)
-		}
-		if j := c.findPromise(ev.ID); j >= 0 {
-			return c.abortRecording(dst, j, ev.Reason)
-		}
-		if c.loopEnded {
-			// A cancel marker came back on a feedback channel after the
-			// loop ended: it matters only to a checkpoint still recorded.
-			return dst
-		}
-		if ev.ID <= c.h {
-			// The aligner's outcomes strictly increase, and only a
-			// checkpoint being recorded gets a second one (align A3).
-			return c.exit(dst, fmt.Errorf("task: abort of checkpoint %d after %d was handled, and it is not being recorded (align A3)", ev.ID, c.h))
-		}
-		c.h = ev.ID
-		return append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: ev.Reason})
+		return c.onAbort(dst, ev)
 	case OnForwardCancel:
 		if c.loopEnded && c.phase == Ended {
 			return dst // the outputs ended: nothing downstream waits for it
@@ -468,20 +434,7 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 	case OnSnapshotDone:
 		return c.onSnapshotDone(dst, ev)
 	case OnInputStateComplete:
-		if (c.phase != Running && !c.loopEnded) || c.cfg.Source {
-			return c.violation(dst, ev)
-		}
-		j := c.findPromise(ev.ID)
-		if j < 0 {
-			return c.exit(dst, fmt.Errorf("task: input channel state of checkpoint %d complete, but it is not being recorded (align A14)", ev.ID))
-		}
-		// The promise is kept. A checkpoint declined or cancelled here
-		// has no ack waiting: the promise is dropped (T11).
-		c.recording = slices.Delete(c.recording, j, j+1)
-		if i := c.findAck(ev.ID); i >= 0 {
-			return c.settle(dst, i)
-		}
-		return dst
+		return c.onInputStateComplete(dst, ev)
 	case OnFeedbackOnly:
 		if c.phase != Running || !c.cfg.LoopHead || c.looping {
 			return c.violation(dst, ev)
@@ -493,6 +446,73 @@ func (c *Checkpoints) Step(dst []Action, ev Event) []Action {
 		return append(dst, Action{Kind: DoReportLoopInputEnded, ID: c.h})
 	}
 	return c.exit(dst, fmt.Errorf("task: unknown checkpoint event %v", ev.Kind))
+}
+
+// onForwardBarrier handles the aligner's ForwardBarrier: the barrier of
+// the snapshot held goes out (T1), that of a skipped trigger as a cancel
+// marker.
+func (c *Checkpoints) onForwardBarrier(dst []Action, ev Event) []Action {
+	if c.phase != Running || c.cfg.Source {
+		return c.violation(dst, ev)
+	}
+	id := ev.Barrier.ID
+	switch {
+	case id == c.cancelled:
+		c.cancelled = 0
+		return append(dst, Action{Kind: DoForwardCancel, ID: id})
+	case id == c.held:
+		c.held = 0
+		dst = append(dst, Action{Kind: DoForwardBarrier, Barrier: ev.Barrier, ID: id})
+		if i := c.findAck(id); i >= 0 {
+			c.acks[i].forwarded = true
+			dst = c.settle(dst, i)
+		}
+		return dst
+	}
+	return c.exit(dst, fmt.Errorf("task: barrier %d forwarded without a snapshot", id))
+}
+
+// onAbort handles the aligner's Abort: of a checkpoint being recorded it
+// accepts the promise (T11); otherwise it declines a checkpoint not yet
+// handled.
+func (c *Checkpoints) onAbort(dst []Action, ev Event) []Action {
+	if (c.phase != Running && !c.loopEnded) || c.cfg.Source {
+		return c.violation(dst, ev)
+	}
+	if j := c.findPromise(ev.ID); j >= 0 {
+		return c.abortRecording(dst, j, ev.Reason)
+	}
+	if c.loopEnded {
+		// A cancel marker came back on a feedback channel after the
+		// loop ended: it matters only to a checkpoint still recorded.
+		return dst
+	}
+	if ev.ID <= c.h {
+		// The aligner's outcomes strictly increase, and only a
+		// checkpoint being recorded gets a second one (align A3).
+		return c.exit(dst, fmt.Errorf("task: abort of checkpoint %d after %d was handled, and it is not being recorded (align A3)", ev.ID, c.h))
+	}
+	c.h = ev.ID
+	return append(dst, Action{Kind: DoDecline, ID: ev.ID, Reason: ev.Reason})
+}
+
+// onInputStateComplete accepts the aligner's promise of input channel
+// state (T8, T11) and acks a snapshot that waited for it.
+func (c *Checkpoints) onInputStateComplete(dst []Action, ev Event) []Action {
+	if (c.phase != Running && !c.loopEnded) || c.cfg.Source {
+		return c.violation(dst, ev)
+	}
+	j := c.findPromise(ev.ID)
+	if j < 0 {
+		return c.exit(dst, fmt.Errorf("task: input channel state of checkpoint %d complete, but it is not being recorded (align A14)", ev.ID))
+	}
+	// The promise is kept. A checkpoint declined or cancelled here
+	// has no ack waiting: the promise is dropped (T11).
+	c.recording = slices.Delete(c.recording, j, j+1)
+	if i := c.findAck(ev.ID); i >= 0 {
+		return c.settle(dst, i)
+	}
+	return dst
 }
 
 // onTrigger handles the aligner's Trigger (a subtask with inputs).

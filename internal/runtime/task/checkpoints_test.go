@@ -69,66 +69,54 @@ import (
 // most once and with ID = the highest id handled so far, Finished at most
 // once and only right before a clean exit, and nothing after exit.
 func TestCheckpointsDataDriven(t *testing.T) {
-	datadriven.Walk(t, "testdata/checkpoints", func(t *testing.T, path string) {
-		var c *Checkpoints
-		var chk *protocolChecker
-		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
-			switch d.Cmd {
-			case "new":
-				cfg := CheckpointsConfig{Source: d.HasArg("source"), Checkpointing: !d.HasArg("no-checkpointing"), LoopHead: d.HasArg("loop-head")}
-				c = NewCheckpoints(cfg)
-				chk = newProtocolChecker()
-				return "ok\n"
-			case "state":
-				return describeState(c) + "\n"
-			case "step":
-				if c == nil {
-					d.Fatalf(t, "step before new")
-				}
-				var b strings.Builder
-				for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
-					line = strings.TrimSpace(line)
-					if line == "" || strings.HasPrefix(line, "#") {
-						continue
-					}
-					ev := line
-					failSnapshot := strings.HasSuffix(ev, " fail-snapshot")
-					ev = strings.TrimSuffix(ev, " fail-snapshot")
-					async := strings.HasSuffix(ev, " async")
-					ev = strings.TrimSuffix(ev, " async")
-					evs, err := parseEvents(ev)
-					if err != nil {
-						d.Fatalf(t, "%s: %v", line, err)
-					}
-					var all []Action
-					for _, ev := range evs {
-						chk.event(ev)
-						acts := c.Step(nil, ev)
-						if failSnapshot {
-							acts = failAtSnapshot(c, acts)
-						} else if !async {
-							acts = completeSnapshots(c, acts)
-						}
-						chk.check(c, acts)
-						all = append(all, acts...)
-					}
-					if len(evs) > 1 {
-						fmt.Fprintf(&b, "%s: %d events, %d actions\n", line, len(evs), len(all))
-						continue
-					}
-					fmt.Fprintf(&b, "%s: %s\n", line, describeActions(all))
-				}
-				b.WriteString(describeState(c) + "\n")
-				for _, v := range chk.violations {
-					fmt.Fprintf(&b, "violation: %s\n", v)
-				}
-				chk.violations = nil
-				return b.String()
-			}
-			d.Fatalf(t, "unknown command %q", d.Cmd)
-			return ""
-		})
+	runScripts(t, "testdata/checkpoints", "step", func(d *datadriven.TestData) (scripted, error) {
+		cfg := CheckpointsConfig{Source: d.HasArg("source"), Checkpointing: !d.HasArg("no-checkpointing"), LoopHead: d.HasArg("loop-head")}
+		return &checkpointsScript{c: NewCheckpoints(cfg), chk: newProtocolChecker()}, nil
 	})
+}
+
+// checkpointsScript is one Checkpoints under a script, with its checker.
+type checkpointsScript struct {
+	c   *Checkpoints
+	chk *protocolChecker
+}
+
+func (s *checkpointsScript) line(line string) (string, error) {
+	ev := line
+	failSnapshot := strings.HasSuffix(ev, " fail-snapshot")
+	ev = strings.TrimSuffix(ev, " fail-snapshot")
+	async := strings.HasSuffix(ev, " async")
+	ev = strings.TrimSuffix(ev, " async")
+	evs, err := parseEvents(ev)
+	if err != nil {
+		return "", err
+	}
+	var all []Action
+	for _, ev := range evs {
+		s.chk.event(ev)
+		acts := s.c.Step(nil, ev)
+		if failSnapshot {
+			acts = failAtSnapshot(s.c, acts)
+		} else if !async {
+			acts = completeSnapshots(s.c, acts)
+		}
+		s.chk.check(s.c, acts)
+		all = append(all, acts...)
+	}
+	if len(evs) > 1 {
+		return fmt.Sprintf("%d events, %d actions", len(evs), len(all)), nil
+	}
+	return describeActions(all), nil
+}
+
+func (s *checkpointsScript) describe() string {
+	var b strings.Builder
+	b.WriteString(describeState(s.c) + "\n")
+	for _, v := range s.chk.violations {
+		fmt.Fprintf(&b, "violation: %s\n", v)
+	}
+	s.chk.violations = nil
+	return b.String()
 }
 
 // failAtSnapshot does what the driver does when the DoSnapshot in acts

@@ -4,14 +4,62 @@
 // notifications, finish and stop) between buffers. User functions therefore
 // run on a single goroutine and never need locks.
 //
-// The protocol decisions are made by two pure state machines: align.Aligner
+// The protocol decisions are made by pure state machines: align.Aligner
 // decides, from the inputs, when to block a channel, when to snapshot and
 // when a checkpoint is aborted; Checkpoints decides, from the aligner's
 // outcomes, the mail and the end of input, what the subtask does about each
-// checkpoint and when it ends its input, reports and stops. RunSource and
-// RunInput are thin drivers that own the goroutine, the timers and the IO
-// and carry out the actions in order. Neither machine is consulted per
-// record.
+// checkpoint and when it ends its input, reports and stops; Intake decides
+// the drivers' own questions (when to flush, fire timers, tick a deadline
+// or wait, which checkpoints record an input buffer, where the buffers a
+// promoted barrier overtook go, when the loop's injected barriers reach
+// the aligner). RunSource and RunInput (runsource.go, runinput.go) are
+// thin drivers that own the goroutine, the clocks and the IO, feed the
+// machines what they observe and carry out the actions in order. No
+// machine is consulted per record: per buffer, slice or event at most.
+//
+// # The drivers' bookkeeping (Intake)
+//
+// Intake (intake.go, scripts in testdata/intake) takes the time as an
+// input, like the other machines, and keeps what the drivers used to keep
+// in their loops: the last flush, the checkpoints recording input channel
+// state here, the promoted barrier whose overtaken buffers wait for its
+// Trigger, the loop's deferred inputs and whether a loop head holds its
+// inputs from outside. Its invariants:
+//
+//   - I1 (flushing): partly filled buffers go out when the loop is about
+//     to wait (a subtask with inputs when some are pending, a source
+//     always) and, while busy, once FlushInterval has passed since the
+//     last flush (or a source's flush timer ran out); never into a full
+//     output. Every flush restarts the interval.
+//   - I2 (timers and deadlines): after each input a passed alignment
+//     deadline ticks the aligner and due processing-time timers fire
+//     (while they live: not after the end of input nor while suspended,
+//     looked at again when carried out, as a tick may suspend). A loop
+//     that read nothing fires due timers, or ticks a passed deadline (the
+//     earlier of the aligner's and the gate's), instead of waiting;
+//     otherwise it arms its next timer, deadline and backlog look
+//     (HoldWait), and, backpressured, waits for space too. The wait is
+//     the step's last action.
+//   - I3 (input channel state): a buffer the aligner marks PersistFrom..
+//     PersistTo, or that its Promote overtook, is recorded (one shared
+//     copy) for exactly the checkpoints in that range whose recording
+//     started (a Trigger with input channel state) and has neither
+//     completed (InputStateComplete) nor been dropped (declined,
+//     cancelled, aborted) or acked.
+//   - I4 (promotion at the deadline): at most one barrier the driver
+//     promoted (Gate.PromoteTimedOut) is outstanding. What it overtook is
+//     recorded at once if its checkpoint records this subtask's input
+//     already, and is otherwise stashed until that checkpoint's Trigger
+//     (after the cursor's rest, R2) or dropped when the barrier is read
+//     without one; never both.
+//   - I5 (loop inputs): the barriers of trigger mail (DoInject) and the
+//     end of the loop (DoEndLoop) are fed to the aligner after the step
+//     that yielded them, one per feed, injects in order and before the
+//     end of the loop; a backlogged head holds its inputs from outside
+//     until the backlog drains, and never after its loop ended.
+//
+// TestIntakeDataDriven checks each line of its scripts against a model of
+// these rules kept from the actions alone.
 //
 // # Backpressure
 //
@@ -117,8 +165,9 @@
 // all ended (FeedbackOnly) it reports LoopInputEnded{h} and takes its
 // checkpoints by mail: Checkpoints answers trigger mail with DoInject, and
 // the driver feeds the barrier to the aligner as an Inject, after the step
-// (the aligner's and the bookkeeping's action slices are reused by their
-// next step, so neither is stepped from inside the other's actions). On
+// (Intake queues it, I5: the aligner's and the bookkeeping's action slices
+// are reused by their next step, so neither is stepped from inside the
+// other's actions). On
 // MailEndLoop it ends the loop (DoEndLoop: the aligner's EndLoop, after
 // which nothing triggers there) and then its input; the aligner's Finished,
 // which follows once its end of input has gone round the loop, is ignored,
@@ -132,7 +181,7 @@
 //
 // # Event time
 //
-// A third pure machine, EventTime (eventtime.go, E1-E3), combines the
+// Another pure machine, EventTime (eventtime.go, E1-E3), combines the
 // watermark events of the subtask's inputs with an align.WatermarkValve;
 // a source's inputs are its WatermarkGenerator's events (WG1-WG2: bounded
 // out-of-orderness, periodic on the loop's clock, idleness), or those of
@@ -164,7 +213,7 @@
 //
 // # Watermark alignment
 //
-// A fourth pure machine, AlignmentGroup (wmalign.go, A1-A4, scripts in
+// Another pure machine, AlignmentGroup (wmalign.go, A1-A4, scripts in
 // testdata/wmalign and TestAlignmentRandom), is Flink's watermark
 // alignment for one group of source subtasks across operators: members
 // report their watermark, idleness and end; the group's Min is the lowest

@@ -53,58 +53,32 @@ import (
 // and DoEndLoop feed Inject and EndLoop to the aligner after the line, as
 // RunInput's loop does, printed after "=>".
 //
+// The drivers' Intake is driven along, as RunInput drives it: a buffer the
+// aligner marks (persist=F..T, or overtaken by a Promote) prints the
+// checkpoints that record it (recorded=[...]).
+//
 // Checked after every line: the invariants of TestCheckpointsDataDriven
 // (T2, T8, M3, ...), and the seam (T11): while the bookkeeping runs, the
 // checkpoints it keeps as recorded are exactly the aligner's open
-// captures, so every promise the aligner still owes is accepted.
+// captures, so every promise the aligner still owes is accepted; and the
+// intake records input channel state for exactly the open promises whose
+// checkpoint is neither declined nor cancelled (I3).
 func TestHandoffDataDriven(t *testing.T) {
-	datadriven.Walk(t, "testdata/handoff", func(t *testing.T, path string) {
-		var h *handoff
-		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
-			switch d.Cmd {
-			case "new":
-				var err error
-				if h, err = newHandoff(d); err != nil {
-					d.Fatalf(t, "%v", err)
-				}
-				return "ok\n"
-			case "run":
-				if h == nil {
-					d.Fatalf(t, "run before new")
-				}
-				var b strings.Builder
-				for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
-					line = strings.TrimSpace(line)
-					if line == "" || strings.HasPrefix(line, "#") {
-						continue
-					}
-					out, err := h.line(line)
-					if err != nil {
-						d.Fatalf(t, "%s: %v", line, err)
-					}
-					fmt.Fprintf(&b, "%s: %s\n", line, out)
-				}
-				b.WriteString(h.describe())
-				return b.String()
-			}
-			d.Fatalf(t, "unknown command %q", d.Cmd)
-			return ""
-		})
+	runScripts(t, "testdata/handoff", "run", func(d *datadriven.TestData) (scripted, error) {
+		return newHandoff(d)
 	})
 }
 
-// handoff is the two machines of one subtask and the glue of RunInput.
+// handoff is the three machines of one subtask and the glue of RunInput.
 type handoff struct {
 	al       *align.Aligner[int]
 	cp       *Checkpoints
+	in       *Intake
 	chk      *protocolChecker
 	channels int
 	mode     marker.Mode
 	timeout  time.Duration
 	now      int64
-	// loop holds the DoInject and DoEndLoop actions to feed the aligner
-	// after the current line.
-	loop []Action
 	// out collects what the current line did; last the bookkeeping's
 	// actions in it.
 	out  []string
@@ -152,6 +126,7 @@ func newHandoff(d *datadriven.TestData) (*handoff, error) {
 	}
 	h.al, h.channels = al, cfg.Channels
 	h.cp = NewCheckpoints(CheckpointsConfig{Checkpointing: true, LoopHead: cfg.Feedback != nil})
+	h.in = NewIntake(IntakeConfig{}, 0)
 	h.chk = newProtocolChecker()
 	return h, nil
 }
@@ -188,12 +163,14 @@ func (h *handoff) line(line string) (string, error) {
 		}
 		h.feed(in, async)
 	}
-	for len(h.loop) > 0 && h.cp.Phase() != Exited {
-		a := h.loop[0]
-		h.loop = h.loop[1:]
-		in := align.Input[int]{Kind: align.Inject, Barrier: a.Barrier, Now: h.now}
-		if a.Kind == DoEndLoop {
-			in = align.Input[int]{Kind: align.EndLoop, Now: h.now}
+	for h.cp.Phase() != Exited {
+		acts := h.in.Step(nil, IntakeEvent{Kind: InFeed})
+		if len(acts) == 0 {
+			break
+		}
+		in := align.Input[int]{Kind: align.EndLoop, Now: h.now}
+		if acts[0].Kind == DoFeedInject {
+			in = align.Input[int]{Kind: align.Inject, Barrier: acts[0].Barrier, Now: h.now}
 		}
 		h.out = append(h.out, "=> "+in.Kind.String())
 		h.feed(in, async)
@@ -283,18 +260,24 @@ func (h *handoff) feed(in align.Input[int], async bool) {
 			}
 			s := fmt.Sprintf("deliver(ch=%d %s", a.Channel, what)
 			if a.PersistTo != 0 {
-				s += fmt.Sprintf(" persist=%d..%d", a.PersistFrom, a.PersistTo)
+				s += fmt.Sprintf(" persist=%d..%d%s", a.PersistFrom, a.PersistTo, h.persist(a.Channel, a.PersistFrom, a.PersistTo))
 			}
 			h.out = append(h.out, s+")")
 		case align.Block, align.Unblock:
 			h.out = append(h.out, fmt.Sprintf("%s(ch=%d)", a.Kind, a.Channel))
 		case align.Promote:
-			h.out = append(h.out, fmt.Sprintf("promote(%d ch=%d)", a.ID, a.Channel))
+			h.out = append(h.out, fmt.Sprintf("promote(%d ch=%d%s)", a.ID, a.Channel, h.persist(a.Channel, a.ID, a.ID)))
 		default:
 			ev, ok := alignerEvent(a)
 			if !ok {
 				h.out = append(h.out, fmt.Sprintf("unknown aligner action %v", a.Kind))
 				continue
+			}
+			switch a.Kind {
+			case align.Trigger:
+				h.in.Step(nil, IntakeEvent{Kind: InTrigger, ID: a.ID, HasInputState: a.HasInputState})
+			case align.InputStateComplete:
+				h.in.Step(nil, IntakeEvent{Kind: InInputStateComplete, ID: a.ID})
 			}
 			h.out = append(h.out, fmt.Sprintf("%s [%s]", describeOutcome(a), describeActions(h.step(ev, async))))
 		}
@@ -312,11 +295,27 @@ func (h *handoff) step(ev Event, async bool) []Action {
 	h.chk.check(h.cp, acts)
 	h.last = append(h.last, acts...)
 	for _, a := range acts {
-		if a.Kind == DoInject || a.Kind == DoEndLoop {
-			h.loop = append(h.loop, a)
+		switch a.Kind {
+		case DoInject:
+			h.in.Step(nil, IntakeEvent{Kind: InInject, Barrier: a.Barrier})
+		case DoEndLoop:
+			h.in.Step(nil, IntakeEvent{Kind: InEndLoop})
+		case DoDecline, DoNotifyAborted, DoCancelSnapshot, DoAck:
+			// The driver drops (or, acking, takes) the channel state.
+			h.in.Step(nil, IntakeEvent{Kind: InForget, ID: a.ID})
 		}
 	}
 	return acts
+}
+
+// persist steps a marked buffer through the intake, as the driver does,
+// and says which checkpoints record it.
+func (h *handoff) persist(ch int, from, to int64) string {
+	var ids []string
+	for _, a := range h.in.Step(nil, IntakeEvent{Kind: InPersist, Ch: ch, From: from, To: to}) {
+		ids = append(ids, strconv.FormatInt(a.ID, 10))
+	}
+	return " recorded=[" + strings.Join(ids, ",") + "]"
 }
 
 // seam checks T11: the bookkeeping keeps exactly the aligner's open
@@ -328,6 +327,23 @@ func (h *handoff) seam() {
 	if n, m := h.al.Capturing(), len(h.cp.recording); n != m {
 		h.chk.violations = append(h.chk.violations,
 			fmt.Sprintf("T11: the aligner captures %d checkpoints, the bookkeeping records %d (%s)", n, m, describeState(h.cp)))
+	}
+	// I3: the intake records input channel state for exactly the promises
+	// still open whose checkpoint is neither declined nor cancelled.
+	for _, p := range h.cp.recording {
+		live := !p.declined
+		if i := h.cp.findAck(p.id); i < 0 || h.cp.acks[i].cancelled {
+			live = false
+		}
+		if live != h.in.recordingInput(p.id) {
+			h.chk.violations = append(h.chk.violations,
+				fmt.Sprintf("I3: checkpoint %d's promise is open (live=%t), but the intake records its input: %t", p.id, live, !live))
+		}
+	}
+	for _, id := range h.in.inputs {
+		if h.cp.findPromise(id) < 0 {
+			h.chk.violations = append(h.chk.violations, fmt.Sprintf("I3: the intake records input channel state of %d, whose promise was kept", id))
+		}
 	}
 }
 

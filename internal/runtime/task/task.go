@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/snapflow/snapflow/align"
-	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
@@ -288,37 +286,21 @@ type runner struct {
 	// et is the subtask's event-time bookkeeping, wm its output buffer.
 	et *EventTime
 	wm []align.WatermarkOutput
-	// promoted is a barrier the loop promoted at its alignment deadline
-	// (channel.Gate.PromoteTimedOut) before the aligner saw it: the buffers
-	// it overtook become input channel state of its checkpoint on its
-	// input when the aligner triggers that checkpoint (the promoted
-	// barrier is read next), and are dropped otherwise.
-	promoted *promotion
+	// intake is the drivers' pure bookkeeping (intake.go): pacing, where
+	// input channel state goes, the loop's deferred inputs.
+	intake *Intake
 }
 
-// loopState is what the driver of a loop subtask counts and defers.
+// loopState is what the driver of a loop subtask counts.
 type loopState struct {
 	cfg *Loop
 	// recv counts the records read from inputs inside the loop; extOpen
 	// the inputs from outside that have not ended.
 	recv    int64
 	extOpen int
-	// injects are trigger barriers (DoInject) and endLoop a DoEndLoop not
-	// yet fed to the aligner: they are fed after the step that yielded
-	// them, never inside it (the aligner's and the bookkeeping's action
-	// slices are reused by their next step).
-	injects []Action
-	endLoop bool
-	// feed feeds the deferred inputs to the aligner (set by RunInput).
+	// feed feeds the loop inputs the intake holds (DoInject, DoEndLoop)
+	// to the aligner, after the step that yielded them (set by RunInput).
 	feed func(ctx context.Context) (done bool, err error)
-	// holding: the inputs from outside are held (Loop.Backlogged).
-	holding bool
-}
-
-type promotion struct {
-	ch   int
-	id   int64
-	bufs []*ChannelBuffer
 }
 
 // snap is one snapshot of the chain on its way to the master.
@@ -343,6 +325,7 @@ func newRunner(cfg *Config, chain *Chain, source bool) *runner {
 		Source: source, Checkpointing: cfg.Info.CheckpointingEnabled,
 		LoopHead: cfg.Loop != nil && cfg.Loop.Feedback != nil,
 	})}
+	r.intake = NewIntake(IntakeConfig{FlushInterval: cfg.FlushInterval, Source: source}, cfg.now().UnixNano())
 	if cfg.Loop != nil && !source {
 		r.loop = &loopState{cfg: cfg.Loop}
 		for _, in := range cfg.Loop.Internal {
@@ -446,6 +429,28 @@ func (r *runner) step(ctx context.Context, ev Event) (done bool, err error) {
 	return done, err
 }
 
+// serve reports the asynchronous parts that finished and, when the
+// interrupt is raised, returns the context's error or serves the queued
+// mail (served). done reports that the loop must return err.
+func (r *runner) serve(ctx context.Context, in *Interrupt) (served, done bool, err error) {
+	if len(r.running) > 0 {
+		if done, err := r.pollAsync(ctx); done || err != nil {
+			return false, true, err
+		}
+	}
+	if !in.Raised() {
+		return false, false, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return false, true, err
+	}
+	if !r.cfg.Mail.Pending() {
+		return false, false, nil
+	}
+	done, err = r.serveMail(ctx)
+	return true, done, err
+}
+
 // serveMail handles every queued mail, in order.
 func (r *runner) serveMail(ctx context.Context) (done bool, err error) {
 	r.mails = r.cfg.Mail.Drain(r.mails[:0])
@@ -457,13 +462,20 @@ func (r *runner) serveMail(ctx context.Context) (done bool, err error) {
 		if done, err := r.step(ctx, ev); done || err != nil {
 			return true, err
 		}
-		if lp := r.loop; lp != nil && (len(lp.injects) > 0 || lp.endLoop) {
-			if done, err := lp.feed(ctx); done || err != nil {
+		if r.loop != nil && r.intake.LoopPending() {
+			if done, err := r.loop.feed(ctx); done || err != nil {
 				return true, err
 			}
 		}
 	}
 	return false, nil
+}
+
+// dropChannels forgets the channel state of checkpoint id (declined,
+// cancelled or aborted), and tells the intake.
+func (r *runner) dropChannels(id int64) {
+	r.channels.drop(id)
+	r.intake.Step(nil, IntakeEvent{Kind: InForget, ID: id})
 }
 
 // do carries out the actions of one step, in order.
@@ -491,7 +503,7 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				return true, err
 			}
 		case DoDecline:
-			r.channels.drop(a.ID)
+			r.dropChannels(a.ID)
 			if err := r.report(ctx, Report{Kind: ReportDecline, ID: a.ID, Reason: a.Reason, Err: a.Err}); err != nil {
 				return true, err
 			}
@@ -500,7 +512,7 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				return true, err
 			}
 		case DoNotifyAborted:
-			r.channels.drop(a.ID)
+			r.dropChannels(a.ID)
 			if err := r.chain.notify(Mail{Kind: MailAborted, ID: a.ID}); err != nil {
 				return true, err
 			}
@@ -526,7 +538,7 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				return true, err
 			}
 		case DoCancelSnapshot:
-			r.channels.drop(a.ID)
+			r.dropChannels(a.ID)
 			for _, s := range r.running {
 				if s.id == a.ID {
 					s.cancel()
@@ -537,9 +549,9 @@ func (r *runner) do(ctx context.Context, acts []Action) (done bool, err error) {
 				return true, err
 			}
 		case DoInject:
-			r.loop.injects = append(r.loop.injects, a)
+			r.intake.Step(nil, IntakeEvent{Kind: InInject, Barrier: a.Barrier})
 		case DoEndLoop:
-			r.loop.endLoop = true
+			r.intake.Step(nil, IntakeEvent{Kind: InEndLoop})
 		case DoReportProbe:
 			if err := r.report(ctx, Report{Kind: ReportProbe, ID: a.ID, Loop: r.loopCounts()}); err != nil {
 				return true, err
@@ -746,7 +758,9 @@ func (r *runner) ack(ctx context.Context, id int64) error {
 	}
 	s := r.snaps[i]
 	r.snaps = slices.Delete(r.snaps, i, i+1)
-	if rec := r.channels.take(id); rec != nil && len(rec.state.Channels) > 0 {
+	rec := r.channels.take(id)
+	r.intake.Step(nil, IntakeEvent{Kind: InForget, ID: id})
+	if rec != nil && len(rec.state.Channels) > 0 {
 		// Input channel state goes with the head's ack, output channel
 		// state with the tail's: restore hands each to its operator,
 		// whatever the chaining then.
@@ -856,703 +870,4 @@ func guard(info Info, chain *Chain, err *error) {
 		}
 		*err = fmt.Errorf("task: %v panicked: %v\n%s", info, p, debug.Stack())
 	}
-}
-
-// RunSource runs a source subtask (src heads chain) until it finishes,
-// stops, fails or ctx ends. At the end of its input it ends the chain's
-// input at once; with checkpointing it then reports InputEnded and serves
-// its mailbox (checkpoints by trigger mail) until MailFinish or MailStop.
-func RunSource(ctx context.Context, cfg *Config, src SourceOperator, chain *Chain) (err error) {
-	defer guard(cfg.Info, chain, &err)
-	r := newRunner(cfg, chain, true)
-	if err := r.startEventTime(1, nil); err != nil {
-		return err
-	}
-	var gen Generator
-	var genOut []align.WatermarkEvent
-	var al *sourceAlignment // watermark alignment, nil without
-	if cfg.Alignment != nil {
-		al = newSourceAlignment(cfg.Alignment, r.et)
-		// A subtask that ends without error leaves the group; one that
-		// fails or is cancelled stays in it at its last watermark, so
-		// that the other members of its dying attempt are not released
-		// to read ahead (the attempt's registry goes with it).
-		defer func() {
-			if err == nil {
-				al.finish()
-			} else {
-				al.stop()
-			}
-		}()
-	}
-	// tick feeds the generator the clock when it is due (once per batch:
-	// one clock read, which the flush check below needs anyway).
-	tick := func(now time.Time) error {
-		if gen == nil || now.UnixNano() < gen.Due() {
-			return nil
-		}
-		genOut = gen.Tick(now.UnixNano(), genOut[:0])
-		for _, ev := range genOut {
-			if err := r.stepEventTime(ev); err != nil {
-				return err
-			}
-			if al != nil {
-				al.outputs(r.wm)
-			}
-		}
-		return nil
-	}
-	if err := r.restoreOutputs(ctx); err != nil {
-		return err
-	}
-	if err := r.open(); err != nil {
-		return err
-	}
-	defer r.close(&err)
-	if ws, ok := src.(WatermarkSource); ok {
-		gen = ws.Watermarks()
-	}
-	if al != nil {
-		al.setGenerator(gen)
-	}
-	batch := max(cfg.BatchSize, 1)
-	// The context's end raises the mailbox's interrupt, so a busy loop
-	// (never idle, never backpressured: a fully chained job) sees it
-	// between two records.
-	defer context.AfterFunc(ctx, cfg.Mail.Stop)()
-	// The flush timer raises the interrupt when FlushInterval (at least
-	// MinBatchTime) has passed since the last flush, so a slow source ends
-	// its batch and flushes then rather than after a whole batch.
-	lastFlush := cfg.now()
-	bound := max(cfg.FlushInterval, MinBatchTime)
-	flushTimer := time.AfterFunc(bound, cfg.Mail.due)
-	defer flushTimer.Stop()
-	flush := func(now time.Time) error {
-		if err := r.flushAll(); err != nil {
-			return err
-		}
-		lastFlush = now
-		cfg.Mail.flushed()
-		flushTimer.Reset(bound)
-		return nil
-	}
-	in := cfg.Mail.Interrupt()
-	for {
-		if !r.emitting() {
-			// Ended or suspended: serve the mailbox (and the snapshots in
-			// flight) only.
-			select {
-			case <-cfg.Mail.Ready():
-			case <-r.asyncReady():
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		if len(r.running) > 0 {
-			if done, err := r.pollAsync(ctx); done || err != nil {
-				return err
-			}
-		}
-		if in.Raised() {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if cfg.Mail.Pending() {
-				if done, err := r.serveMail(ctx); done || err != nil {
-					return err
-				}
-				continue
-			}
-		}
-		if !r.emitting() {
-			continue // a spurious wake-up
-		}
-		if space, w, busy := r.chain.tail().Out.AwaitSpace(); busy {
-			// Backpressure: wait here, not in Send, so trigger mail is
-			// served at once (an unaligned barrier then overtakes the full
-			// channels).
-			start := time.Now()
-			select {
-			case <-space:
-			case <-cfg.Mail.Ready():
-			case <-r.asyncReady():
-			case <-ctx.Done():
-			}
-			w.DoneAwaiting(start)
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			continue
-		}
-		if al != nil && al.held() {
-			// Paused by watermark alignment: read nothing, but flush what
-			// was read, serve the mailbox (checkpoints) and tick the
-			// generator until resumed.
-			if err := flush(cfg.now()); err != nil {
-				return err
-			}
-			select {
-			case <-al.m.Wake():
-			case <-al.due(gen, lastFlush):
-			case <-cfg.Mail.Ready():
-			case <-r.asyncReady():
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			al.stop()
-			if err := tick(cfg.now()); err != nil {
-				return err
-			}
-			continue
-		}
-		eof, err := src.Emit(batch, in)
-		if errors.Is(err, ErrIdle) {
-			if err := flush(cfg.now()); err != nil {
-				return err
-			}
-			t := time.NewTimer(IdleWait)
-			select {
-			case <-cfg.Mail.Ready():
-				// The loop drains on Pending at its top.
-			case <-r.asyncReady():
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			}
-			t.Stop()
-			if r.emitting() {
-				// An idle source still advances (or declares idle) its
-				// event time.
-				if err := tick(cfg.now()); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("task: %v: %w", cfg.Info, err)
-		}
-		if err := r.chain.err(); err != nil {
-			return err
-		}
-		if eof {
-			// DoEndInput flushes the chain before end-of-input.
-			if done, err := r.step(ctx, Event{Kind: OnInputEnded}); done || err != nil {
-				return err
-			}
-			if al != nil {
-				al.finish() // after the last records and MaxWatermark went out
-			}
-			continue
-		}
-		now := cfg.now()
-		if err := tick(now); err != nil {
-			return err
-		}
-		if al != nil {
-			al.update(now)
-		}
-		// Partly filled buffers are flushed on the interval (read from
-		// the clock, or raised by the flush timer inside a batch), but not
-		// into a full output: they would fill it with small buffers until
-		// Send blocks (and the downstream is busy anyway).
-		if (now.Sub(lastFlush) >= cfg.FlushInterval || cfg.Mail.flushDue()) && r.chain.tail().Out.Available() {
-			if err := flush(now); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-// inputSpins is how many times a subtask whose inputs ran dry yields
-// (runtime.Gosched, about 0.1 µs each) and polls again before it blocks.
-// A blocked reader that its writer wakes is put on the writer's P and
-// waits there until another thread wakes up to steal it, tens of µs on a
-// VM, by which time the faster writer has filled the channel and blocked
-// too: the two then take turns instead of running side by side. A few µs
-// of yielding usually see the next buffer arrive. It made the keyed
-// pipeline at p=1 about 13 % faster (BenchmarkKeyed; BENCHMARKS.md).
-const inputSpins = 64
-
-// RunInput runs a subtask with inputs until it finishes, stops, fails or
-// ctx ends. process is the head's ProcessBatch; chain holds the head and
-// the operators chained to it. When every input ended it ends the chain's
-// input (EndInput drains the timers); with checkpointing it then reports
-// InputEnded and serves its mailbox until MailFinish or MailStop.
-func RunInput[IN any](ctx context.Context, cfg *Config, gate *channel.Gate[IN], mode marker.Mode, process func([]IN) error, chain *Chain) (err error) {
-	defer guard(cfg.Info, chain, &err)
-	r := newRunner(cfg, chain, false)
-	acfg := align.Config{Channels: gate.Len(), Mode: mode}
-	if cfg.Loop != nil {
-		acfg.Feedback = cfg.Loop.Feedback
-	}
-	al, err := align.New[*channel.Buffer[IN]](acfg)
-	if err != nil {
-		return fmt.Errorf("task: %v: %w", cfg.Info, err)
-	}
-	if err := r.startEventTime(gate.Len(), acfg.Feedback); err != nil {
-		return err
-	}
-	if err := r.restoreOutputs(ctx); err != nil {
-		return err
-	}
-	if err := r.open(); err != nil {
-		return err
-	}
-	defer r.close(&err)
-	if err := replayInputs(r, process); err != nil {
-		return err
-	}
-	// While the input is busy, partly filled buffers wait at most
-	// FlushInterval from the last flush; when it runs dry (after the spins
-	// below) they are passed on before the loop blocks: nothing is left to
-	// wait for.
-	lastFlush := cfg.now()
-	// The context's end raises the mailbox's interrupt, which the loop
-	// looks at between two buffers (or slices).
-	defer context.AfterFunc(ctx, cfg.Mail.Stop)()
-	in := cfg.Mail.Interrupt()
-	userTimer := time.NewTimer(time.Hour)
-	userTimer.Stop()
-	defer userTimer.Stop()
-	// alignTimer fires at the aligner's Deadline (an aligned checkpoint
-	// with a timeout); the loop then feeds a Tick.
-	alignTimer := time.NewTimer(time.Hour)
-	alignTimer.Stop()
-	defer alignTimer.Stop()
-	// persist records one delivered buffer as input channel state of the
-	// open unaligned checkpoints in [from, to].
-	var inputCopies sync.Pool // of *[]IN
-	persist := func(ch int, from, to int64, recs []IN) error {
-		var b *ChannelBuffer
-		for _, rec := range r.channels.open {
-			if rec.id < from || rec.id > to || !rec.input {
-				continue
-			}
-			if b == nil {
-				// The buffer is recycled after processing: keep a copy,
-				// from the copies given back once encoded.
-				cp, _ := inputCopies.Get().(*[]IN)
-				if cp == nil {
-					cp = new([]IN)
-				}
-				*cp = append((*cp)[:0], recs...)
-				b = newLazy(*cp, func() {
-					clear(*cp)
-					inputCopies.Put(cp)
-				})
-			}
-			rec.add(checkpoint.InputChannel, 0, ch, b)
-		}
-		return nil
-	}
-	holdTimer := time.NewTimer(time.Hour)
-	holdTimer.Stop()
-	defer holdTimer.Stop()
-	lp := r.loop
-	var cur *inputCursor[IN]
-	if cfg.InputSlice > 0 && lp == nil {
-		cur = &inputCursor[IN]{slice: cfg.InputSlice}
-	}
-	// interrupted says whether the loop should look at its inputs, mail,
-	// snapshots, deadlines and output before the next slice of the cursor.
-	interrupted := func() bool {
-		if gate.PriorityPending() || in.Raised() || !r.chain.tail().Out.Available() {
-			return true
-		}
-		select {
-		case <-r.asyncReady(): // nil, never ready, when none runs
-			return true
-		default:
-		}
-		if _, ok := al.Deadline(); ok {
-			return true // an alignment with a timeout: the loop reads the clock
-		}
-		_, queued := gate.Deadline()
-		return queued
-	}
-	// drain processes slices of the cursor's buffer until it is done or
-	// the loop has something else to do.
-	drain := func() error {
-		for {
-			if err := cur.next(gate, process); err != nil {
-				return fmt.Errorf("task: %v: %w", cfg.Info, err)
-			}
-			if !cur.busy() || interrupted() {
-				return nil
-			}
-		}
-	}
-	if lp != nil {
-		// Deferred loop inputs of the aligner: the barriers of trigger
-		// mail (a looping head) and the end of the loop.
-		lp.feed = func(ctx context.Context) (bool, error) {
-			for len(lp.injects) > 0 || lp.endLoop {
-				in := align.Input[*channel.Buffer[IN]]{Now: cfg.now().UnixNano()}
-				if len(lp.injects) > 0 {
-					a := lp.injects[0]
-					lp.injects = lp.injects[1:]
-					in.Kind, in.Barrier = align.Inject, a.Barrier
-				} else {
-					lp.endLoop = false
-					in.Kind = align.EndLoop
-				}
-				if done, err := stepAligner(ctx, r, al, gate, in, process, persist, nil); done || err != nil {
-					return true, err
-				}
-			}
-			return false, nil
-		}
-	}
-	for {
-		if len(r.running) > 0 {
-			if done, err := r.pollAsync(ctx); done || err != nil {
-				return err
-			}
-		}
-		if in.Raised() {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if cfg.Mail.Pending() {
-				if done, err := r.serveMail(ctx); done || err != nil {
-					return err
-				}
-			}
-		}
-		if lp != nil && lp.cfg.Backlogged != nil && !r.cp.LoopEnded() {
-			// A backlogged loop takes no input from outside until it
-			// drains (feedback inputs are never held).
-			if held := lp.cfg.Backlogged(); held != lp.holding {
-				lp.holding = held
-				for ch, in := range lp.cfg.Internal {
-					if !in {
-						// Only inputs from outside: holding one from
-						// inside the loop (a loop nested in another)
-						// would hold what the backlog drains through.
-						gate.Hold(ch, held)
-					}
-				}
-			}
-		}
-		// Priority events (unaligned barriers) first, also from channels
-		// an aligned checkpoint blocks (one atomic load when there are
-		// none), then data.
-		// A barrier stuck in an input queue past its alignment deadline is
-		// promoted, so this subtask switches that checkpoint to unaligned
-		// without waiting for the queue. (Gate.Deadline is one atomic load
-		// per input; the clock is read only when a deadline is queued.)
-		if dl, queued := gate.Deadline(); queued && r.promoted == nil && cfg.now().UnixNano() >= dl {
-			if ch, id, ov, ok := gate.PromoteTimedOut(dl); ok {
-				if rec := r.channels.find(id); rec != nil && rec.input {
-					// The checkpoint is unaligned here already (triggered
-					// from another input): what the barrier overtook is
-					// input channel state of this input, after what was
-					// recorded of it so far.
-					for _, b := range ov {
-						rec.add(checkpoint.InputChannel, 0, ch, newLazy(b.Records, nil))
-					}
-				} else {
-					p := &promotion{ch: ch, id: id}
-					for _, b := range ov {
-						p.bufs = append(p.bufs, newLazy(b.Records, nil))
-					}
-					r.promoted = p
-				}
-			}
-		}
-		ch, ev, ok := gate.PollPriority()
-		it := channel.Item[IN]{Event: ev}
-		// The promoted barrier: its buffers go to its checkpoint's input
-		// state at the Trigger it causes (stepAligned), or nowhere if it
-		// causes none.
-		p := r.promoted
-		promotedRead := ok && p != nil && ch == p.ch && ev.Type == marker.EventBarrier && ev.Barrier.ID == p.id
-		// Under backpressure (an output channel at capacity) no data is
-		// read: the subtask waits below for space, still serving priority
-		// barriers, mail, timers and snapshots, rather than blocking in
-		// Send in the middle of a batch. While the cursor holds a buffer,
-		// its next slices come before any other input.
-		backpressured := false
-		if !ok {
-			if backpressured = !r.chain.tail().Out.Available(); !backpressured && !cur.busy() {
-				ch, it, ok = gate.Poll()
-				for spin := 0; !ok && spin < inputSpins; spin++ {
-					runtime.Gosched()
-					ch, it, ok = gate.Poll()
-				}
-			}
-		}
-		if !ok && (backpressured || !cur.busy()) {
-			if !backpressured && r.chain.pending() {
-				// The input ran dry: pass on what waits in partly filled
-				// buffers now (not into a full output).
-				if err := r.flushAll(); err != nil {
-					return err
-				}
-				lastFlush = cfg.now()
-			}
-			var timerC <-chan time.Time
-			if at, ok := r.chain.nextTimer(); ok && r.timersLive() {
-				if wait := at.Sub(cfg.now()); wait > 0 {
-					userTimer.Reset(wait)
-					timerC = userTimer.C
-				} else {
-					if err := r.chain.fireTimers(cfg.now()); err != nil {
-						return err
-					}
-					continue
-				}
-			}
-			var alignC <-chan time.Time
-			dl, ok := al.Deadline()
-			if gd, gok := gate.Deadline(); gok && (!ok || gd < dl) {
-				dl, ok = gd, true
-			}
-			if ok {
-				if wait := time.Duration(dl - cfg.now().UnixNano()); wait > 0 {
-					alignTimer.Reset(wait)
-					alignC = alignTimer.C
-				} else {
-					if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist, cur); done || err != nil {
-						return err
-					}
-					continue
-				}
-			}
-			var holdC <-chan time.Time
-			if lp != nil && lp.holding {
-				// The backlog may drain at another head: look again soon.
-				holdTimer.Reset(HoldWait)
-				holdC = holdTimer.C
-			}
-			var space <-chan struct{}
-			var waiter SpaceWaiter
-			var waitStart time.Time
-			if backpressured {
-				var busy bool
-				// (The error returns below skip DoneAwaiting: the attempt
-				// ends, and its channels with it.)
-				if space, waiter, busy = r.chain.tail().Out.AwaitSpace(); !busy {
-					continue // available again
-				}
-				waitStart = time.Now()
-			}
-			select {
-			case <-gate.Ready():
-			case <-space:
-			case <-holdC:
-			case <-cfg.Mail.Ready():
-			case <-r.asyncReady():
-			case <-alignC:
-				if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: cfg.now().UnixNano()}, process, persist, cur); done || err != nil {
-					return err
-				}
-			case <-timerC:
-				if r.timersLive() {
-					if err := r.chain.fireTimers(cfg.now()); err != nil {
-						return err
-					}
-				}
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			userTimer.Stop()
-			alignTimer.Stop()
-			holdTimer.Stop()
-			if waiter != nil {
-				waiter.DoneAwaiting(waitStart)
-			}
-			continue
-		}
-		if ok {
-			in := align.Input[*channel.Buffer[IN]]{Channel: ch}
-			if it.Buf != nil {
-				in.Kind, in.Item = align.Record, it.Buf
-			} else {
-				in.Now = cfg.now().UnixNano()
-				switch it.Event.Type {
-				case marker.EventBarrier:
-					in.Kind, in.Barrier = align.Barrier, it.Event.Barrier
-				case marker.EventCancel:
-					in.Kind, in.Barrier = align.Cancel, it.Event.Barrier
-				case marker.EventEndOfInput:
-					in.Kind = align.EndOfInput
-				case marker.EventWatermark, marker.EventIdle, marker.EventActive:
-					// Not the aligner's: every record read before it on its
-					// channel was delivered, and a blocked channel holds its
-					// watermarks back with its records (M4).
-					if err := r.stepEventTime(watermarkEvent(ch, it.Event)); err != nil {
-						return err
-					}
-					continue
-				default:
-					return fmt.Errorf("task: %v: unknown event %v on input %d", cfg.Info, it.Event, ch)
-				}
-			}
-			if done, err := stepAligner(ctx, r, al, gate, in, process, persist, cur); done || err != nil {
-				return err
-			}
-			if promotedRead {
-				r.promoted = nil
-			}
-		}
-		if cur.busy() {
-			if err := drain(); err != nil {
-				return err
-			}
-		}
-		if err := r.chain.err(); err != nil {
-			return err
-		}
-		now := cfg.now()
-		if dl, ok := al.Deadline(); ok && now.UnixNano() >= dl {
-			// Busy input never waits in the select above: check the
-			// alignment timeout here too.
-			if done, err := stepAligner(ctx, r, al, gate, align.Input[*channel.Buffer[IN]]{Kind: align.Tick, Now: now.UnixNano()}, process, persist, cur); done || err != nil {
-				return err
-			}
-		}
-		if at, ok := r.chain.nextTimer(); ok && !now.Before(at) && r.timersLive() {
-			if err := r.chain.fireTimers(now); err != nil {
-				return err
-			}
-		}
-		if now.Sub(lastFlush) >= cfg.FlushInterval && r.chain.tail().Out.Available() {
-			if err := r.flushAll(); err != nil {
-				return err
-			}
-			lastFlush = now
-		}
-	}
-}
-
-// stepAligner feeds in to the aligner and carries out its actions: records
-// go to process (and, marked so, into the input channel state of unaligned
-// checkpoints: persist), blocking to the gate, the rest to the bookkeeping.
-func stepAligner[IN any](ctx context.Context, r *runner, al *align.Aligner[*channel.Buffer[IN]], gate *channel.Gate[IN],
-	in align.Input[*channel.Buffer[IN]], process func([]IN) error, persist func(ch int, from, to int64, recs []IN) error, cur *inputCursor[IN]) (done bool, err error) {
-	for _, a := range al.Step(in) {
-		switch a.Kind {
-		case align.Deliver:
-			if lp := r.loop; lp != nil {
-				n := 0
-				if a.Input == align.Record {
-					n = len(a.Item.Records)
-				}
-				if err := lp.delivered(r, a.Channel, a.Input, n); err != nil {
-					return true, err
-				}
-			}
-			if a.Input == align.Record {
-				if a.PersistTo != 0 {
-					if err := persist(a.Channel, a.PersistFrom, a.PersistTo, a.Item.Records); err != nil {
-						return true, err
-					}
-				}
-				if cur != nil {
-					// RunInput processes it in slices. It reads no other
-					// data while the cursor holds a buffer (R1).
-					if cur.busy() {
-						return true, fmt.Errorf("task: %v: input %d delivered while input %d's buffer is being processed", r.cfg.Info, a.Channel, cur.ch)
-					}
-					cur.hold(a.Channel, a.Item)
-					continue
-				}
-				if err := process(a.Item.Records); err != nil {
-					return true, fmt.Errorf("task: %v: %w", r.cfg.Info, err)
-				}
-				gate.Recycle(a.Channel, a.Item)
-			} else if err := r.stepEventTime(align.ChannelEnded{Ch: a.Channel}); err != nil {
-				// The end of a channel makes its watermark MaxWatermark:
-				// the last one emits it.
-				return true, err
-			}
-		case align.Block:
-			gate.Block(a.Channel)
-		case align.Unblock:
-			gate.Unblock(a.Channel)
-		case align.Promote:
-			// The barrier moves ahead of the buffers it overtakes, which
-			// are input channel state of a.ID (the originals are delivered
-			// normally, after it).
-			ov, _ := gate.Promote(a.Channel, a.ID)
-			for _, b := range ov {
-				if err := persist(a.Channel, a.ID, a.ID, b.Records); err != nil {
-					return true, err
-				}
-			}
-		default:
-			if a.Kind == align.Trigger && cur.busy() {
-				if a.HasInputState {
-					// The snapshot comes before the rest of the buffer,
-					// which was in flight on its channel: it is the first
-					// input channel state of that channel (R2).
-					r.channels.get(a.ID).add(checkpoint.InputChannel, 0, cur.ch, newLazy(slices.Clone(cur.rest()), nil))
-				} else {
-					// An aligned snapshot follows every record before its
-					// barriers, and its last barrier is read with the
-					// cursor empty (R3).
-					return true, fmt.Errorf("task: %v: aligned snapshot of checkpoint %d while input %d's buffer is being processed", r.cfg.Info, a.ID, cur.ch)
-				}
-			}
-			if done, err := stepAligned(ctx, r, &a); done || err != nil {
-				return true, err
-			}
-		}
-	}
-	if lp := r.loop; lp != nil && (len(lp.injects) > 0 || lp.endLoop) {
-		// A FeedbackOnly of this step ended the loop (MailEndLoop came
-		// first): feed EndLoop now that the aligner's actions are done.
-		return lp.feed(ctx)
-	}
-	return false, nil
-}
-
-// delivered counts a delivery of the aligner on input ch of a loop
-// subtask: records from inside the loop for the probes, the end of inputs
-// from outside for passivity. A record after the loop ended is an error:
-// the loop was found quiescent, so none can come unless a user function
-// emitted into the loop from EndInput or a timer at the end of input.
-func (lp *loopState) delivered(r *runner, ch int, kind align.InputKind, records int) error {
-	switch {
-	case kind == align.EndOfInput:
-		if !lp.cfg.Internal[ch] {
-			lp.extOpen--
-		}
-	case r.cp.LoopEnded():
-		return fmt.Errorf("task: %v: a record came back on feedback input %d after the loop terminated (did an operator in the loop emit at the end of its input?)", r.cfg.Info, ch)
-	case lp.cfg.Internal[ch]:
-		lp.recv += int64(records)
-	}
-	return nil
-}
-
-// stepAligned feeds an aligner outcome (everything but Deliver, Block,
-// Unblock and Promote) to the bookkeeping. It is kept out of the record
-// path.
-func stepAligned[T any](ctx context.Context, r *runner, a *align.Action[T]) (done bool, err error) {
-	ev, ok := alignerEvent(a)
-	if !ok {
-		return true, fmt.Errorf("task: %v: unknown aligner action %v", r.cfg.Info, a.Kind)
-	}
-	switch a.Kind {
-	case align.Trigger:
-		if a.HasInputState {
-			rec := r.channels.get(a.ID)
-			rec.input = true
-			if p := r.promoted; p != nil && p.id == a.ID {
-				for _, b := range p.bufs {
-					rec.add(checkpoint.InputChannel, 0, p.ch, b)
-				}
-				r.promoted = nil
-			}
-		}
-	case align.InputStateComplete:
-		if rec := r.channels.find(a.ID); rec != nil {
-			rec.input = false
-		}
-	}
-	return r.step(ctx, ev)
 }
