@@ -52,7 +52,9 @@
 //
 // Windows (tumbling, sliding, sessions, allowed lateness, late side
 // output) are in package window, built on ProcessKeyed, keyed state and
-// these timers; graph does not import it.
+// these timers; graph does not import it. Checkpoints written before
+// timer queues hold TimerState and EventTimerState as keyed list states of
+// int64 per key, which restore into the queues.
 //
 // A subtask never emits a watermark at or below one it emitted before the
 // checkpoint it restores at the same parallelism: the last one is in its
@@ -168,6 +170,13 @@
 // barrier may end up in the snapshot and are replayed after a restore.
 // Execution.Stats says per checkpoint how it was taken (Alignment) and how
 // much in-flight data it persisted (InFlightSize).
+//
+// Keyed state of at most CheckpointConfig.InlineKeyedEntries entries per
+// subtask is encoded in the synchronous part of the snapshot (a fraction of
+// a millisecond) and sent inline, in the ack and _metadata; above it the
+// frozen state is encoded into a keyed-state file on another goroutine, so
+// the pause does not grow with the number of keys and neither the master's
+// memory nor _metadata holds the state.
 //
 // # Lifecycle
 //
@@ -323,7 +332,8 @@
 //     restores at any parallelism: until the input watermark passes it,
 //     it is the watermark of the old subtask that held the key's key
 //     group (kept in the snapshots as KeyGroupWatermarkState while the
-//     input watermark is below it), so a window fired or cleaned up
+//     input watermark is below it, so that a second rescale keeps them
+//     too), so a window fired or cleaned up
 //     before a rescale stays so (TestRescaleKeepsFiredWindows). A record whose
 //     event time is at most OutOfOrderness behind the highest one its
 //     source subtask emitted before it is never late (at or below

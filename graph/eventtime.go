@@ -158,8 +158,7 @@ func (d TimeDomain) String() string {
 }
 
 // EventTimerState is the name of the keyed timer queue that holds the
-// event-time timers (Unix nanoseconds), next to TimerState (older
-// checkpoints: a keyed list state of int64 per key, converted on restore).
+// event-time timers (Unix nanoseconds), next to TimerState.
 const EventTimerState = "_event_timers"
 
 // RegisterEventTimer registers an event-time timer for the current key: it

@@ -106,9 +106,7 @@ func (p *optionMap) take(v *vertex) (keyedOpts, bool) {
 }
 
 // TimerState is the name of the keyed timer queue (state.Timers) that
-// holds the processing-time timers (Unix nanoseconds). Checkpoints written
-// before timer queues hold it as a keyed list state of int64 per key,
-// which restores into the queue.
+// holds the processing-time timers (Unix nanoseconds).
 const TimerState = "_timers"
 
 // RegisterTimer registers a processing-time timer for the current key. A
