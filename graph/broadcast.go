@@ -22,16 +22,10 @@ const BroadcastStatePrefix = "_broadcast/"
 // other input reads it. A write outside ProcessBroadcast fails the
 // subtask (and returns the error).
 //
-// Every subtask checkpoints its own copy. A restore at the parallelism of
-// the checkpoint gives every subtask its own copy back (in unaligned
-// checkpoints the copies may differ, each matching its subtask's in-flight
-// broadcast records); at another parallelism new subtask i takes old
-// subtask i modulo the old parallelism's copy (Flink reads one of the
-// copies, which an aligned checkpoint makes equal; a checkpoint with
-// in-flight broadcast records cannot be restored at another parallelism
-// anyway). The copy is encoded (msgpack) in the synchronous part of every
+// Every subtask checkpoints its own copy, in the synchronous part of every
 // snapshot: broadcast state is meant to be small (rules, thresholds,
-// configuration).
+// configuration). See "Two-input operators" in the package documentation
+// for how the copies are restored.
 type BroadcastState[K comparable, V any] struct {
 	name  string
 	store *broadcastStore
@@ -207,23 +201,17 @@ func (b *BroadcastState[K, V]) check(op string) error {
 	return err
 }
 
-// ApplyToKeyedState is Flink's applyToKeyedState
-// (KeyedBroadcastProcessFunction.Context): called from ProcessBroadcast
-// of a KeyedBroadcastProcess function, it calls fn once for every key
-// that keys yields, with that key current, so that the function's keyed
-// state handles read and write that key's state (the KeyedStateFunction's
-// state argument). keys is the iterator over a keyed state of the
-// subtask's keys: the All method of a state.ValueState, KeyedListState or
-// ReducingState, AggregatingState.Accumulators, or MapStateKeys of a
-// state.MapState; only its keys are used. The keys are collected, each
-// once, before the first call, so fn may update or clear any state of the
-// key it visits (on the heap as in Pebble). It visits the keys of the
-// key groups this subtask owns, in no particular order; ProcessBroadcast
-// runs on every subtask, so every key of the operator is visited once.
-// The first error of fn stops the visit and is returned, naming the
-// operator and the key; fn cannot register timers (no KeyedContext).
-// Outside fn, keyed state handles in ProcessBroadcast act on whichever
-// key was current last: use them inside fn only.
+// ApplyToKeyedState is Flink's applyToKeyedState: called from
+// ProcessBroadcast of a KeyedBroadcastProcess function, it calls fn once
+// for every key that keys yields, with that key current, so that the
+// function's keyed state handles read and write that key's state. keys
+// iterates a keyed state of the subtask: the All method of a
+// state.ValueState, KeyedListState or ReducingState,
+// AggregatingState.Accumulators, or MapStateKeys of a state.MapState. fn
+// may update or clear any state of the key it visits, but cannot register
+// timers. Every key of the operator is visited once over all subtasks, in
+// no particular order. The first error of fn stops the visit and is
+// returned. Use keyed state handles in ProcessBroadcast inside fn only.
 func ApplyToKeyedState[K comparable, V any](ctx *Context, keys iter.Seq2[K, V], fn func(key K) error) error {
 	who := ctx.Task()
 	if ctx.allKeys == nil {

@@ -62,14 +62,10 @@ type BroadcastProcessFunc[IN, BC, OUT any] interface {
 // state; ProcessBroadcast gets every broadcast record on every subtask and
 // writes it. No key is current in ProcessBroadcast: its ctx has no keyed
 // state (KeyedState returns nil), but ApplyToKeyedState visits every key
-// of a keyed state on the subtask, with that key current (Flink's
-// applyToKeyedState). It may implement TimerHandler and the hooks of a
-// KeyedProcessFunc: Process registers and deletes processing-time and
-// event-time timers through its KeyedContext (RegisterTimer, DeleteTimer,
-// RegisterEventTimer, DeleteEventTimer), OnTimer fires them with the
-// timer's key current, and they are keyed state, checkpointed, restored
-// and rescaled with their key groups as those of ProcessKeyed. OnTimer,
-// like Process, only reads the broadcast state.
+// of a keyed state on the subtask, with that key current. It may
+// implement TimerHandler and the hooks of a KeyedProcessFunc, as a
+// ProcessKeyed function does. OnTimer, like Process, only reads the
+// broadcast state.
 type KeyedBroadcastProcessFunc[K comparable, IN, BC, OUT any] interface {
 	Process(ctx *KeyedContext[K], in IN, out Collector[OUT]) error
 	ProcessBroadcast(ctx *Context, in BC, out Collector[OUT]) error

@@ -52,7 +52,9 @@
 //
 // Windows (tumbling, sliding, sessions, allowed lateness, late side
 // output) are in package window, built on ProcessKeyed, keyed state and
-// these timers; graph does not import it.
+// these timers; graph does not import it. Checkpoints written before
+// timer queues hold TimerState and EventTimerState as keyed list states of
+// int64 per key, which restore into the queues.
 //
 // A subtask never emits a watermark at or below one it emitted before the
 // checkpoint it restores at the same parallelism: the last one is in its
@@ -94,6 +96,16 @@
 // inputs' records travel as one type (see coprocess.go): the operator
 // reads a single input gate, so barriers align across both inputs, its
 // watermark is the minimum over both, and its input ends when both ended.
+//
+// Every subtask checkpoints its own copy of the broadcast state (msgpack,
+// in the synchronous part of the snapshot). A restore at the checkpoint's
+// parallelism gives every subtask its own copy back (in unaligned
+// checkpoints the copies may differ, each matching its subtask's
+// in-flight broadcast records); at another parallelism new subtask i takes
+// the copy of old subtask i modulo the old parallelism (Flink reads one of
+// the copies, which an aligned checkpoint makes equal; a checkpoint with
+// in-flight broadcast records cannot be restored at another parallelism
+// anyway).
 //
 // # Side outputs
 //
@@ -158,6 +170,13 @@
 // barrier may end up in the snapshot and are replayed after a restore.
 // Execution.Stats says per checkpoint how it was taken (Alignment) and how
 // much in-flight data it persisted (InFlightSize).
+//
+// Keyed state of at most CheckpointConfig.InlineKeyedEntries entries per
+// subtask is encoded in the synchronous part of the snapshot (a fraction of
+// a millisecond) and sent inline, in the ack and _metadata; above it the
+// frozen state is encoded into a keyed-state file on another goroutine, so
+// the pause does not grow with the number of keys and neither the master's
+// memory nor _metadata holds the state.
 //
 // # Lifecycle
 //
@@ -244,6 +263,38 @@
 //     1); older ones are deleted after a newer one completed. A failed
 //     deletion is logged and retried; it never fails the checkpoint.
 //
+// # Loops
+//
+// A loop head never waits for barriers on its feedback inputs: the records
+// that come back on them after its snapshot and before the barrier returns
+// are persisted with the checkpoint as channel state (Chandy-Lamport's
+// channel recording; package align, "Feedback channels") and replayed into
+// the head on restore, so loops are exactly-once, which Flink's iterations
+// are not; at-least-once mode would lose the records in flight on the
+// feedback edge. The job master detects a quiescent loop by counting the
+// records sent and received inside it (Mattern's double counting); then
+// the heads end their input and the end of input travels round the loop
+// and out. An operator in a loop implementing EndInput fails the subtask
+// when it opens: what it emitted at the end of its input would come back
+// after the loop ended. Feedback channels are unbounded, so the end of the
+// loop never waits on its start; the heads keep them small by reading no
+// input from outside the loop while the feedback channels hold more than
+// ChannelCapacity buffers each.
+//
+// # Per-split watermarks
+//
+// A SplitSourceFunc's splits each have a bounded-out-of-orderness
+// generator and idleness (Flink's FLIP-27 per-split watermarks). Splits is
+// asked once, when InitializeState returned. A finished split leaves the
+// minimum for good; with every split finished the subtask holds its
+// watermark (idle after IdleTimeout) until it adds a split or ends its
+// input. The emitted watermark is persisted as without splits
+// (task.WatermarkState), so none regresses after a restore, also at
+// another parallelism: the splits' generators start afresh and what they
+// propose at or below the restored watermark is not emitted. A batch may
+// mix splits, so only ReadSplitBatch, which fills a slice of splits
+// parallel to the records, is read in batches with a strategy.
+//
 // # Invariants
 //
 //   - G1: the master never blocks on a subtask: mailboxes are unbounded, and
@@ -281,7 +332,8 @@
 //     restores at any parallelism: until the input watermark passes it,
 //     it is the watermark of the old subtask that held the key's key
 //     group (kept in the snapshots as KeyGroupWatermarkState while the
-//     input watermark is below it), so a window fired or cleaned up
+//     input watermark is below it, so that a second rescale keeps them
+//     too), so a window fired or cleaned up
 //     before a rescale stays so (TestRescaleKeepsFiredWindows). A record whose
 //     event time is at most OutOfOrderness behind the highest one its
 //     source subtask emitted before it is never late (at or below

@@ -20,17 +20,11 @@ import (
 // idleness. Set it with the Watermarks option on Source.
 //
 // Each source subtask generates its own watermarks, per split if its
-// function is a SplitSourceFunc, as the built-in sources of package
-// source are (then the subtask's watermark is the minimum over its
-// splits, idle and finished ones left out); otherwise a subtask reading
-// several splits takes the maximum over all of them, and the bound must
-// cover the disorder between its splits too. Downstream, every subtask's input
-// watermark is the minimum over its input channels, idle ones left out.
-// A subtask's watermarks never go back within an attempt, nor after a
-// restore at the same parallelism (the last one is in its snapshot); after
-// a restore at another parallelism a subtask starts at the lowest of the
-// old subtasks', and KeyedContext.CurrentWatermark keeps each key's from
-// going back (EV2 in the package documentation).
+// function is a SplitSourceFunc, as the built-in sources of package source
+// are; otherwise OutOfOrderness must cover the disorder between the splits
+// a subtask reads too. Downstream, every subtask's input watermark is the
+// minimum over its input channels, idle ones left out. Watermarks never go
+// back (see "Event time" in the package documentation).
 type WatermarkStrategy[T any] struct {
 	// Timestamp returns the event time of a record. It runs once per
 	// record the source emits.
@@ -62,25 +56,13 @@ type WatermarkStrategy[T any] struct {
 // for the slow one's watermark.
 //
 // The group's members are the subtasks of every source whose strategy
-// names the group, of any operator and record type; each source keeps its
-// own MaxDrift. The group's minimum is over the active members: an idle
-// subtask (IdleTimeout) holds nobody back, one that has not reported a
-// watermark yet (no record yet) holds the group at the start of time, a
-// subtask that ended its input leaves the group, and when every member
-// is idle or ended nobody is paused. The slowest active member is never
-// paused, so alignment cannot deadlock.
-//
-// A paused subtask reads nothing (no Next, no ReadBatch) but still takes
-// checkpoints, answers cancellation and stop, flushes what it emitted and
-// emits its watermarks and idleness; it is resumed as soon as the group's
-// minimum allows it. It checks between batches, against the watermark
-// its records make due (not only the last one emitted), so a source
-// emits at most one batch (Config.BufferSize records) beyond what the
-// group allowed when it read the batch. A SplitSourceFunc subtask with
-// several splits checks its last emitted watermark instead (Interval
-// granularity). Members report their watermark at UpdateInterval, on
-// pausing, on idleness and at the end; a restarted job's members start
-// from their restored watermarks.
+// names the group; each source keeps its own MaxDrift. Idle members and
+// members that ended their input hold nobody back; a member without a
+// record yet holds the group at the start of time. The slowest active
+// member is never paused, and a paused one still takes checkpoints, stops
+// and cancels. A source reads at most one batch (Config.BufferSize
+// records) beyond what the group allows (see "Event time" in the package
+// documentation).
 type WatermarkAlignment struct {
 	// Group names the alignment group; "" for none.
 	Group string
@@ -176,8 +158,7 @@ func (d TimeDomain) String() string {
 }
 
 // EventTimerState is the name of the keyed timer queue that holds the
-// event-time timers (Unix nanoseconds), next to TimerState (older
-// checkpoints: a keyed list state of int64 per key, converted on restore).
+// event-time timers (Unix nanoseconds), next to TimerState.
 const EventTimerState = "_event_timers"
 
 // RegisterEventTimer registers an event-time timer for the current key: it
@@ -198,16 +179,10 @@ func (c *KeyedContext[K]) DeleteEventTimer(at time.Time) { c.eventTimers.delete(
 // CurrentWatermark is the operator's input watermark for the current key
 // (Unix nanoseconds): marker.MinWatermark before the first,
 // marker.MaxWatermark after the end of the input. Inside OnTimer of an
-// event-time timer it is at least the watermark that fires it.
-//
-// It never goes back for a key, not even across a restore at another
-// parallelism, where the subtask's input watermark restarts at the lowest
-// of the old subtasks' (see "Event time" in the package documentation):
-// until that input watermark passes it, a key sees the watermark of the
-// old subtask that held its key group, so a window that fired or was
-// cleaned up before the rescale stays so. Event-time timers fire by the
-// input watermark: one registered at or below CurrentWatermark but above
-// the input watermark fires when the input watermark reaches it.
+// event-time timer it is at least the watermark that fires it. It never
+// goes back for a key, also across a restore at another parallelism;
+// event-time timers fire by the subtask's input watermark, which may then
+// be below it for a while.
 func (c *KeyedContext[K]) CurrentWatermark() int64 {
 	if c.floors != nil {
 		if kg := c.backend.CurrentKeyGroup() - c.kgBase; kg >= 0 && kg < len(c.floors) && c.floors[kg] > c.watermark {

@@ -19,34 +19,14 @@ import (
 // A graph may contain cycles only through feedback edges; Validate rejects
 // any other cycle, naming its operators.
 //
-// Checkpoints are exactly-once in both exactly-once modes (aligned,
-// unaligned, and aligned with timeout), which Flink's iterations are not: a
-// loop head never waits for barriers on its feedback inputs, and the
-// records that come back on them after its snapshot and before the barrier
-// returns are persisted with the checkpoint as channel state
-// (Chandy-Lamport's channel recording; see package align, "Feedback
-// channels") and replayed into the head on restore. At-least-once mode is
-// rejected: it would lose the records in flight on the feedback edge.
-//
-// A bounded job with a loop ends when the loop is quiescent after the end
-// of its input: every input from outside the loop has ended, no record is
-// left in the loop's channels or operators and no timer is pending in them
-// (the job master detects this by counting records sent and received inside
-// the loop, Mattern's double counting). Then the heads end their input and
-// the end of input travels round the loop and out, as in any bounded job.
-// A loop that never becomes quiescent (records that circulate forever, a
-// timer that always re-registers itself) never ends. Operators inside a
-// loop must not implement EndInput: what they emitted at the end of their
-// input would come back after the loop ended (the subtask fails to open,
-// naming the operator).
-//
-// Feedback channels are unbounded, so that the end of the loop never
-// waits on its start (which may be waiting on it); the heads keep them
-// small by reading no input from outside the loop while the feedback
-// channels hold more than ChannelCapacity buffers each, and read the
-// feedback instead. Memory is then bounded by the channel capacities as
-// long as every record the loop takes in sends at most one record back; a
-// loop whose body multiplies records grows its feedback channels with it.
+// Checkpoints of a loop are exactly-once in the aligned and unaligned
+// modes; at-least-once mode is rejected. A bounded job with a loop ends
+// when the loop is quiescent after the end of its input: no record left in
+// it and no timer pending; a loop that never becomes quiescent never ends.
+// Operators inside a loop must not implement EndInput. Memory stays
+// bounded by the channel capacities as long as every record the loop
+// takes in sends at most one record back. See "Loops" in the package
+// documentation for how.
 type Iteration[T any] struct {
 	it     *iteration
 	stream *Stream[T]

@@ -36,27 +36,16 @@ type CheckpointConfig struct {
 	// InputSlice, for checkpoints that may be unaligned (Mode
 	// marker.Unaligned, or AlignedTimeout > 0), is the most records of an
 	// input buffer a subtask processes before it looks for an unaligned
-	// barrier again (default 256): a barrier waits for at most one slice,
-	// not for a whole buffer, and the rest of the buffer becomes input
-	// channel state. Smaller slices take barriers sooner, at a little cost
-	// per slice; slices of BufferSize or more read barriers between
-	// buffers only. Subtasks in a loop (Iterate) read them between buffers.
+	// barrier again (default 256). Smaller slices take barriers sooner, at
+	// a little cost per slice.
 	InputSlice int
 	// InlineKeyedEntries is the memory threshold of keyed state (Flink's
-	// state.storage.fs.memory-threshold, counted in entries): a keyed
-	// subtask whose state has at most this many entries encodes it in the
-	// synchronous part of its snapshot and sends it inline, in its
-	// acknowledgement and _metadata; above it the state is encoded on
-	// another goroutine into a keyed-state file of the checkpoint, so the
-	// synchronous pause does not grow with the number of keys. 0 selects
-	// the default, 1024 (about Flink's default of 20 KB for small values);
-	// negative sends all keyed state to files. Raising it trades a longer
-	// pause (the encoding: 0.03-0.1 ms per 1,000 small entries, warm to
-	// cold caches) and a larger _metadata (the master encodes it at every
-	// checkpoint) for fewer files, one per keyed subtask and checkpoint,
-	// and no hand-off to an encoder goroutine. Entries are counted per
-	// subtask, so keep it low for large values. The Pebble backend's
-	// incremental checkpoints do not use it.
+	// state.storage.fs.memory-threshold, counted in entries per subtask):
+	// smaller keyed state goes inline into the checkpoint's _metadata,
+	// larger into a file of its own, encoded in the background. 0: 1024;
+	// negative: always a file. Raising it lengthens the checkpoint pause;
+	// keep it low for large values. The Pebble backend's incremental
+	// checkpoints do not use it.
 	InlineKeyedEntries int
 	// MaxInflightBytes caps the channel state (persisted in-flight data) of
 	// one unaligned checkpoint over all subtasks; a checkpoint above it
@@ -171,15 +160,12 @@ const (
 	// outgrow memory without the job knowing in advance, and Pebble's
 	// checkpoints are incremental and asynchronous.
 	DefaultState StateBackend = iota
-	// HeapState keeps keyed state on the heap (copy-on-write pages): the
-	// fastest for reads (13-17x Pebble on a value-state counter,
-	// BENCHMARKS.md "Keyed state in Pebble"), for state that fits in
-	// memory.
+	// HeapState keeps keyed state on the heap: the fastest, for state
+	// that fits in memory.
 	HeapState
 	// PebbleState keeps keyed state in one Pebble instance per keyed
-	// subtask, in a working directory of its own under StateConfig.Pebble.Dir,
-	// for state larger than memory: memory is bounded by the block cache,
-	// memtable and write-back cache sizes whatever the state size. The
+	// subtask, under StateConfig.Pebble.Dir, for state larger than memory:
+	// memory is bounded by the cache sizes whatever the state size. The
 	// default.
 	PebbleState
 )
@@ -197,8 +183,7 @@ func (b StateBackend) String() string {
 }
 
 // StateConfig configures the keyed-state backend of a job. Checkpoints
-// and savepoints have one format whatever the backend (package state, S1),
-// so a job restores from either into either.
+// and savepoints restore into either backend, whichever took them.
 type StateConfig struct {
 	Backend StateBackend
 	// Pebble configures the Pebble instances (Backend PebbleState). Its Dir
@@ -206,11 +191,9 @@ type StateConfig struct {
 	// os.TempDir()); it must not be the checkpoint directory.
 	Pebble state.PebbleEngine
 	// FullCheckpoints makes the checkpoints of a Pebble backend full
-	// snapshots in the canonical format (as savepoints always are) instead
-	// of incremental ones: by default a checkpoint stores the Pebble
-	// instance's files, and only the sstables no earlier checkpoint stored
-	// (snapshot/checkpoint/native.go). The heap backend's checkpoints are
-	// always full.
+	// snapshots in the canonical format, as savepoints always are, instead
+	// of incremental ones (the sstables no earlier checkpoint stored). The
+	// heap backend's checkpoints are always full.
 	FullCheckpoints bool
 }
 

@@ -438,13 +438,8 @@ func (h *hooks) SnapshotAsync(b marker.Barrier) (checkpoint.SubtaskState, task.A
 	return st, keyedPart{s: ks, files: h.keyedFiles, task: h.task, barrier: b}, nil
 }
 
-// DefaultInlineKeyedEntries is CheckpointConfig.InlineKeyedEntries' default:
-// the most keyed entries a keyed operator encodes in the synchronous part
-// of its snapshot (a fraction of a millisecond) and sends inline, in the
-// ack and _metadata. Above it the frozen state is encoded and written to a
-// keyed-state file asynchronously, so the pause does not grow with the
-// number of keys and neither the master's memory nor _metadata holds the
-// state.
+// DefaultInlineKeyedEntries is CheckpointConfig.InlineKeyedEntries'
+// default.
 const DefaultInlineKeyedEntries = 1024
 
 // keyedPart encodes a frozen keyed state off the subtask goroutine and
@@ -596,10 +591,8 @@ type keyedOp[K comparable, IN, OUT any] struct {
 }
 
 // KeyGroupWatermarkState is the union list state in which a keyed
-// operator keeps, in its snapshots, the watermarks of its key groups from
-// before a rescale that its input watermark has not reached yet (see
-// KeyedContext.CurrentWatermark), so that a second rescale before it does
-// keeps them too. Usually empty.
+// operator keeps the watermarks of its key groups from before a rescale
+// (see KeyedContext.CurrentWatermark). Usually empty.
 const KeyGroupWatermarkState = "_keygroup_watermarks"
 
 // kgWatermark is an item of KeyGroupWatermarkState: key group KG's

@@ -8,49 +8,24 @@ import (
 
 // SplitSourceFunc is implemented by a SourceFunc whose subtask reads
 // splits (files or byte ranges of them, strides of an index, partitions)
-// and says which one each record came from. With a WatermarkStrategy, the
-// subtask then generates watermarks per split, each split with its own
-// bounded out-of-orderness generator and idleness, and emits the minimum
-// over its live, non-idle splits (Flink's per-split watermarks in the
-// FLIP-27 SourceReader): a split that is read after another, or more
-// slowly, does not find its records late, and the bound need only cover
-// the disorder within a split. Without a WatermarkStrategy nothing of
-// this runs: the subtask reads as any source (ReadBatch, Next), and
-// Splits and Split are never asked.
+// and says which one each record came from. With a WatermarkStrategy the
+// subtask then generates watermarks per split and emits the minimum over
+// its live, non-idle splits, so the OutOfOrderness bound need only cover
+// the disorder within a split. Without a WatermarkStrategy Splits and
+// Split are never asked.
 //
-// The contract:
+//   - Splits are numbered densely from 0: the Splits counted when
+//     InitializeState returned, then those added by Context.AddSplit.
+//   - A split without a record yet holds the watermark back unless it is
+//     idle (IdleTimeout).
+//   - A split read to its end is finished with Context.FinishSplit and no
+//     longer holds the watermark back. A split finished before a
+//     checkpoint must be finished again after a restore (in
+//     InitializeState or before its first record).
 //
-//   - Splits are numbered by the subtask, densely from 0: the Splits
-//     counted when InitializeState returned (asked once, then), and after
-//     them, in order, those added by Context.AddSplit. Split names the
-//     split of the record Next returned last.
-//   - A split that had no record yet holds the subtask's watermark back
-//     (it may hold records older than any read so far) unless it is idle
-//     (IdleTimeout), and so does a split from its AddSplit on.
-//   - A split read to its end is finished with Context.FinishSplit: it
-//     leaves the minimum for good (as Flink's SourceReaderBase releases a
-//     finished split's watermark output), so the others' watermarks go on
-//     without it; its records emitted before stay before the watermarks
-//     that follow. A split finished before a checkpoint must be finished
-//     again after a restore (in InitializeState or before its first
-//     record), or it holds the watermark back at nothing. With every split
-//     finished the subtask holds its watermark (and turns idle after
-//     IdleTimeout) until it adds a split or ends its input, whose final
-//     watermark is the end of input's, as without splits.
-//   - The subtask's emitted watermark is persisted as without splits
-//     (task.WatermarkState), so none regresses after a restore, also at
-//     another parallelism where the splits were reassigned: the splits'
-//     generators start afresh, holding the watermark until their first
-//     records, and what they propose at or below the restored watermark is
-//     not emitted.
-//
-// Batches: a SplitSourceFunc that implements SplitBatchSourceFunc is read
-// with ReadSplitBatch when the subtask has a WatermarkStrategy, which
-// writes each record's split to a slice parallel to the records; the
-// subtask then observes each record's event time in its split's generator
-// with no call through an interface per record. A SplitSourceFunc without
-// it is read one record at a time (Next, then Split) with a strategy,
-// also when it implements BatchSourceFunc: a batch may mix splits.
+// See "Per-split watermarks" in the package documentation for the rest of
+// the contract. With a WatermarkStrategy a SplitBatchSourceFunc is read
+// with ReadSplitBatch; any other SplitSourceFunc one record at a time.
 type SplitSourceFunc[T any] interface {
 	SourceFunc[T]
 	// Splits is the number of splits the subtask reads when
@@ -84,15 +59,10 @@ type splitLife struct {
 }
 
 // AddSplit adds a split to the splits the source subtask reads and
-// returns its number (see SplitSourceFunc): the next after the Splits
-// counted at InitializeState and those added before. With a
-// WatermarkStrategy the split holds the subtask's watermark back from now
-// on until its first records (or until it is idle). Call it on the
-// subtask's goroutine (in Next, ReadBatch, ReadSplitBatch, or a
-// checkpoint hook), before the split's first record, not in
-// InitializeState (count the split in Splits there: it panics). Outside a
-// SplitSourceFunc's subtask (a function wrapping one, another operator, a
-// nil Context) it does nothing and returns -1.
+// returns its number (see SplitSourceFunc). Call it on the subtask's
+// goroutine, before the split's first record; in InitializeState it
+// panics (count the split in Splits there). Outside a SplitSourceFunc's
+// subtask it does nothing and returns -1.
 func (c *Context) AddSplit() int {
 	l := c.splitLife()
 	if l == nil {

@@ -62,14 +62,11 @@ func EndOfInputTimers(p TimerPolicy) Option {
 }
 
 // StateClock sets the clock a ProcessKeyed operator reads the processing
-// time of its keyed state from (state TTL, state.WithTTL): the operator
-// reads it once per buffer of records, at every snapshot and when its
-// timers fire, and hands it to the backend (state.KeyedBackend.SetTime). The default is
-// time.Now for records and snapshots, and the time timers fire at for
-// timers. Timers
-// still fire by the subtask's own clock. It is meant for tests, which need
-// state to expire at given points. Validation rejects it on other
-// operators.
+// time of its keyed state from (state TTL, state.WithTTL), once per buffer
+// of records, at every snapshot and when its timers fire (default
+// time.Now). Timers still fire by the subtask's own clock. It is meant for
+// tests, which need state to expire at given points. Validation rejects
+// it on other operators.
 func StateClock(now func() time.Time) Option {
 	return func(v *vertex) { keyedOptions.set(v, func(o *keyedOpts) { o.clock = now }) }
 }
@@ -109,9 +106,7 @@ func (p *optionMap) take(v *vertex) (keyedOpts, bool) {
 }
 
 // TimerState is the name of the keyed timer queue (state.Timers) that
-// holds the processing-time timers (Unix nanoseconds). Checkpoints written
-// before timer queues hold it as a keyed list state of int64 per key,
-// which restores into the queue.
+// holds the processing-time timers (Unix nanoseconds).
 const TimerState = "_timers"
 
 // RegisterTimer registers a processing-time timer for the current key. A

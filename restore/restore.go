@@ -86,11 +86,11 @@ func (c candidate) String() string { return fmt.Sprintf("%s %s", c.kind, c.path)
 // The candidates are the complete chk-N directories and the
 // stop-with-savepoints that the log records. Newest first, each whose
 // _metadata is corrupt, truncated, invalid or gone is skipped with a warning
-// through logf naming its path, the error and the candidate tried next (R5).
+// through logf naming its path, the error and the candidate tried next.
 // If the one found is older than the committed horizon H (the highest id of
 // a checkpoint or stop-with-savepoint in the log: a completion that may have
 // been notified), Latest returns an error wrapping ErrFallback, unless
-// allowFallback, with which it logs the same warning and returns it (R7).
+// allowFallback, with which it logs the same warning and returns it.
 // It returns (nil, "", nil) when st has neither candidates nor a horizon,
 // and when allowFallback is set and nothing is left to restore below the
 // horizon. It fails when candidates exist but none is usable, and when
@@ -102,9 +102,9 @@ func Latest(st *snapshot.Storage, allowFallback bool, logf Logf) (*checkpoint.Me
 
 // LatestPlan chooses the checkpoint as Latest does, assigns its state to
 // ops as Assign does, and loads the keyed-state blocks that the plan's
-// subtasks need (LoadKeyedState): reading only those blocks (R10). A
+// subtasks need (LoadKeyedState): reading only those blocks. A
 // candidate whose keyed-state blocks are missing, truncated or damaged
-// counts as corrupt in every respect (R11): it is skipped with a warning
+// counts as corrupt in every respect: it is skipped with a warning
 // naming the file, the checkpoint and the key group, subject to the
 // committed horizon as Latest's candidates are. An Assign error fails
 // LatestPlan as it fails Assign. It returns a nil Plan where Latest
@@ -311,7 +311,7 @@ func Load(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 // LoadPlan reads the metadata of the checkpoint or savepoint at path, its
 // directory or its _metadata file, assigns its state to ops as Assign does
 // and loads the keyed-state blocks that the plan's subtasks need
-// (LoadKeyedState, R10). It never falls back: an error for a path that is
+// (LoadKeyedState). It never falls back: an error for a path that is
 // missing or does not decode, or for a keyed-state block that is missing or
 // damaged, wraps ErrUnrecoverable, as every Assign error does.
 func LoadPlan(fs vfs.FS, path string, ops []Operator, allowNonRestored bool, logf Logf) (*Plan, error) {
@@ -376,13 +376,13 @@ const maxParallelReads = 4
 // LoadKeyedState reads the keyed state that Assign handed to the subtasks
 // of plan by reference (SubtaskState.RestoredKeyedState) into their
 // KeyGroups, by ascending key group, and clears the references. It reads
-// only the referenced blocks (R10), from files in the checkpoint directory
+// only the referenced blocks, from files in the checkpoint directory
 // plan.Path (or its parent, if plan.Path is a _metadata file), up to four
 // subtasks' at a time. Each block's length and CRC-32C are checked before
 // it is decoded. The error, for the first failing subtask in task order,
 // is a *snapshot.ReadError naming the file, the checkpoint, the operator
 // and the key group; for a missing, truncated or damaged block it wraps
-// checkpoint.ErrCorrupt (R11). On error, plan is left partly loaded and
+// checkpoint.ErrCorrupt. On error, plan is left partly loaded and
 // must not be used.
 func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 	if fs == nil {
@@ -509,15 +509,15 @@ type Plan struct {
 	// Path is the checkpoint or savepoint directory; SubtaskState.Files are
 	// relative to its parent, the job directory of that checkpoint.
 	Path string
-	// Tasks holds the state of every subtask of every restored operator
-	// (R4); a subtask without an entry starts empty. KeyGroupStart and
+	// Tasks holds the state of every subtask of every restored operator;
+	// a subtask without an entry starts empty. KeyGroupStart and
 	// KeyGroupEnd are the subtask's new key-group range for keyed operators
 	// and -1 otherwise. ChannelState and Channels are the subtask's own
-	// channel state (R8): the in-flight data to replay, output channels
+	// channel state: the in-flight data to replay, output channels
 	// first, then operator state, then input channels before any new input.
 	// Keyed state in keyed-state files is handed over by reference
-	// (RestoredKeyedState: only the blocks of the subtask's key groups,
-	// R10) until LoadKeyedState reads it into KeyGroups.
+	// (RestoredKeyedState: only the blocks of the subtask's key groups)
+	// until LoadKeyedState reads it into KeyGroups.
 	Tasks map[checkpoint.TaskID]*checkpoint.SubtaskState
 }
 

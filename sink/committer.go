@@ -70,8 +70,8 @@ type Committable[C any] struct {
 // committables it received and has not committed, by checkpoint.
 const CommittablesState = "committables"
 
-// WriteAndCommit ends in with a writer/committer sink (Paimon's topology,
-// seed 000): newWriter makes the writer of each writer subtask (operator
+// WriteAndCommit ends in with a writer/committer sink (Paimon's
+// topology): newWriter makes the writer of each writer subtask (operator
 // uid, parallelism as configured by opts), and one committer subtask (uid
 // + "-committer") publishes through c.
 //
@@ -80,11 +80,11 @@ const CommittablesState = "committables"
 //     checkpoint. They reach the committer before the barrier (aligned),
 //     or may be overtaken by it and be in the checkpoint's channel state
 //     (unaligned): those arrive after the committer's snapshot and are
-//     committed with the next checkpoint (CM1).
+//     committed with the next checkpoint.
 //   - The committer keeps them by checkpoint in its state and, when
 //     checkpoint N completes, commits each checkpoint up to N in order, as
 //     (commit user, checkpoint), after checking that it was not committed
-//     before (CM1-CM3 in the package documentation).
+//     before.
 //   - On a restore it commits what its state holds above the newest commit
 //     of its user and drops the rest (Paimon's filterCommitted). It
 //     refuses to run when its user committed a checkpoint after the

@@ -15,7 +15,7 @@ import (
 	"github.com/snapflow/snapflow/state"
 )
 
-// Txn identifies one transaction (P2). Every field is part of the
+// Txn identifies one transaction. Every field is part of the
 // identity: two transactions are the same iff their Txns are equal.
 type Txn struct {
 	// CommitUser is the sink's stable identity across restarts and
@@ -46,8 +46,8 @@ func (t Txn) String() string {
 // Committer publishes the records of a transaction atomically.
 //
 // Commit must be idempotent by the whole Txn: a transaction committed
-// before (an equal Txn) is acknowledged without publishing again (P2). The
-// sink guarantees that one Txn never names two different contents (P4), so
+// before (an equal Txn) is acknowledged without publishing again. The
+// sink guarantees that one Txn never names two different contents, so
 // a committer may trust a recorded Txn without comparing records. It must
 // not dedupe by a part of the Txn: transactions of different executions
 // can share the commit user, sink, subtask and checkpoint id.
@@ -57,8 +57,8 @@ func (t Txn) String() string {
 // committable whose id is not above the newest committed for the user) must
 // keep that watermark per (CommitUser, Execution, Sink, Subtask), for
 // example by using CommitUser+"/"+Execution as its own commit user: within
-// one execution checkpoint ids strictly increase across restarts (graph
-// G3) and each subtask commits in checkpoint order (P3), so the watermark
+// one execution checkpoint ids strictly increase across restarts and each
+// subtask commits in checkpoint order, so the watermark
 // is exact, and a transaction restored into a later execution keeps its
 // original Execution, so its re-commit is recognized. A watermark per
 // commit user alone drops, silently, the transactions of an execution
@@ -98,7 +98,7 @@ type options struct {
 // WithCommitUser sets the commit user of the sink, overriding the one in
 // restored state. Give a job forked from another job's savepoint its own
 // identity this way (see the package doc): the transactions the savepoint
-// names under the origin's commit user are left to the origin (P8).
+// names under the origin's commit user are left to the origin.
 func WithCommitUser(user string) Option {
 	return func(o *options) { o.user, o.fixed = user, true }
 }
@@ -317,7 +317,7 @@ func restoreCommitUser(ops *state.OperatorStore, o options, info graph.TaskInfo,
 // TwoPhaseCommitter whose external system knows what a commit user
 // committed (marker rows, a table's snapshots). A sink subtask that
 // restores a checkpoint asks it first, and refuses the restore when its
-// commit user committed a later checkpoint (P9): the job restored an older
+// commit user committed a later checkpoint: the job restored an older
 // checkpoint or savepoint, or is a fork that keeps the origin's commit
 // user, and would publish again what was committed after the restored
 // checkpoint. graph.RestoreConfig.AllowRepublish accepts that.

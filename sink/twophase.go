@@ -33,7 +33,7 @@ import (
 // shared by several subtasks must be safe for concurrent use across
 // transactions.
 //
-//   - Begin starts a transaction named txn. txn is unique and stable (P7):
+//   - Begin starts a transaction named txn. txn is unique and stable:
 //     use txn.Name() for anything the external system needs to name it.
 //   - PreCommit makes the transaction durable and ready to commit, not
 //     visible: after it returns, Commit and RecoverAndCommit must succeed
@@ -123,7 +123,7 @@ type EndAborter interface {
 // restored). No restore can name them (a restore resumes from a completed
 // checkpoint, at most Completed), and no later checkpoint of the
 // execution completes. Those up to Completed stay: a restore of Completed
-// commits them (P5, P6).
+// commits them.
 type Uncovered struct {
 	CommitUser, Sink, Execution string
 	Completed                   int64
@@ -142,7 +142,7 @@ func (u Uncovered) Contains(id TxnID, checkpoint int64) bool {
 // completed checkpoint (a restart, Restore.Latest), those checkpoints
 // never completed, so their records are replayed. Every pre-committed
 // transaction of a checkpoint up to Restored is pending in the restored
-// state (P5) or committed. A fork of a running job that keeps its commit
+// state or committed. A fork of a running job that keeps its commit
 // user would abort what the running job pre-committed: a fork passes
 // WithCommitUser.
 type Stale struct {
@@ -168,7 +168,7 @@ func (s Stale) Contains(id TxnID, checkpoint int64) bool {
 // names. They were begun after the restored checkpoint's barrier, or
 // pre-committed for checkpoints that never completed (else the restart
 // would have restored a later one), and the subtask that began them is
-// gone (graph G5), so their records are replayed and they are to be
+// gone, so their records are replayed and they are to be
 // aborted. Transactions of other executions are never lingering: another
 // execution may still run, or restore a later checkpoint of its own.
 type Lingering struct {
@@ -201,7 +201,7 @@ func (t TxnID) after(u TxnID) bool {
 // TxnID names a transaction of a TwoPhaseCommit sink. It is chosen when
 // the transaction begins, so unlike Txn it cannot carry the checkpoint that
 // will pre-commit it; the attempt and a sequence number within the attempt
-// take its place. Every field is part of the identity (P7).
+// take its place. Every field is part of the identity.
 type TxnID struct {
 	// CommitUser is the sink's identity across restarts and restores, as
 	// in Txn (CommitUserState).
@@ -363,7 +363,7 @@ func (r Retry) withDefaults() Retry {
 // (after Retry's attempts, or at once when the error wraps
 // restore.ErrUnrecoverable). It names the transaction, whose handle stays
 // in the sink's state: the job fails, and the attempt that restores the
-// newest checkpoint commits (or aborts) it again (P6).
+// newest checkpoint commits (or aborts) it again.
 type TxnError struct {
 	// Op is "commit", "recover-and-commit", "recover-and-abort", "abort" or
 	// "pre-commit".

@@ -99,7 +99,7 @@ func (f *TxnFiles[T]) Sink(opts ...Option) func() graph.SinkFunc[T] {
 }
 
 // Begin creates the transaction's pending file. It fails if the file
-// exists (P7: one name, one transaction).
+// exists (one name, one transaction).
 func (f *TxnFiles[T]) Begin(txn TxnID) (*FileTxn, error) {
 	if f.Dir == "" {
 		return nil, errors.New("sink: TxnFiles.Dir is empty")

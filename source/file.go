@@ -79,7 +79,7 @@ func WithLogf(logf func(format string, args ...any)) FileOption {
 //	events := source.NDJSON[Event]("in/*.ndjson", source.DeadLetter("bad/events"))
 //	s := graph.Source(job, "events", events.New)
 //
-// See the package documentation for the split contract (SRC2-SRC7). One
+// See the package documentation for the split contract. One
 // Files value may serve several jobs and executions.
 type Files[T any] struct {
 	pattern string
@@ -180,7 +180,7 @@ func CSVFunc[T any](pattern string, decode func(header, record []string) (T, err
 
 // New returns the source function of one subtask (call it through
 // graph.Source). It implements graph.BatchSourceFunc,
-// graph.SplitBatchSourceFunc (per-split watermarks, SRC8),
+// graph.SplitBatchSourceFunc (per-split watermarks),
 // graph.Initializer, graph.Snapshotter and graph.Closer.
 func (f *Files[T]) New() graph.SourceFunc[T] { return &fileSource[T]{f: f} }
 

@@ -22,7 +22,7 @@ const SplitsState = "offset-splits"
 // source, as its operator list state OffsetState holds it (read a
 // checkpoint's with inspect.OperatorList[source.Position]): split Split of
 // Splits holds the records i with i mod Splits == Split, and Next is the
-// next of them to read (SRC5). Positions written before sources had splits
+// next of them to read. Positions written before sources had splits
 // carry Subtask and Parallelism instead (Splits 0): the next record index
 // of that subtask, which read i mod Parallelism == Subtask.
 type Position struct {
@@ -39,7 +39,7 @@ type position = Position
 // hooks make it usable directly; build one per subtask with Generate or
 // Slice.
 //
-// Its records are cut into a fixed number of splits (SRC5), and it reads
+// Its records are cut into a fixed number of splits, and it reads
 // those of its own splits in increasing index order: at a fresh start and
 // after a restore at the same parallelism as the stride next, next+step,
 // ... (no per-record bookkeeping); after a restore at another parallelism
@@ -135,7 +135,7 @@ func Slice[T any](records []T) func() graph.SourceFunc[T] {
 // fresh start the source's splits are split s of SplitCount(p, maxP) for
 // subtask s mod p; on restore the subtask owns the splits whose positions
 // the restore gave it (split list state: its own at the same parallelism,
-// an even share of all of them at another, SRC5).
+// an even share of all of them at another).
 func (s *Indexed[T]) InitializeState(ctx *graph.Context) error {
 	s.info = ctx.Task()
 	l, err := state.ListState[position](ctx.OperatorState(), OffsetState)
@@ -281,7 +281,7 @@ func (s *Indexed[T]) Next(*graph.Context) (T, error) {
 	return r, nil
 }
 
-// SnapshotState saves the position of every owned split (SRC1, SRC5) and
+// SnapshotState saves the position of every owned split and
 // the split count.
 func (s *Indexed[T]) SnapshotState(*graph.SnapshotContext) error {
 	var ps []position

@@ -26,30 +26,30 @@ const IdentityBytes = 64 << 10
 
 // SplitProgress is the checkpointed progress of one split: the element of
 // the SplitState union list state. Each subtask snapshots one element per
-// split assigned to it, done splits included (SRC4).
+// split assigned to it, done splits included.
 type SplitProgress struct {
 	// Format is the source's format ("ndjson", "json-array" or "csv"): a
 	// restore refuses state written by another format.
 	Format string `msgpack:"format"`
-	// Path, Start and End identify the split (SRC2): the byte range
+	// Path, Start and End identify the split: the byte range
 	// [Start, End) of the file Path as discovered.
 	Path  string `msgpack:"path"`
 	Start int64  `msgpack:"start"`
 	End   int64  `msgpack:"end"`
 	// Started says that Offset and Line are a position the reader reached.
-	// A split not started yet is read from Start by the range rule (SRC2).
+	// A split not started yet is read from Start by the range rule.
 	Started bool `msgpack:"started"`
 	// Offset is the byte offset of the next record (for CSV: the next data
 	// record, the header being re-read from the file start; for a JSON
 	// array: the next element). Every record of the split before it was
-	// emitted before the barrier (SRC1).
+	// emitted before the barrier.
 	Offset int64 `msgpack:"offset"`
 	// Line is the line number of the byte at Offset: counted from 1 at the
 	// file start for splits with Start 0, from 1 at the split's first line
 	// otherwise.
 	Line int64 `msgpack:"line"`
 	// Aligned says that Start is a record start (CSV ranges, cut at
-	// record boundaries by a framing pass at discovery, SRC2). A CSV range
+	// record boundaries by a framing pass at discovery). A CSV range
 	// not Aligned (a checkpoint of an older version) finds its first
 	// record by framing from the file start.
 	Aligned bool `msgpack:"aligned"`
@@ -60,8 +60,7 @@ type SplitProgress struct {
 	Records int64 `msgpack:"records"`
 	Bad     int64 `msgpack:"bad"`
 	// Size and CRC are the file's identity at discovery: its size and the
-	// CRC-32C (Castagnoli) of its first min(Size, IdentityBytes) bytes
-	// (SRC5).
+	// CRC-32C (Castagnoli) of its first min(Size, IdentityBytes) bytes.
 	Size int64  `msgpack:"size"`
 	CRC  uint32 `msgpack:"crc"`
 }

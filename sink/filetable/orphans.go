@@ -14,7 +14,7 @@ import (
 // returns their paths, sorted. The files it considers are data files
 // (data/*.ndjson), manifests (manifest/manifest-*.json) and the temporary
 // files of interrupted writes (.*.tmp in data/, manifest/ and snapshot/);
-// it never deletes a snapshot, a file any snapshot references (FT8), or a
+// it never deletes a snapshot, a file any snapshot references, or a
 // file it does not know. It reads every snapshot and every manifest they
 // reference first, and deletes nothing if any of them cannot be read.
 //

@@ -42,7 +42,7 @@ func WithFS(fs vfs.FS) Option { return func(o *options) { o.fs = fs } }
 
 // NoSync skips every fsync of files and directories: faster, but a machine
 // crash can lose or tear data files, manifests and snapshots, committed
-// or not (FT9 no longer holds). For tests and throw-away tables only.
+// or not. For tests and throw-away tables only.
 func NoSync() Option { return func(o *options) { o.noSync = true } }
 
 // TargetFileSize sets the size after which a writer closes its data file
@@ -313,7 +313,7 @@ func (t *Table) LatestCommitted(user string) (int64, bool, error) {
 // newest checkpoint committed as user, from the newest snapshot (the
 // table does not record the sink's uid, which is ignored); a commit at
 // sink.EndOfInput is not counted. The sink's committer refuses a restore
-// below it (sink CM4, ErrCommittedAhead).
+// below it (sink.ErrCommittedAhead).
 func (t *Table) CommittedHorizon(_ context.Context, user, _ string) (int64, bool, error) {
 	ckpt, ok, err := t.LatestCommitted(user)
 	if err != nil || !ok || ckpt == sink.EndOfInput {
@@ -380,8 +380,8 @@ func (t *Table) load(s Snapshot) error {
 // user committed no checkpoint >= checkpoint (else an error wrapping
 // sink.ErrCommitted, and nothing changes), that every file exists with
 // its recorded size (else an error naming it that wraps ErrMissingFile),
-// writes a manifest of the files the table does not hold yet (FT7) and
-// then the next snapshot, atomically (FT1, FT4). If another committer
+// writes a manifest of the files the table does not hold yet and
+// then the next snapshot, atomically. If another committer
 // took that snapshot id first, it retries on top of the new snapshot.
 //
 // An error from Commit may come after the snapshot became visible (its

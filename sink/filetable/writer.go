@@ -30,7 +30,7 @@ func NewWriter[T any](t *Table) func(graph.TaskInfo) (sink.Writer[T, DataFile], 
 //	data/<uid>-<subtask>-<execution>-<attempt>-<seq>.ndjson
 //
 // (uid and execution escaped, seq counting the files of the attempt from
-// 1), created exclusively (FT6), and written through a buffer of the
+// 1), created exclusively, and written through a buffer of the
 // table's BufferSize. A file ends at Prepare, or earlier when it reaches
 // the table's TargetFileSize (the writer then rolls to the next one).
 // After an error, only Close may be called.

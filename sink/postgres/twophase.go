@@ -836,9 +836,9 @@ func (s *Sink[T]) rollbackMatching(ctx context.Context, conn *pgxpool.Conn, what
 // CommittedHorizon returns the newest checkpoint the sink with uid sinkUID
 // committed as commit user user, per the marker rows of the commits table
 // (sink.HorizonReporter); commits at sink.EndOfInput are not counted. A
-// marker row commits with its transaction's rows (PG3), so it counts only
+// marker row commits with its transaction's rows, so it counts only
 // committed transactions. A restoring subtask asks it before any recovery
-// and refuses a restore below it (sink P9: ErrCommittedAfterRestore).
+// and refuses a restore below it (ErrCommittedAfterRestore).
 func (s *Sink[T]) CommittedHorizon(ctx context.Context, user, sinkUID string) (int64, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()

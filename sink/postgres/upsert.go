@@ -48,7 +48,7 @@ type UpsertConfig[T any] struct {
 	Logf func(format string, args ...any)
 }
 
-// Upsert is the at-least-once, idempotent PostgreSQL sink (seed 001):
+// Upsert is the at-least-once, idempotent PostgreSQL sink:
 // records are buffered and flushed before every checkpoint's barrier and
 // whenever BatchRows are buffered, as INSERT ... ON CONFLICT (key) DO
 // UPDATE and DELETE ... WHERE key statements in one pgx.Batch (one round

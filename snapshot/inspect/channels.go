@@ -147,7 +147,7 @@ func Records[T any](c *Checkpoint, ch *Channel) ([]InFlight[T], error) {
 // checkpoints and savepoints completed, whether each was notified (so
 // sinks may have committed it: snapshot.CompletedRef.Notified), its path
 // and execution. torn is the length of a torn last record, which a restore
-// drops. Records compacted away are not there (snapshot ST6).
+// drops. Records compacted away are not there.
 func CompletedLog(fs vfs.FS, jobDir string) (recs []snapshot.CompletedRef, torn int, err error) {
 	if fs == nil {
 		fs = vfs.Default

@@ -391,7 +391,7 @@ func Values[K comparable, V any](c *Checkpoint, uid, name string, opts ...state.
 // Reduced returns the value of key in the reducing state name of the
 // keyed operator uid, and whether the key has one. A native checkpoint of
 // the Pebble engine may store the value as a run of added values, which
-// only the state's reduce function folds (state S15); Value reports
+// only the state's reduce function folds; Value reports
 // such a run as an error naming it, Reduced folds it with reduce, which
 // must be the job's function. A value stored as one value is returned as
 // Value returns it.

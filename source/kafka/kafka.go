@@ -72,12 +72,12 @@ type Config[T any] struct {
 	// partition becomes a split, read by its owner subtask (see the
 	// package documentation) from its earliest offset (a partition of the
 	// restored checkpoint that was not listed: from its checkpointed
-	// offset, K9), and kept in the checkpoint from the next one on. Not
+	// offset), and kept in the checkpoint from the next one on. Not
 	// with Bounded.
 	DiscoveryInterval time.Duration
 	// Start applies to the partitions of the first start (no checkpoint
 	// restored). After a restore, partitions the checkpoint does not name
-	// are read from their earliest offsets (K7), and so are partitions
+	// are read from their earliest offsets, and so are partitions
 	// discovered while running.
 	Start StartOffset
 	// Group is the consumer group of Start == Committed and of
@@ -123,7 +123,7 @@ type PartitionProgress struct {
 	Topic     string `msgpack:"topic"`
 	Partition int32  `msgpack:"partition"`
 	// Next is the offset of the next record to emit: every record before
-	// it was emitted before the barrier (K1).
+	// it was emitted before the barrier.
 	Next int64 `msgpack:"next"`
 	// Stop is the end of a bounded read (exclusive), -1 if unbounded.
 	Stop int64 `msgpack:"stop"`
