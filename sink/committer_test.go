@@ -31,6 +31,9 @@ import (
 
 var (
 	committerSeed = flag.Uint64("sink.committer.seed", 0, "TestCommitterRandomCrashes: replay the run with this seed only")
+	// 200 runs: the rarest fault sites (cnotify-drop, cnotify-after) fire
+	// in 4 to 8 of them; fewer runs would leave them untried in some CI
+	// runs.
 	committerRuns = flag.Int("sink.committer.runs", 200, "TestCommitterRandomCrashes: number of random runs")
 )
 

@@ -29,6 +29,7 @@ import (
 // merging restore of in-flight records on a chained-now edge, and a
 // splitting one of records out of a chain that is split now.
 func TestRestoreChangesChaining(t *testing.T) {
+	t.Parallel() // the scenario tests share nothing, and their children mostly wait (rate-limited input)
 	seed := *seedFlag
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())

@@ -135,6 +135,7 @@ func awaitHorizon(t *testing.T, r *run, pg *pgx.Conn, c *child, id int64) {
 
 // TestForks runs the savepoint scenarios of issue 37.
 func TestForks(t *testing.T) {
+	t.Parallel() // the scenario tests share nothing, and their children mostly wait (rate-limited input)
 	seed := *seedFlag
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())

@@ -225,6 +225,7 @@ func kafkaOpen(t *testing.T, brokers []string) (ongoing []string, stalled []stri
 // the per-key counts 1..n, no transaction of the prefix open, and no
 // partition of the output behind an open transaction.
 func TestCrashesKafka(t *testing.T) {
+	t.Parallel() // the scenario tests share nothing, and their children mostly wait (rate-limited input)
 	seed := *seedFlag
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())

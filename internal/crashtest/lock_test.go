@@ -19,6 +19,7 @@ import (
 // one, which says whom it took the directory over from and ends exactly
 // once.
 func TestOneProcessPerJobDirectory(t *testing.T) {
+	t.Parallel() // the scenario tests share nothing, and their children mostly wait (rate-limited input)
 	seed := *seedFlag
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
