@@ -33,7 +33,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf, counters: a.counters}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
+		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf, counters: a.counters, ends: a.ends}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -160,7 +160,7 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 	connect(s, v)
 	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
 		fn := newFn()
-		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, counters: a.counters, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
+		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, counters: a.counters, ends: a.ends, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
 			for _, r := range recs {
 				if err := fn.Write(c, r); err != nil {
 					return err
@@ -204,7 +204,7 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		if !ok {
 			h = hooks{fn: fn}
 		}
-		h.logf, h.counters = a.job.logf, a.counters
+		h.logf, h.counters, h.ends = a.job.logf, a.counters, a.ends
 		return unkeyedMember(ctx, a, v, i, outFor[OUT](ctx, a, v, i, next), h, process)
 	}
 	v.run = runInput[IN](v)
@@ -346,6 +346,8 @@ type hooks struct {
 	// counters are the execution's per-operator counts
 	// (Context.LateRecordDropped).
 	counters *execution.Counters
+	// ends holds the execution's OnJobEnd hooks (Context.OnJobEnd).
+	ends *endHooks
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -356,7 +358,7 @@ func (h *hooks) open(info task.Info) error {
 	if c != nil {
 		c.broadcast = h.broadcast
 		c.sides, c.logf = h.sides, h.logf
-		c.allowRepublish = h.allowRepublish
+		c.allowRepublish, c.ends = h.allowRepublish, h.ends
 		c.late = h.counters.Late(info.UID, info.Subtask)
 	}
 	h.ctx = c
@@ -614,7 +616,7 @@ type kgWatermark struct {
 // user function value whose hooks are honoured (nil: the factory returned
 // a nil function).
 func newKeyedOp[K comparable, IN, OUT any](a *attempt, v *vertex, kopts keyedOpts, key func(IN) K, out *task.Output[OUT], fn KeyedProcessFunc[K, IN, OUT], user any) *keyedOp[K, IN, OUT] {
-	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
+	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters, ends: a.ends}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
 	op.onTimer, _ = user.(TimerHandler[K, OUT])
 	op.ender, op.openErr = inputEnder[OUT](v, user)
 	if user == nil {
