@@ -226,6 +226,11 @@ import (
 //     EncodeGroups reads it a key group at a time) takes memory bounded by
 //     its largest key group, not by the state. The bytes are those
 //     WriteKeyedState writes for the same states.
+//   - ST19: a job directory may be copied or moved: the paths its
+//     completed-checkpoint log recorded in a job directory of the same
+//     name elsewhere are read as paths in this one (Completed,
+//     ReadCompletedLog), so a copy never reads, nor names in an error,
+//     the snapshots of the directory it was copied from.
 //   - ST11: ReadMetadata does not read keyed state: it checks, by a stat,
 //     that each referenced keyed-state file exists with the referenced
 //     size, and fails like a missing channel-state file otherwise (a
@@ -1218,6 +1223,7 @@ func (s *Storage) openLog() error {
 			"have been committed): restore it from a backup, or remove it to give up the check that restore "+
 			"never falls back past a completed checkpoint", name, err)
 	}
+	rebaseLog(s.fs, s.jobDir, recs)
 	s.log, s.logSize = recs, int64(valid)
 	for _, r := range recs {
 		s.maxID = max(s.maxID, r.ID)
@@ -1244,7 +1250,24 @@ func (s *Storage) readLog() ([]CompletedRef, error) {
 		return nil, err
 	}
 	recs, _, err := parseLog(b)
+	rebaseLog(s.fs, s.jobDir, recs)
 	return recs, err
+}
+
+// rebaseLog makes the paths of recs, read from the log of jobDir, name the
+// snapshots in jobDir where they name those of a job directory of the same
+// name elsewhere: the job directory was copied or moved (ST19). A log
+// records the paths Write returned, so a copy's log names the original's
+// chk-N and savepoint-N directories; without this a restore of the copy
+// would read, and its errors name, the original's snapshots. Savepoints
+// in a savepoint directory of their own keep their paths.
+func rebaseLog(fs vfs.FS, jobDir string, recs []CompletedRef) {
+	for i := range recs {
+		dir := fs.PathDir(recs[i].Path)
+		if dir != jobDir && fs.PathBase(dir) == fs.PathBase(jobDir) {
+			recs[i].Path = fs.PathJoin(jobDir, fs.PathBase(recs[i].Path))
+		}
+	}
 }
 
 // appendLog appends the record of r to the log file and syncs it. s.mu must
