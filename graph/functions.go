@@ -170,6 +170,8 @@ type Context struct {
 	// late counts the late records the subtask dropped
 	// (LateRecordDropped); nil outside an execution.
 	late *atomic.Int64
+	// ends holds the execution's OnJobEnd hooks.
+	ends *endHooks
 	// splits is the split lifecycle of a SplitSourceFunc's subtask
 	// (AddSplit, FinishSplit; splits.go), nil elsewhere.
 	splits *splitLife

@@ -33,53 +33,49 @@ type JobEnd struct {
 // has ended already. A sink uses it to resolve what it prepared for
 // checkpoints that can no longer complete (sink.EndAborter).
 func (c *Context) OnJobEnd(key string, fn func(JobEnd) error) {
-	jobEnds.register(c.info.Execution, c.info.Attempt, key, fn)
+	c.ends.register(c.info.Attempt, key, fn)
 }
 
 // AllowRepublish reports RestoreConfig.AllowRepublish (or AllowFallback)
 // of a sink's job (false in other operators).
 func (c *Context) AllowRepublish() bool { return c.allowRepublish }
 
-// jobEnds holds the OnJobEnd registrations of every running execution.
-var jobEnds = &endRegistry{byExec: map[string]map[string]endHook{}}
+// endHooks holds the OnJobEnd registrations of one execution, by key. The
+// Execution owns it; its attempts reach it to register.
+type endHooks struct {
+	mu    sync.Mutex
+	byKey map[string]endHook
+}
 
 type endHook struct {
 	attempt int
 	fn      func(JobEnd) error
 }
 
-type endRegistry struct {
-	mu     sync.Mutex
-	byExec map[string]map[string]endHook
-}
+func newEndHooks() *endHooks { return &endHooks{byKey: map[string]endHook{}} }
 
-func (r *endRegistry) register(exec string, attempt int, key string, fn func(JobEnd) error) {
+func (r *endHooks) register(attempt int, key string, fn func(JobEnd) error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	hooks := r.byExec[exec]
-	if hooks == nil {
-		hooks = map[string]endHook{}
-		r.byExec[exec] = hooks
-	}
-	if h, ok := hooks[key]; ok && h.attempt > attempt {
+	if h, ok := r.byKey[key]; ok && h.attempt > attempt {
 		return
 	}
-	hooks[key] = endHook{attempt: attempt, fn: fn}
+	r.byKey[key] = endHook{attempt: attempt, fn: fn}
 }
 
-// take removes and returns the registrations of exec.
-func (r *endRegistry) take(exec string) map[string]endHook {
+// take removes and returns the registrations.
+func (r *endHooks) take() map[string]endHook {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	hooks := r.byExec[exec]
-	delete(r.byExec, exec)
+	hooks := r.byKey
+	r.byKey = map[string]endHook{}
 	return hooks
 }
 
-// newExecution wraps x and runs its OnJobEnd registrations once it ended;
-// Wait returns after them.
-func newExecution(x *execution.Execution, logf func(format string, args ...any)) *Execution {
-	e := &Execution{x: x, ended: make(chan struct{})}
+// newExecution wraps x, whose attempts register their OnJobEnd hooks in
+// ends, and runs them once it ended; Wait returns after them.
+func newExecution(x *execution.Execution, ends *endHooks, logf func(format string, args ...any)) *Execution {
+	e := &Execution{x: x, ends: ends, ended: make(chan struct{})}
 	go func() {
 		defer close(e.ended)
 		err := x.Wait()
@@ -92,7 +88,7 @@ func newExecution(x *execution.Execution, logf func(format string, args ...any))
 				end.Completed = max(end.Completed, st.LatestRestored.ID)
 			}
 		}
-		for key, h := range jobEnds.take(x.ID()) {
+		for key, h := range ends.take() {
 			if herr := h.fn(end); herr != nil {
 				logf("graph: execution %s ended (newest completed checkpoint %d); its end hook %s failed: %v", end.Execution, end.Completed, key, herr)
 			}

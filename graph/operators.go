@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"reflect"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/snapflow/snapflow/internal/runtime/execution"
 	"github.com/snapflow/snapflow/internal/runtime/task"
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state"
@@ -33,7 +35,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf, counters: a.counters}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
+		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf, counters: a.counters, ends: a.ends}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -160,7 +162,7 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 	connect(s, v)
 	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
 		fn := newFn()
-		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, counters: a.counters, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
+		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, counters: a.counters, ends: a.ends, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
 			for _, r := range recs {
 				if err := fn.Write(c, r); err != nil {
 					return err
@@ -204,7 +206,7 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		if !ok {
 			h = hooks{fn: fn}
 		}
-		h.logf, h.counters = a.job.logf, a.counters
+		h.logf, h.counters, h.ends = a.job.logf, a.counters, a.ends
 		return unkeyedMember(ctx, a, v, i, outFor[OUT](ctx, a, v, i, next), h, process)
 	}
 	v.run = runInput[IN](v)
@@ -346,6 +348,8 @@ type hooks struct {
 	// counters are the execution's per-operator counts
 	// (Context.LateRecordDropped).
 	counters *execution.Counters
+	// ends holds the execution's OnJobEnd hooks (Context.OnJobEnd).
+	ends *endHooks
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -356,7 +360,7 @@ func (h *hooks) open(info task.Info) error {
 	if c != nil {
 		c.broadcast = h.broadcast
 		c.sides, c.logf = h.sides, h.logf
-		c.allowRepublish = h.allowRepublish
+		c.allowRepublish, c.ends = h.allowRepublish, h.ends
 		c.late = h.counters.Late(info.UID, info.Subtask)
 	}
 	h.ctx = c
@@ -580,6 +584,9 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	clock func() time.Time
 	// backendCfg selects the keyed-state backend (Config.State).
 	backendCfg StateConfig
+	// plan is the attempt's restore plan (nil: none), which reads the
+	// subtask's restored keyed state (restore.Plan.KeyedState).
+	plan *restore.Plan
 	// restoreFS holds the copies of native keyed state to restore
 	// (Config.Checkpoint.FS).
 	restoreFS vfs.FS
@@ -607,7 +614,7 @@ type kgWatermark struct {
 // user function value whose hooks are honoured (nil: the factory returned
 // a nil function).
 func newKeyedOp[K comparable, IN, OUT any](a *attempt, v *vertex, kopts keyedOpts, key func(IN) K, out *task.Output[OUT], fn KeyedProcessFunc[K, IN, OUT], user any) *keyedOp[K, IN, OUT] {
-	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
+	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters, ends: a.ends}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS, plan: a.plan}
 	op.onTimer, _ = user.(TimerHandler[K, OUT])
 	op.ender, op.openErr = inputEnder[OUT](v, user)
 	if user == nil {
@@ -639,10 +646,12 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 	if err := o.open(info); err != nil {
 		return err
 	}
-	var restored []checkpoint.KeyGroupState
+	var restored iter.Seq2[checkpoint.KeyGroupState, error]
 	native := state.NativeSource{FS: o.restoreFS}
 	if info.Restored != nil {
-		restored, native.Restores = info.Restored.KeyGroups, info.Restored.RestoredNative
+		// Read as the backend consumes them (restore R14).
+		restored = o.plan.KeyedState(o.restoreFS, info.UID, info.Restored)
+		native.Restores = info.Restored.RestoredNative
 	}
 	var b *state.KeyedBackend[K]
 	var err error
@@ -657,7 +666,7 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 			if kgs, err = state.NativeKeyGroups(native, info.KeyGroups); err != nil {
 				break
 			}
-			restored = append(slices.Clip(restored), kgs...)
+			restored = checkpoint.ConcatGroups(restored, kgs)
 		}
 		b, err = state.NewKeyedBackend[K](info.KeyGroups, info.MaxParallelism, restored)
 	}

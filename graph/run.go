@@ -44,7 +44,9 @@ type Event = execution.Event
 // finishes, stops, fails or is cancelled. See the package documentation
 // for its lifecycle.
 type Execution struct {
-	x     *execution.Execution
+	x *execution.Execution
+	// ends holds the OnJobEnd hooks its attempts registered.
+	ends  *endHooks
 	ended chan struct{} // closed once the OnJobEnd hooks ran
 }
 
@@ -66,11 +68,14 @@ func (j *Job) Start(ctx context.Context) (*Execution, error) {
 	if err := j.Validate(); err != nil {
 		return nil, err
 	}
-	x, err := execution.Start(ctx, j.spec())
+	ends := newEndHooks()
+	spec := j.spec()
+	spec.Build = func(x *execution.Attempt) (*execution.Attempt, error) { return j.build(x, ends) }
+	x, err := execution.Start(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	return newExecution(x, j.logf), nil
+	return newExecution(x, ends, j.logf), nil
 }
 
 // ID is the execution id: random, new for every Start. It is recorded in
@@ -152,7 +157,6 @@ func (j *Job) spec() *execution.Spec {
 		CancelTimeout: j.cfg.CancelTimeout,
 		Logf:          j.logf,
 		OnEvent:       j.cfg.OnEvent,
-		Build:         j.build,
 	}
 	for _, v := range j.vertices {
 		s.Operators = append(s.Operators, execution.Operator{
@@ -188,6 +192,8 @@ type attempt struct {
 	keyedState snapshot.KeyedStateWriter
 	// counters are the execution's per-operator counts.
 	counters *execution.Counters
+	// ends holds the execution's OnJobEnd hooks.
+	ends *endHooks
 	// mails maps every subtask of every operator to the mailbox of the
 	// chain subtask it runs in.
 	mails map[checkpoint.TaskID]*task.Mailbox
@@ -203,12 +209,13 @@ type memberFunc func(ctx context.Context, a *attempt, i int, next any) (task.Mem
 
 type runFunc func(ctx context.Context, a *attempt, i int, chain *task.Chain, head any) error
 
-// build wires attempt x: a mailbox per chain subtask, fresh channels for
-// every unchained edge (G5), and the chain subtasks' loops.
-func (j *Job) build(x *execution.Attempt) (*execution.Attempt, error) {
+// build wires attempt x of the execution whose OnJobEnd hooks ends holds:
+// a mailbox per chain subtask, fresh channels for every unchained edge
+// (G5), and the chain subtasks' loops.
+func (j *Job) build(x *execution.Attempt, ends *endHooks) (*execution.Attempt, error) {
 	a := &attempt{
 		job: j, number: x.Number, execution: x.Execution, mode: j.cfg.Checkpoint.Mode,
-		plan: x.Plan, reports: x.Reports, keyedState: x.KeyedState, counters: x.Counters,
+		plan: x.Plan, reports: x.Reports, keyedState: x.KeyedState, counters: x.Counters, ends: ends,
 		mails: map[checkpoint.TaskID]*task.Mailbox{},
 		chans: map[*edge][][]any{},
 	}

@@ -291,6 +291,7 @@ func ReadCompletedLog(fs vfs.FS, jobDir string) (recs []CompletedRef, torn int, 
 	if err != nil {
 		return nil, 0, fmt.Errorf("snapshot: completed-checkpoint log %s: %w", name, err)
 	}
+	rebaseLog(fs, jobDir, recs)
 	slices.SortStableFunc(recs, func(a, b CompletedRef) int { return cmp.Compare(a.ID, b.ID) })
 	return recs, len(b) - valid, nil
 }

@@ -344,3 +344,71 @@ func FuzzParseLog(f *testing.F) {
 		}
 	})
 }
+
+// TestLogOfCopiedJobDir: a job directory copied elsewhere reads its log's
+// paths in the copy (ST19), not in the directory it was copied from.
+func TestLogOfCopiedJobDir(t *testing.T) {
+	fs := vfs.NewMem()
+	s := openTestStorage(t, fs, StorageOptions{Retain: 5})
+	for id := int64(1); id <= 2; id++ {
+		if _, err := s.Write(storageTestMD(id, marker.Checkpoint)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var copyTree func(from, to string)
+	copyTree = func(from, to string) {
+		if err := fs.MkdirAll(to, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		names, err := fs.List(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			src, dst := fs.PathJoin(from, n), fs.PathJoin(to, n)
+			if fi, err := fs.Stat(src); err != nil {
+				t.Fatal(err)
+			} else if fi.IsDir() {
+				copyTree(src, dst)
+				continue
+			}
+			b, err := readWholeFile(fs, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := writeFileSynced(fs, dst, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	copyTree(s.JobDir(), "/copy/"+fs.PathBase(s.JobDir()))
+	c, err := OpenStorage("/copy", storageTestJobID, StorageOptions{FS: fs, Retain: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, recs := range [][]CompletedRef{must(c.Completed()), must3(ReadCompletedLog(fs, c.JobDir()))} {
+		if len(recs) != 2 {
+			t.Fatalf("%d records", len(recs))
+		}
+		for _, r := range recs {
+			if want := fmt.Sprintf("%s/chk-%d", c.JobDir(), r.ID); r.Path != want {
+				t.Fatalf("the copy's log names %s, want %s", r.Path, want)
+			}
+		}
+	}
+	// The original's log is left as it is.
+	for _, r := range must(s.Completed()) {
+		if want := fmt.Sprintf("%s/chk-%d", s.JobDir(), r.ID); r.Path != want {
+			t.Fatalf("the original's log names %s, want %s", r.Path, want)
+		}
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func must3[T any](v T, _ int, err error) T { return must(v, err) }

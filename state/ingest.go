@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"iter"
+	"maps"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -37,6 +39,155 @@ import (
 // A state whose descriptor differs between old instances cannot be
 // adopted as one: the restore then loads records, which checks every
 // value (ingestable reports which).
+
+// Restore of records. A Pebble backend restored from KeyGroupState records
+// (a canonical checkpoint or savepoint) writes them into its instance as
+// they are read, as the stored bytes of an adopted instance (S1: the
+// stored key is the record's key, then its user key; a timer's is its
+// time, then its key), checking each key as NewKeyedBackend does (S2) and
+// the descriptors across key groups (S11), but decoding no value: the
+// states are registered as adopted ones (S3). It holds one key group of
+// one state at a time (to find a key stored twice) and a batch of at most
+// restoreBatchSize bytes, so its memory does not grow with the state.
+
+// restoreBatchSize bounds the bytes of one batch of restored entries.
+const restoreBatchSize = 1 << 20
+
+// loading is what loadRestored knows of one restored state.
+type loading struct {
+	groupCheck
+	id      uint16
+	entries int64
+	kgs     map[int]bool // the key groups seen
+}
+
+// loadRestored writes the records of restored into b's instance (see
+// above) and registers their states as adopted (pebbleStore.native).
+func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoint.KeyGroupState, error]) error {
+	s := b.peb
+	states := map[string]*loading{}
+	dec := newDecoder()
+	batch := s.db.NewBatch()
+	defer func() { _ = batch.Close() }()
+	commit := func() error {
+		if batch.Empty() {
+			return nil
+		}
+		if err := batch.Commit(pebble.NoSync); err != nil {
+			return fmt.Errorf("state: writing restored keyed state to Pebble: %w", err)
+		}
+		batch.Reset()
+		return nil
+	}
+	type keyAt struct {
+		key []byte
+		i   int // the entry's index in its group
+	}
+	var keys []keyAt // the stored keys of the current group
+	var kbuf []byte
+	for g, err := range restored {
+		if err != nil {
+			return fmt.Errorf("state: reading restored keyed state: %w", err)
+		}
+		if err := checkRestoredGroup(b.kgs, &g); err != nil {
+			return err
+		}
+		ls := states[g.State]
+		if ls == nil {
+			id, err := s.newID(g.State)
+			if err != nil {
+				return err
+			}
+			ls = &loading{groupCheck: groupCheck{descKG: -1, plainKG: -1}, id: id, kgs: map[int]bool{}}
+			states[g.State] = ls
+		}
+		first, userKeys, err := ls.begin(&g)
+		if err != nil {
+			return err
+		}
+		again := ls.kgs[g.KeyGroup]
+		ls.kgs[g.KeyGroup] = true
+		if again {
+			// Entries of this group were written already: find a
+			// repeated key in the instance.
+			if err := commit(); err != nil {
+				return err
+			}
+		}
+		timers := userKeys && ls.d.Kind == kindTimers
+		keys, kbuf = keys[:0], kbuf[:0]
+		for i := first; i < len(g.Entries); i++ {
+			e := &g.Entries[i]
+			k, err := decodeRestoredKey[K](dec, b.maxP, &g, i, userKeys)
+			if err != nil {
+				return err
+			}
+			start := len(kbuf)
+			kbuf = appendPrefix(kbuf, g.KeyGroup, ls.id)
+			switch {
+			case timers:
+				if len(e.UserKey) != 8 || len(e.Value) != 0 {
+					return fmt.Errorf("state: entry %d (key %v) of timer queue %q in key group %d is not a time and a key without a value", i, k, g.State, g.KeyGroup)
+				}
+				kbuf = append(append(kbuf, e.UserKey...), e.Key...)
+			case userKeys:
+				if n, err := valueLen(e.Key); err != nil || n != len(e.Key) {
+					return fmt.Errorf("state: entry %d (key %v) of map state %q in key group %d: the key is not one encoded value", i, k, g.State, g.KeyGroup)
+				}
+				kbuf = append(append(kbuf, e.Key...), e.UserKey...)
+			default:
+				kbuf = append(kbuf, e.Key...)
+			}
+			key := kbuf[start:len(kbuf):len(kbuf)]
+			if again {
+				if _, closer, err := s.db.Get(key); err == nil {
+					_ = closer.Close()
+					return duplicateRestored(&g, k, e.UserKey, userKeys)
+				}
+			}
+			if err := batch.Set(key, e.Value, nil); err != nil {
+				return fmt.Errorf("state: writing restored keyed state to Pebble: %w", err)
+			}
+			keys = append(keys, keyAt{key, i})
+			ls.entries++
+		}
+		slices.SortFunc(keys, func(x, y keyAt) int { return bytes.Compare(x.key, y.key) })
+		for i := 1; i < len(keys); i++ {
+			if bytes.Equal(keys[i].key, keys[i-1].key) {
+				k, _ := decodeRestoredKey[K](dec, b.maxP, &g, keys[i].i, userKeys)
+				return duplicateRestored(&g, k, g.Entries[keys[i].i].UserKey, userKeys)
+			}
+		}
+		if batch.Len() >= restoreBatchSize {
+			if err := commit(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := commit(); err != nil {
+		return err
+	}
+	if s.native == nil {
+		s.native = make(map[string]checkpoint.NativeState, len(states))
+	}
+	for _, name := range slices.Sorted(maps.Keys(states)) {
+		ls := states[name]
+		if err := ls.finish(name); err != nil {
+			return err
+		}
+		s.native[name] = checkpoint.NativeState{Name: name, ID: ls.id, Desc: ls.desc, Entries: ls.entries}
+	}
+	return nil
+}
+
+// duplicateRestored is the error of a key (and user key) that group g
+// of a restored state holds twice.
+func duplicateRestored[K comparable](g *checkpoint.KeyGroupState, k K, uk []byte, userKeys bool) error {
+	if userKeys && uk != nil {
+		return fmt.Errorf("state: restored map state %q holds user key %x of key %v twice in key group %d", g.State, uk, k, g.KeyGroup)
+	}
+	return fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", g.State, k, g.KeyGroup)
+}
 
 // ingestFileSize is the size at which a built sstable is finished and
 // the next one begun.
