@@ -130,8 +130,13 @@ func asyncExactlyOnceJob(t testing.TB, n, keys int64, dir string, failAt []int64
 // failures after a completed checkpoint, restores from checkpoints whose
 // keyed state was encoded while records flowed, and the published output
 // equal to the failure-free one.
+//
+// The 20,000 keys buy the asynchronous encoding; the 400,000 records the
+// time for checkpoints to complete before the failures fire (see
+// TestExactlyOnceWithFailures). -graph.scale soaks.
 func TestExactlyOnceAsyncSnapshots(t *testing.T) {
-	const n, keys = 400_000, 20_000
+	const keys = 20_000
+	n := scaled(400_000)
 	want := make([]out, 0, n)
 	sums := make([]int64, keys)
 	for i := int64(0); i < n; i++ {

@@ -177,8 +177,15 @@ func sorted(o []out) []out {
 // completed checkpoint; the published output equals the failure-free run
 // exactly (no loss, no duplicates), and every failure was followed by a
 // restore (a run that restarted from scratch would prove nothing).
+//
+// The size buys time for checkpoints to complete: a failure fires only
+// after one did, at a random record of the first half, and a loaded
+// machine completes a checkpoint late (its files are synced) while the
+// records still flow. At 250,000 records one run of three on a loaded
+// 2-core machine finished its first attempt before a checkpoint completed
+// (issue 38). -graph.scale soaks.
 func TestExactlyOnceWithFailures(t *testing.T) {
-	const n = 1_000_000
+	n := scaled(1_000_000)
 	want := expectedOutput(n)
 
 	job, free, _ := exactlyOnceJob(t, n, t.TempDir(), nil, marker.Aligned, false)
@@ -332,8 +339,10 @@ func TestExactlyOnceAcrossProcessRestarts(t *testing.T) {
 // unchained operators, so every edge carries in-flight data. Subtasks read
 // barriers inside their input buffers (CheckpointConfig.InputSlice), so
 // unprocessed rests of buffers are channel state as well.
+//
+// Its size is TestExactlyOnceWithFailures's, for the same reason.
 func TestExactlyOnceUnaligned(t *testing.T) {
-	const n = 1_000_000
+	n := scaled(1_000_000)
 	want := expectedOutput(n)
 	rng := rand.New(rand.NewPCG(testSeed(t), 2))
 	for _, tc := range []struct {

@@ -168,6 +168,15 @@ func TestRandomTopologiesExactlyOnce(t *testing.T) {
 
 var graphSeedFlag = flag.Uint64("graph.seed", 0, "seed of the randomized graph tests (0: pick one from the clock)")
 
+// graphScaleFlag multiplies the record counts of the end-to-end
+// exactly-once tests (TestExactlyOnceWithFailures, TestExactlyOnceUnaligned,
+// TestExactlyOnceAsyncSnapshots, TestMapStateTTLExactlyOnce; each says
+// what its default size buys): -graph.scale=10 soaks them.
+var graphScaleFlag = flag.Int64("graph.scale", 1, "multiplies the record counts of the end-to-end exactly-once tests (soak: 10)")
+
+// scaled is n times -graph.scale.
+func scaled(n int64) int64 { return n * max(*graphScaleFlag, 1) }
+
 // testSeed returns the seed of a randomized test, -graph.seed or one from
 // the clock, and logs how to replay it.
 func testSeed(t *testing.T) uint64 {

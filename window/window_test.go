@@ -439,6 +439,7 @@ func TestWindowsProperty(t *testing.T) {
 		for _, kind := range []string{"tumbling", "sliding", "session"} {
 			r, s := randomRun(rng, seed, backend, kind)
 			t.Run(fmt.Sprintf("%v/%s/p=%d/src=%d/%+v/lateness=%v", backend, kind, r.p, r.srcP, s, r.lateness), func(t *testing.T) {
+				t.Parallel() // paced (the source sleeps): the runs share nothing
 				require.NoError(t, r.job(t).Run(context.Background()))
 				check(t, r, s)
 				// Whether a straggler comes after its window was cleaned
@@ -468,6 +469,7 @@ func TestWindowsExactlyOnce(t *testing.T) {
 			}
 			r.f = newFailer(at...)
 			t.Run(fmt.Sprintf("%v/%s/p=%d/src=%d/fail=%v", backend, kind, r.p, r.srcP, at), func(t *testing.T) {
+				t.Parallel() // paced (the source sleeps): the runs share nothing
 				r.dir = t.TempDir()
 				e, err := r.job(t).Start(context.Background())
 				require.NoError(t, err)
@@ -495,6 +497,7 @@ func TestWindowsRescale(t *testing.T) {
 			r, s := randomRun(rng, seed, backend, kind)
 			r.p, r.srcP, r.latest = 2, 2, true
 			t.Run(fmt.Sprintf("%v/%s", backend, kind), func(t *testing.T) {
+				t.Parallel() // paced (the source sleeps): the runs share nothing
 				r.dir = t.TempDir()
 				var e *graph.Execution
 				started := make(chan struct{})
