@@ -11,21 +11,20 @@
 // Plan: no IO, no clock, no goroutines; the same inputs give the same Plan.
 //
 // A job restores through LatestPlan or LoadPlan: choose the checkpoint,
-// Assign, then LoadKeyedState, which checks the keyed state of keyed-state
+// Assign, then LoadKeyedState, which reads the keyed state of keyed-state
 // files (written by the subtasks above the memory threshold, see package
-// snapshot) that the new subtasks will read: for each new subtask, only
-// the blocks of the key groups it owns, from the files of the old
-// subtasks whose ranges overlap its own (R10). The check happens in the
-// restore step, before any subtask of the attempt starts, rather than in
-// each subtask's Open, so that a damaged block makes LatestPlan fall back
-// to an older checkpoint exactly as damaged metadata does (R11): a failure
-// in Open would fail the attempt, and the restart would pick the same
-// checkpoint again. It keeps none of the records: each keyed operator
-// reads its own blocks again, one read at a time, as it builds its
-// keyed-state backend (Plan.KeyedState, R14), so a restore's memory does
-// not grow with the state. The cost is that every block is read twice;
-// LoadKeyedState reads the files of up to four subtasks at a time. Load
-// reads a checkpoint whole, keyed state inline, for tools and tests.
+// snapshot) into the new subtasks' KeyGroups. It reads, for each new
+// subtask, only the blocks of the key groups it owns, from the files of the
+// old subtasks whose ranges overlap its own (R10). The loading happens in
+// the restore step, before any subtask of the attempt starts, rather than
+// in each subtask's Open, so that a damaged block makes LatestPlan fall
+// back to an older checkpoint exactly as damaged metadata does (R11): a
+// failure in Open would fail the attempt, and the restart would pick the
+// same checkpoint again. The cost is that the reads do not overlap the
+// subtasks' start; LoadKeyedState reads the files of up to four subtasks
+// at a time, and the keyed operators consume SubtaskState.KeyGroups as
+// they do for inline state. Load reads a checkpoint whole, keyed state
+// inline, for tools and tests.
 //
 // # Choosing the checkpoint
 //
@@ -206,10 +205,9 @@
 //     owns (every key group's block to exactly one subtask, R3), and
 //     LoadKeyedState reads those blocks and nothing else of the
 //     keyed-state files (adjacent blocks in one read), so the bytes read
-//     are those of the key groups restored, plus _metadata (twice: once to
-//     check them, once to restore them, R14). A Plan with
-//     RestoredKeyedState must be checked (LoadKeyedState) before a subtask
-//     starts from it; the keyed operators read it through Plan.KeyedState.
+//     are those of the key groups restored, plus _metadata. A Plan with
+//     RestoredKeyedState must be loaded (LoadKeyedState) before a subtask
+//     starts from it: the keyed operators read KeyGroups only.
 //   - R11: every block is checked (length and CRC-32C against _metadata)
 //     before it is decoded; a missing, truncated or damaged keyed-state
 //     file or block makes LatestPlan treat the checkpoint exactly as one
@@ -245,11 +243,4 @@
 //     sstables that overlap the new range plus the instance's small files;
 //     a damaged file outside the new range is then not noticed, since it is
 //     not needed. At unchanged parallelism every file is read once.
-//   - R14: keyed state in keyed-state files is never held whole in
-//     memory: LoadKeyedState checks the blocks and keeps no record, and
-//     Plan.KeyedState yields a subtask's records as it reads them, one read
-//     of adjacent blocks (at most 4 MiB, or one block) at a time, to the
-//     keyed-state backend, which consumes them as they come (package state,
-//     NewKeyedBackend: a Pebble backend writes them into its instance in
-//     bounded batches; the heap keeps them, as it keeps all its state).
 package restore

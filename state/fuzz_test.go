@@ -99,7 +99,7 @@ func FuzzRestoreKeyed(f *testing.F) {
 
 func restoreKeyed[K comparable, V any](t *testing.T, kg int, key, val []byte) {
 	restored := []checkpoint.KeyGroupState{{State: "s", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: key, Value: val}}}}
-	b, err := NewKeyedBackend[K](all, maxP, checkpoint.Groups(restored))
+	b, err := NewKeyedBackend[K](all, maxP, restored)
 	if err != nil {
 		return
 	}
@@ -145,7 +145,7 @@ func restoreKeyed[K comparable, V any](t *testing.T, kg int, key, val []byte) {
 	if err != nil {
 		return // decoded, but msgpack cannot encode it back
 	}
-	r, err := NewKeyedBackend[K](all, maxP, checkpoint.Groups(snap))
+	r, err := NewKeyedBackend[K](all, maxP, snap)
 	if err != nil {
 		// Re-encoding can change a key's bytes, never its key group.
 		t.Fatalf("re-restoring %v: %v", snap, err)
@@ -211,7 +211,7 @@ func restoreMap[K comparable, UK comparable, UV any](t *testing.T, kg int, desc,
 		es = append([]checkpoint.KeyedEntry{{Value: desc}}, es...)
 	}
 	restored := []checkpoint.KeyGroupState{{State: "s", KeyGroup: kg, Entries: es}}
-	b, err := NewKeyedBackend[K](all, maxP, checkpoint.Groups(restored))
+	b, err := NewKeyedBackend[K](all, maxP, restored)
 	if err != nil {
 		checkErr(t, err, kg)
 		return
@@ -242,7 +242,7 @@ func restoreMap[K comparable, UK comparable, UV any](t *testing.T, kg int, desc,
 	if err != nil {
 		return // decoded, but msgpack cannot encode it back
 	}
-	r, err := NewKeyedBackend[K](all, maxP, checkpoint.Groups(snap))
+	r, err := NewKeyedBackend[K](all, maxP, snap)
 	if err != nil {
 		t.Fatalf("re-restoring %v: %v", snap, err)
 	}

@@ -538,7 +538,7 @@ func TestMapRestoreChecks(t *testing.T) {
 			`state: restored map state "m" holds user key a178 of key D1 twice in key group 47`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := NewKeyedBackend[string](all, maxP, checkpoint.Groups(tc.in))
+			_, err := NewKeyedBackend[string](all, maxP, tc.in)
 			require.EqualError(t, err, tc.want)
 		})
 	}

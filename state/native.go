@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"maps"
 	"slices"
 	"strconv"
@@ -447,10 +446,10 @@ func (src NativeSource) remove() {
 // besides, or a state whose descriptor differs between instances) the key
 // groups of r are read out of every instance (NativeKeyGroups) and
 // restored as records. The directories of src are removed either way.
-func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored iter.Seq2[checkpoint.KeyGroupState, error], src NativeSource) (*KeyedBackend[K], error) {
-	adopt := restored == nil && len(src.Restores) == 1 && !src.Restores[0].Partial &&
+func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState, src NativeSource) (*KeyedBackend[K], error) {
+	adopt := len(restored) == 0 && len(src.Restores) == 1 && !src.Restores[0].Partial &&
 		src.Restores[0].KeyGroupStart <= r.Start && src.Restores[0].KeyGroupEnd >= r.End
-	if !adopt && restored == nil && len(src.Restores) > 0 && ingestable(src.Restores) {
+	if !adopt && len(restored) == 0 && len(src.Restores) > 0 && ingestable(src.Restores) {
 		defer src.remove()
 		b, err := NewKeyedBackend[K](r, maxParallelism, nil)
 		if err != nil {
@@ -466,7 +465,7 @@ func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range,
 		if err != nil {
 			return nil, err
 		}
-		return NewPebbleKeyedBackend[K](eng, r, maxParallelism, checkpoint.ConcatGroups(restored, kgs))
+		return NewPebbleKeyedBackend[K](eng, r, maxParallelism, append(restored, kgs...))
 	}
 	defer src.remove()
 	nr := src.Restores[0]

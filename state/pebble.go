@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"iter"
 	"math"
 	"os"
 	"path/filepath"
@@ -131,14 +130,11 @@ var pebbleDirs atomic.Uint64
 
 // NewPebbleKeyedBackend is NewKeyedBackend with the state stored in a new
 // Pebble instance configured by eng. The restored state is checked as
-// NewKeyedBackend checks it and written into the instance as it comes, in
-// batches of bounded size (loadRestored): the backend never holds more of
-// it than one key group of one state, whatever its size. Its states then
-// stand as an adopted instance's do until registered (S3): registering
-// one checks its descriptor (S11) but decodes no value. Close the backend
-// to close the instance and remove its working directory.
-func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored iter.Seq2[checkpoint.KeyGroupState, error]) (*KeyedBackend[K], error) {
-	b, err := NewKeyedBackend[K](r, maxParallelism, nil)
+// NewKeyedBackend checks it and loaded into the instance state by state,
+// when the state is registered (until then it is carried over, S3). Close
+// the backend to close the instance and remove its working directory.
+func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState) (*KeyedBackend[K], error) {
+	b, err := NewKeyedBackend[K](r, maxParallelism, restored)
 	if err != nil {
 		return nil, err
 	}
@@ -147,12 +143,6 @@ func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, max
 		return nil, err
 	}
 	b.peb = s
-	if restored != nil {
-		if err := loadRestored(b, restored); err != nil {
-			_ = s.close()
-			return nil, err
-		}
-	}
 	return b, nil
 }
 
