@@ -610,6 +610,10 @@
 //
 // # Native snapshots: incremental checkpoints (native.go)
 //
+// The contract that graph, snapshot and restore rely on, call by call,
+// is in one place: the documentation of NativeBackend
+// (nativecontract.go). This section is how the Pebble engine keeps it.
+//
 // A Pebble backend also takes native snapshots, which graph uses for
 // checkpoints (not savepoints, which stay canonical and portable, nor with
 // graph.StateConfig.FullCheckpoints). FreezeNative is the synchronous
