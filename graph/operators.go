@@ -314,10 +314,7 @@ type hooks struct {
 	}
 	// native takes the incremental checkpoints of a Pebble backend; nil
 	// for the heap and with StateConfig.FullCheckpoints.
-	native interface {
-		CanSnapshotNative() bool
-		FreezeNative() (*state.NativeSnapshot, error)
-	}
+	native state.NativeBackend
 	// keyedFiles writes keyed state above inlineEntries to its
 	// keyed-state file (task.Info.KeyedState); nil without checkpoint
 	// storage.

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // codecSamples are values of every msgpack format family.
@@ -24,12 +26,12 @@ var codecSamples = []any{
 func TestCheckValueAcceptsEncodings(t *testing.T) {
 	for _, v := range codecSamples {
 		b := mustEncode(t, v)
-		require.NoError(t, checkValue(b), "%T % .20x", v, b)
+		require.NoError(t, engine.CheckValue(b), "%T % .20x", v, b)
 		// Every proper prefix is truncated, and any extra byte is trailing.
 		for n := range len(b) {
-			require.Error(t, checkValue(b[:n]), "%T prefix %d", v, n)
+			require.Error(t, engine.CheckValue(b[:n]), "%T prefix %d", v, n)
 		}
-		require.Error(t, checkValue(append(b[:len(b):len(b)], 0)), "%T trailing byte", v)
+		require.Error(t, engine.CheckValue(append(b[:len(b):len(b)], 0)), "%T trailing byte", v)
 	}
 }
 
@@ -48,7 +50,7 @@ func TestCheckValueRejects(t *testing.T) {
 		{[]byte{0xc7, 0x02, 0x01, 0x00}, "truncated msgpack value"},
 		{[]byte{0x01, 0x02}, "1 trailing bytes after msgpack value"},
 	} {
-		require.EqualError(t, checkValue(tc.b), tc.want, "% x", tc.b)
+		require.EqualError(t, engine.CheckValue(tc.b), tc.want, "% x", tc.b)
 	}
 }
 
@@ -59,65 +61,65 @@ func TestCheckValueDeepNesting(t *testing.T) {
 		b[i] = 0x91 // array of one element
 	}
 	b[len(b)-1] = 0x01
-	require.NoError(t, checkValue(b))
+	require.NoError(t, engine.CheckValue(b))
 	b[len(b)-1] = 0x91
-	require.Error(t, checkValue(b))
+	require.Error(t, engine.CheckValue(b))
 }
 
 func TestDecodeIntoRoundTrip(t *testing.T) {
-	d := newDecoder()
+	d := engine.NewDecoder()
 	var got []reading
-	require.NoError(t, decodeInto(d, mustEncode(t, readings), &got))
+	require.NoError(t, engine.DecodeInto(d, mustEncode(t, readings), &got))
 	require.Equal(t, readings, got)
 	var ts time.Time
 	want := time.Unix(1700000000, 5).UTC()
-	require.NoError(t, decodeInto(d, mustEncode(t, want), &ts))
+	require.NoError(t, engine.DecodeInto(d, mustEncode(t, want), &ts))
 	require.True(t, want.Equal(ts))
 	var n int
-	require.EqualError(t, decodeInto(d, mustEncode(t, "x"), &n), "msgpack: invalid code=a1 decoding int64")
+	require.EqualError(t, engine.DecodeInto(d, mustEncode(t, "x"), &n), "msgpack: invalid code=a1 decoding int64")
 }
 
 // TestEncodeFast: the fast path encodes as the boxed and the pointer paths.
 func TestEncodeFast(t *testing.T) {
-	check := func(v any, fast func(e *encoder, boxed bool) ([]byte, error)) {
+	check := func(v any, fast func(e *engine.Encoder, boxed bool) ([]byte, error)) {
 		t.Helper()
 		for _, boxed := range []bool{true, false} {
-			got, err := fast(newEncoder(), boxed)
+			got, err := fast(engine.NewEncoder(), boxed)
 			require.NoError(t, err)
 			require.Equal(t, mustEncode(t, v), got, "%T %v boxed=%v", v, v, boxed)
 		}
 	}
 	for _, s := range []string{"", "a", string(make([]byte, 31)), string(make([]byte, 32)), string(make([]byte, 255)), string(make([]byte, 256)),
 		string(make([]byte, 65535)), string(make([]byte, 65536)), "é✓"} {
-		check(s, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &s, b) })
-		check(&s, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &s, b) })
+		check(s, func(e *engine.Encoder, b bool) ([]byte, error) { return engine.EncodeFast(e, &s, b) })
+		check(&s, func(e *engine.Encoder, b bool) ([]byte, error) { return engine.EncodeFast(e, &s, b) })
 	}
 	for _, n := range []int64{0, 1, -1, 127, 128, -32, -33, 255, 256, -128, -129, 65535, 65536, -32768, -32769,
 		1 << 16, -(1 << 16), math.MaxUint32, math.MaxUint32 + 1, math.MinInt32, math.MinInt32 - 1,
 		1 << 33, -(1 << 33), math.MaxInt64, math.MinInt64} {
 		i := int(n)
-		check(n, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &n, b) })
-		check(&n, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &n, b) })
-		check(i, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &i, b) })
-		check(&i, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &i, b) })
+		check(n, func(e *engine.Encoder, b bool) ([]byte, error) { return engine.EncodeFast(e, &n, b) })
+		check(&n, func(e *engine.Encoder, b bool) ([]byte, error) { return engine.EncodeFast(e, &n, b) })
+		check(i, func(e *engine.Encoder, b bool) ([]byte, error) { return engine.EncodeFast(e, &i, b) })
+		check(&i, func(e *engine.Encoder, b bool) ([]byte, error) { return engine.EncodeFast(e, &i, b) })
 	}
 	for _, f := range []float64{0, 1.5, -2.25, math.Inf(1), math.NaN(), math.SmallestNonzeroFloat64} {
-		got, err := encodeFast(newEncoder(), &f, true)
+		got, err := engine.EncodeFast(engine.NewEncoder(), &f, true)
 		require.NoError(t, err)
 		require.Equal(t, mustEncode(t, f), got)
-		got, err = encodeFast(newEncoder(), &f, false)
+		got, err = engine.EncodeFast(engine.NewEncoder(), &f, false)
 		require.NoError(t, err)
 		require.Equal(t, mustEncode(t, &f), got)
 	}
 	for _, x := range []bool{true, false} {
-		check(x, func(e *encoder, b bool) ([]byte, error) { return encodeFast(e, &x, b) })
+		check(x, func(e *engine.Encoder, b bool) ([]byte, error) { return engine.EncodeFast(e, &x, b) })
 	}
 	// Other types take the boxed or the pointer path, as asked.
 	f := float32(math.Float32frombits(0x7f800001)) // signalling NaN
-	got, err := encodeFast(newEncoder(), &f, true)
+	got, err := engine.EncodeFast(engine.NewEncoder(), &f, true)
 	require.NoError(t, err)
 	require.Equal(t, mustEncode(t, f), got)
-	got, err = encodeFast(newEncoder(), &f, false)
+	got, err = engine.EncodeFast(engine.NewEncoder(), &f, false)
 	require.NoError(t, err)
 	require.Equal(t, mustEncode(t, &f), got)
 }

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/stretchr/testify/require"
 )
@@ -252,7 +253,7 @@ func TestMutableValuesEncodedAtFreeze(t *testing.T) {
 		reflect.TypeFor[[1]map[int]int]():     false,
 		reflect.TypeFor[struct{ f func() }](): false,
 	} {
-		require.Equal(t, want, immutableType(typ), "%v", typ)
+		require.Equal(t, want, engine.ImmutableType(typ), "%v", typ)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -32,7 +33,7 @@ const (
 // file).
 type stateDesc struct {
 	Kind stateKind `msgpack:"kind"`
-	// TTL says that every value carries its 8-byte timestamp (ttlCodec).
+	// TTL says that every value carries its 8-byte timestamp (TTLCodec).
 	TTL bool `msgpack:"ttl,omitempty"`
 	// Codec says that the values are a caller-supplied Codec's bytes.
 	Codec bool `msgpack:"codec,omitempty"`
@@ -72,7 +73,7 @@ func (i *stateInfo) descBytes() []byte {
 // (S6) and rejects fields and kinds it does not know, so a newer writer's
 // descriptor is not half understood.
 func decodeDesc(raw []byte) (*stateDesc, error) {
-	if err := checkValue(raw); err != nil {
+	if err := engine.CheckValue(raw); err != nil {
 		return nil, err
 	}
 	dec := msgpack.NewDecoder(bytes.NewReader(raw))

@@ -99,7 +99,7 @@
 // which quiets a float32 signalling NaN and so moves the key to another key
 // group. Decoding restored bytes first checks, without
 // recursion, that the bytes are exactly one well-formed msgpack value whose
-// declared lengths fit in the input (checkValue). Only then is the value
+// declared lengths fit in the input (CheckValue). Only then is the value
 // handed to the msgpack decoder, so that a corrupt length cannot make it
 // allocate gigabytes. Unknown struct fields are ignored on decode, which
 // lets a value type gain or lose fields between versions. Keys and values
@@ -109,7 +109,8 @@
 // map-based backend that preceded the copy-on-write one, pins the bytes of
 // a keyed snapshot (S1).
 //
-// The newer states add to that format and never change it (valuecodec.go):
+// The newer states add to that format and never change it (the value
+// codecs of package state/internal/engine, valuecodec.go):
 //
 //   - A map entry is one checkpoint.KeyedEntry whose Key is the key's and
 //     whose UserKey is the user key's msgpack encoding (user keys are
@@ -238,7 +239,7 @@
 //
 // S10: Per-entry map operations touch only their entry. MapState.Get, Put,
 // Remove and Contains name the key and the user key all the way down to
-// the storage (mapTable), cost one index lookup on the heap, and neither
+// the storage (MapTable), cost one index lookup on the heap, and neither
 // read nor write other entries of the key; All, Keys, Values, Len, IsEmpty
 // and Clear touch only the current key's entries. A map state's snapshot
 // holds one entry per map entry, with its user key.
@@ -277,7 +278,7 @@
 //
 // S15: A stored value of a reducing state without TTL or codec is a run
 // of one or more msgpack values, oldest first, and the state's value is
-// their fold in order, reduce(reduce(v1, v2), v3)... (runCodec). Operands
+// their fold in order, reduce(reduce(v1, v2), v3)... (RunCodec). Operands
 // are never combined with each other, so reduce need not be associative;
 // Pebble's merger only concatenates, so compactions never call it. It
 // runs on the subtask goroutine, except where a snapshot's asynchronous
@@ -382,22 +383,26 @@
 // # Seam for the Pebble backend
 //
 // The typed handles (ValueState, KeyedListState, MapState, ReducingState,
-// AggregatingState) do not touch the storage. They go through two internal
-// interfaces, and the TTL decorators (ttl.go) sit between the handles and
-// them, so TTL needs nothing from an engine but to store what it is given
-// and to know, through the spec, what has expired:
+// AggregatingState) do not touch the storage. They go through two
+// interfaces of package state/internal/engine, the package below state
+// that both engines share (with the value codecs, Spec, Frozen, the
+// Encoder and Decoder, and RestoredEntry), and the TTL decorators (ttl.go)
+// sit between the handles and them, so TTL needs nothing from an engine
+// but to store what it is given and to know, through the Spec, what has
+// expired:
 //
-//   - table[K, V] (table.go), for value, list, reducing and aggregating
-//     states: get, put and remove of the current key (with its key group),
-//     all (every entry), sweep (incremental TTL cleanup), freeze.
-//   - mapTable[K, UK, V] (maptable.go), for map states: get, put and
-//     remove of one (key, user key); entries, count and clear of one key;
-//     all (every entry of every key); sweep; freeze.
+//   - engine.Table[K, V], for value, list, reducing and aggregating
+//     states: Get, Put and Remove of the current key (with its key group),
+//     All (every entry), Sweep (incremental TTL cleanup), Freeze.
+//   - engine.MapTable[K, UK, V], for map states: Get, Put and Remove of
+//     one (key, user key); Entries, Count and Clear of one key; All (every
+//     entry of every key); Sweep; Freeze.
 //
-// Each table gets a spec at registration: how keys, user keys and values
-// encode (valueCodec: msgpack, the caller's Codec, the TTL timestamp in
-// front, lists of bin elements), the descriptor entry, and, with a TTL,
-// which values are expired at a given time (live, prune). newTable and
+// Each table gets a Spec at registration: how keys, user keys and values
+// encode (engine.ValueCodec: msgpack, the caller's Codec, the TTL
+// timestamp in front, lists of bin elements), the descriptor entry, and,
+// with a TTL, which values are expired at a given time (Live, Prune).
+// newTable and
 // newMapTable are the one place each that picks the implementation:
 // cowTable and cowMapTable, or pebbleTable and pebbleMapTable for a
 // backend built by NewPebbleKeyedBackend (see "Pebble engine").
@@ -489,7 +494,7 @@
 // the write, and the flush encodes nothing). A hit (the counter's read
 // and write of a cached key) is one index lookup (the slot is then
 // remembered) and allocates nothing: a read for any value type, a write
-// for the fast-path types of codec.go (TestPebbleGetNoAlloc). When the
+// for the fast-path types of engine.EncodeFast (TestPebbleGetNoAlloc). When the
 // victim of an eviction is dirty, every dirty slot is written to Pebble
 // in one batch (NoSync) and stays cached clean, so a full cache of
 // written keys costs one batch per WriteCacheEntries records. The
@@ -604,6 +609,10 @@
 // as on the heap, must not be changed in place.
 //
 // # Native snapshots: incremental checkpoints (native.go)
+//
+// The contract that graph, snapshot and restore rely on, call by call,
+// is in one place: the documentation of NativeBackend
+// (nativecontract.go). This section is how the Pebble engine keeps it.
 //
 // A Pebble backend also takes native snapshots, which graph uses for
 // checkpoints (not savepoints, which stay canonical and portable, nor with

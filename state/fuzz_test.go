@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -44,7 +45,7 @@ func restoreList[T any](t *testing.T, b []byte) {
 	if err != nil {
 		return
 	}
-	if checkValue(b) != nil {
+	if engine.CheckValue(b) != nil {
 		t.Fatalf("decoded %x, which checkValue rejects", b)
 	}
 	snap, err := s.Snapshot()
@@ -59,7 +60,7 @@ func restoreList[T any](t *testing.T, b []byte) {
 	}
 	l2, err := ListState[T](r, "l")
 	if err != nil {
-		t.Fatalf("re-restoring %x as %s: %v", b, typeName[T](), err)
+		t.Fatalf("re-restoring %x as %s: %v", b, engine.TypeName[T](), err)
 	}
 	if l2.Len() != l.Len() {
 		t.Fatalf("re-restored %d elements, want %d", l2.Len(), l.Len())

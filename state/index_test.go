@@ -52,19 +52,19 @@ func TestIndexRandomOps(t *testing.T) {
 			gen++ // a new current key for every operation
 			switch rng.IntN(3) {
 			case 0, 1:
-				tb.put(k, 0, k*10)
+				tb.Put(k, 0, k*10)
 				_, s, ok := tb.find(k)
 				require.True(t, ok, "round %d: put %d", round, k)
 				want[k] = s
 			case 2:
-				tb.remove(k, 0)
+				tb.Remove(k, 0)
 				delete(want, k)
 			}
 			checkIndex(t, tb, want)
 		}
 		for k := range want {
 			gen++
-			v, ok := tb.get(k, 0)
+			v, ok := tb.Get(k, 0)
 			require.True(t, ok)
 			require.Equal(t, k*10, v)
 		}
@@ -79,26 +79,26 @@ func TestIndexKeyKinds(t *testing.T) {
 	s := newCOWTable[string, int](0, true, &gen)
 	for i, k := range []string{"", "a", "device-17", "device-17\x00"} {
 		gen++
-		s.put(k, 0, i)
+		s.Put(k, 0, i)
 	}
 	for i, k := range []string{"", "a", "device-17", "device-17\x00"} {
 		gen++
-		v, ok := s.get(k, 0)
+		v, ok := s.Get(k, 0)
 		require.True(t, ok, k)
 		require.Equal(t, i, v)
 	}
 
 	f := newCOWTable[float64, int](0, true, &gen)
 	gen++
-	f.put(0.0, 0, 1)
+	f.Put(0.0, 0, 1)
 	gen++
-	v, ok := f.get(math.Copysign(0, -1), 0)
+	v, ok := f.Get(math.Copysign(0, -1), 0)
 	require.True(t, ok, "-0 finds +0")
 	require.Equal(t, 1, v)
 	gen++
-	f.put(math.NaN(), 0, 2)
+	f.Put(math.NaN(), 0, 2)
 	gen++
-	_, ok = f.get(math.NaN(), 0)
+	_, ok = f.Get(math.NaN(), 0)
 	require.False(t, ok, "NaN is equal to nothing")
 
 	type key struct {
@@ -108,11 +108,11 @@ func TestIndexKeyKinds(t *testing.T) {
 	st := newCOWTable[key, int](0, true, &gen)
 	for i := range 100 {
 		gen++
-		st.put(key{int32(i), "x"}, 0, i)
+		st.Put(key{int32(i), "x"}, 0, i)
 	}
 	for i := range 100 {
 		gen++
-		v, ok := st.get(key{int32(i), "x"}, 0)
+		v, ok := st.Get(key{int32(i), "x"}, 0)
 		require.True(t, ok)
 		require.Equal(t, i, v)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"maps"
 	"reflect"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/snapflow/snapflow/internal/cacheline"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -72,7 +72,7 @@ type keyedState[K comparable] interface {
 	describe() string
 	// registration is what the state was registered with (S4).
 	registration() *stateInfo
-	freeze() (frozen, error)
+	freeze() (engine.Frozen, error)
 }
 
 // restoredState is the restored content of one keyed state name.
@@ -85,17 +85,7 @@ type restoredState[K comparable] struct {
 	// descKG and plainKG are a key group that has the descriptor and one
 	// with entries that has none (-1: none seen).
 	descKG, plainKG int
-	es              []restoredEntry[K]
-}
-
-// restoredEntry is one restored entry. The key is decoded and checked
-// (S2). User key and value stay encoded until their state is registered.
-type restoredEntry[K comparable] struct {
-	kg     int
-	key    K
-	rawKey []byte
-	rawUK  []byte // the user key of a map entry, nil otherwise
-	rawVal []byte
+	es              []engine.RestoredEntry[K]
 }
 
 // NewKeyedBackend returns the backend of a subtask that owns the key groups r
@@ -116,7 +106,7 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		states:   make(map[string]keyedState[K]),
 		restored: make(map[string]*restoredState[K]),
 	}
-	dec := newDecoder()
+	dec := engine.NewDecoder()
 	for _, g := range restored {
 		if !r.Contains(g.KeyGroup) {
 			return nil, fmt.Errorf("state: key group %d is not in key-group range %v of this subtask (keyed state %q). "+
@@ -157,15 +147,15 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		for i := first; i < len(g.Entries); i++ {
 			e := &g.Entries[i]
 			var k K
-			if err := decodeInto(dec, e.Key, &k); err != nil {
+			if err := engine.DecodeInto(dec, e.Key, &k); err != nil {
 				return nil, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: %w",
-					i, g.State, g.KeyGroup, typeName[K](), err)
+					i, g.State, g.KeyGroup, engine.TypeName[K](), err)
 			}
 			if !reflect.ValueOf(&k).Elem().Comparable() {
 				// K holds an interface, and the decoded dynamic type (say
 				// a map) cannot be a map key.
 				return nil, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: decoded key of type %T is not comparable",
-					i, g.State, g.KeyGroup, typeName[K](), k)
+					i, g.State, g.KeyGroup, engine.TypeName[K](), k)
 			}
 			if kg := keygroup.Of(k, maxParallelism); kg != g.KeyGroup {
 				return nil, fmt.Errorf("state: restored key %v of keyed state %q was recorded in key group %d "+
@@ -183,7 +173,7 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 			if isMap {
 				uk = e.UserKey
 			}
-			rs.es = append(rs.es, restoredEntry[K]{kg: g.KeyGroup, key: k, rawKey: e.Key, rawUK: uk, rawVal: e.Value})
+			rs.es = append(rs.es, engine.RestoredEntry[K]{KG: g.KeyGroup, Key: k, RawKey: e.Key, RawUK: uk, RawVal: e.Value})
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(b.restored)) {
@@ -192,21 +182,21 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 			return nil, fmt.Errorf("state: keyed state %q has a descriptor in key group %d but none in key group %d", name, rs.descKG, rs.plainKG)
 		}
 		es := rs.es
-		slices.SortStableFunc(es, func(x, y restoredEntry[K]) int {
-			if c := cmp.Compare(x.kg, y.kg); c != 0 {
+		slices.SortStableFunc(es, func(x, y engine.RestoredEntry[K]) int {
+			if c := cmp.Compare(x.KG, y.KG); c != 0 {
 				return c
 			}
-			if c := bytes.Compare(x.rawKey, y.rawKey); c != 0 {
+			if c := bytes.Compare(x.RawKey, y.RawKey); c != 0 {
 				return c
 			}
-			return bytes.Compare(x.rawUK, y.rawUK)
+			return bytes.Compare(x.RawUK, y.RawUK)
 		})
 		for i := 1; i < len(es); i++ {
-			if es[i].kg == es[i-1].kg && bytes.Equal(es[i].rawKey, es[i-1].rawKey) && bytes.Equal(es[i].rawUK, es[i-1].rawUK) {
-				if es[i].rawUK != nil {
-					return nil, fmt.Errorf("state: restored map state %q holds user key %x of key %v twice in key group %d", name, es[i].rawUK, es[i].key, es[i].kg)
+			if es[i].KG == es[i-1].KG && bytes.Equal(es[i].RawKey, es[i-1].RawKey) && bytes.Equal(es[i].RawUK, es[i-1].RawUK) {
+				if es[i].RawUK != nil {
+					return nil, fmt.Errorf("state: restored map state %q holds user key %x of key %v twice in key group %d", name, es[i].RawUK, es[i].Key, es[i].KG)
 				}
-				return nil, fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", name, es[i].key, es[i].kg)
+				return nil, fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", name, es[i].Key, es[i].KG)
 			}
 		}
 	}
@@ -332,7 +322,7 @@ func register[K comparable, H keyedState[K]](b *KeyedBackend[K], name string, in
 // (S11): otherwise it could only be decoded into a mix of both.
 func (b *KeyedBackend[K]) checkRestored(name string, info *stateInfo) error {
 	if rs := b.restored[name]; rs != nil && len(rs.es) > 0 {
-		return checkDesc(name, rs.es[0].kg, rs.d, info)
+		return checkDesc(name, rs.es[0].KG, rs.d, info)
 	}
 	if b.peb != nil {
 		if ns, ok := b.peb.native[name]; ok {
@@ -384,7 +374,7 @@ func checkDesc(name string, kg int, got *stateDesc, info *stateInfo) error {
 }
 
 // restoredEntries returns the restored entries of name (nil if none).
-func (b *KeyedBackend[K]) restoredEntries(name string) []restoredEntry[K] {
+func (b *KeyedBackend[K]) restoredEntries(name string) []engine.RestoredEntry[K] {
 	if rs := b.restored[name]; rs != nil {
 		return rs.es
 	}
@@ -424,7 +414,7 @@ func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 		}
 	}
 	slices.Sort(names)
-	s := &KeyedSnapshot{parts: make([]frozen, 0, len(names))}
+	s := &KeyedSnapshot{parts: make([]engine.Frozen, 0, len(names))}
 	for _, name := range names {
 		if st, ok := b.states[name]; ok {
 			f, err := st.freeze()
@@ -433,7 +423,7 @@ func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 				return nil, err
 			}
 			s.parts = append(s.parts, f)
-			s.n += f.entries()
+			s.n += f.Entries()
 			continue
 		}
 		if b.peb != nil {
@@ -466,7 +456,7 @@ func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 // view holds on its first write; after it, those writes are in place again.
 // A view that is never released costs at most one such copy per page.
 type KeyedSnapshot struct {
-	parts []frozen
+	parts []engine.Frozen
 	n     int
 }
 
@@ -481,14 +471,14 @@ func (s *KeyedSnapshot) Entries() int { return s.n }
 // Snapshot taken at Freeze. It stops early, with an error wrapping
 // ctx.Err(), once ctx is done.
 func (s *KeyedSnapshot) Encode(ctx context.Context) ([]checkpoint.KeyGroupState, error) {
-	return s.encode(ctx, newEncoder())
+	return s.encode(ctx, engine.NewEncoder())
 }
 
-func (s *KeyedSnapshot) encode(ctx context.Context, e *encoder) ([]checkpoint.KeyGroupState, error) {
+func (s *KeyedSnapshot) encode(ctx context.Context, e *engine.Encoder) ([]checkpoint.KeyGroupState, error) {
 	var out []checkpoint.KeyGroupState
 	for _, p := range s.parts {
 		var err error
-		if out, err = p.encode(ctx, e, out); err != nil {
+		if out, err = p.Encode(ctx, e, out); err != nil {
 			return nil, err
 		}
 	}
@@ -506,29 +496,29 @@ func (s *KeyedSnapshot) encode(ctx context.Context, e *encoder) ([]checkpoint.Ke
 // does. It stops early, with an error wrapping ctx.Err(), once ctx is
 // done, and returns use's error.
 func (s *KeyedSnapshot) EncodeGroups(ctx context.Context, use func([]checkpoint.KeyGroupState) error) error {
-	held, group := encoders.Get().(*encoder), encoders.Get().(*encoder)
+	held, group := encoders.Get().(*engine.Encoder), encoders.Get().(*engine.Encoder)
 	defer func() {
-		for _, e := range []*encoder{held, group} {
-			e.reset()
+		for _, e := range []*engine.Encoder{held, group} {
+			e.Reset()
 			encoders.Put(e)
 		}
 	}()
-	cs := make([]groupCursor, 0, len(s.parts))
+	cs := make([]engine.GroupCursor, 0, len(s.parts))
 	defer func() {
 		for _, c := range cs {
-			_ = c.close()
+			_ = c.Close()
 		}
 	}()
 	for _, p := range s.parts {
-		if st, ok := p.(streamer); ok {
-			c, err := st.cursor(ctx)
+		if st, ok := p.(engine.Streamer); ok {
+			c, err := st.Cursor(ctx)
 			if err != nil {
 				return err
 			}
 			cs = append(cs, c)
 			continue
 		}
-		states, err := p.encode(ctx, held, nil)
+		states, err := p.Encode(ctx, held, nil)
 		if err != nil {
 			return err
 		}
@@ -538,7 +528,7 @@ func (s *KeyedSnapshot) EncodeGroups(ctx context.Context, use func([]checkpoint.
 	for {
 		kg := -1
 		for _, c := range cs {
-			if n := c.next(); n >= 0 && (kg < 0 || n < kg) {
+			if n := c.Next(); n >= 0 && (kg < 0 || n < kg) {
 				kg = n
 			}
 		}
@@ -548,11 +538,11 @@ func (s *KeyedSnapshot) EncodeGroups(ctx context.Context, use func([]checkpoint.
 		clear(out)
 		out = out[:0]
 		for _, c := range cs {
-			if c.next() != kg {
+			if c.Next() != kg {
 				continue
 			}
 			var err error
-			if out, err = c.appendGroup(ctx, group, out); err != nil {
+			if out, err = c.AppendGroup(ctx, group, out); err != nil {
 				return err
 			}
 		}
@@ -561,10 +551,10 @@ func (s *KeyedSnapshot) EncodeGroups(ctx context.Context, use func([]checkpoint.
 				return err
 			}
 		}
-		group.reset()
+		group.Reset()
 	}
 	for _, c := range cs {
-		if err := c.close(); err != nil {
+		if err := c.Close(); err != nil {
 			return err
 		}
 	}
@@ -572,29 +562,7 @@ func (s *KeyedSnapshot) EncodeGroups(ctx context.Context, use func([]checkpoint.
 }
 
 // encoders are EncodeGroups' encoders, with their buffers.
-var encoders = sync.Pool{New: func() any { return newEncoder() }}
-
-// groupCursor hands out a frozen view's states one key group at a time,
-// by ascending key group.
-type groupCursor interface {
-	// next returns the key group of the next group, -1 after the last.
-	next() int
-	// appendGroup appends the view's state of that key group to out
-	// (nothing if all its entries turn out to be expired), its bytes in e
-	// or shared with the view, and moves to the next group. The entries
-	// may be reused by the next call.
-	appendGroup(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error)
-	// close releases what the cursor holds (an iterator) and returns its
-	// error; closing twice is a no-op.
-	close() error
-}
-
-// streamer is a frozen view that reads its state one key group at a time
-// (the Pebble views): EncodeGroups takes its cursor instead of encoding
-// it whole.
-type streamer interface {
-	cursor(ctx context.Context) (groupCursor, error)
-}
+var encoders = sync.Pool{New: func() any { return engine.NewEncoder() }}
 
 // heldCursor hands out states encoded whole.
 type heldCursor struct {
@@ -602,24 +570,24 @@ type heldCursor struct {
 	i      int
 }
 
-func (c *heldCursor) next() int {
+func (c *heldCursor) Next() int {
 	if c.i < len(c.states) {
 		return c.states[c.i].KeyGroup
 	}
 	return -1
 }
 
-func (c *heldCursor) appendGroup(_ context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (c *heldCursor) AppendGroup(_ context.Context, _ *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	c.i++
 	return append(out, c.states[c.i-1]), nil
 }
 
-func (c *heldCursor) close() error { return nil }
+func (c *heldCursor) Close() error { return nil }
 
 // Release ends the view (see KeyedSnapshot). Releasing twice is a no-op.
 func (s *KeyedSnapshot) Release() {
 	for _, p := range s.parts {
-		p.release()
+		p.Release()
 	}
 }
 
@@ -629,7 +597,7 @@ type restoredView[K comparable] struct {
 	rs   *restoredState[K]
 }
 
-func (v restoredView[K]) encode(_ context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (v restoredView[K]) Encode(_ context.Context, _ *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	es := v.rs.es
 	h := 0
 	if v.rs.desc != nil {
@@ -637,14 +605,14 @@ func (v restoredView[K]) encode(_ context.Context, _ *encoder, out []checkpoint.
 	}
 	groups := 0
 	for i := range es {
-		if i == 0 || es[i].kg != es[i-1].kg {
+		if i == 0 || es[i].KG != es[i-1].KG {
 			groups++
 		}
 	}
 	all := make([]checkpoint.KeyedEntry, 0, len(es)+h*groups)
 	for i := 0; i < len(es); {
 		j := i + 1
-		for j < len(es) && es[j].kg == es[i].kg {
+		for j < len(es) && es[j].KG == es[i].KG {
 			j++
 		}
 		from := len(all)
@@ -652,88 +620,13 @@ func (v restoredView[K]) encode(_ context.Context, _ *encoder, out []checkpoint.
 			all = append(all, checkpoint.KeyedEntry{Value: v.rs.desc})
 		}
 		for _, re := range es[i:j] {
-			all = append(all, checkpoint.KeyedEntry{Key: re.rawKey, UserKey: re.rawUK, Value: re.rawVal})
+			all = append(all, checkpoint.KeyedEntry{Key: re.RawKey, UserKey: re.RawUK, Value: re.RawVal})
 		}
-		out = append(out, checkpoint.KeyGroupState{State: v.name, KeyGroup: es[i].kg, Entries: all[from:len(all):len(all)]})
+		out = append(out, checkpoint.KeyGroupState{State: v.name, KeyGroup: es[i].KG, Entries: all[from:len(all):len(all)]})
 		i = j
 	}
 	return out, nil
 }
 
-func (v restoredView[K]) entries() int { return len(v.rs.es) }
-func (v restoredView[K]) release()     {}
-
-// sortGroup sorts the entries of key group kg by (key, user key; by key
-// alone unless userKeys, when there are none) and
-// reports an error if two share their encodings. That happens when distinct
-// keys encode alike, for example keys that differ only in unexported
-// fields.
-//
-// It sorts 16-byte sort keys (the first 8 bytes of the key, big-endian,
-// and the entry's index) and then moves each 72-byte entry once, instead
-// of comparing byte slices and swapping entries throughout: the sort was
-// half of a keyed snapshot's encoding (BenchmarkSnapshotEncodeTo). The
-// order is the same, bytes.Compare's: two prefixes that differ order
-// their keys; equal ones fall back to the whole encodings.
-func (e *encoder) sortGroup(name string, kg int, es []checkpoint.KeyedEntry, userKeys bool) error {
-	if len(es) < 2 {
-		return nil
-	}
-	compare := func(x, y *checkpoint.KeyedEntry) int {
-		if c := bytes.Compare(x.Key, y.Key); c != 0 || !userKeys {
-			return c
-		}
-		return bytes.Compare(x.UserKey, y.UserKey)
-	}
-	ks := e.sortKeys[:0]
-	for i := range es {
-		ks = append(ks, sortKey{prefix: keyPrefix(es[i].Key), i: int32(i)})
-	}
-	e.sortKeys = ks
-	slices.SortFunc(ks, func(x, y sortKey) int {
-		if x.prefix != y.prefix {
-			return cmp.Compare(x.prefix, y.prefix)
-		}
-		return compare(&es[x.i], &es[y.i])
-	})
-	for j := 1; j < len(ks); j++ {
-		if ks[j].prefix != ks[j-1].prefix {
-			continue
-		}
-		x, y := &es[ks[j-1].i], &es[ks[j].i]
-		if compare(x, y) == 0 {
-			if y.UserKey != nil {
-				return fmt.Errorf("state: two entries of map state %q in key group %d have the same key and user key encodings %x, %x; "+
-					"keys must encode injectively (msgpack skips unexported fields)", name, kg, y.Key, y.UserKey)
-			}
-			return fmt.Errorf("state: two keys of keyed state %q in key group %d have the same encoding %x; "+
-				"keys must encode injectively (msgpack skips unexported fields)", name, kg, y.Key)
-		}
-	}
-	e.sorted = append(e.sorted[:0], es...)
-	for j, k := range ks {
-		es[j] = e.sorted[k.i]
-	}
-	clear(e.sorted) // drop the references to the encoding's bytes
-	return nil
-}
-
-// sortKey is what sortGroup sorts: the first 8 bytes of an entry's key,
-// big-endian, zero-padded, and the entry's index in its group.
-type sortKey struct {
-	prefix uint64
-	i      int32
-}
-
-// keyPrefix is the first 8 bytes of b as a big-endian number, zero-padded:
-// keyPrefix(a) < keyPrefix(b) implies bytes.Compare(a, b) < 0.
-func keyPrefix(b []byte) uint64 {
-	if len(b) >= 8 {
-		return binary.BigEndian.Uint64(b)
-	}
-	var p uint64
-	for i, c := range b {
-		p |= uint64(c) << (56 - 8*i)
-	}
-	return p
-}
+func (v restoredView[K]) Entries() int { return len(v.rs.es) }
+func (v restoredView[K]) Release()     {}

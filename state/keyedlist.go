@@ -5,6 +5,8 @@ import (
 	"iter"
 	"reflect"
 	"slices"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // KeyedListState is a keyed state that holds a list of V per key. Its
@@ -29,7 +31,7 @@ type listStore[K comparable, V any] interface {
 	update(k K, kg int, vs []V)
 	clear(k K, kg int)
 	all(yield func(K, []V) bool)
-	freeze(name string) (frozen, error)
+	freeze(name string) (engine.Frozen, error)
 }
 
 // KeyedList registers the keyed list state name with elements of type V, or
@@ -52,19 +54,19 @@ func newListStore[K comparable, V any](b *KeyedBackend[K], name string, info *st
 	if err != nil {
 		return nil, err
 	}
-	var elems valueCodec[V] = msgpackCodec[V]{}
+	var elems engine.ValueCodec[V] = engine.MsgpackCodec[V]{}
 	if c != nil {
-		elems = userCodec[V]{c}
+		elems = engine.UserCodec[V]{C: c}
 	}
 	// The lists themselves are safe to share with a frozen view (see
 	// cowTable); their elements must be too.
-	desc, imm := info.descBytes(), immutableType(reflect.TypeFor[V]())
+	desc, imm := info.descBytes(), engine.ImmutableType(reflect.TypeFor[V]())
 	if !info.opts.hasTTL {
-		var vals valueCodec[[]V] = msgpackCodec[[]V]{}
+		var vals engine.ValueCodec[[]V] = engine.MsgpackCodec[[]V]{}
 		if c != nil {
-			vals = listCodec[V]{elems}
+			vals = engine.ListCodec[V]{Elem: elems}
 		}
-		t, err := newTable(b, name, &spec[K, []V]{key: plainKey[K], vals: vals, valName: typeName[[]V](), desc: desc, immutable: imm})
+		t, err := newTable(b, name, &engine.Spec[K, []V]{Key: engine.PlainKey[K], Vals: vals, ValName: engine.TypeName[[]V](), Desc: desc, Immutable: imm})
 		if err != nil {
 			return nil, err
 		}
@@ -81,7 +83,7 @@ func newListStore[K comparable, V any](b *KeyedBackend[K], name string, info *st
 	return &ttlList[K, V]{in: t, b: b, s: s}, nil
 }
 
-func describeKeyedList[V any]() string { return fmt.Sprintf("list state of %s", typeName[V]()) }
+func describeKeyedList[V any]() string { return fmt.Sprintf("list state of %s", engine.TypeName[V]()) }
 
 // Name returns the name the state was registered under.
 func (s *KeyedListState[K, V]) Name() string { return s.name }
@@ -131,41 +133,41 @@ func (s *KeyedListState[K, V]) Clear() {
 // yielded elements in place.
 func (s *KeyedListState[K, V]) All() iter.Seq2[K, []V] { return s.st.all }
 
-func (s *KeyedListState[K, V]) describe() string         { return s.info.describe() }
-func (s *KeyedListState[K, V]) registration() *stateInfo { return &s.info }
-func (s *KeyedListState[K, V]) freeze() (frozen, error)  { return s.st.freeze(s.name) }
+func (s *KeyedListState[K, V]) describe() string               { return s.info.describe() }
+func (s *KeyedListState[K, V]) registration() *stateInfo       { return &s.info }
+func (s *KeyedListState[K, V]) freeze() (engine.Frozen, error) { return s.st.freeze(s.name) }
 
 // plainList keeps each key's list as one table value.
-type plainList[K comparable, V any] struct{ t table[K, []V] }
+type plainList[K comparable, V any] struct{ t engine.Table[K, []V] }
 
 func (p plainList[K, V]) get(k K, kg int) []V {
-	l, _ := p.t.get(k, kg)
+	l, _ := p.t.Get(k, kg)
 	return slices.Clip(l)
 }
 
 func (p plainList[K, V]) add1(k K, kg int, v V) {
-	l, _ := p.t.get(k, kg)
-	p.t.put(k, kg, append(l, v))
+	l, _ := p.t.Get(k, kg)
+	p.t.Put(k, kg, append(l, v))
 }
 
 func (p plainList[K, V]) add(k K, kg int, vs []V) {
-	l, _ := p.t.get(k, kg)
+	l, _ := p.t.Get(k, kg)
 	// Appending past the length any frozen view holds is safe (cowTable).
-	p.t.put(k, kg, append(l, vs...))
+	p.t.Put(k, kg, append(l, vs...))
 }
 
-func (p plainList[K, V]) update(k K, kg int, vs []V) { p.t.put(k, kg, slices.Clone(vs)) }
-func (p plainList[K, V]) clear(k K, kg int)          { p.t.remove(k, kg) }
+func (p plainList[K, V]) update(k K, kg int, vs []V) { p.t.Put(k, kg, slices.Clone(vs)) }
+func (p plainList[K, V]) clear(k K, kg int)          { p.t.Remove(k, kg) }
 
 func (p plainList[K, V]) all(yield func(K, []V) bool) {
-	p.t.all(func(k K, l []V) bool { return yield(k, slices.Clip(l)) })
+	p.t.All(func(k K, l []V) bool { return yield(k, slices.Clip(l)) })
 }
 
-func (p plainList[K, V]) freeze(name string) (frozen, error) { return p.t.freeze(name) }
+func (p plainList[K, V]) freeze(name string) (engine.Frozen, error) { return p.t.Freeze(name) }
 
 // ttlList keeps each key's list as one table value of stamped elements.
 type ttlList[K comparable, V any] struct {
-	in table[K, []ttlValue[V]]
+	in engine.Table[K, []engine.TTLValue[V]]
 	b  *KeyedBackend[K]
 	s  ttlSettings
 }
@@ -175,70 +177,70 @@ type ttlList[K comparable, V any] struct {
 // stores the list without the expired ones, refreshed under OnReadAndWrite.
 func (p *ttlList[K, V]) get(k K, kg int) []V {
 	now := p.b.clock()
-	l, _ := p.in.get(k, kg)
+	l, _ := p.in.Get(k, kg)
 	var out []V
 	expired := 0
 	for i := range l {
-		if p.s.expired(l[i].ts, now) {
+		if p.s.expired(l[i].TS, now) {
 			expired++
 			if !p.s.returnExpired {
 				continue
 			}
 		}
-		out = append(out, l[i].v)
+		out = append(out, l[i].Val)
 	}
 	if expired > 0 || p.s.onRead && len(l) > 0 {
 		// A new slice: the old one may be held by a frozen view.
-		kept := make([]ttlValue[V], 0, len(l)-expired)
+		kept := make([]engine.TTLValue[V], 0, len(l)-expired)
 		for _, e := range l {
-			if !p.s.expired(e.ts, now) {
+			if !p.s.expired(e.TS, now) {
 				if p.s.onRead {
-					e.ts = now
+					e.TS = now
 				}
 				kept = append(kept, e)
 			}
 		}
 		if len(kept) == 0 {
-			p.in.remove(k, kg)
+			p.in.Remove(k, kg)
 		} else {
-			p.in.put(k, kg, kept)
+			p.in.Put(k, kg, kept)
 		}
 	}
-	p.in.sweep(p.s.cleanup, now)
+	p.in.Sweep(p.s.cleanup, now)
 	return out
 }
 
 func (p *ttlList[K, V]) add1(k K, kg int, v V) {
 	now := p.b.clock()
-	l, _ := p.in.get(k, kg)
-	p.in.put(k, kg, append(l, ttlValue[V]{v, now}))
-	p.in.sweep(p.s.cleanup, now)
+	l, _ := p.in.Get(k, kg)
+	p.in.Put(k, kg, append(l, engine.TTLValue[V]{Val: v, TS: now}))
+	p.in.Sweep(p.s.cleanup, now)
 }
 
 func (p *ttlList[K, V]) add(k K, kg int, vs []V) {
 	now := p.b.clock()
-	l, _ := p.in.get(k, kg)
+	l, _ := p.in.Get(k, kg)
 	for _, v := range vs {
-		l = append(l, ttlValue[V]{v, now})
+		l = append(l, engine.TTLValue[V]{Val: v, TS: now})
 	}
-	p.in.put(k, kg, l)
-	p.in.sweep(p.s.cleanup, now)
+	p.in.Put(k, kg, l)
+	p.in.Sweep(p.s.cleanup, now)
 }
 
 func (p *ttlList[K, V]) update(k K, kg int, vs []V) {
 	now := p.b.clock()
-	l := make([]ttlValue[V], len(vs))
+	l := make([]engine.TTLValue[V], len(vs))
 	for i, v := range vs {
-		l[i] = ttlValue[V]{v, now}
+		l[i] = engine.TTLValue[V]{Val: v, TS: now}
 	}
-	p.in.put(k, kg, l)
-	p.in.sweep(p.s.cleanup, now)
+	p.in.Put(k, kg, l)
+	p.in.Sweep(p.s.cleanup, now)
 }
 
 func (p *ttlList[K, V]) clear(k K, kg int) {
 	now := p.b.clock()
-	p.in.remove(k, kg)
-	p.in.sweep(p.s.cleanup, now)
+	p.in.Remove(k, kg)
+	p.in.Sweep(p.s.cleanup, now)
 }
 
 // all yields every key's elements that are not expired (all stored ones
@@ -246,11 +248,11 @@ func (p *ttlList[K, V]) clear(k K, kg int) {
 // refreshes nor removes.
 func (p *ttlList[K, V]) all(yield func(K, []V) bool) {
 	now := p.b.clock()
-	p.in.all(func(k K, l []ttlValue[V]) bool {
+	p.in.All(func(k K, l []engine.TTLValue[V]) bool {
 		var out []V
 		for _, e := range l {
-			if p.s.returnExpired || !p.s.expired(e.ts, now) {
-				out = append(out, e.v)
+			if p.s.returnExpired || !p.s.expired(e.TS, now) {
+				out = append(out, e.Val)
 			}
 		}
 		if len(out) == 0 {
@@ -260,4 +262,4 @@ func (p *ttlList[K, V]) all(yield func(K, []V) bool) {
 	})
 }
 
-func (p *ttlList[K, V]) freeze(name string) (frozen, error) { return p.in.freeze(name) }
+func (p *ttlList[K, V]) freeze(name string) (engine.Frozen, error) { return p.in.Freeze(name) }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"iter"
 	"reflect"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // MapState is a keyed state that holds a map from user keys UK to values
@@ -17,7 +19,7 @@ type MapState[K comparable, UK comparable, UV any] struct {
 	b    *KeyedBackend[K]
 	name string
 	info stateInfo
-	t    mapTable[K, UK, UV]
+	t    engine.MapTable[K, UK, UV]
 	// heap is t when t is the heap table (no TTL): the per-record calls
 	// then need no dynamic dispatch.
 	heap *cowMapTable[K, UK, UV]
@@ -44,19 +46,19 @@ func Map[K comparable, UK comparable, UV any](b *KeyedBackend[K], name string, o
 	})
 }
 
-func newMapStore[K comparable, UK comparable, UV any](b *KeyedBackend[K], name string, info *stateInfo) (mapTable[K, UK, UV], error) {
+func newMapStore[K comparable, UK comparable, UV any](b *KeyedBackend[K], name string, info *stateInfo) (engine.MapTable[K, UK, UV], error) {
 	c, err := codecFor[UV](&info.opts, name)
 	if err != nil {
 		return nil, err
 	}
-	var vals valueCodec[UV] = msgpackCodec[UV]{}
+	var vals engine.ValueCodec[UV] = engine.MsgpackCodec[UV]{}
 	if c != nil {
-		vals = userCodec[UV]{c}
+		vals = engine.UserCodec[UV]{C: c}
 	}
 	desc := info.descBytes()
-	imm := immutableType(reflect.TypeFor[UK]()) && immutableType(reflect.TypeFor[UV]())
+	imm := engine.ImmutableType(reflect.TypeFor[UK]()) && engine.ImmutableType(reflect.TypeFor[UV]())
 	if !info.opts.hasTTL {
-		return newMapTable(b, name, &spec[MapKey[K, UK], UV]{key: mapKeyCodec[K, UK], vals: vals, valName: typeName[UV](), desc: desc, immutable: imm})
+		return newMapTable(b, name, &engine.Spec[MapKey[K, UK], UV]{Key: engine.MapKeyCodec[K, UK], Vals: vals, ValName: engine.TypeName[UV](), Desc: desc, Immutable: imm})
 	}
 	s, err := info.opts.ttl.settings(name)
 	if err != nil {
@@ -70,7 +72,7 @@ func newMapStore[K comparable, UK comparable, UV any](b *KeyedBackend[K], name s
 }
 
 func describeMap[UK, UV any]() string {
-	return fmt.Sprintf("map state of %s to %s", typeName[UK](), typeName[UV]())
+	return fmt.Sprintf("map state of %s to %s", engine.TypeName[UK](), engine.TypeName[UV]())
 }
 
 // Name returns the name the state was registered under.
@@ -81,9 +83,9 @@ func (s *MapState[K, UK, UV]) Name() string { return s.name }
 func (s *MapState[K, UK, UV]) Get(uk UK) (UV, bool) {
 	s.b.mustKey()
 	if s.heap != nil {
-		return s.heap.get(s.b.key, s.b.kg, uk)
+		return s.heap.Get(s.b.key, s.b.kg, uk)
 	}
-	return s.t.get(s.b.key, s.b.kg, uk)
+	return s.t.Get(s.b.key, s.b.kg, uk)
 }
 
 // Contains reports whether the current key's map has user key uk (a read:
@@ -97,30 +99,30 @@ func (s *MapState[K, UK, UV]) Contains(uk UK) bool {
 func (s *MapState[K, UK, UV]) Put(uk UK, uv UV) {
 	s.b.mustKey()
 	if s.heap != nil {
-		s.heap.put(s.b.key, s.b.kg, uk, uv)
+		s.heap.Put(s.b.key, s.b.kg, uk, uv)
 		return
 	}
-	s.t.put(s.b.key, s.b.kg, uk, uv)
+	s.t.Put(s.b.key, s.b.kg, uk, uv)
 }
 
 // PutAll puts every entry of m into the current key's map.
 func (s *MapState[K, UK, UV]) PutAll(m map[UK]UV) {
 	s.b.mustKey()
 	for uk, uv := range m {
-		s.t.put(s.b.key, s.b.kg, uk, uv)
+		s.t.Put(s.b.key, s.b.kg, uk, uv)
 	}
 }
 
 // Remove removes user key uk from the current key's map.
 func (s *MapState[K, UK, UV]) Remove(uk UK) {
 	s.b.mustKey()
-	s.t.remove(s.b.key, s.b.kg, uk)
+	s.t.Remove(s.b.key, s.b.kg, uk)
 }
 
 // Clear removes every entry of the current key's map.
 func (s *MapState[K, UK, UV]) Clear() {
 	s.b.mustKey()
-	s.t.clear(s.b.key, s.b.kg)
+	s.t.Clear(s.b.key, s.b.kg)
 }
 
 // Len returns the number of entries of the current key's map. With a TTL
@@ -128,17 +130,17 @@ func (s *MapState[K, UK, UV]) Clear() {
 // for map state; without one it costs O(1) on the heap.
 func (s *MapState[K, UK, UV]) Len() int {
 	s.b.mustKey()
-	return s.t.count(s.b.key, s.b.kg)
+	return s.t.Count(s.b.key, s.b.kg)
 }
 
 // IsEmpty reports whether the current key's map has no entries.
 func (s *MapState[K, UK, UV]) IsEmpty() bool {
 	s.b.mustKey()
 	if s.heap != nil {
-		return s.heap.count(s.b.key, s.b.kg) == 0
+		return s.heap.Count(s.b.key, s.b.kg) == 0
 	}
 	empty := true
-	s.t.entries(s.b.key, s.b.kg, func(UK, UV) bool { empty = false; return false })
+	s.t.Entries(s.b.key, s.b.kg, func(UK, UV) bool { empty = false; return false })
 	return empty
 }
 
@@ -150,7 +152,7 @@ func (s *MapState[K, UK, UV]) IsEmpty() bool {
 func (s *MapState[K, UK, UV]) All() iter.Seq2[UK, UV] {
 	return func(yield func(UK, UV) bool) {
 		s.b.mustKey()
-		s.t.entries(s.b.key, s.b.kg, yield)
+		s.t.Entries(s.b.key, s.b.kg, yield)
 	}
 }
 
@@ -181,8 +183,8 @@ func (s *MapState[K, UK, UV]) Values() iter.Seq[UV] {
 // loop body must not change the state. With a TTL it skips expired entries
 // (unless ReturnExpiredIfNotCleanedUp), and neither refreshes nor removes
 // any.
-func (s *MapState[K, UK, UV]) AllEntries() iter.Seq2[MapKey[K, UK], UV] { return s.t.all }
+func (s *MapState[K, UK, UV]) AllEntries() iter.Seq2[MapKey[K, UK], UV] { return s.t.All }
 
-func (s *MapState[K, UK, UV]) describe() string         { return s.info.describe() }
-func (s *MapState[K, UK, UV]) registration() *stateInfo { return &s.info }
-func (s *MapState[K, UK, UV]) freeze() (frozen, error)  { return s.t.freeze(s.name) }
+func (s *MapState[K, UK, UV]) describe() string               { return s.info.describe() }
+func (s *MapState[K, UK, UV]) registration() *stateInfo       { return &s.info }
+func (s *MapState[K, UK, UV]) freeze() (engine.Frozen, error) { return s.t.Freeze(s.name) }

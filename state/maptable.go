@@ -3,59 +3,13 @@ package state
 import (
 	"fmt"
 	"reflect"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // MapKey is the composite key of a map state's entry: the state's key and
 // the entry's user key (MapState.AllEntries).
-type MapKey[K comparable, UK comparable] struct {
-	Key     K
-	UserKey UK
-}
-
-func (k MapKey[K, UK]) String() string { return fmt.Sprintf("%v, user key %v", k.Key, k.UserKey) }
-
-// mapTable stores the entries of one keyed map state: one value per (key,
-// user key). It is the map-state seam between MapState and the storage
-// engine (see "Seam for the Pebble backend" in doc.go): every operation
-// names the key (with its key group) and, for per-entry operations, the
-// user key, so that an engine keeping entries under
-// [key group][state][key][user key] reads and writes exactly one entry for
-// get, put and remove, and one prefix [key group][state][key] for the
-// per-key operations (S10). Keys are only ever the backend's current key.
-type mapTable[K comparable, UK comparable, V any] interface {
-	get(k K, kg int, uk UK) (V, bool)
-	put(k K, kg int, uk UK, v V)
-	remove(k K, kg int, uk UK)
-	// entries calls yield for every entry of key k, in unspecified order,
-	// until it returns false. The loop body may put entries of k (new ones
-	// are not visited) and remove the entry it visits, nothing else of the
-	// table.
-	entries(k K, kg int, yield func(UK, V) bool)
-	// count returns the number of entries of key k.
-	count(k K, kg int) int
-	// clear removes every entry of key k.
-	clear(k K, kg int)
-	// all calls yield for every entry of every key, in unspecified order,
-	// until it returns false. The loop body must not change the table.
-	all(yield func(MapKey[K, UK], V) bool)
-	// sweep and freeze are table's.
-	sweep(n int, now int64)
-	freeze(name string) (frozen, error)
-}
-
-// mapKeyCodec encodes a map entry's composite key as the entry's Key and
-// UserKey, both as plainKey encodes keys.
-func mapKeyCodec[K comparable, UK comparable](e *encoder, k *MapKey[K, UK]) ([]byte, []byte, error) {
-	kb, err := encodeFast(e, &k.Key, true)
-	if err != nil {
-		return nil, nil, err
-	}
-	ub, err := encodeFast(e, &k.UserKey, true)
-	if err != nil {
-		return nil, nil, fmt.Errorf("user key %v: %w", k.UserKey, err)
-	}
-	return kb, ub, nil
-}
+type MapKey[K comparable, UK comparable] = engine.MapKey[K, UK]
 
 // cowMapTable is the heap map table: one cowTable of all entries, keyed by
 // (key, user key), so that a snapshot freezes it in O(pages) like any
@@ -99,7 +53,7 @@ type chain struct {
 // backend's restored entries of that name, which move into the table only
 // on success (S3). It is the one place that picks a map table
 // implementation.
-func newMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name string, sp *spec[MapKey[K, UK], V]) (mapTable[K, UK, V], error) {
+func newMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name string, sp *engine.Spec[MapKey[K, UK], V]) (engine.MapTable[K, UK, V], error) {
 	if b.peb != nil {
 		return newPebbleMapTable(b, name, sp)
 	}
@@ -113,30 +67,30 @@ func newMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name st
 	m.t.nocache = true
 	m.t.onRemove = m.swept
 	if len(es) > 0 {
-		dec := newDecoder()
+		dec := engine.NewDecoder()
 		ukComparable := reflect.TypeFor[UK]().Kind() != reflect.Interface
 		for i := range es {
 			e := &es[i]
 			var uk UK
-			if err := decodeInto(dec, e.rawUK, &uk); err != nil {
+			if err := engine.DecodeInto(dec, e.RawUK, &uk); err != nil {
 				return nil, fmt.Errorf("state: decoding user key of key %v of map state %q in key group %d as %s: %w",
-					e.key, name, e.kg, typeName[UK](), err)
+					e.Key, name, e.KG, engine.TypeName[UK](), err)
 			}
 			if !ukComparable && !reflect.ValueOf(&uk).Elem().Comparable() {
 				return nil, fmt.Errorf("state: decoding user key of key %v of map state %q in key group %d as %s: decoded user key of type %T is not comparable",
-					e.key, name, e.kg, typeName[UK](), uk)
+					e.Key, name, e.KG, engine.TypeName[UK](), uk)
 			}
 			var v V
-			if err := sp.vals.decode(dec, e.rawVal, &v); err != nil {
+			if err := sp.Vals.Decode(dec, e.RawVal, &v); err != nil {
 				return nil, fmt.Errorf("state: decoding value of key %v, user key %v of map state %q in key group %d as %s: %w",
-					e.key, uk, name, e.kg, sp.valName, err)
+					e.Key, uk, name, e.KG, sp.ValName, err)
 			}
-			mk := MapKey[K, UK]{e.key, uk}
+			mk := MapKey[K, UK]{Key: e.Key, UserKey: uk}
 			cell, _, dup := m.t.find(mk)
 			if dup {
-				return nil, fmt.Errorf("state: restored map state %q holds user key %v of key %v twice in key group %d", name, uk, e.key, e.kg)
+				return nil, fmt.Errorf("state: restored map state %q holds user key %v of key %v twice in key group %d", name, uk, e.Key, e.KG)
 			}
-			m.link(e.key, m.t.insert(mk, e.kg, v, cell))
+			m.link(e.Key, m.t.insert(mk, e.KG, v, cell))
 		}
 	}
 	delete(b.restored, name)
@@ -149,14 +103,14 @@ func (m *cowMapTable[K, UK, V]) lookup(k K, uk UK) (cell uint64, s slot, ok bool
 	if m.cgen == *m.gen && m.cuk == uk {
 		return 0, m.cslot, true
 	}
-	cell, s, ok = m.t.find(MapKey[K, UK]{k, uk})
+	cell, s, ok = m.t.find(MapKey[K, UK]{Key: k, UserKey: uk})
 	if ok {
 		m.cgen, m.cuk, m.cslot = *m.gen, uk, s
 	}
 	return cell, s, ok
 }
 
-func (m *cowMapTable[K, UK, V]) get(k K, _ int, uk UK) (V, bool) {
+func (m *cowMapTable[K, UK, V]) Get(k K, _ int, uk UK) (V, bool) {
 	_, s, ok := m.lookup(k, uk)
 	if !ok {
 		var zero V
@@ -165,19 +119,19 @@ func (m *cowMapTable[K, UK, V]) get(k K, _ int, uk UK) (V, bool) {
 	return m.t.entryAt(s).val, true
 }
 
-func (m *cowMapTable[K, UK, V]) put(k K, kg int, uk UK, v V) {
+func (m *cowMapTable[K, UK, V]) Put(k K, kg int, uk UK, v V) {
 	cell, s, ok := m.lookup(k, uk)
 	if ok {
 		m.t.writable(int(s >> pageShift)).e[s&pageMask].val = v
 		return
 	}
-	s = m.t.insert(MapKey[K, UK]{k, uk}, kg, v, cell)
+	s = m.t.insert(MapKey[K, UK]{Key: k, UserKey: uk}, kg, v, cell)
 	m.link(k, s)
 	m.cgen, m.cuk, m.cslot = *m.gen, uk, s
 }
 
-func (m *cowMapTable[K, UK, V]) remove(k K, _ int, uk UK) {
-	cell, s, ok := m.t.find(MapKey[K, UK]{k, uk})
+func (m *cowMapTable[K, UK, V]) Remove(k K, _ int, uk UK) {
+	cell, s, ok := m.t.find(MapKey[K, UK]{Key: k, UserKey: uk})
 	if !ok {
 		return
 	}
@@ -233,7 +187,7 @@ func (m *cowMapTable[K, UK, V]) swept(s slot) {
 	m.removed(s)
 }
 
-func (m *cowMapTable[K, UK, V]) entries(k K, _ int, yield func(UK, V) bool) {
+func (m *cowMapTable[K, UK, V]) Entries(k K, _ int, yield func(UK, V) bool) {
 	c, ok := m.chains[k]
 	if !ok {
 		return
@@ -255,9 +209,9 @@ func (m *cowMapTable[K, UK, V]) entries(k K, _ int, yield func(UK, V) bool) {
 	}
 }
 
-func (m *cowMapTable[K, UK, V]) count(k K, _ int) int { return m.chains[k].n }
+func (m *cowMapTable[K, UK, V]) Count(k K, _ int) int { return m.chains[k].n }
 
-func (m *cowMapTable[K, UK, V]) clear(k K, _ int) {
+func (m *cowMapTable[K, UK, V]) Clear(k K, _ int) {
 	c, ok := m.chains[k]
 	if !ok {
 		return
@@ -276,13 +230,13 @@ func (m *cowMapTable[K, UK, V]) clear(k K, _ int) {
 	delete(m.chains, k)
 }
 
-func (m *cowMapTable[K, UK, V]) all(yield func(MapKey[K, UK], V) bool) { m.t.all(yield) }
+func (m *cowMapTable[K, UK, V]) All(yield func(MapKey[K, UK], V) bool) { m.t.All(yield) }
 
-func (m *cowMapTable[K, UK, V]) sweep(n int, now int64) {
+func (m *cowMapTable[K, UK, V]) Sweep(n int, now int64) {
 	if m.iterating > 0 {
 		return
 	}
-	m.t.sweep(n, now)
+	m.t.Sweep(n, now)
 }
 
-func (m *cowMapTable[K, UK, V]) freeze(name string) (frozen, error) { return m.t.freeze(name) }
+func (m *cowMapTable[K, UK, V]) Freeze(name string) (engine.Frozen, error) { return m.t.Freeze(name) }

@@ -18,6 +18,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -34,9 +35,9 @@ type nativeTable interface {
 // only an upper bound is known.
 func (t *pebbleTable[K, V]) nativeInfo() (uint16, []byte, int) {
 	if t.approx {
-		return t.id, t.sp.desc, -1
+		return t.id, t.sp.Desc, -1
 	}
-	return t.id, t.sp.desc, t.n
+	return t.id, t.sp.Desc, t.n
 }
 
 // newInstanceID returns a random id for a Pebble instance (F12).
@@ -602,17 +603,17 @@ func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []c
 	if err != nil {
 		return nil, err
 	}
-	defer c.close()
-	for c.next() >= 0 {
-		if out, err = c.appendGroup(context.Background(), nil, out); err != nil {
+	defer c.Close()
+	for c.Next() >= 0 {
+		if out, err = c.AppendGroup(context.Background(), nil, out); err != nil {
 			return nil, err
 		}
 	}
-	return out, c.close()
+	return out, c.Close()
 }
 
 // nativeCursor reads the KeyGroupState records of a state of a Pebble
-// reader one key group at a time (groupCursor), the stored bytes as they
+// reader one key group at a time (GroupCursor), the stored bytes as they
 // are (see NativeKeyGroups): copied into the encoder, or cloned without
 // one; whole keeps every group's entries, otherwise a group's entries are
 // reused by the next one.
@@ -640,18 +641,18 @@ func newNativeCursor(r reader, kgs keygroup.Range, st checkpoint.NativeState, wh
 	return c, nil
 }
 
-func (c *nativeCursor) next() int { return c.c.kg }
+func (c *nativeCursor) Next() int { return c.c.kg }
 
-func (c *nativeCursor) close() error { return c.c.close() }
+func (c *nativeCursor) Close() error { return c.c.close() }
 
-func (c *nativeCursor) appendGroup(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (c *nativeCursor) AppendGroup(ctx context.Context, e *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	st, kg := c.st, c.c.kg
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("state: encoding keyed state %q: %w", st.Name, err)
 	}
 	raw := slices.Clone[[]byte]
 	if e != nil {
-		raw = e.appendRaw
+		raw = e.AppendRaw
 	}
 	es := c.es
 	if !c.whole {
@@ -667,7 +668,7 @@ func (c *nativeCursor) appendGroup(ctx context.Context, e *encoder, out []checkp
 		e := checkpoint.KeyedEntry{Key: raw(key[pebblePrefixLen:]), Value: raw(c.c.it.Value())}
 		switch {
 		case c.isMap:
-			n, err := valueLen(e.Key)
+			n, err := engine.ValueLen(e.Key)
 			if err != nil {
 				return nil, fmt.Errorf("keyed state %q in key group %d: stored key %x: %w", st.Name, kg, key, err)
 			}
@@ -704,7 +705,7 @@ type nativeView struct {
 	st   checkpoint.NativeState
 }
 
-func (v *nativeView) encode(ctx context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (v *nativeView) Encode(ctx context.Context, _ *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	if v.snap == nil {
 		return nil, fmt.Errorf("state: encoding keyed state %q: the view was released", v.st.Name)
 	}
@@ -714,7 +715,7 @@ func (v *nativeView) encode(ctx context.Context, _ *encoder, out []checkpoint.Ke
 	return scanNative(v.snap, v.s.kgs, v.st, out)
 }
 
-func (v *nativeView) cursor(ctx context.Context) (groupCursor, error) {
+func (v *nativeView) Cursor(ctx context.Context) (engine.GroupCursor, error) {
 	if v.snap == nil {
 		return nil, fmt.Errorf("state: encoding keyed state %q: the view was released", v.st.Name)
 	}
@@ -723,9 +724,9 @@ func (v *nativeView) cursor(ctx context.Context) (groupCursor, error) {
 
 // entries is unknown without a scan: a view of an unregistered state
 // counts as large, so that it is never encoded at the barrier.
-func (v *nativeView) entries() int { return 1 << 30 }
+func (v *nativeView) Entries() int { return 1 << 30 }
 
-func (v *nativeView) release() {
+func (v *nativeView) Release() {
 	if v.snap != nil {
 		delete(v.s.snaps, v.snap)
 		_ = v.snap.Close()

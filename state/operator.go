@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // OperatorStore holds the operator (non-keyed) state of one subtask: named
@@ -20,7 +21,7 @@ type OperatorStore struct {
 // operatorList is a registered *List[T] as the store sees it.
 type operatorList interface {
 	describe() string
-	snapshot(e *encoder) (checkpoint.NamedList, error)
+	snapshot(e *engine.Encoder) (checkpoint.NamedList, error)
 }
 
 // NewOperatorStore returns the operator state of one subtask. restoring says
@@ -91,10 +92,10 @@ func registerList[T any](s *OperatorStore, name string, d checkpoint.Distributio
 		if len(r.Items) > 0 {
 			l.items = make([]T, len(r.Items))
 		}
-		dec := newDecoder()
+		dec := engine.NewDecoder()
 		for i, b := range r.Items {
-			if err := decodeInto(dec, b, &l.items[i]); err != nil {
-				return nil, fmt.Errorf("state: decoding element %d of restored list state %q as %s: %w", i, name, typeName[T](), err)
+			if err := engine.DecodeInto(dec, b, &l.items[i]); err != nil {
+				return nil, fmt.Errorf("state: decoding element %d of restored list state %q as %s: %w", i, name, engine.TypeName[T](), err)
 			}
 		}
 		delete(s.restored, name)
@@ -104,7 +105,7 @@ func registerList[T any](s *OperatorStore, name string, d checkpoint.Distributio
 }
 
 func describeList[T any](d checkpoint.Distribution) string {
-	return fmt.Sprintf("%s list state of %s", d, typeName[T]())
+	return fmt.Sprintf("%s list state of %s", d, engine.TypeName[T]())
 }
 
 // Snapshot encodes every registered list, and every restored list that was
@@ -115,7 +116,7 @@ func (s *OperatorStore) Snapshot() ([]checkpoint.NamedList, error) {
 		return nil, nil
 	}
 	out := make([]checkpoint.NamedList, 0, len(s.lists)+len(s.restored))
-	e := newEncoder()
+	e := engine.NewEncoder()
 	for name, l := range s.lists {
 		nl, err := l.snapshot(e)
 		if err != nil {
@@ -181,14 +182,14 @@ func (l *List[T]) Len() int { return len(l.items) }
 
 func (l *List[T]) describe() string { return describeList[T](l.dist) }
 
-func (l *List[T]) snapshot(e *encoder) (checkpoint.NamedList, error) {
+func (l *List[T]) snapshot(e *engine.Encoder) (checkpoint.NamedList, error) {
 	nl := checkpoint.NamedList{Name: l.name, Distribution: l.dist}
 	if len(l.items) == 0 {
 		return nl, nil
 	}
 	nl.Items = make([][]byte, len(l.items))
 	for i := range l.items {
-		b, err := e.encode(&l.items[i])
+		b, err := e.Encode(&l.items[i])
 		if err != nil {
 			return nl, fmt.Errorf("encoding element %d: %w", i, err)
 		}

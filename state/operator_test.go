@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/stretchr/testify/require"
 )
 
@@ -297,7 +298,7 @@ func TestNewOperatorStore(t *testing.T) {
 
 func mustEncode(t testing.TB, v any) []byte {
 	t.Helper()
-	b, err := newEncoder().encode(v)
+	b, err := engine.NewEncoder().Encode(v)
 	require.NoError(t, err)
 	return b
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"reflect"
 	"time"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // Option configures a keyed state at registration: WithTTL and WithCodec.
@@ -46,18 +48,11 @@ func WithCodec[V any](c Codec[V]) Option {
 	return func(o *options) { o.codec, o.codecTyp = c, reflect.TypeFor[V]() }
 }
 
-// Codec encodes the values of a keyed state instead of msgpack (WithCodec).
-type Codec[V any] interface {
-	// Encode appends the encoding of v to dst and returns the extended
-	// slice, as the strconv.Append functions do. It must not change
-	// dst[:len(dst)], and equal values must give equal bytes (S1). A panic
-	// fails the snapshot with an error.
-	Encode(dst []byte, v V) []byte
-	// Decode decodes what Encode wrote. b is never changed afterwards, so
-	// the result may share its memory. A panic is turned into an error
-	// (S6).
-	Decode(b []byte) (V, error)
-}
+// Codec encodes the values of a keyed state instead of msgpack (WithCodec):
+// Encode appends the encoding of v to dst (equal values, equal bytes: S1),
+// Decode reads it back (its result may share b, which is never changed
+// afterwards). A panic in either becomes an error (S6).
+type Codec[V any] = engine.Codec[V]
 
 // TTLUpdate says which accesses refresh the timestamp of a TTL value.
 type TTLUpdate uint8
@@ -175,7 +170,7 @@ func codecFor[V any](o *options, name string) (Codec[V], error) {
 	}
 	c, ok := o.codec.(Codec[V])
 	if !ok {
-		return nil, fmt.Errorf("state: keyed state %q: codec %T encodes %v, not %s", name, o.codec, o.codecTyp, typeName[V]())
+		return nil, fmt.Errorf("state: keyed state %q: codec %T encodes %v, not %s", name, o.codec, o.codecTyp, engine.TypeName[V]())
 	}
 	return c, nil
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -20,6 +19,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -381,94 +381,6 @@ func (c *stateCursor) close() error {
 	return it.Close()
 }
 
-// sharesInput reports whether values decoded by c may share the decoded
-// bytes (a caller-supplied Codec may, msgpack never does): the Pebble
-// tables then decode a copy, as Pebble reuses its buffers.
-type inputSharer interface{ sharesInput() bool }
-
-func (msgpackCodec[V]) sharesInput() bool { return false }
-func (userCodec[V]) sharesInput() bool    { return true }
-func (c ttlCodec[V]) sharesInput() bool   { return codecSharesInput(c.in) }
-func (c listCodec[E]) sharesInput() bool  { return codecSharesInput(c.elem) }
-
-func codecSharesInput(c any) bool {
-	s, ok := c.(inputSharer)
-	return !ok || s.sharesInput()
-}
-
-// decodeValue decodes the stored bytes b with c into *v: with the fast
-// paths of decodeFast for plain msgpack values, without copying b unless
-// the codec may share it.
-func decodeValue[V any](c valueCodec[V], share bool, d *decoder, b []byte, v *V) error {
-	if _, ok := c.(msgpackCodec[V]); ok {
-		if decodeFast(b, v) {
-			return nil
-		}
-	}
-	if share {
-		b = bytes.Clone(b)
-	}
-	return c.decode(d, b, v)
-}
-
-// decodeFast decodes b into *v without the msgpack decoder if V is int,
-// int64, float64 or bool and b is one value of that type as encodeFast
-// writes it, and reports whether it did.
-func decodeFast[V any](b []byte, v *V) bool {
-	switch x := any(v).(type) {
-	case *int:
-		n, ok := readInt(b)
-		*x = int(n)
-		return ok
-	case *int64:
-		n, ok := readInt(b)
-		*x = n
-		return ok
-	case *float64:
-		if len(b) == 9 && b[0] == 0xcb {
-			*x = math.Float64frombits(binary.BigEndian.Uint64(b[1:]))
-			return true
-		}
-	case *bool:
-		if len(b) == 1 && (b[0] == 0xc2 || b[0] == 0xc3) {
-			*x = b[0] == 0xc3
-			return true
-		}
-	}
-	return false
-}
-
-// readInt reads a msgpack integer as appendInt writes it (the whole of
-// b); false for anything else, which the msgpack decoder then reads.
-func readInt(b []byte) (int64, bool) {
-	if len(b) == 0 {
-		return 0, false
-	}
-	c := b[0]
-	switch {
-	case len(b) == 1 && (c <= 0x7f || c >= 0xe0):
-		return int64(int8(c)), true
-	case c == 0xcc && len(b) == 2:
-		return int64(b[1]), true
-	case c == 0xcd && len(b) == 3:
-		return int64(binary.BigEndian.Uint16(b[1:])), true
-	case c == 0xce && len(b) == 5:
-		return int64(binary.BigEndian.Uint32(b[1:])), true
-	case c == 0xcf && len(b) == 9:
-		u := binary.BigEndian.Uint64(b[1:])
-		return int64(u), u <= 1<<63-1
-	case c == 0xd0 && len(b) == 2:
-		return int64(int8(b[1])), true
-	case c == 0xd1 && len(b) == 3:
-		return int64(int16(binary.BigEndian.Uint16(b[1:]))), true
-	case c == 0xd2 && len(b) == 5:
-		return int64(int32(binary.BigEndian.Uint32(b[1:]))), true
-	case c == 0xd3 && len(b) == 9:
-		return int64(binary.BigEndian.Uint64(b[1:])), true
-	}
-	return 0, false
-}
-
 // pebbleTable is the Pebble table of one value, list, reducing or
 // aggregating state, and (with a user key) of a map state (pebbleMapTable
 // wraps it). Values are stored as the spec encodes them in a snapshot.
@@ -476,7 +388,7 @@ type pebbleTable[K comparable, V any] struct {
 	s    *pebbleStore
 	id   uint16
 	name string
-	sp   *spec[K, V]
+	sp   *engine.Spec[K, V]
 	now  *int64
 	// share: decode a copy of the stored bytes (sharesInput).
 	share bool
@@ -486,8 +398,8 @@ type pebbleTable[K comparable, V any] struct {
 	cgen       uint64
 	known, has bool
 	kbuf       []byte
-	ke, ve     *encoder
-	dec        *decoder
+	ke, ve     *engine.Encoder
+	dec        *engine.Decoder
 	n          int // stored entries; an upper bound once approx
 	// approx: a blind write (a put that did not read whether its key was
 	// stored, see cacheSlot) may have overwritten an entry, so n may count
@@ -524,9 +436,9 @@ type pebbleTable[K comparable, V any] struct {
 // backend's restored entries of that name into it (which then move out of
 // the backend, S3). Map tables pass userKeys, to check the restored
 // entries' user keys.
-func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *spec[K, V]) (*pebbleTable[K, V], error) {
-	restore := func(e *restoredEntry[K], _ *decoder, kb *encoder) ([]byte, error) {
-		b, _, err := sp.key(kb, &e.key)
+func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *engine.Spec[K, V]) (*pebbleTable[K, V], error) {
+	restore := func(e *engine.RestoredEntry[K], _ *engine.Decoder, kb *engine.Encoder) ([]byte, error) {
+		b, _, err := sp.Key(kb, &e.Key)
 		return b, err
 	}
 	id, n, err := b.peb.stateID(name)
@@ -535,9 +447,9 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *sp
 	}
 	t := &pebbleTable[K, V]{
 		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
-		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(), cslot: -1, n: n,
+		share: engine.CodecSharesInput(sp.Vals), ke: engine.NewEncoder(), ve: engine.NewEncoder(), dec: engine.NewDecoder(), cslot: -1, n: n,
 	}
-	if b.peb.cacheEntries > 0 && sp.immutable {
+	if b.peb.cacheEntries > 0 && sp.Immutable {
 		t.c = newWriteCache[V](b.peb.cacheEntries)
 	}
 	es := b.restoredEntries(name)
@@ -549,7 +461,7 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *sp
 	}
 	delete(b.restored, name)
 	b.peb.registered(name, t)
-	if sp.sweeps || sp.runs {
+	if sp.Sweeps || sp.Runs {
 		b.peb.sweepers = append(b.peb.sweepers, pacedSweep{t: t})
 	}
 	if t.c != nil {
@@ -582,42 +494,42 @@ func (t *pebbleTable[K, V]) add(k K, kg int, v V, reduce func(a, b V) V) {
 // load writes the restored entries es, decoded and encoded again as a put
 // would store them (so that the bytes are the heap's, S1), in batches.
 // restore builds an entry's stored key after the prefix.
-func (t *pebbleTable[K, V]) load(es []restoredEntry[K], restore func(e *restoredEntry[K], dec *decoder, kb *encoder) ([]byte, error)) error {
+func (t *pebbleTable[K, V]) load(es []engine.RestoredEntry[K], restore func(e *engine.RestoredEntry[K], dec *engine.Decoder, kb *engine.Encoder) ([]byte, error)) error {
 	type kv struct {
 		key, val []byte
-		e        *restoredEntry[K]
+		e        *engine.RestoredEntry[K]
 	}
 	kvs := make([]kv, len(es))
-	ke, ve, dec := newEncoder(), newEncoder(), newDecoder()
+	ke, ve, dec := engine.NewEncoder(), engine.NewEncoder(), engine.NewDecoder()
 	for i := range es {
 		e := &es[i]
 		var v V
-		if err := t.sp.vals.decode(dec, e.rawVal, &v); err != nil {
-			if e.rawUK != nil {
-				return fmt.Errorf("state: decoding value of key %v of map state %q in key group %d as %s: %w", e.key, t.name, e.kg, t.sp.valName, err)
+		if err := t.sp.Vals.Decode(dec, e.RawVal, &v); err != nil {
+			if e.RawUK != nil {
+				return fmt.Errorf("state: decoding value of key %v of map state %q in key group %d as %s: %w", e.Key, t.name, e.KG, t.sp.ValName, err)
 			}
-			return fmt.Errorf("state: decoding value of key %v of keyed state %q in key group %d as %s: %w", e.key, t.name, e.kg, t.sp.valName, err)
+			return fmt.Errorf("state: decoding value of key %v of keyed state %q in key group %d as %s: %w", e.Key, t.name, e.KG, t.sp.ValName, err)
 		}
-		start := len(ke.buf)
-		ke.buf = appendPrefix(ke.buf, e.kg, t.id)
+		start := len(ke.Buf)
+		ke.Buf = appendPrefix(ke.Buf, e.KG, t.id)
 		if _, err := restore(e, dec, ke); err != nil {
 			return err
 		}
-		key := ke.buf[start:len(ke.buf):len(ke.buf)]
-		vb, err := t.sp.vals.append(ve, &v)
+		key := ke.Buf[start:len(ke.Buf):len(ke.Buf)]
+		vb, err := t.sp.Vals.Append(ve, &v)
 		if err != nil {
-			return fmt.Errorf("state: encoding value of key %v of keyed state %q in key group %d: %w", e.key, t.name, e.kg, err)
+			return fmt.Errorf("state: encoding value of key %v of keyed state %q in key group %d: %w", e.Key, t.name, e.KG, err)
 		}
 		kvs[i] = kv{key, vb, e}
 	}
 	slices.SortFunc(kvs, func(x, y kv) int { return bytes.Compare(x.key, y.key) })
 	for i := 1; i < len(kvs); i++ {
 		if bytes.Equal(kvs[i].key, kvs[i-1].key) {
-			if p, ok := any(kvs[i].e.key).(mapKeyParts); ok {
-				k, uk := p.parts()
-				return fmt.Errorf("state: restored map state %q holds user key %v of key %v twice in key group %d", t.name, uk, k, kvs[i].e.kg)
+			if p, ok := any(kvs[i].e.Key).(engine.MapKeyParts); ok {
+				k, uk := p.Parts()
+				return fmt.Errorf("state: restored map state %q holds user key %v of key %v twice in key group %d", t.name, uk, k, kvs[i].e.KG)
 			}
-			return fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", t.name, kvs[i].e.key, kvs[i].e.kg)
+			return fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", t.name, kvs[i].e.Key, kvs[i].e.KG)
 		}
 	}
 	batch := t.s.db.NewBatch()
@@ -646,11 +558,11 @@ func (t *pebbleTable[K, V]) setKey(k *K, kg int) {
 	if t.cgen == *t.gen {
 		return
 	}
-	t.ke.buf = appendPrefix(t.kbuf[:0], kg, t.id)
-	if _, _, err := t.sp.key(t.ke, k); err != nil {
+	t.ke.Buf = appendPrefix(t.kbuf[:0], kg, t.id)
+	if _, _, err := t.sp.Key(t.ke, k); err != nil {
 		panic(fmt.Sprintf("state: encoding key %v of keyed state %q: %v", *k, t.name, err))
 	}
-	t.kbuf = t.ke.buf
+	t.kbuf = t.ke.Buf
 	t.cgen, t.known, t.cslot = *t.gen, false, -1
 }
 
@@ -663,7 +575,7 @@ func (t *pebbleTable[K, V]) getRaw(key []byte, v *V) bool {
 	if err != nil {
 		panic(fmt.Sprintf("state: reading keyed state %q from Pebble: %v", t.name, err))
 	}
-	err = decodeValue(t.sp.vals, t.share, t.dec, raw, v)
+	err = engine.DecodeValue(t.sp.Vals, t.share, t.dec, raw, v)
 	_ = closer.Close()
 	if err != nil {
 		panic(fmt.Sprintf("state: decoding a stored value of keyed state %q: %v", t.name, err))
@@ -686,8 +598,8 @@ func (t *pebbleTable[K, V]) exists(key []byte) bool {
 
 // setRaw stores v under key; had says whether key was stored before.
 func (t *pebbleTable[K, V]) setRaw(key []byte, v *V, had bool) {
-	t.ve.buf = t.ve.buf[:0]
-	vb, err := t.sp.vals.append(t.ve, v)
+	t.ve.Buf = t.ve.Buf[:0]
+	vb, err := t.sp.Vals.Append(t.ve, v)
 	if err != nil {
 		panic(fmt.Errorf("state: encoding a value of keyed state %q: %w", t.name, err))
 	}
@@ -706,7 +618,7 @@ func (t *pebbleTable[K, V]) deleteRaw(key []byte) {
 	t.n--
 }
 
-func (t *pebbleTable[K, V]) get(k K, kg int) (V, bool) {
+func (t *pebbleTable[K, V]) Get(k K, kg int) (V, bool) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
 	if t.c != nil {
@@ -722,7 +634,7 @@ func (t *pebbleTable[K, V]) get(k K, kg int) (V, bool) {
 	return v, ok
 }
 
-func (t *pebbleTable[K, V]) put(k K, kg int, v V) {
+func (t *pebbleTable[K, V]) Put(k K, kg int, v V) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
 	if t.c != nil {
@@ -741,7 +653,7 @@ func (t *pebbleTable[K, V]) put(k K, kg int, v V) {
 	t.known, t.has = true, true
 }
 
-func (t *pebbleTable[K, V]) remove(k K, kg int) {
+func (t *pebbleTable[K, V]) Remove(k K, kg int) {
 	t.ck = k
 	t.setKey(&t.ck, kg)
 	if t.c != nil {
@@ -760,21 +672,21 @@ func (t *pebbleTable[K, V]) remove(k K, kg int) {
 }
 
 // decodeKey decodes the key part of a stored key (after the prefix).
-func (t *pebbleTable[K, V]) decodeKey(dec *decoder, b []byte, k *K) error {
-	return decodeInto(dec, b, k)
+func (t *pebbleTable[K, V]) decodeKey(dec *engine.Decoder, b []byte, k *K) error {
+	return engine.DecodeInto(dec, b, k)
 }
 
-func (t *pebbleTable[K, V]) all(yield func(K, V) bool) {
+func (t *pebbleTable[K, V]) All(yield func(K, V) bool) {
 	t.flush() // the iterator sees every write before it
-	dec := newDecoder()
+	dec := engine.NewDecoder()
 	var ferr error
 	err := scanState(t.s.db, t.s.kgs, t.id, nil, func(kg int, key, val []byte) bool {
 		var k K
 		var v V
-		if ferr = decodeInto(dec, key[pebblePrefixLen:], &k); ferr != nil {
+		if ferr = engine.DecodeInto(dec, key[pebblePrefixLen:], &k); ferr != nil {
 			return false
 		}
-		if ferr = decodeValue(t.sp.vals, t.share, dec, val, &v); ferr != nil {
+		if ferr = engine.DecodeValue(t.sp.Vals, t.share, dec, val, &v); ferr != nil {
 			return false
 		}
 		return yield(k, v)
@@ -789,7 +701,7 @@ func (t *pebbleTable[K, V]) all(yield func(K, V) bool) {
 
 // sweep is the per-access cleanup: none when the paced cleanup runs
 // (pebble_ttl.go), which examines entries in the same way.
-func (t *pebbleTable[K, V]) sweep(n int, now int64) {
+func (t *pebbleTable[K, V]) Sweep(n int, now int64) {
 	if t.s.sweepPeriod >= 0 {
 		return
 	}
@@ -801,7 +713,7 @@ func (t *pebbleTable[K, V]) sweep(n int, now int64) {
 // prunes) the expired ones, skipping cached keys. It reports whether it
 // reached the end.
 func (t *pebbleTable[K, V]) sweepEntries(n int, now int64) (wrapped bool) {
-	if (t.sp.live == nil && !t.sp.runs) || t.n == 0 || n <= 0 {
+	if (t.sp.Live == nil && !t.sp.Runs) || t.n == 0 || n <= 0 {
 		return t.n == 0
 	}
 	t.cgen = 0 // sweep may remove or rewrite the current key's entry
@@ -812,13 +724,13 @@ func (t *pebbleTable[K, V]) sweepEntries(n int, now int64) (wrapped bool) {
 		err := scanState(t.s.db, t.s.kgs, t.id, t.sweepAt, func(_ int, key, val []byte) bool {
 			examined++
 			last = append(last[:0], key...)
-			if t.sp.runs {
+			if t.sp.Runs {
 				// S15: a run is folded back into one value. A cached
 				// slot does not mind: a clean one's value is the fold, a
 				// dirty one's write comes after this one.
-				if isRun(val) {
+				if engine.IsRun(val) {
 					var v V
-					if ferr = t.sp.vals.decode(t.dec, val, &v); ferr != nil {
+					if ferr = t.sp.Vals.Decode(t.dec, val, &v); ferr != nil {
 						return false
 					}
 					t.setRaw(key, &v, true)
@@ -831,13 +743,13 @@ func (t *pebbleTable[K, V]) sweepEntries(n int, now int64) (wrapped bool) {
 				return examined < n
 			}
 			var v V
-			if ferr = decodeValue(t.sp.vals, t.share, t.dec, val, &v); ferr != nil {
+			if ferr = engine.DecodeValue(t.sp.Vals, t.share, t.dec, val, &v); ferr != nil {
 				return false
 			}
-			if !t.sp.live(&v, now) {
+			if !t.sp.Live(&v, now) {
 				t.deleteRaw(key)
-			} else if t.sp.prune != nil {
-				if pv, ok := t.sp.prune(&v, now); ok {
+			} else if t.sp.Prune != nil {
+				if pv, ok := t.sp.Prune(&v, now); ok {
 					t.setRaw(key, &pv, true)
 				}
 			}
@@ -858,7 +770,7 @@ func (t *pebbleTable[K, V]) sweepEntries(n int, now int64) (wrapped bool) {
 	return wrapped
 }
 
-func (t *pebbleTable[K, V]) freeze(name string) (frozen, error) {
+func (t *pebbleTable[K, V]) Freeze(name string) (engine.Frozen, error) {
 	t.flush() // the snapshot sees every write before it (S9)
 	sn := t.s.db.NewSnapshot()
 	t.s.snaps[sn] = struct{}{}
@@ -871,7 +783,7 @@ type pebbleView[K comparable, V any] struct {
 	snap  *pebble.Snapshot
 	id    uint16
 	name  string
-	sp    *spec[K, V]
+	sp    *engine.Spec[K, V]
 	share bool
 	// userKeys: a map state's view, whose stored keys end in user keys.
 	userKeys bool
@@ -879,9 +791,9 @@ type pebbleView[K comparable, V any] struct {
 	n        int
 }
 
-func (v *pebbleView[K, V]) entries() int { return v.n }
+func (v *pebbleView[K, V]) Entries() int { return v.n }
 
-func (v *pebbleView[K, V]) release() {
+func (v *pebbleView[K, V]) Release() {
 	if v.snap != nil {
 		delete(v.s.snaps, v.snap)
 		_ = v.snap.Close()
@@ -893,25 +805,25 @@ func (v *pebbleView[K, V]) release() {
 // group, key, user key), so nothing is sorted. The stored bytes are the
 // snapshot's, except that a TTL state's values are decoded to skip the
 // expired ones (and prune lists) at the time of freeze.
-func (v *pebbleView[K, V]) encode(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (v *pebbleView[K, V]) Encode(ctx context.Context, e *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	c, err := v.newCursor(ctx, true)
 	if err != nil {
 		return nil, err
 	}
-	defer c.close()
-	for c.next() >= 0 {
-		if out, err = c.appendGroup(ctx, e, out); err != nil {
+	defer c.Close()
+	for c.Next() >= 0 {
+		if out, err = c.AppendGroup(ctx, e, out); err != nil {
 			return nil, err
 		}
 	}
-	return out, c.close()
+	return out, c.Close()
 }
 
-func (v *pebbleView[K, V]) cursor(ctx context.Context) (groupCursor, error) {
+func (v *pebbleView[K, V]) Cursor(ctx context.Context) (engine.GroupCursor, error) {
 	return v.newCursor(ctx, false)
 }
 
-// newCursor returns the view's cursor (groupCursor): whole keeps every
+// newCursor returns the view's cursor (GroupCursor): whole keeps every
 // group's entries (encode), otherwise a group's entries are reused by the
 // next one.
 func (v *pebbleView[K, V]) newCursor(ctx context.Context, whole bool) (*pebbleViewCursor[K, V], error) {
@@ -925,7 +837,7 @@ func (v *pebbleView[K, V]) newCursor(ctx context.Context, whole bool) (*pebbleVi
 	if err != nil {
 		return nil, fmt.Errorf("state: encoding keyed state %q: %w", v.name, err)
 	}
-	c := &pebbleViewCursor[K, V]{v: v, c: sc, dec: newDecoder(), whole: whole}
+	c := &pebbleViewCursor[K, V]{v: v, c: sc, dec: engine.NewDecoder(), whole: whole}
 	if whole && v.n > 0 {
 		c.es = make([]checkpoint.KeyedEntry, 0, v.n)
 	}
@@ -936,17 +848,17 @@ func (v *pebbleView[K, V]) newCursor(ctx context.Context, whole bool) (*pebbleVi
 type pebbleViewCursor[K comparable, V any] struct {
 	v     *pebbleView[K, V]
 	c     *stateCursor
-	dec   *decoder
+	dec   *engine.Decoder
 	es    []checkpoint.KeyedEntry
 	whole bool
 	seen  int
 }
 
-func (c *pebbleViewCursor[K, V]) next() int { return c.c.kg }
+func (c *pebbleViewCursor[K, V]) Next() int { return c.c.kg }
 
-func (c *pebbleViewCursor[K, V]) close() error { return c.c.close() }
+func (c *pebbleViewCursor[K, V]) Close() error { return c.c.close() }
 
-func (c *pebbleViewCursor[K, V]) appendGroup(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (c *pebbleViewCursor[K, V]) AppendGroup(ctx context.Context, e *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	v, kg := c.v, c.c.kg
 	es := c.es
 	if !c.whole {
@@ -954,8 +866,8 @@ func (c *pebbleViewCursor[K, V]) appendGroup(ctx context.Context, e *encoder, ou
 		es = es[:0]
 	}
 	from := len(es)
-	if v.sp.desc != nil {
-		es = append(es, checkpoint.KeyedEntry{Value: v.sp.desc})
+	if v.sp.Desc != nil {
+		es = append(es, checkpoint.KeyedEntry{Value: v.sp.Desc})
 	}
 	head := len(es)
 	for ; c.c.kg == kg; c.c.next() {
@@ -983,56 +895,49 @@ func (c *pebbleViewCursor[K, V]) appendGroup(ctx context.Context, e *encoder, ou
 
 // appendEntry appends the snapshot entry of the stored entry key, val of
 // key group kg to es, unless it is expired.
-func (v *pebbleView[K, V]) appendEntry(e *encoder, dec *decoder, kg int, key, val []byte, es []checkpoint.KeyedEntry) ([]checkpoint.KeyedEntry, error) {
+func (v *pebbleView[K, V]) appendEntry(e *engine.Encoder, dec *engine.Decoder, kg int, key, val []byte, es []checkpoint.KeyedEntry) ([]checkpoint.KeyedEntry, error) {
 	var vb []byte
 	var err error
-	if v.sp.runs && isRun(val) {
+	if v.sp.Runs && engine.IsRun(val) {
 		// S15: a snapshot holds one value per key, whatever the
 		// engine stores.
 		var x V
-		if err = v.sp.vals.decode(dec, val, &x); err != nil {
+		if err = v.sp.Vals.Decode(dec, val, &x); err != nil {
 			return nil, fmt.Errorf("state: decoding a stored value of keyed state %q in key group %d: %w", v.name, kg, err)
 		}
-		if vb, err = v.sp.vals.append(e, &x); err != nil {
+		if vb, err = v.sp.Vals.Append(e, &x); err != nil {
 			return nil, err
 		}
 	}
-	if v.sp.live != nil {
+	if v.sp.Live != nil {
 		var x V
-		if err = decodeValue(v.sp.vals, v.share, dec, val, &x); err != nil {
+		if err = engine.DecodeValue(v.sp.Vals, v.share, dec, val, &x); err != nil {
 			return nil, fmt.Errorf("state: decoding a stored value of keyed state %q in key group %d: %w", v.name, kg, err)
 		}
-		if !v.sp.live(&x, v.now) {
+		if !v.sp.Live(&x, v.now) {
 			return es, nil
 		}
-		if v.sp.prune != nil {
-			if px, ok := v.sp.prune(&x, v.now); ok {
-				if vb, err = v.sp.vals.append(e, &px); err != nil {
+		if v.sp.Prune != nil {
+			if px, ok := v.sp.Prune(&x, v.now); ok {
+				if vb, err = v.sp.Vals.Append(e, &px); err != nil {
 					return nil, err
 				}
 			}
 		}
 	}
 	if vb == nil {
-		vb = e.appendRaw(val)
+		vb = e.AppendRaw(val)
 	}
-	kb := e.appendRaw(key[pebblePrefixLen:])
+	kb := e.AppendRaw(key[pebblePrefixLen:])
 	var ub []byte
 	if v.userKeys {
-		n, err := valueLen(kb)
+		n, err := engine.ValueLen(kb)
 		if err != nil {
 			return nil, fmt.Errorf("state: a stored key of map state %q in key group %d: %w", v.name, kg, err)
 		}
 		kb, ub = kb[:n:n], kb[n:]
 	}
 	return append(es, checkpoint.KeyedEntry{Key: kb, UserKey: ub, Value: vb}), nil
-}
-
-// appendRaw appends b to the buffer and returns its copy there.
-func (e *encoder) appendRaw(b []byte) []byte {
-	start := len(e.buf)
-	e.buf = append(e.buf, b...)
-	return e.buf[start:len(e.buf):len(e.buf)]
 }
 
 // pebbleMapTable is the Pebble table of a map state: one stored entry per
@@ -1051,7 +956,7 @@ type pebbleMapTable[K comparable, UK comparable, V any] struct {
 	nuk        UK // the user key being encoded
 	ukOK       bool
 	known, has bool
-	ue         *encoder
+	ue         *engine.Encoder
 	ck         K // the key being encoded (see pebbleTable.ck)
 	// As in cowMapTable: iterations running, and the removals during
 	// them (only the visited entry may be removed).
@@ -1060,32 +965,32 @@ type pebbleMapTable[K comparable, UK comparable, V any] struct {
 	lastRemoved []byte
 }
 
-func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name string, sp *spec[MapKey[K, UK], V]) (*pebbleMapTable[K, UK, V], error) {
-	restore := func(e *restoredEntry[MapKey[K, UK]], dec *decoder, kb *encoder) ([]byte, error) {
-		if _, err := encodeFast(kb, &e.key.Key, true); err != nil {
+func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name string, sp *engine.Spec[MapKey[K, UK], V]) (*pebbleMapTable[K, UK, V], error) {
+	restore := func(e *engine.RestoredEntry[MapKey[K, UK]], dec *engine.Decoder, kb *engine.Encoder) ([]byte, error) {
+		if _, err := engine.EncodeFast(kb, &e.Key.Key, true); err != nil {
 			return nil, err
 		}
-		return encodeFast(kb, &e.key.UserKey, true)
+		return engine.EncodeFast(kb, &e.Key.UserKey, true)
 	}
 	// The backend's restored entries are keyed by K; the table's by
 	// MapKey. Decode the user keys first, as the heap does.
 	src := b.restoredEntries(name)
-	var mes []restoredEntry[MapKey[K, UK]]
+	var mes []engine.RestoredEntry[MapKey[K, UK]]
 	if len(src) > 0 {
-		dec := newDecoder()
-		mes = make([]restoredEntry[MapKey[K, UK]], len(src))
+		dec := engine.NewDecoder()
+		mes = make([]engine.RestoredEntry[MapKey[K, UK]], len(src))
 		for i := range src {
 			e := &src[i]
 			var uk UK
-			if err := decodeInto(dec, e.rawUK, &uk); err != nil {
+			if err := engine.DecodeInto(dec, e.RawUK, &uk); err != nil {
 				return nil, fmt.Errorf("state: decoding user key of key %v of map state %q in key group %d as %s: %w",
-					e.key, name, e.kg, typeName[UK](), err)
+					e.Key, name, e.KG, engine.TypeName[UK](), err)
 			}
 			if !comparableValue(&uk) {
 				return nil, fmt.Errorf("state: decoding user key of key %v of map state %q in key group %d as %s: decoded user key of type %T is not comparable",
-					e.key, name, e.kg, typeName[UK](), uk)
+					e.Key, name, e.KG, engine.TypeName[UK](), uk)
 			}
-			mes[i] = restoredEntry[MapKey[K, UK]]{kg: e.kg, key: MapKey[K, UK]{e.key, uk}, rawKey: e.rawKey, rawUK: e.rawUK, rawVal: e.rawVal}
+			mes[i] = engine.RestoredEntry[MapKey[K, UK]]{KG: e.KG, Key: MapKey[K, UK]{Key: e.Key, UserKey: uk}, RawKey: e.RawKey, RawUK: e.RawUK, RawVal: e.RawVal}
 		}
 	}
 	id, n, err := b.peb.stateID(name)
@@ -1094,9 +999,9 @@ func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], n
 	}
 	t := &pebbleTable[MapKey[K, UK], V]{
 		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
-		share: codecSharesInput(sp.vals), ke: newEncoder(), ve: newEncoder(), dec: newDecoder(), cslot: -1, n: n,
+		share: engine.CodecSharesInput(sp.Vals), ke: engine.NewEncoder(), ve: engine.NewEncoder(), dec: engine.NewDecoder(), cslot: -1, n: n,
 	}
-	if b.peb.cacheEntries > 0 && sp.immutable {
+	if b.peb.cacheEntries > 0 && sp.Immutable {
 		t.c = newWriteCache[V](b.peb.cacheEntries)
 	}
 	if len(mes) > 0 {
@@ -1108,7 +1013,7 @@ func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], n
 	delete(b.restored, name)
 	b.peb.registered(name, t)
 	m := &pebbleMapTable[K, UK, V]{t: t, gen: &b.gen, ue: t.ke}
-	if sp.sweeps {
+	if sp.Sweeps {
 		b.peb.sweepers = append(b.peb.sweepers, pacedSweep{t: m})
 	}
 	return m, nil
@@ -1120,11 +1025,11 @@ func (m *pebbleMapTable[K, UK, V]) setKey(k *K, kg int) {
 		return
 	}
 	e := m.t.ke
-	e.buf = appendPrefix(e.buf[:0], kg, m.t.id)
-	if _, err := encodeFast(e, k, true); err != nil {
+	e.Buf = appendPrefix(e.Buf[:0], kg, m.t.id)
+	if _, err := engine.EncodeFast(e, k, true); err != nil {
 		panic(fmt.Sprintf("state: encoding key %v of map state %q: %v", *k, m.t.name, err))
 	}
-	m.klen = len(e.buf)
+	m.klen = len(e.Buf)
 	m.cgen, m.ukOK, m.t.cslot = *m.gen, false, -1
 }
 
@@ -1132,19 +1037,19 @@ func (m *pebbleMapTable[K, UK, V]) setKey(k *K, kg int) {
 func (m *pebbleMapTable[K, UK, V]) setEntry(k *K, kg int, uk UK) []byte {
 	m.setKey(k, kg)
 	if m.ukOK && m.cuk == uk {
-		return m.t.ke.buf
+		return m.t.ke.Buf
 	}
 	e := m.t.ke
-	e.buf = e.buf[:m.klen]
+	e.Buf = e.Buf[:m.klen]
 	m.nuk = uk
-	if _, err := encodeFast(e, &m.nuk, true); err != nil {
+	if _, err := engine.EncodeFast(e, &m.nuk, true); err != nil {
 		panic(fmt.Sprintf("state: encoding user key %v of map state %q: %v", uk, m.t.name, err))
 	}
 	m.cuk, m.ukOK, m.known, m.t.cslot = uk, true, false, -1
-	return e.buf
+	return e.Buf
 }
 
-func (m *pebbleMapTable[K, UK, V]) get(k K, kg int, uk UK) (V, bool) {
+func (m *pebbleMapTable[K, UK, V]) Get(k K, kg int, uk UK) (V, bool) {
 	m.ck = k
 	key := m.setEntry(&m.ck, kg, uk)
 	if m.t.c != nil {
@@ -1159,7 +1064,7 @@ func (m *pebbleMapTable[K, UK, V]) get(k K, kg int, uk UK) (V, bool) {
 	return v, ok
 }
 
-func (m *pebbleMapTable[K, UK, V]) put(k K, kg int, uk UK, v V) {
+func (m *pebbleMapTable[K, UK, V]) Put(k K, kg int, uk UK, v V) {
 	m.ck = k
 	key := m.setEntry(&m.ck, kg, uk)
 	if m.t.c != nil {
@@ -1175,7 +1080,7 @@ func (m *pebbleMapTable[K, UK, V]) put(k K, kg int, uk UK, v V) {
 	m.known, m.has = true, true
 }
 
-func (m *pebbleMapTable[K, UK, V]) remove(k K, kg int, uk UK) {
+func (m *pebbleMapTable[K, UK, V]) Remove(k K, kg int, uk UK) {
 	m.ck = k
 	key := m.setEntry(&m.ck, kg, uk)
 	if m.t.c != nil {
@@ -1201,11 +1106,11 @@ func (m *pebbleMapTable[K, UK, V]) remove(k K, kg int, uk UK) {
 // slices (the iterator keeps them).
 func (m *pebbleMapTable[K, UK, V]) prefixBounds(k *K, kg int) (lo, hi []byte) {
 	m.setKey(k, kg)
-	lo = bytes.Clone(m.t.ke.buf[:m.klen])
+	lo = bytes.Clone(m.t.ke.Buf[:m.klen])
 	return lo, prefixSuccessor(nil, lo)
 }
 
-func (m *pebbleMapTable[K, UK, V]) entries(k K, kg int, yield func(UK, V) bool) {
+func (m *pebbleMapTable[K, UK, V]) Entries(k K, kg int, yield func(UK, V) bool) {
 	m.t.flush() // the iterator sees every write before it
 	lo, hi := m.prefixBounds(&k, kg)
 	it, err := m.t.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
@@ -1215,16 +1120,16 @@ func (m *pebbleMapTable[K, UK, V]) entries(k K, kg int, yield func(UK, V) bool) 
 	defer func() { _ = it.Close() }()
 	m.iterating++
 	defer func() { m.iterating-- }()
-	dec := newDecoder()
+	dec := engine.NewDecoder()
 	var cur []byte
 	for ok := it.First(); ok; ok = it.Next() {
 		var uk UK
 		var v V
 		key := it.Key()
-		if err := decodeInto(dec, key[len(lo):], &uk); err != nil {
+		if err := engine.DecodeInto(dec, key[len(lo):], &uk); err != nil {
 			panic(fmt.Sprintf("state: decoding a stored user key of map state %q: %v", m.t.name, err))
 		}
-		if err := decodeValue(m.t.sp.vals, m.t.share, dec, it.Value(), &v); err != nil {
+		if err := engine.DecodeValue(m.t.sp.Vals, m.t.share, dec, it.Value(), &v); err != nil {
 			panic(fmt.Sprintf("state: decoding a stored value of map state %q: %v", m.t.name, err))
 		}
 		cur = append(cur[:0], key...)
@@ -1241,7 +1146,7 @@ func (m *pebbleMapTable[K, UK, V]) entries(k K, kg int, yield func(UK, V) bool) 
 	}
 }
 
-func (m *pebbleMapTable[K, UK, V]) count(k K, kg int) int {
+func (m *pebbleMapTable[K, UK, V]) Count(k K, kg int) int {
 	m.t.flush()
 	lo, hi := m.prefixBounds(&k, kg)
 	it, err := m.t.s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
@@ -1256,8 +1161,8 @@ func (m *pebbleMapTable[K, UK, V]) count(k K, kg int) int {
 	return n
 }
 
-func (m *pebbleMapTable[K, UK, V]) clear(k K, kg int) {
-	n := m.count(k, kg) // flushes: every entry of k is in Pebble
+func (m *pebbleMapTable[K, UK, V]) Clear(k K, kg int) {
+	n := m.Count(k, kg) // flushes: every entry of k is in Pebble
 	if n == 0 {
 		return
 	}
@@ -1286,26 +1191,26 @@ func (m *pebbleMapTable[K, UK, V]) clear(k K, kg int) {
 	m.removals += 2 // more than the visited entry
 }
 
-func (m *pebbleMapTable[K, UK, V]) all(yield func(MapKey[K, UK], V) bool) {
+func (m *pebbleMapTable[K, UK, V]) All(yield func(MapKey[K, UK], V) bool) {
 	m.t.flush()
-	dec := newDecoder()
+	dec := engine.NewDecoder()
 	var ferr error
 	err := scanState(m.t.s.db, m.t.s.kgs, m.t.id, nil, func(_ int, key, val []byte) bool {
 		var mk MapKey[K, UK]
 		var v V
 		b := key[pebblePrefixLen:]
-		n, err := valueLen(b)
+		n, err := engine.ValueLen(b)
 		if err != nil {
 			ferr = err
 			return false
 		}
-		if ferr = decodeInto(dec, b[:n], &mk.Key); ferr != nil {
+		if ferr = engine.DecodeInto(dec, b[:n], &mk.Key); ferr != nil {
 			return false
 		}
-		if ferr = decodeInto(dec, b[n:], &mk.UserKey); ferr != nil {
+		if ferr = engine.DecodeInto(dec, b[n:], &mk.UserKey); ferr != nil {
 			return false
 		}
-		if ferr = decodeValue(m.t.sp.vals, m.t.share, dec, val, &v); ferr != nil {
+		if ferr = engine.DecodeValue(m.t.sp.Vals, m.t.share, dec, val, &v); ferr != nil {
 			return false
 		}
 		return yield(mk, v)
@@ -1318,7 +1223,7 @@ func (m *pebbleMapTable[K, UK, V]) all(yield func(MapKey[K, UK], V) bool) {
 	}
 }
 
-func (m *pebbleMapTable[K, UK, V]) sweep(n int, now int64) {
+func (m *pebbleMapTable[K, UK, V]) Sweep(n int, now int64) {
 	if m.t.s.sweepPeriod >= 0 {
 		return // the paced cleanup does it
 	}
@@ -1335,8 +1240,8 @@ func (m *pebbleMapTable[K, UK, V]) sweepEntries(n int, now int64) bool {
 
 func (m *pebbleMapTable[K, UK, V]) stored() int { return m.t.n }
 
-func (m *pebbleMapTable[K, UK, V]) freeze(name string) (frozen, error) {
-	f, err := m.t.freeze(name)
+func (m *pebbleMapTable[K, UK, V]) Freeze(name string) (engine.Frozen, error) {
+	f, err := m.t.Freeze(name)
 	if err != nil {
 		return nil, err
 	}
@@ -1349,8 +1254,3 @@ func (m *pebbleMapTable[K, UK, V]) freeze(name string) (frozen, error) {
 func comparableValue[T any](v *T) bool {
 	return reflect.TypeFor[T]().Kind() != reflect.Interface || reflect.ValueOf(v).Elem().Comparable()
 }
-
-// mapKeyParts is a MapKey's key and user key, for errors.
-type mapKeyParts interface{ parts() (any, any) }
-
-func (k MapKey[K, UK]) parts() (any, any) { return k.Key, k.UserKey }

@@ -7,6 +7,8 @@ import (
 	"hash/maphash"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // defaultWriteCacheEntries is PebbleEngine.WriteCacheEntries when unset.
@@ -343,9 +345,9 @@ func (t *pebbleTable[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
 // encodeVal encodes v into the table's value buffer and returns the
 // bytes, valid until the next encoding; a failure panics, as any write's.
 func (t *pebbleTable[K, V]) encodeVal(v V) []byte {
-	t.ve.buf = t.ve.buf[:0]
+	t.ve.Buf = t.ve.Buf[:0]
 	t.cv = v
-	vb, err := t.sp.vals.append(t.ve, &t.cv)
+	vb, err := t.sp.Vals.Append(t.ve, &t.cv)
 	var zero V
 	t.cv = zero
 	if err != nil {
@@ -370,7 +372,7 @@ func (t *pebbleTable[K, V]) resolve(s int32) {
 	if found {
 		_ = closer.Close()
 	}
-	rewrite := e.nops > 0 || (found && isRun(run))
+	rewrite := e.nops > 0 || (found && engine.IsRun(run))
 	run = append(run, e.enc...)
 	t.rbuf = run
 	var zero V
@@ -378,7 +380,7 @@ func (t *pebbleTable[K, V]) resolve(s int32) {
 	if !e.has {
 		return // no value stored, nothing pending
 	}
-	if err := t.sp.vals.decode(t.dec, run, &e.val); err != nil {
+	if err := t.sp.Vals.Decode(t.dec, run, &e.val); err != nil {
 		panic(fmt.Sprintf("state: decoding a stored value of keyed state %q: %v", t.name, err))
 	}
 	if !rewrite {

@@ -492,7 +492,7 @@ func TestPebbleClose(t *testing.T) {
 }
 
 // TestPebbleGetNoAlloc checks that a Get of a stored int64 and an Update
-// of it allocate nothing (decodeFast).
+// of it allocate nothing (DecodeFast).
 func TestPebbleGetNoAlloc(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items under the race detector")

@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // Batched prefetch (see "Batched prefetch" in doc.go). A caller that knows
@@ -93,12 +95,12 @@ func (t *pebbleTable[K, V]) prefetch(keys []prefetchKey[K]) {
 	buf, refs := t.pbuf[:0], t.prefs[:0]
 	for i := range keys[:n] {
 		start := len(buf)
-		t.ke.buf = appendPrefix(buf, keys[i].kg, t.id)
+		t.ke.Buf = appendPrefix(buf, keys[i].kg, t.id)
 		t.ck = keys[i].k
-		if _, _, err := t.sp.key(t.ke, &t.ck); err != nil {
+		if _, _, err := t.sp.Key(t.ke, &t.ck); err != nil {
 			panic(fmt.Sprintf("state: encoding key %v of keyed state %q: %v", t.ck, t.name, err))
 		}
-		buf = t.ke.buf
+		buf = t.ke.Buf
 		key := buf[start:]
 		h := c.hash(key)
 		if c.find(key, h) >= 0 {
@@ -108,7 +110,7 @@ func (t *pebbleTable[K, V]) prefetch(keys []prefetchKey[K]) {
 		refs = append(refs, prefetchRef{int32(start), int32(len(buf)), h})
 	}
 	var zk K
-	t.ck, t.ke.buf = zk, nil
+	t.ck, t.ke.Buf = zk, nil
 	t.pbuf, t.prefs = buf, refs
 	if len(refs) == 0 {
 		return
@@ -132,7 +134,7 @@ func (t *pebbleTable[K, V]) prefetch(keys []prefetchKey[K]) {
 		if has {
 			raw, err := it.ValueAndErr()
 			if err == nil {
-				err = decodeValue(t.sp.vals, t.share, t.dec, raw, &t.cv)
+				err = engine.DecodeValue(t.sp.Vals, t.share, t.dec, raw, &t.cv)
 			}
 			if err != nil {
 				_ = it.Close()

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // paren is an order-sensitive, non-associative reduce function:
@@ -22,7 +23,7 @@ func runsIn(t *testing.T, s *pebbleStore, id uint16) (runs, values int) {
 	t.Helper()
 	require.NoError(t, scanState(s.db, s.kgs, id, nil, func(_ int, _, val []byte) bool {
 		values++
-		if isRun(val) {
+		if engine.IsRun(val) {
 			runs++
 		}
 		return true
@@ -75,7 +76,7 @@ func TestReducingBlindAdds(t *testing.T) {
 			require.NoError(t, err)
 			for _, g := range snap {
 				for _, e := range g.Entries {
-					require.False(t, isRun(e.Value), "a snapshot entry is one value")
+					require.False(t, engine.IsRun(e.Value), "a snapshot entry is one value")
 				}
 			}
 			hb := newBackend[int](t, all, snap)
@@ -103,7 +104,7 @@ func TestReducingBlindAdds(t *testing.T) {
 			if cache > 0 {
 				raw, closer, err := b.peb.db.Get(tbl.kbuf)
 				require.NoError(t, err)
-				require.False(t, isRun(raw), "key 7 after a read")
+				require.False(t, engine.IsRun(raw), "key 7 after a read")
 				_ = closer.Close()
 			}
 			// Clear drops the run, pending adds and all.

@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/snapflow/snapflow/internal/mpenc"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -262,7 +263,7 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 			var n int64
 			v, c, err := s.db.Get(kbuf)
 			if err == nil {
-				n, _ = readInt(v)
+				n, _ = engine.ReadInt(v)
 				_ = c.Close()
 			}
 			vbuf = mpenc.AppendInt(vbuf[:0], n+1)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/stretchr/testify/require"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // TestPebbleTTLPacedCleanup: on Pebble, the expired entries of keys that
@@ -76,8 +78,8 @@ func TestPebbleTTLPacedCleanup(t *testing.T) {
 				return out
 			}
 			listLen := func(k int) int {
-				lt := l.st.(*ttlList[int, int]).in.(*pebbleTable[int, []ttlValue[int]])
-				var raw []ttlValue[int]
+				lt := l.st.(*ttlList[int, int]).in.(*pebbleTable[int, []engine.TTLValue[int]])
+				var raw []engine.TTLValue[int]
 				lt.ck = k
 				lt.cgen = 0
 				setKey(b, k)

@@ -3,6 +3,8 @@ package state
 import (
 	"fmt"
 	"iter"
+
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // ReducingState is a keyed state that holds one value of type V per key,
@@ -20,7 +22,7 @@ type ReducingState[K comparable, V any] struct {
 	b    *KeyedBackend[K]
 	name string
 	info stateInfo
-	t    table[K, V]
+	t    engine.Table[K, V]
 	heap *cowTable[K, V]
 	// runs is the Pebble table when it adds blindly (S15).
 	runs   *pebbleTable[K, V]
@@ -38,7 +40,7 @@ func Reducing[K comparable, V any](b *KeyedBackend[K], name string, reduce func(
 	if reduce == nil {
 		return nil, fmt.Errorf("state: keyed state %q: nil reduce function", name)
 	}
-	info := stateInfo{kind: kindValue, opts: collect(opts), what: fmt.Sprintf("reducing state of %s", typeName[V]())}
+	info := stateInfo{kind: kindValue, opts: collect(opts), what: fmt.Sprintf("reducing state of %s", engine.TypeName[V]())}
 	return register(b, name, info, func() (*ReducingState[K, V], error) {
 		t, err := newValueTable[K, V](b, name, &info, reduce)
 		if err != nil {
@@ -46,7 +48,7 @@ func Reducing[K comparable, V any](b *KeyedBackend[K], name string, reduce func(
 		}
 		h, _ := t.(*cowTable[K, V])
 		p, _ := t.(*pebbleTable[K, V])
-		if p != nil && !p.sp.runs {
+		if p != nil && !p.sp.Runs {
 			p = nil
 		}
 		return &ReducingState[K, V]{b: b, name: name, info: info, t: t, heap: h, runs: p, reduce: reduce}, nil
@@ -61,43 +63,43 @@ func (s *ReducingState[K, V]) Name() string { return s.name }
 func (s *ReducingState[K, V]) Add(v V) {
 	s.b.mustKey()
 	if h := s.heap; h != nil {
-		if old, ok := h.get(s.b.key, s.b.kg); ok {
+		if old, ok := h.Get(s.b.key, s.b.kg); ok {
 			v = s.reduce(old, v)
 		}
-		h.put(s.b.key, s.b.kg, v)
+		h.Put(s.b.key, s.b.kg, v)
 		return
 	}
 	if p := s.runs; p != nil {
 		p.add(s.b.key, s.b.kg, v, s.reduce)
 		return
 	}
-	if old, ok := s.t.get(s.b.key, s.b.kg); ok {
+	if old, ok := s.t.Get(s.b.key, s.b.kg); ok {
 		v = s.reduce(old, v)
 	}
-	s.t.put(s.b.key, s.b.kg, v)
+	s.t.Put(s.b.key, s.b.kg, v)
 }
 
 // Get returns the current key's value, and false if it has none.
 func (s *ReducingState[K, V]) Get() (V, bool) {
 	s.b.mustKey()
 	if s.heap != nil {
-		return s.heap.get(s.b.key, s.b.kg)
+		return s.heap.Get(s.b.key, s.b.kg)
 	}
-	return s.t.get(s.b.key, s.b.kg)
+	return s.t.Get(s.b.key, s.b.kg)
 }
 
 // Clear removes the current key's value.
 func (s *ReducingState[K, V]) Clear() {
 	s.b.mustKey()
-	s.t.remove(s.b.key, s.b.kg)
+	s.t.Remove(s.b.key, s.b.kg)
 }
 
 // All iterates over every key with a value, as ValueState.All.
-func (s *ReducingState[K, V]) All() iter.Seq2[K, V] { return s.t.all }
+func (s *ReducingState[K, V]) All() iter.Seq2[K, V] { return s.t.All }
 
-func (s *ReducingState[K, V]) describe() string         { return s.info.describe() }
-func (s *ReducingState[K, V]) registration() *stateInfo { return &s.info }
-func (s *ReducingState[K, V]) freeze() (frozen, error)  { return s.t.freeze(s.name) }
+func (s *ReducingState[K, V]) describe() string               { return s.info.describe() }
+func (s *ReducingState[K, V]) registration() *stateInfo       { return &s.info }
+func (s *ReducingState[K, V]) freeze() (engine.Frozen, error) { return s.t.Freeze(s.name) }
 
 // AggregateFunction aggregates values of type IN into an accumulator of
 // type ACC and computes a result of type OUT from it (Flink's
@@ -122,7 +124,7 @@ type AggregatingState[K comparable, IN, ACC, OUT any] struct {
 	b    *KeyedBackend[K]
 	name string
 	info stateInfo
-	t    table[K, ACC]
+	t    engine.Table[K, ACC]
 	agg  AggregateFunction[IN, ACC, OUT]
 }
 
@@ -133,7 +135,7 @@ func Aggregating[K comparable, IN, ACC, OUT any](b *KeyedBackend[K], name string
 	if agg == nil {
 		return nil, fmt.Errorf("state: keyed state %q: nil aggregate function", name)
 	}
-	info := stateInfo{kind: kindValue, opts: collect(opts), what: fmt.Sprintf("aggregating state of %s to %s by %s", typeName[IN](), typeName[OUT](), typeName[ACC]())}
+	info := stateInfo{kind: kindValue, opts: collect(opts), what: fmt.Sprintf("aggregating state of %s to %s by %s", engine.TypeName[IN](), engine.TypeName[OUT](), engine.TypeName[ACC]())}
 	return register(b, name, info, func() (*AggregatingState[K, IN, ACC, OUT], error) {
 		t, err := newValueTable[K, ACC](b, name, &info, nil)
 		if err != nil {
@@ -150,18 +152,18 @@ func (s *AggregatingState[K, IN, ACC, OUT]) Name() string { return s.name }
 // CreateAccumulator if the key has none).
 func (s *AggregatingState[K, IN, ACC, OUT]) Add(in IN) {
 	s.b.mustKey()
-	acc, ok := s.t.get(s.b.key, s.b.kg)
+	acc, ok := s.t.Get(s.b.key, s.b.kg)
 	if !ok {
 		acc = s.agg.CreateAccumulator()
 	}
-	s.t.put(s.b.key, s.b.kg, s.agg.Add(in, acc))
+	s.t.Put(s.b.key, s.b.kg, s.agg.Add(in, acc))
 }
 
 // Get returns the result of the current key's accumulator, and false if
 // the key has none.
 func (s *AggregatingState[K, IN, ACC, OUT]) Get() (OUT, bool) {
 	s.b.mustKey()
-	acc, ok := s.t.get(s.b.key, s.b.kg)
+	acc, ok := s.t.Get(s.b.key, s.b.kg)
 	if !ok {
 		var zero OUT
 		return zero, false
@@ -172,12 +174,14 @@ func (s *AggregatingState[K, IN, ACC, OUT]) Get() (OUT, bool) {
 // Clear removes the current key's accumulator.
 func (s *AggregatingState[K, IN, ACC, OUT]) Clear() {
 	s.b.mustKey()
-	s.t.remove(s.b.key, s.b.kg)
+	s.t.Remove(s.b.key, s.b.kg)
 }
 
 // Accumulators iterates over every key's accumulator, as ValueState.All.
-func (s *AggregatingState[K, IN, ACC, OUT]) Accumulators() iter.Seq2[K, ACC] { return s.t.all }
+func (s *AggregatingState[K, IN, ACC, OUT]) Accumulators() iter.Seq2[K, ACC] { return s.t.All }
 
 func (s *AggregatingState[K, IN, ACC, OUT]) describe() string         { return s.info.describe() }
 func (s *AggregatingState[K, IN, ACC, OUT]) registration() *stateInfo { return &s.info }
-func (s *AggregatingState[K, IN, ACC, OUT]) freeze() (frozen, error)  { return s.t.freeze(s.name) }
+func (s *AggregatingState[K, IN, ACC, OUT]) freeze() (engine.Frozen, error) {
+	return s.t.Freeze(s.name)
+}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/stretchr/testify/require"
 )
@@ -312,7 +313,7 @@ func TestCodecListRoundTrip(t *testing.T) {
 		require.Equal(t, want, got)
 		for _, g := range snap {
 			for _, e := range g.Entries[1:] {
-				require.NoError(t, checkValue(e.Value), "a list is one msgpack value")
+				require.NoError(t, engine.CheckValue(e.Value), "a list is one msgpack value")
 			}
 		}
 		keys := slices.Sorted(maps.Keys(want))

@@ -4,126 +4,39 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"reflect"
 	"slices"
-	"time"
 
 	"github.com/snapflow/snapflow/internal/cacheline"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
-
-// table stores the values of one keyed value or list state. It is the
-// seam between the typed handles and the storage engine (see "Seam for the
-// Pebble backend" in doc.go). Keys come with their key group, so that an
-// engine that orders entries by key group does not have to recompute it.
-// get, put and remove are only ever called with the backend's current key.
-type table[K comparable, V any] interface {
-	get(k K, kg int) (V, bool)
-	put(k K, kg int, v V)
-	remove(k K, kg int)
-	// all calls yield for every entry, in unspecified order, until it returns
-	// false.
-	all(yield func(K, V) bool)
-	// sweep is the incremental TTL cleanup (S12): it examines up to n
-	// stored entries after the previous sweep's last one and removes those
-	// that are expired at now (or rewrites them without their expired
-	// parts). It is a no-op for tables without TTL.
-	sweep(n int, now int64)
-	// freeze takes the synchronous part of a snapshot of the state (see
-	// KeyedSnapshot): the returned view keeps the entries as they are now,
-	// whatever the table does later, and skips the entries that are
-	// expired at the backend's time (S12).
-	freeze(name string) (frozen, error)
-}
-
-// frozen is the frozen view of one keyed state, part of a KeyedSnapshot.
-type frozen interface {
-	// encode appends the view's entries to out (S1). It may run on any
-	// goroutine, concurrently with writes to the table, and reads only
-	// memory that nothing writes any more (S9).
-	encode(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error)
-	// entries is the number of entries in the view.
-	entries() int
-	// release tells the table the view is no longer read. It runs on the
-	// backend's goroutine, after encode returned or instead of it.
-	release()
-}
-
-// spec says how a table encodes its entries in a snapshot and which of
-// them are expired. It is fixed at registration and shared with the
-// table's frozen views (which only read it).
-type spec[K comparable, V any] struct {
-	// key encodes a key as the Key (and, for a map state, the UserKey) of
-	// its snapshot entry.
-	key  func(e *encoder, k *K) (key, userKey []byte, err error)
-	vals valueCodec[V]
-	// valName names the state's value type in errors.
-	valName string
-	// desc is the value of the descriptor entry that opens each key group
-	// of the state in a snapshot (S11); nil for value and list states
-	// without TTL or codec, which have none.
-	desc []byte
-	// immutable says that the stored values hold no references through
-	// which they could be changed in place (see cowTable).
-	immutable bool
-	// live and prune are set for TTL states (S12). live reports whether v
-	// has an unexpired part at now. prune returns v without its expired
-	// parts (a TTL list without its expired elements, in a new slice) and
-	// whether there were any; nil when values expire only as a whole.
-	live  func(v *V, now int64) bool
-	prune func(v *V, now int64) (V, bool)
-	// sweeps says that expired entries are cleaned up without being read
-	// (TTLConfig.IncrementalCleanup is not negative): per access on the
-	// heap, paced by time on Pebble (pebble_ttl.go).
-	sweeps bool
-	// runs says that vals is a runCodec: a stored value may be a run of
-	// values to fold (S15), which the Pebble engine adds to blindly and
-	// folds back into one value when it reads or sweeps it.
-	runs bool
-}
-
-// plainKey encodes a key as keygroup.Hash does (boxed, not through a
-// pointer): msgpack's reflect path would quiet a float32 signalling NaN and
-// move the key to another key group (found by FuzzRestoreKeyed). encodeFast
-// boxes all but a few built-in types, which it encodes alike.
-func plainKey[K comparable](e *encoder, k *K) ([]byte, []byte, error) {
-	b, err := encodeFast(e, k, true)
-	return b, nil, err
-}
-
-// plainSpec is the spec of a value state of V without options: keys and
-// values one msgpack value each, no descriptor (the format of
-// testdata/keyed_snapshot.golden).
-func plainSpec[K comparable, V any](immutable bool) *spec[K, V] {
-	return &spec[K, V]{key: plainKey[K], vals: msgpackCodec[V]{}, valName: typeName[V](), immutable: immutable}
-}
 
 // newTable returns the table of state name, restoring the backend's restored
 // entries of that name. Those move from the backend into the table only on
 // success (S3). This is the one place that picks a table implementation.
-func newTable[K comparable, V any](b *KeyedBackend[K], name string, sp *spec[K, V]) (table[K, V], error) {
+func newTable[K comparable, V any](b *KeyedBackend[K], name string, sp *engine.Spec[K, V]) (engine.Table[K, V], error) {
 	if b.peb != nil {
 		return newPebbleTable(b, name, sp)
 	}
-	var es []restoredEntry[K]
+	var es []engine.RestoredEntry[K]
 	if rs := b.restored[name]; rs != nil {
 		es = rs.es
 	}
 	t := newCOWTableSpec[K, V](len(es), sp, &b.gen, &b.now)
 	if len(es) > 0 {
-		dec := newDecoder()
+		dec := engine.NewDecoder()
 		for i := range es {
 			e := &es[i]
 			var v V
-			if err := sp.vals.decode(dec, e.rawVal, &v); err != nil {
+			if err := sp.Vals.Decode(dec, e.RawVal, &v); err != nil {
 				return nil, fmt.Errorf("state: decoding value of key %v of keyed state %q in key group %d as %s: %w",
-					e.key, name, e.kg, sp.valName, err)
+					e.Key, name, e.KG, sp.ValName, err)
 			}
-			cell, _, dup := t.find(e.key)
+			cell, _, dup := t.find(e.Key)
 			if dup {
-				return nil, fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", name, e.key, e.kg)
+				return nil, fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", name, e.Key, e.KG)
 			}
-			t.insert(e.key, e.kg, v, cell)
+			t.insert(e.Key, e.KG, v, cell)
 		}
 		t.cgen = 0
 	}
@@ -209,7 +122,7 @@ type cowTable[K comparable, V any] struct {
 	// every view that could read it is released).
 	retired []retiredPage[K, V]
 	spare   [][]pageEntry[K, V]
-	sp      *spec[K, V]
+	sp      *engine.Spec[K, V]
 	// now is the backend's time (Unix nanoseconds), read at freeze for
 	// the view's expiry (S12).
 	now *int64
@@ -232,10 +145,10 @@ type cowTable[K comparable, V any] struct {
 
 // newCOWTable returns a table of a value state of V without options.
 func newCOWTable[K comparable, V any](n int, immutable bool, gen *uint64) *cowTable[K, V] {
-	return newCOWTableSpec(n, plainSpec[K, V](immutable), gen, new(int64))
+	return newCOWTableSpec(n, engine.PlainSpec[K, V](immutable), gen, new(int64))
 }
 
-func newCOWTableSpec[K comparable, V any](n int, sp *spec[K, V], gen *uint64, now *int64) *cowTable[K, V] {
+func newCOWTableSpec[K comparable, V any](n int, sp *engine.Spec[K, V], gen *uint64, now *int64) *cowTable[K, V] {
 	return &cowTable[K, V]{idx: newIndex[K](n), epoch: 1, sp: sp, gen: gen, now: now}
 }
 
@@ -257,7 +170,7 @@ func (t *cowTable[K, V]) lookup(k K) (cell uint64, s slot, ok bool) {
 // record's second access to its key costs no call at all.
 func (t *cowTable[K, V]) cached() bool { return t.cgen == *t.gen && !t.nocache }
 
-func (t *cowTable[K, V]) get(k K, _ int) (V, bool) {
+func (t *cowTable[K, V]) Get(k K, _ int) (V, bool) {
 	if t.cached() {
 		return t.pages[t.cslot>>pageShift].e[t.cslot&pageMask].val, true
 	}
@@ -276,7 +189,7 @@ func (t *cowTable[K, V]) getSlow(k K) (V, bool) {
 	return t.pages[s>>pageShift].e[s&pageMask].val, true
 }
 
-func (t *cowTable[K, V]) put(k K, kg int, v V) {
+func (t *cowTable[K, V]) Put(k K, kg int, v V) {
 	if t.cached() {
 		if p := &t.pages[t.cslot>>pageShift]; p.epoch > t.required {
 			p.e[t.cslot&pageMask].val = v
@@ -295,7 +208,7 @@ func (t *cowTable[K, V]) putSlow(k K, kg int, v V) {
 	t.insert(k, kg, v, cell)
 }
 
-func (t *cowTable[K, V]) remove(k K, _ int) {
+func (t *cowTable[K, V]) Remove(k K, _ int) {
 	cell, s, ok := t.find(k)
 	if !ok {
 		return
@@ -354,8 +267,8 @@ func (t *cowTable[K, V]) entryAt(s slot) *pageEntry[K, V] {
 	return &t.pages[s>>pageShift].e[s&pageMask]
 }
 
-func (t *cowTable[K, V]) sweep(n int, now int64) {
-	if t.sp.live == nil || t.n == 0 {
+func (t *cowTable[K, V]) Sweep(n int, now int64) {
+	if t.sp.Live == nil || t.n == 0 {
 		return
 	}
 	total := t.slots()
@@ -369,12 +282,12 @@ func (t *cowTable[K, V]) sweep(n int, now int64) {
 		if !en.live {
 			continue
 		}
-		if !t.sp.live(&en.val, now) {
+		if !t.sp.Live(&en.val, now) {
 			t.removeSlot(s)
 			continue
 		}
-		if t.sp.prune != nil {
-			if v, ok := t.sp.prune(&en.val, now); ok {
+		if t.sp.Prune != nil {
+			if v, ok := t.sp.Prune(&en.val, now); ok {
 				t.writable(int(s >> pageShift)).e[s&pageMask].val = v
 			}
 		}
@@ -453,7 +366,7 @@ type retiredPage[K comparable, V any] struct {
 	until uint64
 }
 
-func (t *cowTable[K, V]) all(yield func(K, V) bool) {
+func (t *cowTable[K, V]) All(yield func(K, V) bool) {
 	// t.pages[i] is read again for every entry: the loop body may update
 	// or clear the visited key, which copies its page.
 	for i := 0; i < len(t.pages); i++ {
@@ -467,10 +380,10 @@ func (t *cowTable[K, V]) all(yield func(K, V) bool) {
 	}
 }
 
-func (t *cowTable[K, V]) freeze(name string) (frozen, error) {
-	if !t.sp.immutable {
+func (t *cowTable[K, V]) Freeze(name string) (engine.Frozen, error) {
+	if !t.sp.Immutable {
 		// Values may change in place later: encode them now.
-		x, err := encodePages(context.Background(), newEncoder(), name, t.sp, *t.now, t.pages, t.n)
+		x, err := encodePages(context.Background(), engine.NewEncoder(), name, t.sp, *t.now, t.pages, t.n)
 		if err != nil {
 			return nil, err
 		}
@@ -521,11 +434,11 @@ type pageView[K comparable, V any] struct {
 	n     int
 	t     *cowTable[K, V]
 	epoch uint64
-	sp    *spec[K, V]
+	sp    *engine.Spec[K, V]
 	now   int64 // the backend's time at freeze: entries expired then are skipped
 }
 
-func (v *pageView[K, V]) encode(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (v *pageView[K, V]) Encode(ctx context.Context, e *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	x, err := encodePages(ctx, e, v.name, v.sp, v.now, v.pages, v.n)
 	if err != nil {
 		return nil, err
@@ -533,9 +446,9 @@ func (v *pageView[K, V]) encode(ctx context.Context, e *encoder, out []checkpoin
 	return x.appendTo(out, v.name), nil
 }
 
-func (v *pageView[K, V]) entries() int { return v.n }
+func (v *pageView[K, V]) Entries() int { return v.n }
 
-func (v *pageView[K, V]) release() {
+func (v *pageView[K, V]) Release() {
 	if v.t != nil {
 		v.t.unpin(v.epoch)
 		v.t = nil
@@ -548,12 +461,12 @@ type encodedView struct {
 	x    encoded
 }
 
-func (v *encodedView) encode(_ context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (v *encodedView) Encode(_ context.Context, _ *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	return v.x.appendTo(out, v.name), nil
 }
 
-func (v *encodedView) entries() int { return len(v.x.es) }
-func (v *encodedView) release()     {}
+func (v *encodedView) Entries() int { return len(v.x.es) }
+func (v *encodedView) Release()     {}
 
 // encoded is a state's entries encoded and sorted by (key group, key)
 // (S1): groups[i] spans es[groups[i].from:groups[i].to], in key-group order.
@@ -578,7 +491,7 @@ func (x *encoded) appendTo(out []checkpoint.KeyGroupState, name string) []checkp
 // first pass counts the entries of each key group, so the second encodes
 // every entry straight into its group's place and only the groups are
 // sorted, by key. It checks ctx once per page.
-func encodePages[K comparable, V any](ctx context.Context, e *encoder, name string, sp *spec[K, V], now int64, pages []page[K, V], n int) (encoded, error) {
+func encodePages[K comparable, V any](ctx context.Context, e *engine.Encoder, name string, sp *engine.Spec[K, V], now int64, pages []page[K, V], n int) (encoded, error) {
 	if n == 0 {
 		return encoded{}, nil
 	}
@@ -588,7 +501,7 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 		for i := range p.e {
 			if en := &p.e[i]; en.live {
 				live++
-				if sp.live != nil && !sp.live(&en.val, now) {
+				if sp.Live != nil && !sp.Live(&en.val, now) {
 					continue
 				}
 				for int(en.kg) >= len(next) {
@@ -602,7 +515,7 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 		panic(fmt.Sprintf("state: keyed state %q: view holds %d entries, counted %d", name, n, live))
 	}
 	h := 0 // slots for the descriptor entry per group
-	if sp.desc != nil {
+	if sp.Desc != nil {
 		h = 1
 	}
 	var x encoded
@@ -618,17 +531,17 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 	if sum == 0 {
 		return encoded{}, nil // everything expired
 	}
-	x.es = e.entries(sum)
+	x.es = e.Entries(sum)
 	if h > 0 {
 		for _, g := range x.groups {
-			x.es[g.from] = checkpoint.KeyedEntry{Value: sp.desc}
+			x.es[g.from] = checkpoint.KeyedEntry{Value: sp.Desc}
 		}
 	}
 	// plain is the format of a value or list state without options: the
-	// loop then encodes with encodeFast itself, without dynamic calls.
-	_, plain := sp.vals.(msgpackCodec[V])
-	plain = (plain || sp.runs) && sp.live == nil && sp.desc == nil
-	done, start := 0, len(e.buf)
+	// loop then encodes with EncodeFast itself, without dynamic calls.
+	_, plain := sp.Vals.(engine.MsgpackCodec[V])
+	plain = (plain || sp.Runs) && sp.Live == nil && sp.Desc == nil
+	done, start := 0, len(e.Buf)
 	for pi, p := range pages {
 		if err := ctx.Err(); err != nil {
 			return encoded{}, fmt.Errorf("state: encoding keyed state %q: %w", name, err)
@@ -636,7 +549,7 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 		if pi == 1 && done > 0 {
 			// Size the buffer once from the first page, instead of
 			// doubling it (each doubling keeps the old array alive).
-			e.reserve((len(e.buf) - start) * (n - done) / done * 9 / 8)
+			e.Reserve((len(e.Buf) - start) * (n - done) / done * 9 / 8)
 		}
 		for i := range p.e {
 			en := &p.e[i]
@@ -644,12 +557,12 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 				continue
 			}
 			val := &en.val
-			if sp.live != nil {
-				if !sp.live(val, now) {
+			if sp.Live != nil {
+				if !sp.Live(val, now) {
 					continue
 				}
-				if sp.prune != nil {
-					if pv, ok := sp.prune(val, now); ok {
+				if sp.Prune != nil {
+					if pv, ok := sp.Prune(val, now); ok {
 						val = &pv
 					}
 				}
@@ -657,17 +570,17 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 			var kb, ub, vb []byte
 			var err error
 			if plain {
-				kb, err = encodeFast(e, &en.key, true)
+				kb, err = engine.EncodeFast(e, &en.key, true)
 			} else {
-				kb, ub, err = sp.key(e, &en.key)
+				kb, ub, err = sp.Key(e, &en.key)
 			}
 			if err != nil {
 				return encoded{}, fmt.Errorf("state: encoding key %v of keyed state %q in key group %d: %w", en.key, name, en.kg, err)
 			}
 			if plain {
-				vb, err = encodeFast(e, val, false)
+				vb, err = engine.EncodeFast(e, val, false)
 			} else {
-				vb, err = sp.vals.append(e, val)
+				vb, err = sp.Vals.Append(e, val)
 			}
 			if err != nil {
 				return encoded{}, fmt.Errorf("state: encoding value of key %v of keyed state %q in key group %d: %w", en.key, name, en.kg, err)
@@ -678,36 +591,9 @@ func encodePages[K comparable, V any](ctx context.Context, e *encoder, name stri
 		}
 	}
 	for _, g := range x.groups {
-		if err := e.sortGroup(name, g.kg, x.es[g.from+h:g.to], !plain); err != nil {
+		if err := e.SortGroup(name, g.kg, x.es[g.from+h:g.to], !plain); err != nil {
 			return encoded{}, err
 		}
 	}
 	return x, nil
 }
-
-// immutableType reports whether values of t cannot be changed in place
-// through a copy: no pointers, maps, slices, channels, functions or
-// interfaces, except in strings and time.Time.
-func immutableType(t reflect.Type) bool {
-	if t == timeType {
-		return true
-	}
-	switch t.Kind() {
-	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
-		reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128, reflect.String:
-		return true
-	case reflect.Array:
-		return t.Len() == 0 || immutableType(t.Elem())
-	case reflect.Struct:
-		for i := range t.NumField() {
-			if !immutableType(t.Field(i).Type) {
-				return false
-			}
-		}
-		return true
-	}
-	return false
-}
-
-var timeType = reflect.TypeFor[time.Time]()

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // TimerQueue is a keyed priority-queue set of timers: (key, time) pairs,
@@ -127,23 +128,23 @@ func restoredTimers[K comparable](b *KeyedBackend[K], name string) ([]restoredTi
 	if rs.d != nil {
 		for i := range rs.es {
 			e := &rs.es[i]
-			ts, err := decodeTimerTime(e.rawUK, e.rawVal)
+			ts, err := decodeTimerTime(e.RawUK, e.RawVal)
 			if err != nil {
-				return nil, fmt.Errorf("state: timer %d (key %v) of timer queue %q in key group %d: %w", i, e.key, name, e.kg, err)
+				return nil, fmt.Errorf("state: timer %d (key %v) of timer queue %q in key group %d: %w", i, e.Key, name, e.KG, err)
 			}
-			out = append(out, restoredTimer[K]{kg: e.kg, key: e.key, ts: ts})
+			out = append(out, restoredTimer[K]{kg: e.KG, key: e.Key, ts: ts})
 		}
 		return out, nil
 	}
-	dec := newDecoder()
+	dec := engine.NewDecoder()
 	for i := range rs.es {
 		e := &rs.es[i]
-		ts, err := decodeLegacyTimers(dec, e.rawVal)
+		ts, err := decodeLegacyTimers(dec, e.RawVal)
 		if err != nil {
-			return nil, fmt.Errorf("state: decoding the timers of key %v of keyed state %q in key group %d (a list of int64, the format before timer queues): %w", e.key, name, e.kg, err)
+			return nil, fmt.Errorf("state: decoding the timers of key %v of keyed state %q in key group %d (a list of int64, the format before timer queues): %w", e.Key, name, e.KG, err)
 		}
 		for _, at := range ts {
-			out = append(out, restoredTimer[K]{kg: e.kg, key: e.key, ts: at})
+			out = append(out, restoredTimer[K]{kg: e.KG, key: e.Key, ts: at})
 		}
 	}
 	return out, nil
@@ -151,9 +152,9 @@ func restoredTimers[K comparable](b *KeyedBackend[K], name string) ([]restoredTi
 
 // decodeLegacyTimers decodes the value of a legacy timer list (a msgpack
 // array of int64).
-func decodeLegacyTimers(dec *decoder, raw []byte) ([]int64, error) {
+func decodeLegacyTimers(dec *engine.Decoder, raw []byte) ([]int64, error) {
 	var ts []int64
-	if err := decodeInto(dec, raw, &ts); err != nil {
+	if err := engine.DecodeInto(dec, raw, &ts); err != nil {
 		return nil, err
 	}
 	return ts, nil
@@ -398,7 +399,7 @@ func (q *TimerQueue[K]) down(j int32) {
 // freeze is the synchronous part of a snapshot: on the heap a copy of the
 // timers (as Flink's heap timers snapshot copies its queue's array), on
 // Pebble a Pebble snapshot.
-func (q *TimerQueue[K]) freeze() (frozen, error) {
+func (q *TimerQueue[K]) freeze() (engine.Frozen, error) {
 	desc := q.info.descBytes()
 	if q.pq != nil {
 		return q.pq.freeze(desc), nil
@@ -432,13 +433,13 @@ type heapTimersView[K comparable] struct {
 	n      int
 }
 
-func (v *heapTimersView[K]) entries() int { return v.n }
-func (v *heapTimersView[K]) release()     {}
+func (v *heapTimersView[K]) Entries() int { return v.n }
+func (v *heapTimersView[K]) Release()     {}
 
 // encode writes each key group as the descriptor entry, then one entry
 // per timer: Key the encoded key, UserKey the 8-byte time, no value,
 // sorted by (key, time) (S1).
-func (v *heapTimersView[K]) encode(ctx context.Context, e *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (v *heapTimersView[K]) Encode(ctx context.Context, e *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	for _, g := range v.groups {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("state: encoding timer queue %q: %w", v.name, err)
@@ -447,13 +448,13 @@ func (v *heapTimersView[K]) encode(ctx context.Context, e *encoder, out []checkp
 		es[0] = checkpoint.KeyedEntry{Value: v.desc}
 		for j := range g.ts {
 			t := &g.ts[j]
-			kb, err := encodeFast(e, &t.key, true)
+			kb, err := engine.EncodeFast(e, &t.key, true)
 			if err != nil {
 				return nil, fmt.Errorf("state: encoding key %v of timer queue %q in key group %d: %w", t.key, v.name, g.kg, err)
 			}
-			start := len(e.buf)
-			e.buf = appendTimerTime(e.buf, t.ts)
-			es = append(es, checkpoint.KeyedEntry{Key: kb, UserKey: e.buf[start:len(e.buf):len(e.buf)]})
+			start := len(e.Buf)
+			e.Buf = appendTimerTime(e.Buf, t.ts)
+			es = append(es, checkpoint.KeyedEntry{Key: kb, UserKey: e.Buf[start:len(e.Buf):len(e.Buf)]})
 		}
 		if err := sortTimers(v.name, g.kg, es[1:]); err != nil {
 			return nil, err

@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // defaultTimerCacheEntries is PebbleEngine.TimerCacheEntries' default,
@@ -41,8 +42,8 @@ type pebbleTimers[K comparable] struct {
 	// Reused buffers: the stored key being built, the encoded key, and the
 	// decoder of keys read back.
 	kbuf []byte
-	ke   *encoder
-	dec  *decoder
+	ke   *engine.Encoder
+	dec  *engine.Decoder
 	lo   []byte
 	hi   []byte
 }
@@ -68,7 +69,7 @@ func newPebbleTimers[K comparable](q *TimerQueue[K], restored []restoredTimer[K]
 	if c <= 0 {
 		c = defaultTimerCacheEntries
 	}
-	p := &pebbleTimers[K]{q: q, s: s, name: q.name, cap: c, kgs: make([]timerCache[K], len(q.pos)), ke: newEncoder(), dec: newDecoder()}
+	p := &pebbleTimers[K]{q: q, s: s, name: q.name, cap: c, kgs: make([]timerCache[K], len(q.pos)), ke: engine.NewEncoder(), dec: engine.NewDecoder()}
 	legacyID := -1 // the state id of converted legacy timers
 	if ns, ok := s.native[q.name]; ok {
 		if ns.Desc != nil {
@@ -120,7 +121,7 @@ func (p *pebbleTimers[K]) readLegacy(ns checkpoint.NativeState) ([]restoredTimer
 	var ferr error
 	err := scanState(p.s.db, p.s.kgs, ns.ID, nil, func(kg int, key, val []byte) bool {
 		var k K
-		if ferr = decodeInto(p.dec, key[pebblePrefixLen:], &k); ferr != nil {
+		if ferr = engine.DecodeInto(p.dec, key[pebblePrefixLen:], &k); ferr != nil {
 			ferr = fmt.Errorf("state: decoding a key of keyed state %q in key group %d: %w", p.name, kg, ferr)
 			return false
 		}
@@ -189,8 +190,8 @@ func (p *pebbleTimers[K]) load(ts []restoredTimer[K]) error {
 
 // storedKey builds the stored key of (k, ts) in key group kg in kbuf.
 func (p *pebbleTimers[K]) storedKey(kg int, k *K, ts int64) ([]byte, error) {
-	p.ke.buf = p.ke.buf[:0]
-	kb, err := encodeFast(p.ke, k, true)
+	p.ke.Buf = p.ke.Buf[:0]
+	kb, err := engine.EncodeFast(p.ke, k, true)
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +369,7 @@ func (p *pebbleTimers[K]) decode(key []byte) (timerEntry[K], error) {
 	}
 	t.sk = bytes.Clone(key[pebblePrefixLen:])
 	t.ts = timerTime(t.sk)
-	if err := decodeInto(p.dec, t.sk[8:], &t.key); err != nil {
+	if err := engine.DecodeInto(p.dec, t.sk[8:], &t.key); err != nil {
 		return t, fmt.Errorf("decoding the key of stored timer %x: %w", key, err)
 	}
 	return t, nil
@@ -467,7 +468,7 @@ func (p *pebbleTimers[K]) nativeInfo() (uint16, []byte, int) {
 	return p.id, p.q.info.descBytes(), n
 }
 
-func (p *pebbleTimers[K]) freeze(desc []byte) frozen {
+func (p *pebbleTimers[K]) freeze(desc []byte) engine.Frozen {
 	sn := p.s.db.NewSnapshot()
 	p.s.snaps[sn] = struct{}{}
 	return &pebbleTimersView{s: p.s, snap: sn, id: p.id, name: p.name, desc: desc, n: p.n}
@@ -483,9 +484,9 @@ type pebbleTimersView struct {
 	n    int
 }
 
-func (v *pebbleTimersView) entries() int { return v.n }
+func (v *pebbleTimersView) Entries() int { return v.n }
 
-func (v *pebbleTimersView) release() {
+func (v *pebbleTimersView) Release() {
 	if v.snap != nil {
 		delete(v.s.snaps, v.snap)
 		_ = v.snap.Close()
@@ -493,7 +494,7 @@ func (v *pebbleTimersView) release() {
 	}
 }
 
-func (v *pebbleTimersView) encode(ctx context.Context, _ *encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (v *pebbleTimersView) Encode(ctx context.Context, _ *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	if v.snap == nil {
 		return nil, fmt.Errorf("state: encoding timer queue %q: the view was released", v.name)
 	}
@@ -503,7 +504,7 @@ func (v *pebbleTimersView) encode(ctx context.Context, _ *encoder, out []checkpo
 	return scanNative(v.snap, v.s.kgs, checkpoint.NativeState{Name: v.name, ID: v.id, Desc: v.desc}, out)
 }
 
-func (v *pebbleTimersView) cursor(ctx context.Context) (groupCursor, error) {
+func (v *pebbleTimersView) Cursor(ctx context.Context) (engine.GroupCursor, error) {
 	if v.snap == nil {
 		return nil, fmt.Errorf("state: encoding timer queue %q: the view was released", v.name)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/stretchr/testify/require"
 )
@@ -105,7 +106,7 @@ func TestTTLAllVisibility(t *testing.T) {
 			}
 			require.Equal(t, want, values(s))
 			require.Equal(t, want, values(s), "iteration removes nothing")
-			require.Equal(t, 10, s.t.(*ttlTable[int, int]).in.(*cowTable[int, ttlValue[int]]).n)
+			require.Equal(t, 10, s.t.(*ttlTable[int, int]).in.(*cowTable[int, engine.TTLValue[int]]).n)
 		})
 	}
 }
@@ -315,7 +316,7 @@ func TestTTLSnapshotCleanup(t *testing.T) {
 		for _, e := range g.Entries[1:] {
 			require.Equal(t, uint64(at(ttl/2).UnixNano()), binary.BigEndian.Uint64(e.Value), "the timestamp")
 			var k int
-			require.NoError(t, decodeInto(newDecoder(), e.Key, &k))
+			require.NoError(t, engine.DecodeInto(engine.NewDecoder(), e.Key, &k))
 			require.Equal(t, mustEncode(t, -k), e.Value[8:], "then the msgpack value")
 		}
 	}
@@ -380,9 +381,9 @@ func TestTTLIncrementalCleanup(t *testing.T) {
 					m.Put(k%7, k)
 				}
 			}
-			vt := v.t.(*ttlTable[int, int]).in.(*cowTable[int, ttlValue[int]])
-			lt := l.st.(*ttlList[int, int]).in.(*cowTable[int, []ttlValue[int]])
-			mt := m.t.(*ttlMap[int, int, int]).in.(*cowMapTable[int, int, ttlValue[int]])
+			vt := v.t.(*ttlTable[int, int]).in.(*cowTable[int, engine.TTLValue[int]])
+			lt := l.st.(*ttlList[int, int]).in.(*cowTable[int, []engine.TTLValue[int]])
+			mt := m.t.(*ttlMap[int, int, int]).in.(*cowMapTable[int, int, engine.TTLValue[int]])
 			require.Equal(t, 1000, vt.n)
 			require.Equal(t, 2000, mt.t.n)
 			b.SetTime(at(ttl))

@@ -6,6 +6,7 @@ import (
 	"reflect"
 
 	"github.com/snapflow/snapflow/internal/cacheline"
+	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
 // ValueState is a keyed state that holds one value of type V per key. Its
@@ -17,7 +18,7 @@ type ValueState[K comparable, V any] struct {
 	b    *KeyedBackend[K]
 	name string
 	info stateInfo
-	t    table[K, V]
+	t    engine.Table[K, V]
 	// heap is t when t is the heap table (no TTL): the per-record calls
 	// then need no dynamic dispatch.
 	heap *cowTable[K, V]
@@ -52,21 +53,21 @@ func Value[K comparable, V any](b *KeyedBackend[K], name string, opts ...Option)
 // (value, reducing, aggregating), with the registration's TTL and codec.
 //
 // reduce is a reducing state's function (nil for the others): without a
-// TTL or codec, its values are read as runs (runCodec, S15).
-func newValueTable[K comparable, V any](b *KeyedBackend[K], name string, info *stateInfo, reduce func(a, b V) V) (table[K, V], error) {
+// TTL or codec, its values are read as runs (RunCodec, S15).
+func newValueTable[K comparable, V any](b *KeyedBackend[K], name string, info *stateInfo, reduce func(a, b V) V) (engine.Table[K, V], error) {
 	c, err := codecFor[V](&info.opts, name)
 	if err != nil {
 		return nil, err
 	}
-	var vals valueCodec[V] = msgpackCodec[V]{}
+	var vals engine.ValueCodec[V] = engine.MsgpackCodec[V]{}
 	if c != nil {
-		vals = userCodec[V]{c}
+		vals = engine.UserCodec[V]{C: c}
 	}
-	desc, imm := info.descBytes(), immutableType(reflect.TypeFor[V]())
+	desc, imm := info.descBytes(), engine.ImmutableType(reflect.TypeFor[V]())
 	if !info.opts.hasTTL {
-		sp := &spec[K, V]{key: plainKey[K], vals: vals, valName: typeName[V](), desc: desc, immutable: imm}
+		sp := &engine.Spec[K, V]{Key: engine.PlainKey[K], Vals: vals, ValName: engine.TypeName[V](), Desc: desc, Immutable: imm}
 		if reduce != nil && c == nil {
-			sp.vals, sp.runs = runCodec[V]{reduce}, true
+			sp.Vals, sp.Runs = engine.RunCodec[V]{Reduce: reduce}, true
 		}
 		return newTable(b, name, sp)
 	}
@@ -81,7 +82,7 @@ func newValueTable[K comparable, V any](b *KeyedBackend[K], name string, info *s
 	return &ttlTable[K, V]{in: in, b: b, s: s}, nil
 }
 
-func describeValue[V any]() string { return fmt.Sprintf("value state of %s", typeName[V]()) }
+func describeValue[V any]() string { return fmt.Sprintf("value state of %s", engine.TypeName[V]()) }
 
 // Name returns the name the state was registered under.
 func (s *ValueState[K, V]) Name() string { return s.name }
@@ -91,25 +92,25 @@ func (s *ValueState[K, V]) Name() string { return s.name }
 func (s *ValueState[K, V]) Value() (V, bool) {
 	s.b.mustKey()
 	if s.heap != nil {
-		return s.heap.get(s.b.key, s.b.kg)
+		return s.heap.Get(s.b.key, s.b.kg)
 	}
-	return s.t.get(s.b.key, s.b.kg)
+	return s.t.Get(s.b.key, s.b.kg)
 }
 
 // Update sets the current key's value to x.
 func (s *ValueState[K, V]) Update(x V) {
 	s.b.mustKey()
 	if s.heap != nil {
-		s.heap.put(s.b.key, s.b.kg, x)
+		s.heap.Put(s.b.key, s.b.kg, x)
 		return
 	}
-	s.t.put(s.b.key, s.b.kg, x)
+	s.t.Put(s.b.key, s.b.kg, x)
 }
 
 // Clear removes the current key's value.
 func (s *ValueState[K, V]) Clear() {
 	s.b.mustKey()
-	s.t.remove(s.b.key, s.b.kg)
+	s.t.Remove(s.b.key, s.b.kg)
 }
 
 // All iterates over every key with a value, in unspecified order. It does
@@ -117,8 +118,8 @@ func (s *ValueState[K, V]) Clear() {
 // or clear only the key it is visiting (Go map rules). With a TTL it skips
 // expired values (unless ReturnExpiredIfNotCleanedUp), and neither
 // refreshes nor removes any.
-func (s *ValueState[K, V]) All() iter.Seq2[K, V] { return s.t.all }
+func (s *ValueState[K, V]) All() iter.Seq2[K, V] { return s.t.All }
 
-func (s *ValueState[K, V]) describe() string         { return s.info.describe() }
-func (s *ValueState[K, V]) registration() *stateInfo { return &s.info }
-func (s *ValueState[K, V]) freeze() (frozen, error)  { return s.t.freeze(s.name) }
+func (s *ValueState[K, V]) describe() string               { return s.info.describe() }
+func (s *ValueState[K, V]) registration() *stateInfo       { return &s.info }
+func (s *ValueState[K, V]) freeze() (engine.Frozen, error) { return s.t.Freeze(s.name) }

@@ -1,4 +1,4 @@
-package state
+package engine
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestSortGroupOrder checks sortGroup's prefix sort against sorting by the
+// TestSortGroupOrder checks SortGroup's prefix sort against sorting by the
 // whole encodings with bytes.Compare, on keys built to share prefixes,
 // to differ only past 8 bytes, to end in zero bytes and to be prefixes of
 // each other; with and without user keys. The seed is fixed: the cases
@@ -50,23 +50,23 @@ func TestSortGroupOrder(t *testing.T) {
 				}
 				return bytes.Compare(x.UserKey, y.UserKey)
 			})
-			e := newEncoder()
-			require.NoError(t, e.sortGroup("s", 3, es, userKeys))
+			e := NewEncoder()
+			require.NoError(t, e.SortGroup("s", 3, es, userKeys))
 			require.Equal(t, want, es)
 		}
 	}
 }
 
 func TestSortGroupDuplicates(t *testing.T) {
-	e := newEncoder()
+	e := NewEncoder()
 	long := []byte("0123456789")
 	es := []checkpoint.KeyedEntry{{Key: []byte{1}}, {Key: long}, {Key: []byte{2}}, {Key: slices.Clone(long)}}
-	require.EqualError(t, e.sortGroup("v", 7, es, false),
+	require.EqualError(t, e.SortGroup("v", 7, es, false),
 		`state: two keys of keyed state "v" in key group 7 have the same encoding 30313233343536373839; keys must encode injectively (msgpack skips unexported fields)`)
 
 	// Equal keys with distinct user keys are distinct entries of a map.
 	es = []checkpoint.KeyedEntry{{Key: long, UserKey: []byte{1}}, {Key: long, UserKey: []byte{2}}}
-	require.NoError(t, e.sortGroup("m", 7, es, true))
+	require.NoError(t, e.SortGroup("m", 7, es, true))
 	es = append(es, checkpoint.KeyedEntry{Key: long, UserKey: []byte{1}})
-	require.ErrorContains(t, e.sortGroup("m", 7, es, true), `two entries of map state "m" in key group 7 have the same key and user key encodings`)
+	require.ErrorContains(t, e.SortGroup("m", 7, es, true), `two entries of map state "m" in key group 7 have the same key and user key encodings`)
 }

@@ -1,4 +1,4 @@
-package state
+package engine
 
 import (
 	"bytes"
@@ -15,25 +15,25 @@ import (
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
-// encoder encodes values into one growing buffer and hands out sub-slices of
+// Encoder encodes values into one growing buffer and hands out sub-slices of
 // it, so a snapshot costs a few buffer growths instead of one allocation per
 // element. A returned slice is never written again: later encodings append
 // past its capacity, or into a new array when the buffer grows.
-type encoder struct {
-	buf []byte
+type Encoder struct {
+	Buf []byte
 	enc *msgpack.Encoder
 	// es backs the snapshot entries that encodePages hands out (entries);
 	// used of them are taken.
 	es   []checkpoint.KeyedEntry
 	used int
-	// sortKeys and sorted are sortGroup's scratch.
+	// sortKeys and sorted are SortGroup's scratch.
 	sortKeys []sortKey
 	sorted   []checkpoint.KeyedEntry
 }
 
-// entries returns n snapshot entries for the caller to fill, from es
+// Entries returns n snapshot entries for the caller to fill, from es
 // while it has room (so that a reused encoder allocates none).
-func (e *encoder) entries(n int) []checkpoint.KeyedEntry {
+func (e *Encoder) Entries(n int) []checkpoint.KeyedEntry {
 	if cap(e.es)-e.used < n {
 		e.es, e.used = make([]checkpoint.KeyedEntry, max(n, 2*cap(e.es))), 0
 	}
@@ -42,15 +42,15 @@ func (e *encoder) entries(n int) []checkpoint.KeyedEntry {
 	return es
 }
 
-// reset forgets what the encoder wrote, keeping its buffers.
-func (e *encoder) reset() {
-	e.buf = e.buf[:0]
+// Reset forgets what the encoder wrote, keeping its buffers.
+func (e *Encoder) Reset() {
+	e.Buf = e.Buf[:0]
 	clear(e.es[:e.used])
 	e.used = 0
 }
 
-func newEncoder() *encoder {
-	e := &encoder{}
+func NewEncoder() *Encoder {
+	e := &Encoder{}
 	e.enc = msgpack.NewEncoder(e)
 	e.enc.UseCompactInts(true)
 	e.enc.SetSortMapKeys(true)
@@ -58,90 +58,90 @@ func newEncoder() *encoder {
 }
 
 // Write implements io.Writer for the msgpack encoder.
-func (e *encoder) Write(p []byte) (int, error) {
-	e.buf = append(e.buf, p...)
+func (e *Encoder) Write(p []byte) (int, error) {
+	e.Buf = append(e.Buf, p...)
 	return len(p), nil
 }
 
 // WriteByte implements io.ByteWriter for the msgpack encoder.
-func (e *encoder) WriteByte(c byte) error {
-	e.buf = append(e.buf, c)
+func (e *Encoder) WriteByte(c byte) error {
+	e.Buf = append(e.Buf, c)
 	return nil
 }
 
-// reserve makes room for n more bytes. Slices handed out before stay
+// Reserve makes room for n more bytes. Slices handed out before stay
 // valid: they keep the old array.
-func (e *encoder) reserve(n int) {
-	if n > cap(e.buf)-len(e.buf) {
-		e.buf = slices.Grow(e.buf, n)
+func (e *Encoder) Reserve(n int) {
+	if n > cap(e.Buf)-len(e.Buf) {
+		e.Buf = slices.Grow(e.Buf, n)
 	}
 }
 
-// encode returns the msgpack encoding of v.
-func (e *encoder) encode(v any) ([]byte, error) {
-	start := len(e.buf)
+// Encode returns the msgpack encoding of v.
+func (e *Encoder) Encode(v any) ([]byte, error) {
+	start := len(e.Buf)
 	if err := e.enc.Encode(v); err != nil {
-		e.buf = e.buf[:start]
+		e.Buf = e.Buf[:start]
 		return nil, err
 	}
-	return e.buf[start:len(e.buf):len(e.buf)], nil
+	return e.Buf[start:len(e.Buf):len(e.Buf)], nil
 }
 
-// encodeFast returns the msgpack encoding of *v: boxed (encode(*v)) if
+// EncodeFast returns the msgpack encoding of *v: boxed (encode(*v)) if
 // boxed, through the pointer (encode(v)) otherwise. The two differ for some
 // types (a float32 NaN), not for the built-in types string, int, int64,
 // float64 and bool, which it writes itself, byte for byte as the msgpack
 // encoder does with compact ints (TestEncodeFast), without boxing or the
 // encoder's per-value overhead.
-func encodeFast[T any](e *encoder, v *T, boxed bool) ([]byte, error) {
-	start := len(e.buf)
+func EncodeFast[T any](e *Encoder, v *T, boxed bool) ([]byte, error) {
+	start := len(e.Buf)
 	switch x := any(v).(type) {
 	case *string:
-		e.buf = mpenc.AppendString(e.buf, *x)
+		e.Buf = mpenc.AppendString(e.Buf, *x)
 	case *int:
-		e.buf = mpenc.AppendInt(e.buf, int64(*x))
+		e.Buf = mpenc.AppendInt(e.Buf, int64(*x))
 	case *int64:
-		e.buf = mpenc.AppendInt(e.buf, *x)
+		e.Buf = mpenc.AppendInt(e.Buf, *x)
 	case *float64:
-		e.buf = binary.BigEndian.AppendUint64(append(e.buf, 0xcb), math.Float64bits(*x))
+		e.Buf = binary.BigEndian.AppendUint64(append(e.Buf, 0xcb), math.Float64bits(*x))
 	case *bool:
 		c := byte(0xc2)
 		if *x {
 			c = 0xc3
 		}
-		e.buf = append(e.buf, c)
+		e.Buf = append(e.Buf, c)
 	default:
 		if boxed {
-			return e.encode(*v)
+			return e.Encode(*v)
 		}
-		return e.encode(v)
+		return e.Encode(v)
 	}
-	return e.buf[start:len(e.buf):len(e.buf)], nil
+	return e.Buf[start:len(e.Buf):len(e.Buf)], nil
 }
 
-// decoder decodes restored bytes. It is reused across the elements of one
+// Decoder decodes restored bytes. It is reused across the elements of one
 // registration.
-type decoder struct {
+type Decoder struct {
 	r   bytes.Reader
 	dec *msgpack.Decoder
 }
 
-func newDecoder() *decoder {
-	d := &decoder{}
+func NewDecoder() *Decoder {
+	d := &Decoder{}
 	d.dec = msgpack.NewDecoder(&d.r)
 	return d
 }
 
-// decodeInto decodes b, which must hold exactly one msgpack value, into *v.
+// DecodeInto decodes b, which must hold exactly one msgpack value, into *v.
 // It never panics (S6).
-func decodeInto[T any](d *decoder, b []byte, v *T) (err error) {
-	if err := checkValue(b); err != nil {
+func DecodeInto[T any](d *Decoder, b []byte, v *T) (err error) {
+	if err := CheckValue(b); err != nil {
 		return err
 	}
 	d.r.Reset(b)
 	d.dec.Reset(&d.r)
 	defer func() {
-		// checkValue rules out the inputs known to break the msgpack
+		// CheckValue rules out the inputs known to break the msgpack
 		// decoder. This is the last line of S6 for any input it missed.
 		if p := recover(); p != nil {
 			err = fmt.Errorf("msgpack decoder panicked: %v", p)
@@ -156,19 +156,19 @@ func decodeInto[T any](d *decoder, b []byte, v *T) (err error) {
 	return nil
 }
 
-// typeName names T for error messages.
-func typeName[T any]() string { return reflect.TypeFor[T]().String() }
+// TypeName names T for error messages.
+func TypeName[T any]() string { return reflect.TypeFor[T]().String() }
 
 var errTruncated = errors.New("truncated msgpack value")
 
-// checkValue returns nil if b is exactly one well-formed msgpack value whose
+// CheckValue returns nil if b is exactly one well-formed msgpack value whose
 // declared lengths all fit in b. It walks b iteratively in O(len(b)), with
 // no recursion and no allocation. Every value takes at least one byte, so
 // the count of values still to be read can never exceed the bytes left. This
 // bounds what the msgpack decoder allocates for any length header. (v5.4.1
 // sizes a decoded slice from the header without a limit.)
-func checkValue(b []byte) error {
-	n, err := valueLen(b)
+func CheckValue(b []byte) error {
+	n, err := ValueLen(b)
 	if err != nil {
 		return err
 	}
@@ -178,10 +178,10 @@ func checkValue(b []byte) error {
 	return nil
 }
 
-// valueLen returns the length of the well-formed msgpack value at the
-// start of b, checked as checkValue checks it (the Pebble tables split a
+// ValueLen returns the length of the well-formed msgpack value at the
+// start of b, checked as CheckValue checks it (the Pebble tables split a
 // stored key into the key and the user key with it).
-func valueLen(b []byte) (int, error) {
+func ValueLen(b []byte) (int, error) {
 	pending := uint64(1) // values still to read
 	i := 0
 	for pending > 0 {

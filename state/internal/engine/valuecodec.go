@@ -1,4 +1,4 @@
-package state
+package engine
 
 import (
 	"encoding/binary"
@@ -8,67 +8,67 @@ import (
 )
 
 // The snapshot encodings of stored values. A table encodes its values
-// through a valueCodec chosen at registration (spec.vals):
+// through a ValueCodec chosen at registration (Spec.Vals):
 //
-//   - msgpackCodec: one msgpack value (the default; value and list states
+//   - MsgpackCodec: one msgpack value (the default; value and list states
 //     without TTL or codec, byte for byte as before, S1);
-//   - userCodec: the bytes of a caller-supplied Codec (WithCodec);
-//   - ttlCodec: an 8-byte big-endian timestamp (Unix nanoseconds) followed
+//   - UserCodec: the bytes of a caller-supplied Codec (WithCodec);
+//   - TTLCodec: an 8-byte big-endian timestamp (Unix nanoseconds) followed
 //     by the value's bytes in the inner codec (TTL states, S12);
-//   - listCodec: a msgpack array of msgpack bin elements, each holding one
+//   - ListCodec: a msgpack array of msgpack bin elements, each holding one
 //     element in the element codec (list states with TTL or a codec, whose
 //     elements are not msgpack values);
-//   - runCodec: one msgpack value, as msgpackCodec writes it, read as a
+//   - RunCodec: one msgpack value, as MsgpackCodec writes it, read as a
 //     run of one or more (reducing states without TTL or codec, S15).
 
-// valueCodec encodes the stored values of one table into snapshots and
+// ValueCodec encodes the stored values of one table into snapshots and
 // decodes restored ones.
-type valueCodec[V any] interface {
-	// append encodes *v at the end of e's buffer and returns the bytes
+type ValueCodec[V any] interface {
+	// Append encodes *v at the end of e's buffer and returns the bytes
 	// (a slice of the buffer that is never written again).
-	append(e *encoder, v *V) ([]byte, error)
-	// decode decodes b into *v. It never panics (S6).
-	decode(d *decoder, b []byte, v *V) error
+	Append(e *Encoder, v *V) ([]byte, error)
+	// Decode decodes b into *v. It never panics (S6).
+	Decode(d *Decoder, b []byte, v *V) error
 }
 
-// msgpackCodec is the default: one msgpack value.
-type msgpackCodec[V any] struct{}
+// MsgpackCodec is the default: one msgpack value.
+type MsgpackCodec[V any] struct{}
 
-func (msgpackCodec[V]) append(e *encoder, v *V) ([]byte, error) { return encodeFast(e, v, false) }
-func (msgpackCodec[V]) decode(d *decoder, b []byte, v *V) error {
-	err := decodeInto(d, b, v)
-	if err != nil && isRun(b) {
+func (MsgpackCodec[V]) Append(e *Encoder, v *V) ([]byte, error) { return EncodeFast(e, v, false) }
+func (MsgpackCodec[V]) Decode(d *Decoder, b []byte, v *V) error {
+	err := DecodeInto(d, b, v)
+	if err != nil && IsRun(b) {
 		return fmt.Errorf("%w: the bytes are a run of %d values, as a reducing state stores them on Pebble (register the state as a ReducingState)", err, runLen(b))
 	}
 	return err
 }
 
-// userCodec encodes with a caller-supplied Codec.
-type userCodec[V any] struct{ c Codec[V] }
+// UserCodec encodes with a caller-supplied Codec.
+type UserCodec[V any] struct{ C Codec[V] }
 
-func (u userCodec[V]) append(e *encoder, v *V) (out []byte, err error) {
-	start := len(e.buf)
+func (u UserCodec[V]) Append(e *Encoder, v *V) (out []byte, err error) {
+	start := len(e.Buf)
 	defer func() {
 		if p := recover(); p != nil {
-			e.buf = e.buf[:start]
-			out, err = nil, fmt.Errorf("codec %T panicked: %v", u.c, p)
+			e.Buf = e.Buf[:start]
+			out, err = nil, fmt.Errorf("codec %T panicked: %v", u.C, p)
 		}
 	}()
-	b := u.c.Encode(e.buf, *v)
+	b := u.C.Encode(e.Buf, *v)
 	if len(b) < start {
-		return nil, fmt.Errorf("codec %T returned %d bytes for a buffer of %d: Encode must append", u.c, len(b), start)
+		return nil, fmt.Errorf("codec %T returned %d bytes for a buffer of %d: Encode must append", u.C, len(b), start)
 	}
-	e.buf = b
-	return e.buf[start:len(e.buf):len(e.buf)], nil
+	e.Buf = b
+	return e.Buf[start:len(e.Buf):len(e.Buf)], nil
 }
 
-func (u userCodec[V]) decode(_ *decoder, b []byte, v *V) (err error) {
+func (u UserCodec[V]) Decode(_ *Decoder, b []byte, v *V) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("codec %T panicked: %v", u.c, p)
+			err = fmt.Errorf("codec %T panicked: %v", u.C, p)
 		}
 	}()
-	x, err := u.c.Decode(b)
+	x, err := u.C.Decode(b)
 	if err != nil {
 		return err
 	}
@@ -76,8 +76,8 @@ func (u userCodec[V]) decode(_ *decoder, b []byte, v *V) (err error) {
 	return nil
 }
 
-// runCodec is the codec of a reducing state without TTL or codec. It
-// writes one msgpack value, as msgpackCodec does, and reads a run: one or
+// RunCodec is the codec of a reducing state without TTL or codec. It
+// writes one msgpack value, as MsgpackCodec does, and reads a run: one or
 // more msgpack values back to back, oldest first, whose value is their
 // fold with reduce (reduce(reduce(v1, v2), v3)...). A run of one is the
 // format of a value state, so every snapshot format stays as it was; runs
@@ -86,18 +86,18 @@ func (u userCodec[V]) decode(_ *decoder, b []byte, v *V) (err error) {
 // concatenating merger joins a key's operands in order). Folding in
 // order, rather than combining operands with each other, needs no
 // associativity of reduce.
-type runCodec[V any] struct{ reduce func(a, b V) V }
+type RunCodec[V any] struct{ Reduce func(a, b V) V }
 
-func (runCodec[V]) append(e *encoder, v *V) ([]byte, error) { return encodeFast(e, v, false) }
-func (runCodec[V]) sharesInput() bool                       { return false }
+func (RunCodec[V]) Append(e *Encoder, v *V) ([]byte, error) { return EncodeFast(e, v, false) }
+func (RunCodec[V]) sharesInput() bool                       { return false }
 
-func (c runCodec[V]) decode(d *decoder, b []byte, v *V) (err error) {
-	n, err := valueLen(b)
+func (c RunCodec[V]) Decode(d *Decoder, b []byte, v *V) (err error) {
+	n, err := ValueLen(b)
 	if err != nil {
 		return err
 	}
 	if n == len(b) {
-		return decodeValue[V](msgpackCodec[V]{}, false, d, b, v)
+		return DecodeValue[V](MsgpackCodec[V]{}, false, d, b, v)
 	}
 	defer func() {
 		// S6: the user's reduce may panic on restored values.
@@ -105,19 +105,19 @@ func (c runCodec[V]) decode(d *decoder, b []byte, v *V) (err error) {
 			err = fmt.Errorf("reduce function panicked on a stored run of values: %v", p)
 		}
 	}()
-	if err := decodeValue[V](msgpackCodec[V]{}, false, d, b[:n], v); err != nil {
+	if err := DecodeValue[V](MsgpackCodec[V]{}, false, d, b[:n], v); err != nil {
 		return fmt.Errorf("value 1 of a run: %w", err)
 	}
 	for i := 2; len(b) > n; i++ {
 		b = b[n:]
-		if n, err = valueLen(b); err != nil {
+		if n, err = ValueLen(b); err != nil {
 			return fmt.Errorf("value %d of a run: %w", i, err)
 		}
 		var x V
-		if err := decodeValue[V](msgpackCodec[V]{}, false, d, b[:n], &x); err != nil {
+		if err := DecodeValue[V](MsgpackCodec[V]{}, false, d, b[:n], &x); err != nil {
 			return fmt.Errorf("value %d of a run: %w", i, err)
 		}
-		*v = c.reduce(*v, x)
+		*v = c.Reduce(*v, x)
 	}
 	return nil
 }
@@ -127,7 +127,7 @@ func (c runCodec[V]) decode(d *decoder, b []byte, v *V) (err error) {
 func runLen(b []byte) int {
 	n := 0
 	for len(b) > 0 {
-		l, err := valueLen(b)
+		l, err := ValueLen(b)
 		if err != nil {
 			break
 		}
@@ -136,72 +136,72 @@ func runLen(b []byte) int {
 	return n
 }
 
-// isRun reports whether b holds more than one msgpack value (a run to
-// fold, see runCodec); false for one value and for malformed bytes, which
+// IsRun reports whether b holds more than one msgpack value (a run to
+// fold, see RunCodec); false for one value and for malformed bytes, which
 // decoding reports.
-func isRun(b []byte) bool {
-	n, err := valueLen(b)
+func IsRun(b []byte) bool {
+	n, err := ValueLen(b)
 	return err == nil && n < len(b)
 }
 
-// ttlValue is a stored value of a TTL state with its timestamp: when it
+// TTLValue is a stored value of a TTL state with its timestamp: when it
 // was written, or last read under OnReadAndWrite (Unix nanoseconds of the
 // backend's time, S12).
-type ttlValue[V any] struct {
-	v  V
-	ts int64
+type TTLValue[V any] struct {
+	Val V
+	TS  int64
 }
 
-// ttlCodec encodes a ttlValue as its 8-byte big-endian timestamp followed
+// TTLCodec encodes a TTLValue as its 8-byte big-endian timestamp followed
 // by the value in the inner codec.
-type ttlCodec[V any] struct{ in valueCodec[V] }
+type TTLCodec[V any] struct{ In ValueCodec[V] }
 
 // ttlStampLen is the length of the timestamp before a TTL value's bytes.
 const ttlStampLen = 8
 
-func (c ttlCodec[V]) append(e *encoder, v *ttlValue[V]) ([]byte, error) {
-	start := len(e.buf)
-	e.buf = binary.BigEndian.AppendUint64(e.buf, uint64(v.ts))
-	if _, err := c.in.append(e, &v.v); err != nil {
-		e.buf = e.buf[:start]
+func (c TTLCodec[V]) Append(e *Encoder, v *TTLValue[V]) ([]byte, error) {
+	start := len(e.Buf)
+	e.Buf = binary.BigEndian.AppendUint64(e.Buf, uint64(v.TS))
+	if _, err := c.In.Append(e, &v.Val); err != nil {
+		e.Buf = e.Buf[:start]
 		return nil, err
 	}
-	return e.buf[start:len(e.buf):len(e.buf)], nil
+	return e.Buf[start:len(e.Buf):len(e.Buf)], nil
 }
 
-func (c ttlCodec[V]) decode(d *decoder, b []byte, v *ttlValue[V]) error {
+func (c TTLCodec[V]) Decode(d *Decoder, b []byte, v *TTLValue[V]) error {
 	if len(b) < ttlStampLen {
 		return fmt.Errorf("%d bytes, shorter than the %d-byte TTL timestamp", len(b), ttlStampLen)
 	}
-	v.ts = int64(binary.BigEndian.Uint64(b))
-	return c.in.decode(d, b[ttlStampLen:], &v.v)
+	v.TS = int64(binary.BigEndian.Uint64(b))
+	return c.In.Decode(d, b[ttlStampLen:], &v.Val)
 }
 
-// listCodec encodes a list as a msgpack array of bin elements, each
+// ListCodec encodes a list as a msgpack array of bin elements, each
 // element in the element codec.
-type listCodec[E any] struct{ elem valueCodec[E] }
+type ListCodec[E any] struct{ Elem ValueCodec[E] }
 
-func (c listCodec[E]) append(e *encoder, v *[]E) ([]byte, error) {
-	start := len(e.buf)
-	e.buf = mpenc.AppendArrayLen(e.buf, len(*v))
+func (c ListCodec[E]) Append(e *Encoder, v *[]E) ([]byte, error) {
+	start := len(e.Buf)
+	e.Buf = mpenc.AppendArrayLen(e.Buf, len(*v))
 	var hdr [5]byte
 	for i := range *v {
-		at := len(e.buf)
-		if _, err := c.elem.append(e, &(*v)[i]); err != nil {
-			e.buf = e.buf[:start]
+		at := len(e.Buf)
+		if _, err := c.Elem.Append(e, &(*v)[i]); err != nil {
+			e.Buf = e.Buf[:start]
 			return nil, fmt.Errorf("element %d: %w", i, err)
 		}
 		// Put the bin header in front of the element's bytes.
-		n := len(e.buf) - at
+		n := len(e.Buf) - at
 		h := mpenc.AppendBinLen(hdr[:0], n)
-		e.buf = append(e.buf, h...)
-		copy(e.buf[at+len(h):], e.buf[at:at+n])
-		copy(e.buf[at:], h)
+		e.Buf = append(e.Buf, h...)
+		copy(e.Buf[at+len(h):], e.Buf[at:at+n])
+		copy(e.Buf[at:], h)
 	}
-	return e.buf[start:len(e.buf):len(e.buf)], nil
+	return e.Buf[start:len(e.Buf):len(e.Buf)], nil
 }
 
-func (c listCodec[E]) decode(d *decoder, b []byte, v *[]E) error {
+func (c ListCodec[E]) Decode(d *Decoder, b []byte, v *[]E) error {
 	n, rest, err := readArrayLen(b)
 	if err != nil {
 		return err
@@ -219,7 +219,7 @@ func (c listCodec[E]) decode(d *decoder, b []byte, v *[]E) error {
 		if eb, rest, err = readBin(rest); err != nil {
 			return fmt.Errorf("element %d: %w", i, err)
 		}
-		if err := c.elem.decode(d, eb, &l[i]); err != nil {
+		if err := c.Elem.Decode(d, eb, &l[i]); err != nil {
 			return fmt.Errorf("element %d: %w", i, err)
 		}
 	}
