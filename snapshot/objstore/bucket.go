@@ -205,8 +205,11 @@ func (s *Bucket) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// redact returns u without its user info, for errors.
-func redact(u *url.URL) string {
+// redact returns the URL location without its user info, for errors.
+func redact(location string, u *url.URL) string {
+	if u.User == nil {
+		return location // as given: url.URL.String drops the "//" of mem://
+	}
 	c := *u
 	c.User = nil
 	return c.String()

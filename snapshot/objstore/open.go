@@ -29,10 +29,22 @@ func Open(ctx context.Context, location string) (Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("objstore: open %q: %w", location, err)
 	}
-	name := redact(u)
+	name := redact(location, u)
 	b, err := blob.OpenBucket(ctx, location)
 	if err != nil {
-		return nil, fmt.Errorf("objstore: open %s: %w", name, err)
+		// The driver's message may repeat the URL: without its user info.
+		msg := strings.ReplaceAll(err.Error(), location, name)
+		return nil, fmt.Errorf("objstore: open %s: %w", name, &redactedError{msg: msg, err: err})
 	}
 	return &Bucket{b: b, name: name, own: true}, nil
 }
+
+// redactedError is a driver's error whose message had credentials
+// removed; it still unwraps to the driver's error.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
