@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/snapflow/snapflow/marker"
 )
 
@@ -352,7 +353,27 @@ func crashConsistencyRun(t *testing.T, b crashBackend, at int, mode faultMode, r
 		w.crash() // a machine crash once the writer is done
 	}
 
-	r, _ := NewJob(w.reader(), "job")
+	// A lost response before the record is recovered by Put's read-back:
+	// the writer goes on and completes.
+	applied := mode == lostResponse || mode == crashAfter
+	want2 := at > recordStep || (at == recordStep && applied) || mode == lostResponse
+	verifyAfterCrash(t, w.reader(), completeErr, &want2)
+	if at == recordStep && mode == failWrite && !errors.Is(completeErr, ErrIndeterminate) {
+		t.Fatalf("a failed record create: Complete: %v, want ErrIndeterminate", completeErr)
+	}
+}
+
+// verifyAfterCrash checks what a reader of s sees after the scenario
+// (OS2-OS8): checkpoint 2 complete as want2 says (if not nil) and
+// always if Complete returned nil, and then whole; checkpoint 1 whole
+// while its metadata is there; then a restarted writer completes
+// checkpoint 3, retires the others and collects, and exactly the
+// records and checkpoint 3's objects are left. It returns whether
+// checkpoint 2 was complete.
+func verifyAfterCrash(t *testing.T, s Store, completeErr error, want2 *bool) bool {
+	t.Helper()
+	ctx := context.Background()
+	r, _ := NewJob(s, "job")
 	recs, err := r.Completed(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -362,18 +383,11 @@ func crashConsistencyRun(t *testing.T, b crashBackend, at int, mode faultMode, r
 		byID[rec.ID] = rec
 	}
 	rec2, complete2 := byID[2]
-	applied := mode == lostResponse || mode == crashAfter
-	// A lost response before the record is recovered by Put's read-back:
-	// the writer goes on and completes.
-	want2 := at > recordStep || (at == recordStep && applied) || mode == lostResponse
-	if complete2 != want2 {
-		t.Fatalf("checkpoint 2 complete: %v, want %v (Complete: %v)", complete2, want2, completeErr)
+	if want2 != nil && complete2 != *want2 {
+		t.Fatalf("checkpoint 2 complete: %v, want %v (Complete: %v)", complete2, *want2, completeErr)
 	}
 	if completeErr == nil && !complete2 {
 		t.Fatal("Complete returned nil, but checkpoint 2 is not complete")
-	}
-	if at == recordStep && mode == failWrite && !errors.Is(completeErr, ErrIndeterminate) {
-		t.Fatalf("a failed record create: Complete: %v, want ErrIndeterminate", completeErr)
 	}
 	if complete2 {
 		checkReadable(t, r, rec2, objs2)
@@ -428,5 +442,80 @@ func crashConsistencyRun(t *testing.T, b crashBackend, at int, mode faultMode, r
 	want = append(want, "_completed/"+RecordName(3), "chk-3/_metadata", "chk-3/keyed-op-0", "shared/op-0-c.sst", "shared/op-0-d.sst")
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("left after collection:\n%q\nwant\n%q", got, want)
+	}
+	return complete2
+}
+
+// TestDirCrashAtEveryFilesystemOp crashes the machine under a Dir before
+// each write operation of its filesystem (create, write, sync, link,
+// remove, directory sync...) during the scenario of
+// TestCrashConsistency, keeping only synced data or everything, and
+// checks the reader (OS8 inside Commit and Delete). Checkpoint 2 turns
+// complete at one crash point and stays so for every later one.
+func TestDirCrashAtEveryFilesystemOp(t *testing.T) {
+	for _, pct := range []int{0, 100} {
+		t.Run(fmt.Sprintf("synced-%d%%", pct), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			completeAt := -1
+			for k := 1; ; k++ {
+				mem := vfs.NewCrashableMem()
+				setup, err := NewDir(mem, "/store")
+				if err != nil {
+					t.Fatal(err)
+				}
+				j, _ := NewJob(setup, "job")
+				if _, err := writeCheckpoint(ctx, j, 1, objs1); err != nil {
+					t.Fatal(err)
+				}
+				var (
+					ops   int
+					clone *vfs.MemFS
+				)
+				crash := func() {
+					clone = mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: pct, RNG: rand.New(rand.NewPCG(2, uint64(k)))})
+				}
+				inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+					if clone != nil {
+						return errInjected
+					}
+					if op.Kind.ReadOrWrite() != errorfs.OpIsWrite {
+						return nil
+					}
+					if ops++; ops == k {
+						crash()
+						return errInjected
+					}
+					return nil
+				})
+				completeErr, _ := scenario(ctx, &Dir{fs: errorfs.Wrap(mem, inj), root: "/store"})
+				done := clone == nil
+				if done {
+					crash()
+				}
+				reader, err := NewDir(clone, "/store")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := reader.RemoveTemps(); err != nil {
+					t.Fatal(err)
+				}
+				var want2 *bool
+				if completeAt >= 0 {
+					yes := true
+					want2 = &yes
+				}
+				if verifyAfterCrash(t, reader, completeErr, want2) && completeAt < 0 {
+					completeAt = k
+				}
+				if done {
+					if completeAt < 0 {
+						t.Fatal("checkpoint 2 never completed")
+					}
+					t.Logf("%d write operations; checkpoint 2 complete after a crash before operation %d and every later one", k-1, completeAt)
+					return
+				}
+			}
+		})
 	}
 }
