@@ -130,6 +130,10 @@
 // loses the response of, or crashes before or after each write step of
 // writing checkpoint 2, completing it, retiring checkpoint 1 and
 // collecting, and checks OS2-OS8 with a reader and a restarted writer.
+// TestDirCrashAtEveryFilesystemOp crashes the machine under a Dir before
+// each filesystem write of the same scenario (errorfs on a crashable
+// in-memory filesystem, keeping only synced data), which checks the
+// syncs inside Commit and Delete.
 //
 // # Next step: snapshot and the Pebble native state on this layer
 //
