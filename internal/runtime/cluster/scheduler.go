@@ -437,7 +437,7 @@ func (s *Scheduler) String() string {
 	}
 	fmt.Fprintf(&b, " latest=%d", s.latest)
 	if s.phase == waiting {
-		fmt.Fprintf(&b, " until=%v", s.until.UnixNano())
+		fmt.Fprintf(&b, " until=%s", s.until.UTC().Format(time.RFC3339Nano))
 	}
 	for _, m := range s.sorted() {
 		fmt.Fprintf(&b, "\n%s session=%d slots=%d", m.ID, m.Session, m.Slots)
