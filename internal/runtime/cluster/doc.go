@@ -49,7 +49,8 @@
 //     them. Nothing is deployed after Finished or Failed.
 //   - CL5 (scheduler.go). A Deploy uses only slots of registrations that
 //     are not lost, and a live attempt never keeps a lost one: declaring a
-//     registration lost cancels the attempt using it in the same Step. A
+//     registration lost cancels the attempt using its slots in the same
+//     Step (and no other attempt is cancelled but one that failed). A
 //     heartbeat or cut of a registration that is not current changes
 //     nothing (a heartbeat is answered with Reject); a worker is declared
 //     lost at a Tick only when its last heartbeat is older than

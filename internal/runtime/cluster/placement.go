@@ -53,7 +53,7 @@ type Channel struct {
 // Placement assigns every subtask of a Shape to a worker slot (Place).
 type Placement struct {
 	Shape *Shape
-	// Workers are those the slots belong to, sorted by id.
+	// Workers are those whose slots it uses, sorted by id.
 	Workers []Worker
 	// Slots are the job's slots: slot k holds subtask k of every chain of
 	// parallelism above k.
@@ -125,6 +125,9 @@ func Place(s *Shape, workers []Worker) (*Placement, error) {
 			}
 		}
 	}
+	p.Workers = slices.DeleteFunc(p.Workers, func(w Worker) bool {
+		return !slices.ContainsFunc(p.Slots, func(s Slot) bool { return s.Worker == w.ID })
+	})
 	for _, c := range chains {
 		for _, o := range c.Operators {
 			op := &s.Operators[o]

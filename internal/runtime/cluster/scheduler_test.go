@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -217,6 +218,7 @@ func (v *invariants) check(ev Event, acts []Action) error {
 	if stale && len(acts) > 0 {
 		return fmt.Errorf("CL4/CL5: a stale %T gave %v", ev, acts)
 	}
+	lostSlot := "" // a worker with slots of the live attempt declared lost
 	for _, a := range acts {
 		switch a.(type) {
 		case Deploy, Finished, Failed:
@@ -231,6 +233,10 @@ func (v *invariants) check(ev Event, acts []Action) error {
 			}
 			v.alive[a.Worker] = a.Session
 		case DeclareLost:
+			if v.placement != nil && v.placement.Session(a.Worker) == a.Session &&
+				slices.ContainsFunc(v.placement.Slots, func(s Slot) bool { return s.Worker == a.Worker }) {
+				lostSlot = a.Worker
+			}
 			if v.alive[a.Worker] != a.Session {
 				return fmt.Errorf("CL5: %s session %d declared lost, alive is %d", a.Worker, a.Session, v.alive[a.Worker])
 			}
@@ -255,6 +261,11 @@ func (v *invariants) check(ev Event, acts []Action) error {
 			if a.Worker == "" {
 				if a.Attempt != v.live {
 					return fmt.Errorf("CL4: cancel of attempt %d, live is %d", a.Attempt, v.live)
+				}
+				if f, ok := ev.(AttemptFailed); !ok || f.Attempt != v.live {
+					if lostSlot == "" {
+						return fmt.Errorf("CL5: attempt %d cancelled, neither failed nor on a lost worker's slots", a.Attempt)
+					}
 				}
 				v.live, v.placement = 0, nil
 			} else if a.Attempt == v.live {
