@@ -197,7 +197,6 @@ type Scheduler struct {
 	running   bool
 	// latest is the newest checkpoint completed by a live attempt.
 	latest int64
-	err    error
 }
 
 // New returns a scheduler for cfg's job, which has not been submitted. It
@@ -218,12 +217,6 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	return &Scheduler{cfg: cfg, members: map[string]*member{}}, nil
 }
-
-// Attempt is the newest attempt deployed (0: none) and whether it is live.
-func (s *Scheduler) Attempt() (int, bool) { return s.attempt, s.phase == live }
-
-// Err is why the job failed, nil unless it did.
-func (s *Scheduler) Err() error { return s.err }
 
 // NextDeadline is when the next Tick changes something: the earliest
 // heartbeat timeout of a registered worker, or the end of the wait for
@@ -383,12 +376,12 @@ func (s *Scheduler) schedule(dst []Action) []Action {
 		return s.deploy(dst, s.cfg.Shape.Capped(offered), offered, workers)
 	}
 	s.phase = failed
-	s.err = fmt.Errorf("cluster: job %q: %d slots needed, %d offered (%s) after waiting %v",
+	err := fmt.Errorf("cluster: job %q: %d slots needed, %d offered (%s) after waiting %v",
 		s.cfg.Shape.Job, need, offered, describeSlots(workers), s.cfg.SlotTimeout)
 	if s.cfg.Rescale {
-		s.err = fmt.Errorf("%w, fewer than the %d to rescale to", s.err, s.cfg.MinSlots)
+		err = fmt.Errorf("%w, fewer than the %d to rescale to", err, s.cfg.MinSlots)
 	}
-	return append(dst, Failed{Err: s.err})
+	return append(dst, Failed{Err: err})
 }
 
 func (s *Scheduler) deploy(dst []Action, shape *Shape, parallelism int, workers []Worker) []Action {

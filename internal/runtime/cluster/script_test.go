@@ -121,7 +121,8 @@ func parseWorkers(t *testing.T, d *datadriven.TestData) []Worker {
 // TestShapes runs the scripts in testdata/shape: shapes, their
 // fingerprints and differences, and their placement. Commands:
 //
-//	shape name=N          the input is a shape (parseShape); prints its chains
+//	shape name=N          the input is a shape (parseShape); prints its
+//	                      chains, slots and fingerprint
 //	diff here=N there=N [worker=W]   (there is the coordinator, or worker W)
 //	    prints Diff (or "same"), and whether the fingerprints are equal;
 //	    fails if the two disagree (CL1)
@@ -148,7 +149,7 @@ func TestShapes(t *testing.T) {
 				for _, c := range chains {
 					fmt.Fprintf(&b, "chain %s p=%d\n", chainName(s, c), c.Parallelism)
 				}
-				fmt.Fprintf(&b, "slots needed: %d\n", s.Slots())
+				fmt.Fprintf(&b, "slots needed: %d\nfingerprint %s\n", s.Slots(), s.Fingerprint())
 				return b.String()
 			case "diff":
 				var here, there string
