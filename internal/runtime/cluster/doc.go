@@ -19,10 +19,12 @@
 //     Workers register (each registration a new session) and heartbeat;
 //     the job is deployed as numbered attempts; a worker lost (heartbeats
 //     missed at a Tick, connection cut, registered again) ends the
-//     attempt using its slots, and the next attempt restores the latest
-//     completed checkpoint once there are enough slots, waiting for them up
-//     to SlotTimeout and then failing or, when configured, rescaling down
-//     to the slots there are (Flink's adaptive scheduler).
+//     attempt using its slots, and, after the delay the restart strategy
+//     asks for (Config.Restart, which may also give up), the next attempt
+//     restores the latest completed checkpoint once there are enough
+//     slots, waiting for them up to SlotTimeout and then failing or, when
+//     configured, rescaling down to the slots there are (Flink's adaptive
+//     scheduler).
 //
 // Invariants (scripts in testdata/, the randomized TestSchedulerRandom):
 //
@@ -58,7 +60,9 @@
 //   - CL6 (scheduler.go). Restart only from a completed checkpoint: a
 //     Deploy restores the newest checkpoint a live attempt reported
 //     completed (0, none, before the first).
-//   - CL7 (scheduler.go). A job short of slots waits (WaitForSlots) at most
+//   - CL7 (scheduler.go). An attempt that ended without finishing is
+//     followed by the next no earlier than the delay Config.Restart gave,
+//     or by Failed if it gave up. A job short of slots waits (WaitForSlots) at most
 //     SlotTimeout from when it started to wait, and deploys as soon as
 //     there are enough; after the timeout it deploys capped to the slots
 //     there are when Rescale is set and they are at least MinSlots, and

@@ -25,6 +25,20 @@ type Config struct {
 	Rescale bool
 	// MinSlots is the fewest slots a rescaled job runs on (default 1).
 	MinSlots int
+	// Restart is asked after every attempt that ended without finishing
+	// (it failed, or lost a worker with its slots): how long to wait before
+	// the next one, or ok false to fail the job (graph's RestartStrategy
+	// adapted by the driver). Nil restarts at once, always.
+	Restart func(Failure) (delay time.Duration, ok bool)
+}
+
+// Failure is an attempt that ended without finishing, as Config.Restart
+// sees it.
+type Failure struct {
+	Attempt int
+	Reason  string
+	// Deployed and Failed are when the attempt was deployed and ended.
+	Deployed, Failed time.Time
 }
 
 // Event is an input to Scheduler.Step.
@@ -160,16 +174,17 @@ func (Failed) isAction()       {}
 type phase uint8
 
 const (
-	idle    phase = iota // not submitted
-	pending              // to be scheduled (submitted, or its attempt ended)
-	waiting              // for slots, until Scheduler.until
-	live                 // an attempt is deployed
+	idle       phase = iota // not submitted
+	pending                 // to be scheduled (submitted, or its attempt ended)
+	restarting              // until Scheduler.until, the restart delay
+	waiting                 // for slots, until Scheduler.until
+	live                    // an attempt is deployed
 	finished
 	failed
 )
 
 func (p phase) String() string {
-	return [...]string{"idle", "pending", "waiting", "live", "finished", "failed"}[p]
+	return [...]string{"idle", "pending", "restarting", "waiting", "live", "finished", "failed"}[p]
 }
 
 type member struct {
@@ -189,11 +204,14 @@ type Scheduler struct {
 	session uint64
 	members map[string]*member
 	phase   phase
-	until   time.Time // waiting: the end of the wait for slots
+	// until is the end of the restart delay (restarting) or of the wait for
+	// slots (waiting).
+	until time.Time
 	// attempt is the newest attempt deployed, placement its placement;
 	// running: it reported AttemptRunning.
 	attempt   int
 	placement *Placement
+	deployed  time.Time
 	running   bool
 	// latest is the newest checkpoint completed by a live attempt.
 	latest int64
@@ -229,7 +247,7 @@ func (s *Scheduler) NextDeadline() (at time.Time, ok bool) {
 			}
 		}
 	}
-	if s.phase == waiting && (!ok || s.until.Before(at)) {
+	if (s.phase == waiting || s.phase == restarting) && (!ok || s.until.Before(at)) {
 		at, ok = s.until, true
 	}
 	return at, ok
@@ -326,6 +344,9 @@ func (s *Scheduler) tick(dst []Action) []Action {
 			dst = s.lose(dst, m, fmt.Sprintf("no heartbeat for %v", s.now.Sub(m.last)))
 		}
 	}
+	if s.phase == restarting && !s.now.Before(s.until) {
+		s.phase = pending
+	}
 	return s.schedule(dst)
 }
 
@@ -340,10 +361,23 @@ func (s *Scheduler) lose(dst []Action, m *member, reason string) []Action {
 	return dst
 }
 
-// cancel ends the live attempt; the caller schedules the next one.
+// cancel ends the live attempt and asks Config.Restart about the next
+// one; the caller schedules it.
 func (s *Scheduler) cancel(dst []Action, reason string) []Action {
 	s.phase, s.running = pending, false
-	return append(dst, Cancel{Attempt: s.attempt, Reason: reason})
+	dst = append(dst, Cancel{Attempt: s.attempt, Reason: reason})
+	if s.cfg.Restart == nil {
+		return dst
+	}
+	delay, ok := s.cfg.Restart(Failure{Attempt: s.attempt, Reason: reason, Deployed: s.deployed, Failed: s.now})
+	if !ok {
+		s.phase = failed
+		return append(dst, Failed{Err: fmt.Errorf("cluster: job %q: attempt %d ended (%s) and the restart strategy gives up", s.cfg.Shape.Job, s.attempt, reason)})
+	}
+	if delay > 0 {
+		s.phase, s.until = restarting, s.now.Add(delay)
+	}
+	return dst
 }
 
 func (s *Scheduler) describeAttempt() string {
@@ -391,7 +425,7 @@ func (s *Scheduler) deploy(dst []Action, shape *Shape, parallelism int, workers 
 		panic(fmt.Sprintf("cluster: placing a checked shape on enough slots: %v", err))
 	}
 	s.attempt++
-	s.phase, s.placement, s.running = live, p, false
+	s.phase, s.placement, s.deployed, s.running = live, p, s.now, false
 	return append(dst, Deploy{Attempt: s.attempt, Placement: p, Restore: s.latest, Parallelism: parallelism})
 }
 
@@ -429,7 +463,7 @@ func (s *Scheduler) String() string {
 		}
 	}
 	fmt.Fprintf(&b, " latest=%d", s.latest)
-	if s.phase == waiting {
+	if s.phase == waiting || s.phase == restarting {
 		fmt.Fprintf(&b, " until=%s", s.until.UTC().Format(time.RFC3339Nano))
 	}
 	for _, m := range s.sorted() {

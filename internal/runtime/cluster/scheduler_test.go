@@ -20,7 +20,9 @@ var epoch = time.Unix(0, 0).UTC()
 // TestScheduler runs the scripts in testdata/scheduler. Each drives one
 // Scheduler; times (t=...) are Go durations since the epoch. Commands:
 //
-//	init hb=D slots=D [rescale] [min-slots=N]     the input is the job's shape (parseShape)
+//	init hb=D slots=D [rescale] [min-slots=N] [restarts=N delay=D]
+//	    the input is the job's shape (parseShape); restarts: Config.Restart
+//	    restarts N times after delay, then gives up
 //	register t=D id=W slots=N
 //	heartbeat t=D id=W session=N [attempt=N]
 //	tick t=D
@@ -90,7 +92,24 @@ func scriptConfig(t *testing.T, d *datadriven.TestData) Config {
 	cfg.SlotTimeout, err = time.ParseDuration(slots)
 	require.NoError(t, err)
 	d.MaybeScanArgs(t, "min-slots", &cfg.MinSlots)
+	if d.HasArg("restarts") {
+		var delay string
+		var restarts int
+		d.ScanArgs(t, "restarts", &restarts)
+		d.ScanArgs(t, "delay", &delay)
+		dur, err := time.ParseDuration(delay)
+		require.NoError(t, err)
+		cfg.Restart = restartAtMost(restarts, dur)
+	}
 	return cfg
+}
+
+// restartAtMost restarts n times after delay, then gives up.
+func restartAtMost(n int, delay time.Duration) func(Failure) (time.Duration, bool) {
+	return func(Failure) (time.Duration, bool) {
+		n--
+		return delay, n >= 0
+	}
 }
 
 func scriptEvent(t *testing.T, d *datadriven.TestData) Event {
@@ -329,17 +348,29 @@ func runRandom(t *testing.T, seed uint64, steps int) {
 		{UID: "out", Kind: "sink", Parallelism: 1, MaxParallelism: 128},
 	}, Edges: []Edge{{From: "src", To: "sum", Part: checkpoint.PartHash}, {From: "sum", To: "out", Part: checkpoint.PartRebalance}}}
 	cfg := Config{Shape: shape, HeartbeatTimeout: 3 * time.Second, SlotTimeout: 10 * time.Second, Rescale: rng.IntN(2) == 0, MinSlots: rng.IntN(3)}
-	s, err := New(cfg)
-	require.NoError(t, err)
-	twin, err := New(cfg)
-	require.NoError(t, err)
+	// Half the runs restart at once, always; the others after a delay, at
+	// most some times per job.
+	restarts, delay := -1, time.Duration(rng.Int64N(int64(5*time.Second)))
+	if rng.IntN(2) == 0 {
+		restarts = 5 + rng.IntN(50)
+	}
+	newScheduler := func() *Scheduler {
+		c := cfg
+		if restarts >= 0 {
+			c.Restart = restartAtMost(restarts, delay)
+		}
+		s, err := New(c)
+		require.NoError(t, err)
+		return s
+	}
+	s, twin := newScheduler(), newScheduler()
 	inv := newInvariants()
 	now := epoch
 	sessions := map[string]uint64{} // newest registration of each worker
 	var nextID int64
 	attempt := 0 // newest attempt deployed
 	var acts, twinActs []Action
-	deployed, lost := 0, 0
+	deployed, lost, jobs := 0, 0, 1
 	for i := range steps {
 		w := fmt.Sprintf("w%d", 1+rng.IntN(4))
 		// An attempt near the newest: the live one, an older or a newer one.
@@ -357,7 +388,7 @@ func runRandom(t *testing.T, seed uint64, steps int) {
 			}
 			ev = Heartbeat{Now: now, Worker: w, Session: session, Attempt: near}
 		case r < 65:
-			now = now.Add(time.Duration(rng.Int64N(int64(4 * time.Second))))
+			now = now.Add(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
 			ev = Tick{Now: now}
 		case r < 70:
 			session := sessions[w]
@@ -398,10 +429,10 @@ func runRandom(t *testing.T, seed uint64, steps int) {
 		if inv.done && rng.IntN(20) == 0 {
 			// The job ended: a fresh one.
 			inv.done = false
-			s, _ = New(cfg)
-			twin, _ = New(cfg)
+			s, twin = newScheduler(), newScheduler()
 			inv, sessions, attempt = newInvariants(), map[string]uint64{}, 0
+			jobs++
 		}
 	}
-	t.Logf("%d deploys, %d workers lost", deployed, lost)
+	t.Logf("%d jobs, %d deploys, %d workers lost", jobs, deployed, lost)
 }
