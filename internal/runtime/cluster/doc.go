@@ -62,8 +62,9 @@
 //     completed (0, none, before the first).
 //   - CL7 (scheduler.go). An attempt that ended without finishing is
 //     followed by the next no earlier than the delay Config.Restart gave,
-//     or by Failed if it gave up. A job short of slots waits (WaitForSlots) at most
-//     SlotTimeout from when it started to wait, and deploys as soon as
+//     or by Failed if it gave up. A job short of slots waits
+//     (WaitForSlots) at most SlotTimeout from when it started to wait, and
+//     deploys as soon as
 //     there are enough; after the timeout it deploys capped to the slots
 //     there are when Rescale is set and they are at least MinSlots, and
 //     fails otherwise.

@@ -371,6 +371,7 @@ func runRandom(t *testing.T, seed uint64, steps int) {
 	attempt := 0 // newest attempt deployed
 	var acts, twinActs []Action
 	deployed, lost, jobs := 0, 0, 1
+	var ended time.Time // when the last attempt ended
 	for i := range steps {
 		w := fmt.Sprintf("w%d", 1+rng.IntN(4))
 		// An attempt near the newest: the live one, an older or a newer one.
@@ -419,7 +420,14 @@ func runRandom(t *testing.T, seed uint64, steps int) {
 			switch a := a.(type) {
 			case Registered:
 				sessions[a.Worker] = a.Session
+			case Cancel:
+				if a.Worker == "" {
+					ended = now
+				}
 			case Deploy:
+				if restarts >= 0 && a.Attempt > 1 && now.Before(ended.Add(delay)) {
+					t.Fatalf("CL7: seed %d step %d: attempt %d deployed at %v, %v after the last ended, before the restart delay %v", seed, i, a.Attempt, now, now.Sub(ended), delay)
+				}
 				attempt = a.Attempt
 				deployed++
 			case DeclareLost:
