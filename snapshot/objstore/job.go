@@ -1,6 +1,7 @@
 package objstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -162,18 +163,8 @@ func (j *Job) Completed(ctx context.Context) ([]Record, error) {
 		}
 		recs = append(recs, r)
 	}
-	slices.SortFunc(recs, func(a, b Record) int { return cmpInt(a.ID, b.ID) })
+	slices.SortFunc(recs, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
 	return recs, nil
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // ReadMetadata reads the metadata object of the completed rec and checks
@@ -273,13 +264,13 @@ func (j *Job) Collect(ctx context.Context, refs func(Record, []byte) ([]string, 
 			continue
 		case err != nil:
 			byDir[r.Dir] = true // damaged: leave it to the restore
-			refErr = cmpErr(refErr, err)
+			refErr = firstErr(refErr, err)
 			continue
 		}
 		byDir[r.Dir] = true
 		keys, err := refs(r, md)
 		if err != nil {
-			refErr = cmpErr(refErr, fmt.Errorf("objstore: references of %s %d: %w", r.Kind, r.ID, err))
+			refErr = firstErr(refErr, fmt.Errorf("objstore: references of %s %d: %w", r.Kind, r.ID, err))
 			continue
 		}
 		for _, k := range keys {
@@ -311,7 +302,7 @@ func (j *Job) Collect(ctx context.Context, refs func(Record, []byte) ([]string, 
 	})
 	for _, o := range objs {
 		rel := strings.TrimPrefix(o.Key, j.prefix)
-		dir, name, nested := strings.Cut(rel, "/")
+		dir, _, nested := strings.Cut(rel, "/")
 		if !nested {
 			continue
 		}
@@ -323,7 +314,6 @@ func (j *Job) Collect(ctx context.Context, refs func(Record, []byte) ([]string, 
 			}
 			continue
 		}
-		_ = name
 		id, ok := parseCheckpointDir(dir)
 		if !ok {
 			continue
@@ -338,7 +328,7 @@ func (j *Job) Collect(ctx context.Context, refs func(Record, []byte) ([]string, 
 	return deleted, refErr
 }
 
-func cmpErr(first, err error) error {
+func firstErr(first, err error) error {
 	if first != nil {
 		return first
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -424,57 +425,7 @@ func TestJobRetireAndCollect(t *testing.T) {
 }
 
 func sorted(s []string) []string {
-	out := append([]string(nil), s...)
-	for i := range out {
-		for k := i + 1; k < len(out); k++ {
-			if out[k] < out[i] {
-				out[i], out[k] = out[k], out[i]
-			}
-		}
-	}
+	out := slices.Clone(s)
+	slices.Sort(out)
 	return out
-}
-
-// TestStoreLargeObject: an object written in many pieces, larger than
-// s3blob's multipart threshold (16 MiB), reads back whole and by range.
-func TestStoreLargeObject(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, s Store) {
-		ctx := context.Background()
-		const size = 17<<20 + 123
-		piece := make([]byte, 64<<10)
-		w, err := s.Create(ctx, "job/chk-9/keyed-big-0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for off := 0; off < size; off += len(piece) {
-			for i := range piece {
-				piece[i] = byte((off + i) % 251)
-			}
-			n := min(len(piece), size-off)
-			if _, err := w.Write(piece[:n]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := w.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		if a, err := s.Stat(ctx, "job/chk-9/keyed-big-0"); err != nil || a.Size != size {
-			t.Fatalf("stat: %+v, %v", a, err)
-		}
-		const off, n = 16<<20 - 10, 100
-		r, err := s.Read(ctx, "job/chk-9/keyed-big-0", off, n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := io.ReadAll(r)
-		_ = r.Close()
-		if err != nil || len(got) != n {
-			t.Fatalf("range read: %d bytes, %v", len(got), err)
-		}
-		for i, c := range got {
-			if c != byte((off+i)%251) {
-				t.Fatalf("byte %d of the range: %d, want %d", i, c, byte((off+i)%251))
-			}
-		}
-	})
 }
