@@ -19,7 +19,7 @@ import (
 )
 
 var (
-	seedFlag  = flag.Uint64("state.seed", 0, "seed of the model tests (TestPebbleModel, TestPebbleCache; 0: new ones, printed)")
+	seedFlag  = flag.Uint64("state.seed", 0, "seed of the model tests (TestPebbleModel, TestPebbleCache, TestCOWModel, TestMapCOWModel; 0: new ones, printed)")
 	seedsFlag = flag.Int("state.seeds", 1, "how many seeds each model test runs (TestPebbleCache: at each cache size; soak: 10)")
 )
 
