@@ -164,9 +164,11 @@ func TestEncodeCancelled(t *testing.T) {
 }
 
 // TestCOWModel checks random operations against a model, with views frozen,
-// encoded and released at random points, several live at a time.
+// encoded and released at random points, several live at a time. One seed
+// a run (20,000 steps, about 60 views), -state.seeds for more.
 func TestCOWModel(t *testing.T) {
-	for seed := range uint64(8) {
+	for _, seed := range modelSeeds() {
+		t.Logf("seed %d (replay: go test ./state -run TestCOWModel -state.seed=%d)", seed, seed)
 		rng := rand.New(rand.NewPCG(seed, 99))
 		b := newBackend[int](t, all, nil)
 		s, err := Value[int, int](b, "v")

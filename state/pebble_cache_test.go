@@ -14,23 +14,34 @@ import (
 
 // TestPebbleCache runs the Pebble engine tests with write-back caches so
 // small that almost every record evicts (1, 2 and 16 entries), and with
-// none (-1): the model test (value, list, map, reducing, codec and TTL
-// states against the heap and a model, views frozen with dirty entries,
-// restores), the snapshot bytes with expired TTL values, and freeze
-// isolation.
+// none (-1). At every size: the model test (value, list, map, reducing,
+// codec and TTL states against the heap and a model, views frozen with
+// dirty entries, restores; one seed a size, -state.seeds for more) and the
+// cache's own delete, freeze and TTL tests. At 1 and -1 only: the snapshot
+// bytes with expired TTL values, and freeze isolation. Those two write
+// each key in turn and then snapshot or freeze, so a cache of 2 or 16
+// entries behaves there as one of 1 (every write to another key evicts,
+// and the freeze flushes what is left), while the model test and
+// testPebbleCacheFreeze run views frozen with several dirty entries at
+// each size.
 func TestPebbleCache(t *testing.T) {
 	defer func() { testCacheEntries = 0 }()
 	for _, size := range []int{1, 2, 16, -1} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			testCacheEntries = size
-			for seed := range uint64(3) {
-				runModel(t, 100+seed)
+			for _, seed := range modelSeeds() {
+				t.Run(fmt.Sprintf("model/seed=%d", seed), func(t *testing.T) {
+					t.Logf("replay: go test ./state -run 'TestPebbleCache/^%d$/model' -state.seed=%d", size, seed)
+					runModel(t, seed)
+				})
 			}
-			TestPebbleSnapshotBytes(t)
-			TestPebbleFreezeIsolation(t)
-			testPebbleCacheDelete(t)
-			testPebbleCacheFreeze(t)
-			testPebbleCacheTTL(t)
+			if size == 1 || size == -1 {
+				t.Run("snapshot-bytes", TestPebbleSnapshotBytes)
+				t.Run("freeze-isolation", TestPebbleFreezeIsolation)
+			}
+			t.Run("delete", testPebbleCacheDelete)
+			t.Run("freeze", testPebbleCacheFreeze)
+			t.Run("ttl", testPebbleCacheTTL)
 		})
 	}
 }

@@ -18,7 +18,23 @@ import (
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
-var seedFlag = flag.Uint64("state.seed", 0, "seed of TestPebbleModel (0: a new one, printed)")
+var (
+	seedFlag  = flag.Uint64("state.seed", 0, "seed of the model tests (TestPebbleModel, TestPebbleCache, TestCOWModel, TestMapCOWModel; 0: new ones, printed)")
+	seedsFlag = flag.Int("state.seeds", 1, "how many seeds each model test runs (TestPebbleCache: at each cache size; soak: 10)")
+)
+
+// modelSeeds returns the seeds a model test runs: -state.seed alone if
+// set, else -state.seeds new ones. The tests print each one.
+func modelSeeds() []uint64 {
+	if *seedFlag != 0 {
+		return []uint64{*seedFlag}
+	}
+	seeds := make([]uint64, max(1, *seedsFlag))
+	for i := range seeds {
+		seeds[i] = uint64(time.Now().UnixNano()) + uint64(i)
+	}
+	return seeds
+}
 
 // engineNames are the engines the engine tests run on.
 var engineNames = []string{"heap", "pebble"}
@@ -154,12 +170,10 @@ func sortSnapshot(gs []checkpoint.KeyGroupState) []checkpoint.KeyGroupState {
 // into random engines give the model's content back. Replay a failure with
 // -state.seed.
 func TestPebbleModel(t *testing.T) {
-	seed := *seedFlag
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
+	for _, seed := range modelSeeds() {
+		t.Logf("seed %d (replay: go test ./state -run TestPebbleModel -state.seed=%d)", seed, seed)
+		runModel(t, seed)
 	}
-	t.Logf("seed %d (replay: go test ./state -run TestPebbleModel -state.seed=%d)", seed, seed)
-	runModel(t, seed)
 }
 
 // runModel is TestPebbleModel with the given seed.

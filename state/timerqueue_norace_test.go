@@ -1,5 +1,0 @@
-//go:build !race
-
-package state_test
-
-const raceEnabled = false
