@@ -2,6 +2,7 @@ package window_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -167,4 +168,14 @@ func ExampleMerger() {
 	// Output:
 	// a 12:00:00-12:01:50 mean=3 of 3
 	// a 12:05:00-12:06:00 mean=10 of 1
+}
+
+// A Result in JSON, as a file table (sink/filetable) stores it: the
+// window's bounds are Unix nanoseconds.
+func ExampleResult() {
+	r := window.Result[string, float64]{Key: "a", Window: window.Window{Start: 0, End: int64(time.Minute)}, Value: 1.5, Count: 2}
+	b, _ := json.Marshal(r)
+	fmt.Println(string(b))
+	// Output:
+	// {"key":"a","window":{"start":0,"end":60000000000},"value":1.5,"pane":0,"count":2}
 }
