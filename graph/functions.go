@@ -153,6 +153,10 @@ type Context struct {
 	ckpt       bool
 	operators  *state.OperatorStore
 	keyed      any // *state.KeyedBackend[K] for keyed operators
+
+	// savepoint, stopped: see RestoredSavepoint.
+	savepoint, stopped bool
+
 	// allKeys is the keyed-state backend of a KeyedBroadcastProcess
 	// operator in the Context of ProcessBroadcast, which has no current
 	// key (keyed is nil), for ApplyToKeyedState; nil for others.
@@ -195,6 +199,8 @@ func newContext(in task.Info) (*Context, error) {
 		},
 		restored:   in.IsRestore,
 		restoredID: in.RestoredCheckpoint,
+		savepoint:  in.IsRestore && in.RestoredKind == marker.Savepoint,
+		stopped:    in.IsRestore && in.RestoredStop,
 		ckpt:       in.CheckpointingEnabled,
 		operators:  ops,
 	}, nil
@@ -210,6 +216,16 @@ func (c *Context) Restored() bool { return c.restored }
 // RestoredCheckpoint returns the id of the checkpoint or savepoint the
 // attempt restored, if it restored one.
 func (c *Context) RestoredCheckpoint() (id int64, ok bool) { return c.restoredID, c.restored }
+
+// RestoredSavepoint reports whether the attempt restored a savepoint, and
+// whether that savepoint stopped the job that took it (Execution.Stop). A
+// job restored from a stop-with-savepoint (or from a checkpoint) continues
+// a job that ended or failed; one restored from another savepoint
+// (Execution.TriggerSavepoint) may run beside the job that took it, which
+// kept running.
+func (c *Context) RestoredSavepoint() (savepoint, stopped bool) {
+	return c.savepoint, c.stopped
+}
 
 // CheckpointingEnabled reports whether the job takes periodic checkpoints.
 func (c *Context) CheckpointingEnabled() bool { return c.ckpt }

@@ -284,6 +284,7 @@ func (a *attempt) info(v *vertex, i int) task.Info {
 	}
 	if a.plan != nil {
 		info.IsRestore, info.RestoredCheckpoint = true, a.plan.CheckpointID
+		info.RestoredKind, info.RestoredStop = a.plan.Kind, a.plan.Stop
 		info.Restored = a.plan.Tasks[info.ID()]
 	}
 	info.Channels = a.channelIDs(v, i)

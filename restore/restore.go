@@ -506,6 +506,9 @@ type Plan struct {
 	CheckpointID int64
 	// Kind says whether the plan restores a checkpoint or a savepoint.
 	Kind marker.Kind
+	// Stop is set when it restores a stop-with-savepoint (the job that
+	// took it ended there).
+	Stop bool
 	// Path is the checkpoint or savepoint directory; SubtaskState.Files are
 	// relative to its parent, the job directory of that checkpoint.
 	Path string
@@ -560,6 +563,7 @@ func assign(md *checkpoint.Metadata, path string, ops []Operator, allowNonRestor
 	plan := &Plan{
 		CheckpointID: md.CheckpointID,
 		Kind:         md.Options.Kind,
+		Stop:         md.Options.Stop,
 		Path:         path,
 		Tasks:        make(map[checkpoint.TaskID]*checkpoint.SubtaskState),
 	}

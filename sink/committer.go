@@ -203,7 +203,7 @@ type committerOp[C any] struct {
 
 func (p *committerOp[C]) InitializeState(ctx *graph.Context) error {
 	p.info, p.ckpt = ctx.Task(), ctx.CheckpointingEnabled()
-	user, replaced, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user, "")
+	user, replaced, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user, envOf(ctx), "")
 	if err != nil {
 		return err
 	}

@@ -326,8 +326,11 @@
 // follows the savepoint, and a committer that reports its horizon makes
 // the fork refuse to start once the origin committed past it (P9). When a
 // job restores a commit user (attempt 0, subtask 0), the sink logs it once
-// (WithLogf). A fork passes WithCommitUser: it then publishes only what it
-// writes, and leaves the origin's transactions alone (P8).
+// (WithLogf): a plain line for a checkpoint or a stop-with-savepoint (the
+// job that took it ended: a recovery, a rescale), a warning for a
+// savepoint whose job kept running (graph.Context.RestoredSavepoint), the
+// case of a fork. A fork passes WithCommitUser: it then publishes only
+// what it writes, and leaves the origin's transactions alone (P8).
 //
 // # End of input and stopping
 //

@@ -142,7 +142,7 @@ type publishing[T any] struct {
 
 func (p *publishing[T]) InitializeState(ctx *graph.Context) error {
 	p.info, p.ckpt = ctx.Task(), ctx.CheckpointingEnabled()
-	user, _, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user,
+	user, _, err := restoreCommitUser(ctx.OperatorState(), p.opts, p.info, p.user, envOf(ctx),
 		"; committers must dedupe by the whole Txn: sink.Committer")
 	if err != nil {
 		return err
@@ -286,26 +286,42 @@ func (m *Memory[T]) Commits() (commits, recommits int) {
 
 // restoreCommitUser registers the commit user's union list state and
 // returns the commit user to use: the restored one, unless fixed by
-// WithCommitUser, and the restored one it replaces, if any ("" if none);
-// it logs the choice once per job (subtask 0, attempt 0), with hint
-// appended to the message about a restored one.
-func restoreCommitUser(ops *state.OperatorStore, o options, info graph.TaskInfo, user, hint string) (string, string, error) {
+// WithCommitUser, and the restored one it replaces, if any ("" if none).
+// It logs the choice once per job (subtask 0, attempt 0): a plain line
+// when the restored checkpoint or stop-with-savepoint ended its job (the
+// normal restore), a warning, with hint appended, when a savepoint of a
+// job that kept running is restored under its commit user (a possible
+// fork: both jobs publish what follows it).
+func restoreCommitUser(ops *state.OperatorStore, o options, info graph.TaskInfo, user string, env restoreEnv, hint string) (string, string, error) {
 	users, err := state.UnionListState[string](ops, CommitUserState)
 	if err != nil {
 		return "", "", err
 	}
 	replaced := ""
 	if restored := users.Get(); len(restored) > 0 && restored[0] != user {
-		if o.fixed {
+		once := info.Subtask == 0 && info.Attempt == 0
+		switch {
+		case o.fixed:
 			replaced = restored[0]
-			if info.Subtask == 0 && info.Attempt == 0 {
+			if once {
 				o.logf("sink %q: commit user %s (WithCommitUser) replaces the restored commit user %s", info.UID, user, restored[0])
 			}
-		} else {
+		case env.savepoint && !env.stopped:
 			user = restored[0]
-			if info.Subtask == 0 && info.Attempt == 0 {
-				o.logf("sink %q: restored commit user %s, shared by every job restored from the same state; "+
-					"new transactions are told apart by execution %s (a fork may set its own: sink.WithCommitUser%s)", info.UID, user, info.Execution, hint)
+			if once {
+				o.logf("sink %q: WARNING: continues commit user %s of a savepoint whose job kept running: "+
+					"if that job still runs, both publish what follows the savepoint "+
+					"(new transactions are told apart by execution %s; give a fork its own commit user: sink.WithCommitUser%s)",
+					info.UID, user, info.Execution, hint)
+			}
+		default:
+			user = restored[0]
+			if once {
+				from := "checkpoint"
+				if env.stopped {
+					from = "stop-with-savepoint"
+				}
+				o.logf("sink %q: continues commit user %s from the restored %s (new transactions: execution %s)", info.UID, user, from, info.Execution)
 			}
 		}
 	}
@@ -371,8 +387,11 @@ func checkHorizon(hr HorizonReporter, user string, info graph.TaskInfo, restored
 type restoreEnv struct {
 	allowRepublish bool
 	onJobEnd       func(key string, fn func(graph.JobEnd) error)
+	// savepoint, stopped: graph.Context.RestoredSavepoint.
+	savepoint, stopped bool
 }
 
 func envOf(ctx *graph.Context) restoreEnv {
-	return restoreEnv{allowRepublish: ctx.AllowRepublish(), onJobEnd: ctx.OnJobEnd}
+	sp, stopped := ctx.RestoredSavepoint()
+	return restoreEnv{allowRepublish: ctx.AllowRepublish(), onJobEnd: ctx.OnJobEnd, savepoint: sp, stopped: stopped}
 }

@@ -298,8 +298,7 @@ func TestCommitUserSurvivesRestore(t *testing.T) {
 	require.Len(t, s2.execs, 2, "the restored transactions keep their execution, new ones carry the new one")
 	require.True(t, s2.execs[e1])
 	require.Len(t, logs, 1, "logged once, by subtask 0: %q", logs)
-	require.Contains(t, logs[0], "restored commit user "+u1)
-	require.Contains(t, logs[0], "sink.WithCommitUser")
+	require.Contains(t, logs[0], "continues commit user "+u1+" from the restored checkpoint")
 
 	s3, logs := restoreInto("commit-user-fork", sink.WithCommitUser("fork"))
 	require.Equal(t, map[string]bool{"fork": true}, s3.users, "the restored transactions are left to the origin (P8), new ones use the fork's user")

@@ -439,7 +439,7 @@ func (p *twoPhase[T, H]) InitializeState(ctx *graph.Context) error {
 
 func (p *twoPhase[T, H]) initialize(info graph.TaskInfo, ckpt bool, restoredID int64, ops *state.OperatorStore, env restoreEnv) error {
 	p.info, p.ckpt = info, ckpt
-	user, _, err := restoreCommitUser(ops, p.opts, info, p.user, "")
+	user, _, err := restoreCommitUser(ops, p.opts, info, p.user, env, "")
 	if err != nil {
 		return err
 	}

@@ -694,7 +694,7 @@ func TestTwoPhaseCommitUser(t *testing.T) {
 	require.Equal(t, user, p2.open.Txn.CommitUser)
 	require.Equal(t, "e2", p2.open.Txn.Execution)
 	require.Len(t, logs, 1)
-	require.Contains(t, logs[0], "restored commit user "+user)
+	require.Contains(t, logs[0], "continues commit user "+user)
 
 	p3 := TwoPhaseCommit[int, fakeTxn](f, WithCommitUser("fork"), WithLogf(logf))().(*twoPhase[int, fakeTxn])
 	ops3, err := state.NewOperatorStore(lists, true)

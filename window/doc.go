@@ -126,7 +126,7 @@
 // record, SnapshotState at every checkpoint, the notifications after it,
 // Close when the subtask stops, normally or not. The values are the
 // ProcessFunc of Process and AggregateProcess, made once per subtask
-// attempt by newFn, and the state.AggregateFunction of Aggregate and
+// attempt by newFn, and the AggregateFunction of Aggregate and
 // AggregateProcess, which is one value shared by every subtask: its hooks
 // run once per subtask, concurrently when the parallelism is above 1. In
 // AggregateProcess the aggregate function's hooks run before the

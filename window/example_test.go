@@ -2,6 +2,7 @@ package window_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
@@ -77,7 +78,9 @@ func ExampleReduce() {
 }
 
 // meanOf averages the readings of a window: the accumulator is a sum and a
-// count, so a window keeps two numbers, not its readings.
+// count, so a window keeps two numbers, not its readings. Tumbling windows
+// never merge, so it needs no Merge method (session windows would:
+// window.Merger).
 type meanOf struct{}
 
 type meanAcc struct {
@@ -90,7 +93,6 @@ func (meanOf) Add(r sensorReading, acc meanAcc) meanAcc {
 	return meanAcc{acc.Sum + r.Value, acc.N + 1}
 }
 func (meanOf) GetResult(acc meanAcc) float64 { return acc.Sum / float64(acc.N) }
-func (meanOf) Merge(a, b meanAcc) meanAcc    { return meanAcc{a.Sum + b.Sum, a.N + b.N} }
 
 // Per-minute mean of each sensor with an AggregateFunction, the readings
 // up to 30 seconds out of order.
@@ -128,4 +130,52 @@ func ExampleAggregate() {
 	// a 12:01 mean=4
 	// b 12:00 mean=10
 	// b 12:01 mean=40
+}
+
+// meanOfSessions is meanOf for session windows, which merge: a reading
+// that bridges two sessions of a sensor merges their accumulators.
+type meanOfSessions struct{ meanOf }
+
+func (meanOfSessions) Merge(a, b meanAcc) meanAcc { return meanAcc{a.Sum + b.Sum, a.N + b.N} }
+
+// Mean of each sensor's sessions of readings, a session ending after a
+// minute without one: the aggregate function implements window.Merger.
+func ExampleMerger() {
+	dir, _ := os.MkdirTemp("", "window")
+	defer os.RemoveAll(dir)
+
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	rs := []sensorReading{{"a", t0, 1}, {"a", t0.Add(20 * time.Second), 2}, {"a", t0.Add(50 * time.Second), 6}, {"a", t0.Add(5 * time.Minute), 10}}
+	job := graph.NewJob("mean-per-session", graph.Config{
+		Checkpoint: graph.CheckpointConfig{Interval: 10 * time.Millisecond, Dir: dir},
+	})
+	src := graph.Source(job, "readings", source.Slice(rs),
+		graph.Watermarks(graph.WatermarkStrategy[sensorReading]{Timestamp: sensorReading.Time}))
+	means := window.Aggregate(graph.KeyBy(src, func(r sensorReading) string { return r.Sensor }), "mean",
+		window.Spec[sensorReading]{Assigner: window.EventTimeSession(time.Minute), Timestamp: sensorReading.Time},
+		meanOfSessions{})
+	out := sink.NewMemory[window.Result[string, float64]]()
+	graph.Sink(means, "publish", sink.Publishing[window.Result[string, float64]](out))
+
+	if err := job.Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, r := range out.Published() {
+		fmt.Printf("%s %s-%s mean=%v of %d\n", r.Key, time.Unix(0, r.Window.Start).UTC().Format("15:04:05"),
+			time.Unix(0, r.Window.End).UTC().Format("15:04:05"), r.Value, r.Count)
+	}
+	// Output:
+	// a 12:00:00-12:01:50 mean=3 of 3
+	// a 12:05:00-12:06:00 mean=10 of 1
+}
+
+// A Result in JSON, as a file table (sink/filetable) stores it: the
+// window's bounds are Unix nanoseconds.
+func ExampleResult() {
+	r := window.Result[string, float64]{Key: "a", Window: window.Window{Start: 0, End: int64(time.Minute)}, Value: 1.5, Count: 2}
+	b, _ := json.Marshal(r)
+	fmt.Println(string(b))
+	// Output:
+	// {"key":"a","window":{"start":0,"end":60000000000},"value":1.5,"pane":0,"count":2}
 }

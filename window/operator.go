@@ -77,18 +77,20 @@ type Spec[T any] struct {
 	AllowUnwatermarked bool
 }
 
-// Result is the result of one firing of a window of key Key.
+// Result is the result of one firing of a window of key Key. Its JSON
+// form (a file table's rows, encoding/json) names the fields in lower
+// case: {"key":...,"window":{"start":...,"end":...},"value":...,"pane":0,"count":...}.
 type Result[K comparable, V any] struct {
-	Key    K      `msgpack:"k"`
-	Window Window `msgpack:"w"`
-	Value  V      `msgpack:"v"`
+	Key    K      `msgpack:"k" json:"key"`
+	Window Window `msgpack:"w" json:"window"`
+	Value  V      `msgpack:"v" json:"value"`
 	// Pane counts the window's firings before this one: 0 for the first
 	// (on time, or the first record arrived late), n for the n-th update
 	// by a late record within the allowed lateness. A consumer keeps the
 	// result of the highest pane.
-	Pane int `msgpack:"p"`
+	Pane int `msgpack:"p" json:"pane"`
 	// Count is the number of records in the window.
-	Count int64 `msgpack:"n"`
+	Count int64 `msgpack:"n" json:"count"`
 }
 
 // Context is what a ProcessFunc sees of its window: the keyed context (key,

@@ -11,8 +11,8 @@ import (
 // Window is the time interval [Start, End) in Unix nanoseconds, of event
 // time or processing time as its assigner says.
 type Window struct {
-	Start int64 `msgpack:"s"`
-	End   int64 `msgpack:"e"`
+	Start int64 `msgpack:"s" json:"start"`
+	End   int64 `msgpack:"e" json:"end"`
 }
 
 // MaxTimestamp is the last instant in the window, End-1: an event-time

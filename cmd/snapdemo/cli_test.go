@@ -494,6 +494,26 @@ func TestCLIBadInput(t *testing.T) {
 	}
 }
 
+// TestCLIPebbleWorkInTheWay is the last item of issue 37 bug 15: with
+// --state pebble, a file where the Pebble working directory goes (beside
+// --checkpoint-dir) fails the replay before it starts, naming the flag and
+// the path the user gave and what to do, with the inner path and cause as
+// detail. Before, the whole message was "mkdir run/pebble-work: not a
+// directory", naming a directory the user never gave.
+func TestCLIPebbleWorkInTheWay(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "run"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "run", "pebble-work"), []byte("in the way"), 0o644))
+	r := snapdemo(t, dir, "replay", "--data", "builtin:sensors", "--state", "pebble",
+		"--checkpoint-dir", filepath.Join("run", "checkpoints"), "--sink", filepath.Join("run", "table"))
+	require.Equal(t, exitUsage, r.code, r)
+	require.Contains(t, r.stderr, "snapdemo: --checkpoint-dir run/checkpoints: the Pebble state's working directory beside it, run/pebble-work, cannot be used: ", r)
+	require.Contains(t, r.stderr, "not a directory; remove what is in the way, or give another --checkpoint-dir", r)
+	_, err := os.Stat(filepath.Join(dir, "run", "checkpoints"))
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing ran")
+}
+
 // TestCLIHelp: every command has help with an example.
 func TestCLIHelp(t *testing.T) {
 	t.Parallel()

@@ -340,10 +340,11 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 		OnEvent: tr.onEvent,
 	}
 	if backend == graph.PebbleState {
-		cfg.State.Pebble = state.PebbleEngine{Dir: filepath.Join(o.checkpointDir, "..", "pebble-work")}
-		if err := os.MkdirAll(cfg.State.Pebble.Dir, 0o755); err != nil {
+		work, err := pebbleWorkDir(o.checkpointDir)
+		if err != nil {
 			return err
 		}
+		cfg.State.Pebble = state.PebbleEngine{Dir: work}
 	}
 	job := graph.NewJob(o.jobName, cfg)
 	files, src := replaySource(job, ds, sch, o, tr, logf)
@@ -423,6 +424,9 @@ func runReplay(ctx context.Context, log *slog.Logger, o *replayOpts, stdout io.W
 			return &interruptedError{msg: msg}
 		}
 		msg := jobError(runErr)
+		if work := cfg.State.Pebble.Dir; work != "" && strings.Contains(msg, work) {
+			msg += fmt.Sprintf(" (%s is the Pebble state's working directory, beside --checkpoint-dir %s: free space there, or give another --checkpoint-dir)", work, o.checkpointDir)
+		}
 		if errors.Is(runErr, restore.ErrFallback) {
 			msg += "; to restore the newest restorable older checkpoint instead, add --allow-fallback (the sink may then commit the records between the two again)"
 		}
@@ -775,4 +779,24 @@ func joinInts(ids []int64) string {
 		s[i] = strconv.FormatInt(id, 10)
 	}
 	return strings.Join(s, ", ")
+}
+
+// pebbleWorkDir makes the Pebble state's working directory, pebble-work
+// beside the checkpoint root checkpointDir, and checks that an instance's
+// directory can be made in it. Its error names the flag the user gave and
+// what to do, with the inner path and the cause as detail.
+func pebbleWorkDir(checkpointDir string) (string, error) {
+	work := filepath.Join(checkpointDir, "..", "pebble-work")
+	err := os.MkdirAll(work, 0o755)
+	if err == nil {
+		var probe string
+		if probe, err = os.MkdirTemp(work, "probe-"); err == nil {
+			err = os.Remove(probe)
+		}
+	}
+	if err != nil {
+		return "", usagef("--checkpoint-dir %s: the Pebble state's working directory beside it, %s, cannot be used: %v; "+
+			"remove what is in the way, or give another --checkpoint-dir", checkpointDir, work, err)
+	}
+	return work, nil
 }

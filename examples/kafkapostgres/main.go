@@ -119,15 +119,18 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]int64, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := createTable(ctx, pool, o.Table); err != nil {
-		return nil, err
-	}
 	out, err := postgres.New(ctx, pool, postgres.Config[order]{
 		Table:   o.Table,
 		Columns: []string{"id", "customer", "cents"},
 		Row:     func(r order) []any { return []any{r.ID, r.Customer, r.Cents} },
+		// Created if missing; no primary key, so that a duplicate would show.
+		CreateTable: true,
+		ColumnTypes: []string{"bigint NOT NULL", "text", "bigint"},
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := checkEmpty(ctx, pool, o.Table); err != nil {
 		return nil, err
 	}
 

@@ -1,7 +1,6 @@
 package main
 
-// What a real deployment has already: the topic with its records, and the
-// table.
+// What a real deployment has already: the topic with its records.
 
 import (
 	"context"
@@ -32,15 +31,10 @@ func produce(ctx context.Context, o options) error {
 	return cl.ProduceSync(ctx, recs...).FirstErr()
 }
 
-// createTable creates the table (no primary key, so that a duplicate would
-// show) unless it exists, and fails if it holds rows.
-func createTable(ctx context.Context, pool *pgxpool.Pool, name string) error {
-	table := pgx.Identifier{name}.Sanitize()
-	if _, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+table+" (id bigint NOT NULL, customer text, cents bigint)"); err != nil {
-		return fmt.Errorf("create table %s: %w", name, err)
-	}
+// checkEmpty fails if the table holds rows: the check counts every row.
+func checkEmpty(ctx context.Context, pool *pgxpool.Pool, name string) error {
 	var n int64
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{name}.Sanitize()).Scan(&n); err != nil {
 		return fmt.Errorf("table %s: %w", name, err)
 	}
 	if n > 0 {

@@ -39,7 +39,6 @@ import (
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/sink/filetable"
 	"github.com/snapflow/snapflow/source"
-	"github.com/snapflow/snapflow/state"
 	"github.com/snapflow/snapflow/window"
 )
 
@@ -67,7 +66,8 @@ type minute struct {
 	MaxC     float64   `json:"max_c"`
 }
 
-// stats is the window's aggregate: state.AggregateFunction[reading, acc, acc].
+// stats is the window's aggregate (window.AggregateFunction): tumbling
+// windows never merge, so it needs no Merge.
 type stats struct{}
 
 type acc struct{ Sum, Min, Max float64 }
@@ -77,7 +77,6 @@ func (stats) Add(r reading, a acc) acc {
 	return acc{a.Sum + r.Celsius, min(a.Min, r.Celsius), max(a.Max, r.Celsius)}
 }
 func (stats) GetResult(a acc) acc { return a }
-func (stats) Merge(a, b acc) acc  { return acc{a.Sum + b.Sum, min(a.Min, b.Min), max(a.Max, b.Max)} }
 func toRow(r window.Result[int64, acc]) minute {
 	return minute{Mote: r.Key, Start: time.Unix(0, r.Window.Start).UTC(), Readings: r.Count,
 		MeanC: r.Value.Sum / float64(r.Count), MinC: r.Value.Min, MaxC: r.Value.Max}
@@ -129,8 +128,7 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]minute, error) {
 		graph.Watermarks(graph.WatermarkStrategy[reading]{Timestamp: eventTime, OutOfOrderness: 10 * time.Second}))
 	byMote := graph.KeyBy(src, func(r reading) int64 { return r.Mote })
 	windows := window.Aggregate(byMote, "minutes",
-		window.Spec[reading]{Assigner: window.TumblingEventTime(time.Minute), Timestamp: eventTime},
-		state.AggregateFunction[reading, acc, acc](stats{}))
+		window.Spec[reading]{Assigner: window.TumblingEventTime(time.Minute), Timestamp: eventTime}, stats{})
 	rows := graph.Map(windows, "row", toRow)
 	sink.WriteAndCommit(rows, "table", filetable.NewWriter[minute](tbl), tbl)
 	if err := job.Run(ctx); err != nil {

@@ -12,6 +12,11 @@
 //	})
 //	graph.Sink(stream, "readings-out", s.SinkFunc())
 //
+// The target table must exist, unless Config.CreateTable is set: then Open
+// creates it when missing, with Columns of the SQL types ColumnTypes
+// (CREATE TABLE; an existing table is used as it is). The commits table
+// is always created when missing.
+//
 // One transaction per sink subtask per checkpoint, driven by
 // sink.TwoPhaseCommit (see package sink for the protocol and its
 // invariants P1-P7):

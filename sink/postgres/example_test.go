@@ -48,14 +48,13 @@ func ExampleOpen() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, "CREATE TABLE readings (id bigint PRIMARY KEY, device text, value float8)"); err != nil {
-		log.Fatal(err)
-	}
-
 	s, err := postgres.Open(ctx, dsn, postgres.Config[reading]{
 		Table:   "readings",
 		Columns: []string{"id", "device", "value"},
 		Row:     func(r reading) []any { return []any{r.ID, r.Device, r.Value} },
+		// Create the table if it does not exist (by default it must).
+		CreateTable: true,
+		ColumnTypes: []string{"bigint PRIMARY KEY", "text", "float8"},
 	})
 	if err != nil {
 		log.Fatal(err) // names the server when it is down

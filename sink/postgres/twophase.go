@@ -105,6 +105,16 @@ type Config[T any] struct {
 	// Row returns the values of one record, one per column. It is called
 	// from sink subtask goroutines, concurrently for several subtasks.
 	Row func(T) []any
+	// CreateTable makes New and Open create Table when it does not exist:
+	// CREATE TABLE with Columns of the SQL types ColumnTypes. An existing
+	// table is used as it is (its column types are not compared). Off by
+	// default: the table must exist, since its keys, constraints and types
+	// are the application's to choose.
+	CreateTable bool
+	// ColumnTypes are the SQL types of Columns for CreateTable, one per
+	// column, in order, written into the DDL as given (e.g. "bigint NOT
+	// NULL", "text", "double precision").
+	ColumnTypes []string
 	// Mode is how rows are written (default Copy).
 	Mode WriteMode
 	// BatchRows is the number of rows buffered per transaction before they
@@ -251,6 +261,13 @@ func (s *Sink[T]) init(ctx context.Context) error {
 	if len(c.Columns) == 0 {
 		return errors.New("sink/postgres: Config.Columns is empty")
 	}
+	switch {
+	case c.CreateTable && len(c.ColumnTypes) != len(c.Columns):
+		return fmt.Errorf("sink/postgres: Config.CreateTable needs one ColumnTypes entry per column: %d for the %d Columns %v",
+			len(c.ColumnTypes), len(c.Columns), c.Columns)
+	case !c.CreateTable && len(c.ColumnTypes) > 0:
+		return errors.New("sink/postgres: Config.ColumnTypes is set without CreateTable, which uses it")
+	}
 	var err error
 	if s.table, err = parseIdent(c.Table); err != nil {
 		return err
@@ -305,13 +322,51 @@ func (s *Sink[T]) init(ctx context.Context) error {
 	for i, col := range c.Columns {
 		cols[i] = pgx.Identifier{col}.Sanitize()
 	}
+	if c.CreateTable {
+		if err := createTable(ctx, s.pool, s.table, cols, c.ColumnTypes); err != nil {
+			return fmt.Errorf("sink/postgres: create target table %s on %s: %w", s.tableQ, s.addr, err)
+		}
+	}
 	if _, err := s.pool.Exec(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM "+s.tableQ+" LIMIT 0"); err != nil {
-		return fmt.Errorf("sink/postgres: target table %s with columns %v on %s: %w", s.tableQ, c.Columns, s.addr, err)
+		hint := ""
+		if sqlState(err) == "42P01" { // undefined_table
+			hint = " (create it, or set Config.CreateTable and ColumnTypes)"
+		}
+		return fmt.Errorf("sink/postgres: target table %s with columns %v on %s%s: %w", s.tableQ, c.Columns, s.addr, hint, err)
 	}
 	if err := createCommitsTable(ctx, s.pool, commits); err != nil {
 		return fmt.Errorf("sink/postgres: commits table %s on %s: %w", s.commits, s.addr, err)
 	}
 	return nil
+}
+
+// createTable creates the target table t with the quoted columns cols of
+// SQL types types unless it exists. Like createCommitsTable it runs no
+// DDL on an existing table (prepared transactions of the sink may hold
+// locks on it), and retries when another process creates it meanwhile.
+func createTable(ctx context.Context, pool *pgxpool.Pool, t pgx.Identifier, cols, types []string) error {
+	defs := make([]string, len(cols))
+	for i := range cols {
+		defs[i] = cols[i] + " " + types[i]
+	}
+	ddl := "CREATE TABLE IF NOT EXISTS " + t.Sanitize() + " (" + strings.Join(defs, ", ") + ")"
+	var err error
+	for range 3 {
+		var exists bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t.Sanitize()).Scan(&exists); err != nil {
+			return err
+		}
+		if exists {
+			return nil
+		}
+		if _, err = pool.Exec(ctx, ddl); err == nil {
+			return nil
+		}
+		if c := sqlState(err); c != "23505" && c != "42P07" && c != "42710" {
+			return fmt.Errorf("%s: %w", ddl, err)
+		}
+	}
+	return err
 }
 
 // createCommitsTable creates the commits table and its index if missing.

@@ -47,6 +47,8 @@ type Info struct {
 	Channels             *ChannelIDs
 	IsRestore            bool  // the job was restored from a checkpoint
 	RestoredCheckpoint   int64 // its id, when IsRestore
+	RestoredKind         marker.Kind
+	RestoredStop         bool // it was a stop-with-savepoint
 	CheckpointingEnabled bool
 	// Execution is the id of the job execution (one per Job.Start).
 	Execution string
