@@ -16,6 +16,7 @@ import (
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/source"
 	"github.com/snapflow/snapflow/state"
 	"github.com/snapflow/snapflow/state/keygroup"
@@ -86,7 +87,7 @@ func TestKeyedAsyncSnapshot(t *testing.T) {
 			continue
 		}
 		sub := op.Subtasks[0]
-		be, err := state.NewKeyedBackend[int64](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, sub.KeyGroups)
+		be, err := state.NewKeyedBackend[int64](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, checkpoint.Groups(sub.KeyGroups))
 		require.NoError(t, err)
 		counts, err := state.Value[int64, int64](be, "count")
 		require.NoError(t, err)

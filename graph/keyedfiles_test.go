@@ -87,7 +87,7 @@ func restoreKeyedCounts(t *testing.T, n, keys int64, p int, sp string, inline in
 	require.Equal(t, p, op.Parallelism)
 	got := int64(0)
 	for _, s := range op.Subtasks {
-		be, err := state.NewKeyedBackend[int64](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, s.KeyGroups)
+		be, err := state.NewKeyedBackend[int64](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, checkpoint.Groups(s.KeyGroups))
 		require.NoError(t, err)
 		counts, err := state.Value[int64, int64](be, "count")
 		require.NoError(t, err)

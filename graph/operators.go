@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"reflect"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/snapflow/snapflow/internal/runtime/execution"
 	"github.com/snapflow/snapflow/internal/runtime/task"
 	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state"
@@ -579,6 +581,9 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	clock func() time.Time
 	// backendCfg selects the keyed-state backend (Config.State).
 	backendCfg StateConfig
+	// plan is the attempt's restore plan (nil: none), which reads the
+	// subtask's restored keyed state (restore.Plan.KeyedState).
+	plan *restore.Plan
 	// restoreFS holds the copies of native keyed state to restore
 	// (Config.Checkpoint.FS).
 	restoreFS vfs.FS
@@ -606,7 +611,7 @@ type kgWatermark struct {
 // user function value whose hooks are honoured (nil: the factory returned
 // a nil function).
 func newKeyedOp[K comparable, IN, OUT any](a *attempt, v *vertex, kopts keyedOpts, key func(IN) K, out *task.Output[OUT], fn KeyedProcessFunc[K, IN, OUT], user any) *keyedOp[K, IN, OUT] {
-	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters, ends: a.ends}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS}
+	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters, ends: a.ends}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS, plan: a.plan}
 	op.onTimer, _ = user.(TimerHandler[K, OUT])
 	op.ender, op.openErr = inputEnder[OUT](v, user)
 	if user == nil {
@@ -638,10 +643,12 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 	if err := o.open(info); err != nil {
 		return err
 	}
-	var restored []checkpoint.KeyGroupState
+	var restored iter.Seq2[checkpoint.KeyGroupState, error]
 	native := state.NativeSource{FS: o.restoreFS}
 	if info.Restored != nil {
-		restored, native.Restores = info.Restored.KeyGroups, info.Restored.RestoredNative
+		// Read as the backend consumes them (restore R14).
+		restored = o.plan.KeyedState(o.restoreFS, info.UID, info.Restored)
+		native.Restores = info.Restored.RestoredNative
 	}
 	var b *state.KeyedBackend[K]
 	var err error
@@ -656,7 +663,7 @@ func (o *keyedOp[K, IN, OUT]) Open(info task.Info) error {
 			if kgs, err = state.NativeKeyGroups(native, info.KeyGroups); err != nil {
 				break
 			}
-			restored = append(slices.Clip(restored), kgs...)
+			restored = checkpoint.ConcatGroups(restored, kgs)
 		}
 		b, err = state.NewKeyedBackend[K](info.KeyGroups, info.MaxParallelism, restored)
 	}

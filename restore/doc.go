@@ -2,29 +2,31 @@
 // which completed checkpoint to use, and which state each subtask of the new
 // job starts with.
 //
-// Latest, Load, LatestPlan, LoadPlan and LoadKeyedState are the only
-// functions that do IO (they read _metadata and the channel-state files it
-// references through snapshot.ReadMetadata, keyed-state blocks through
-// snapshot.ReadKeyedState, and Latest and LatestPlan the storage's
+// Latest, Load, LatestPlan, LoadPlan, LoadKeyedState and the sequence
+// Plan.KeyedState returns are the only functions that do IO (they read
+// _metadata and the channel-state files it references through
+// snapshot.ReadMetadata, keyed-state blocks through
+// snapshot.KeyedStateGroups, and Latest and LatestPlan the storage's
 // checkpoint directories and completed-checkpoint log). Assign is a pure
 // function from the checkpoint metadata and the new job's operators to a
 // Plan: no IO, no clock, no goroutines; the same inputs give the same Plan.
 //
 // A job restores through LatestPlan or LoadPlan: choose the checkpoint,
-// Assign, then LoadKeyedState, which reads the keyed state of keyed-state
+// Assign, then LoadKeyedState, which checks the keyed state of keyed-state
 // files (written by the subtasks above the memory threshold, see package
-// snapshot) into the new subtasks' KeyGroups. It reads, for each new
-// subtask, only the blocks of the key groups it owns, from the files of the
-// old subtasks whose ranges overlap its own (R10). The loading happens in
-// the restore step, before any subtask of the attempt starts, rather than
-// in each subtask's Open, so that a damaged block makes LatestPlan fall
-// back to an older checkpoint exactly as damaged metadata does (R11): a
-// failure in Open would fail the attempt, and the restart would pick the
-// same checkpoint again. The cost is that the reads do not overlap the
-// subtasks' start; LoadKeyedState reads the files of up to four subtasks
-// at a time, and the keyed operators consume SubtaskState.KeyGroups as
-// they do for inline state. Load reads a checkpoint whole, keyed state
-// inline, for tools and tests.
+// snapshot) that the new subtasks will read: for each new subtask, only
+// the blocks of the key groups it owns, from the files of the old
+// subtasks whose ranges overlap its own (R10). The check happens in the
+// restore step, before any subtask of the attempt starts, rather than in
+// each subtask's Open, so that a damaged block makes LatestPlan fall back
+// to an older checkpoint exactly as damaged metadata does (R11): a failure
+// in Open would fail the attempt, and the restart would pick the same
+// checkpoint again. It keeps none of the records: each keyed operator
+// reads its own blocks again, one read at a time, as it builds its
+// keyed-state backend (Plan.KeyedState, R14), so a restore's memory does
+// not grow with the state. The cost is that every block is read twice;
+// LoadKeyedState reads the files of up to four subtasks at a time. Load
+// reads a checkpoint whole, keyed state inline, for tools and tests.
 //
 // # Choosing the checkpoint
 //
@@ -113,10 +115,10 @@
 // inline entries (SubtaskState.KeyGroups) directly, and the blocks of
 // keyed-state files (SubtaskState.KeyedState) as references cut down to
 // the owner's key groups (SubtaskState.RestoredKeyedState, one per old
-// file), which LoadKeyedState reads. Files of a keyed subtask
-// (SubtaskState.Files) go to every new subtask whose key-group range
-// intersects the old subtask's range; files of a non-keyed subtask cannot be
-// split, so rescaling an operator that has them fails.
+// file), which LoadKeyedState checks and Plan.KeyedState reads. Files of
+// a keyed subtask (SubtaskState.Files) go to every new subtask whose
+// key-group range intersects the old subtask's range; files of a non-keyed
+// subtask cannot be split, so rescaling an operator that has them fails.
 //
 // Channel state (the in-flight data of an unaligned checkpoint, or of a
 // loop's feedback edges, SubtaskState.ChannelState and Channels) belongs
@@ -205,9 +207,10 @@
 //     owns (every key group's block to exactly one subtask, R3), and
 //     LoadKeyedState reads those blocks and nothing else of the
 //     keyed-state files (adjacent blocks in one read), so the bytes read
-//     are those of the key groups restored, plus _metadata. A Plan with
-//     RestoredKeyedState must be loaded (LoadKeyedState) before a subtask
-//     starts from it: the keyed operators read KeyGroups only.
+//     are those of the key groups restored, plus _metadata (twice: once to
+//     check them, once to restore them, R14). A Plan with
+//     RestoredKeyedState must be checked (LoadKeyedState) before a subtask
+//     starts from it; the keyed operators read it through Plan.KeyedState.
 //   - R11: every block is checked (length and CRC-32C against _metadata)
 //     before it is decoded; a missing, truncated or damaged keyed-state
 //     file or block makes LatestPlan treat the checkpoint exactly as one
@@ -243,4 +246,11 @@
 //     sstables that overlap the new range plus the instance's small files;
 //     a damaged file outside the new range is then not noticed, since it is
 //     not needed. At unchanged parallelism every file is read once.
+//   - R14: keyed state in keyed-state files is never held whole in
+//     memory: LoadKeyedState checks the blocks and keeps no record, and
+//     Plan.KeyedState yields a subtask's records as it reads them, one read
+//     of adjacent blocks (at most 4 MiB, or one block) at a time, to the
+//     keyed-state backend, which consumes them as they come (package state,
+//     NewKeyedBackend: a Pebble backend writes them into its instance in
+//     bounded batches; the heap keeps them, as it keeps all its state).
 package restore

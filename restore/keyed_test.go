@@ -195,12 +195,27 @@ func TestRescaleReadsOnlyOwnKeyGroups(t *testing.T) {
 				s := plan.Tasks[checkpoint.TaskID{Operator: "sum", Subtask: i}]
 				want := keyedGroups(keygroup.RangeFor(keyedMaxP, tc.to, i), 1)
 				slices.SortStableFunc(want, func(a, b checkpoint.KeyGroupState) int { return a.KeyGroup - b.KeyGroup })
-				if s.RestoredKeyedState != nil || !reflect.DeepEqual(s.KeyGroups, want) {
-					t.Fatalf("subtask %d restores other keyed state (%d key-group states, want %d)", i, len(s.KeyGroups), len(want))
+				if got := planGroups(t, mem, plan, s); !reflect.DeepEqual(got, want) {
+					t.Fatalf("subtask %d restores other keyed state (%d key-group states, want %d)", i, len(got), len(want))
 				}
 			}
 		})
 	}
+}
+
+// planGroups reads the keyed state plan gives subtask s of "sum"
+// (Plan.KeyedState), by key group.
+func planGroups(t *testing.T, fs vfs.FS, plan *Plan, s *checkpoint.SubtaskState) []checkpoint.KeyGroupState {
+	t.Helper()
+	var out []checkpoint.KeyGroupState
+	for g, err := range plan.KeyedState(fs, "sum", s) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, g)
+	}
+	slices.SortStableFunc(out, func(a, b checkpoint.KeyGroupState) int { return a.KeyGroup - b.KeyGroup })
+	return out
 }
 
 // TestLatestPlanKeyedStateFallback: a damaged block fails the restore of
@@ -248,8 +263,8 @@ func TestLatestPlanKeyedStateFallback(t *testing.T) {
 		t.Fatalf("logs %q", *logs)
 	}
 	s := plan.Tasks[checkpoint.TaskID{Operator: "sum", Subtask: 1}]
-	if len(s.KeyGroups) == 0 || s.RestoredKeyedState != nil {
-		t.Fatal("keyed state not loaded")
+	if len(planGroups(t, fs, plan, s)) == 0 {
+		t.Fatal("keyed state not restored")
 	}
 	// At a parallelism whose subtasks need the damaged block too, LoadPlan
 	// fails for good.
@@ -297,8 +312,8 @@ func TestLoadPlanMovedSavepoint(t *testing.T) {
 		}
 		for i := 0; i < 3; i++ {
 			s := plan.Tasks[checkpoint.TaskID{Operator: "sum", Subtask: i}]
-			if len(s.KeyGroups) != 2*keygroup.RangeFor(keyedMaxP, 3, i).Len() {
-				t.Fatalf("%s: subtask %d restores %d key-group states", p, i, len(s.KeyGroups))
+			if n := len(planGroups(t, fs, plan, s)); n != 2*keygroup.RangeFor(keyedMaxP, 3, i).Len() {
+				t.Fatalf("%s: subtask %d restores %d key-group states", p, i, n)
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"iter"
 	"os"
 	"slices"
 	"strings"
@@ -101,7 +102,7 @@ func Latest(st *snapshot.Storage, allowFallback bool, logf Logf) (*checkpoint.Me
 }
 
 // LatestPlan chooses the checkpoint as Latest does, assigns its state to
-// ops as Assign does, and loads the keyed-state blocks that the plan's
+// ops as Assign does, and checks the keyed-state blocks that the plan's
 // subtasks need (LoadKeyedState): reading only those blocks. A
 // candidate whose keyed-state blocks are missing, truncated or damaged
 // counts as corrupt in every respect: it is skipped with a warning
@@ -310,7 +311,7 @@ func Load(fs vfs.FS, path string) (*checkpoint.Metadata, error) {
 
 // LoadPlan reads the metadata of the checkpoint or savepoint at path, its
 // directory or its _metadata file, assigns its state to ops as Assign does
-// and loads the keyed-state blocks that the plan's subtasks need
+// and checks the keyed-state blocks that the plan's subtasks need
 // (LoadKeyedState). It never falls back: an error for a path that is
 // missing or does not decode, or for a keyed-state block that is missing or
 // damaged, wraps ErrUnrecoverable, as every Assign error does.
@@ -373,17 +374,21 @@ func readAllKeyedState(fs vfs.FS, dir string, md *checkpoint.Metadata) error {
 // once.
 const maxParallelReads = 4
 
-// LoadKeyedState reads the keyed state that Assign handed to the subtasks
-// of plan by reference (SubtaskState.RestoredKeyedState) into their
-// KeyGroups, by ascending key group, and clears the references. It reads
-// only the referenced blocks, from files in the checkpoint directory
-// plan.Path (or its parent, if plan.Path is a _metadata file), up to four
-// subtasks' at a time. Each block's length and CRC-32C are checked before
-// it is decoded. The error, for the first failing subtask in task order,
+// LoadKeyedState checks the keyed state that Assign handed to the subtasks
+// of plan by reference (SubtaskState.RestoredKeyedState) and copies their
+// native keyed state (RestoredNative) into directories of their own. It
+// reads only the referenced blocks, from files in the checkpoint
+// directory plan.Path (or its parent, if plan.Path is a _metadata file),
+// up to four subtasks' at a time, checks each block's length and CRC-32C
+// and decodes it, and keeps nothing: each subtask reads its blocks again
+// as it builds its keyed-state backend (Plan.KeyedState), one at a time,
+// so that no subtask holds all of its state's records and the restore
+// holds none of them. Reading them first here is what lets a
+// damaged block fail the plan, and LatestPlan fall back, like damaged
+// metadata. The error, for the first failing subtask in task order,
 // is a *snapshot.ReadError naming the file, the checkpoint, the operator
 // and the key group; for a missing, truncated or damaged block it wraps
-// checkpoint.ErrCorrupt. On error, plan is left partly loaded and
-// must not be used.
+// checkpoint.ErrCorrupt. On error, plan must not be used.
 func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 	if fs == nil {
 		fs = vfs.Default
@@ -408,12 +413,12 @@ func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			for k := range s.RestoredKeyedState {
-				kgs, err := snapshot.ReadKeyedState(fs, dir, plan.CheckpointID, plan.Kind, id.Operator, &s.RestoredKeyedState[k])
-				if err != nil {
-					errs[i] = err
-					return
+				for _, err := range snapshot.KeyedStateGroups(fs, dir, plan.CheckpointID, plan.Kind, id.Operator, &s.RestoredKeyedState[k]) {
+					if err != nil {
+						errs[i] = err
+						return
+					}
 				}
-				s.KeyGroups = append(s.KeyGroups, kgs...)
 			}
 			for k := range s.RestoredNative {
 				nr := &s.RestoredNative[k]
@@ -432,8 +437,6 @@ func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 				}
 				nr.Dir, nr.Partial = to, partial
 			}
-			slices.SortStableFunc(s.KeyGroups, func(a, b checkpoint.KeyGroupState) int { return cmp.Compare(a.KeyGroup, b.KeyGroup) })
-			s.RestoredKeyedState = nil
 		}()
 	}
 	wg.Wait()
@@ -444,6 +447,38 @@ func LoadKeyedState(fs vfs.FS, plan *Plan) error {
 		}
 	}
 	return nil
+}
+
+// KeyedState yields the keyed state that the plan gives subtask s of the
+// operator uid: its records in memory (s.KeyGroups, from checkpoints that
+// held them inline), then those of the blocks it references
+// (s.RestoredKeyedState), read from their files on fs one read of
+// adjacent blocks at a time (snapshot.KeyedStateGroups). The key groups
+// come in no particular order. It is nil when s has neither. An error,
+// naming the file, the checkpoint, the operator and the key group, ends
+// the sequence.
+func (p *Plan) KeyedState(fs vfs.FS, uid string, s *checkpoint.SubtaskState) iter.Seq2[checkpoint.KeyGroupState, error] {
+	if s == nil || len(s.KeyGroups) == 0 && len(s.RestoredKeyedState) == 0 {
+		return nil
+	}
+	if fs == nil {
+		fs = vfs.Default
+	}
+	dir := checkpointDir(fs, p.Path)
+	return func(yield func(checkpoint.KeyGroupState, error) bool) {
+		for _, g := range s.KeyGroups {
+			if !yield(g, nil) {
+				return
+			}
+		}
+		for k := range s.RestoredKeyedState {
+			for g, err := range snapshot.KeyedStateGroups(fs, dir, p.CheckpointID, p.Kind, uid, &s.RestoredKeyedState[k]) {
+				if !yield(g, err) || err != nil {
+					return
+				}
+			}
+		}
+	}
 }
 
 // restoreSeq numbers the directories LoadKeyedState copies native keyed
@@ -519,8 +554,9 @@ type Plan struct {
 	// channel state: the in-flight data to replay, output channels
 	// first, then operator state, then input channels before any new input.
 	// Keyed state in keyed-state files is handed over by reference
-	// (RestoredKeyedState: only the blocks of the subtask's key groups)
-	// until LoadKeyedState reads it into KeyGroups.
+	// (RestoredKeyedState: only the blocks of the subtask's key groups),
+	// checked by LoadKeyedState and read by the subtask through
+	// KeyedState.
 	Tasks map[checkpoint.TaskID]*checkpoint.SubtaskState
 }
 

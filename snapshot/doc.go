@@ -226,8 +226,8 @@
 // referenced files and syncs them, in parallel with the channel-state
 // files, and then the directory before _metadata (ST8, ST10)
 // and removes the directories that aborted and subsumed checkpoints left;
-// ReadMetadata only checks each file's size (ST11), and ReadKeyedState
-// reads the blocks a restore needs.
+// ReadMetadata only checks each file's size (ST11), and KeyedStateGroups
+// reads the blocks a restore needs, one read at a time (ST18).
 //
 // Channel state. The in-flight data of an unaligned checkpoint reaches the
 // master in memory, in each acknowledgement's SubtaskState.Channels, and

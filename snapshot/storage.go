@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"math"
 	"os"
 	"slices"
@@ -224,7 +225,10 @@ import (
 //     so a savepoint of a large Pebble state (state.KeyedSnapshot's
 //     EncodeGroups reads it a key group at a time) takes memory bounded by
 //     its largest key group, not by the state. The bytes are those
-//     WriteKeyedState writes for the same states.
+//     WriteKeyedState writes for the same states. Reading is bounded
+//     alike: KeyedStateGroups yields a file's records one read of
+//     adjacent blocks (at most 4 MiB, or one block) at a time, which is
+//     how a restore hands them to a keyed-state backend (restore R14).
 //   - ST19: a job directory may be copied or moved: the paths its
 //     completed-checkpoint log recorded in a job directory of the same
 //     name elsewhere are read as paths in this one (Completed,
@@ -234,8 +238,8 @@ import (
 //     that each referenced keyed-state file exists with the referenced
 //     size, and fails like a missing channel-state file otherwise (a
 //     *ReadError naming the file and the checkpoint, wrapping
-//     checkpoint.ErrCorrupt, ST9). ReadKeyedState reads the blocks a
-//     reference lists, and only those (a restore cuts references down to
+//     checkpoint.ErrCorrupt, ST9). KeyedStateGroups (and ReadKeyedState,
+//     its records collected) reads the blocks a reference lists, and only those (a restore cuts references down to
 //     the key groups a new subtask owns), checking each block's length and
 //     CRC-32C against the reference before it decodes it; a damaged block
 //     fails it with a *ReadError naming the file, the checkpoint, the
@@ -1051,75 +1055,104 @@ const maxKeyedRead = 4 << 20
 
 // ReadKeyedState reads the blocks that ref lists from its keyed-state file
 // in dir, the directory of checkpoint (or savepoint, by kind) id, and
-// returns their records, by ascending key group (ST11). It reads only
-// those blocks, adjacent ones in one read of at most 4 MiB (or one block),
-// and checks each block's length and CRC-32C against ref before decoding
-// it (checkpoint F10). Errors are *ReadError naming the file; the error of
-// a missing file, of one with another size than ref says, and of a block
+// returns their records, by ascending key group (ST11): KeyedStateGroups,
+// collected.
+func ReadKeyedState(fs vfs.FS, dir string, id int64, kind marker.Kind, uid string, ref *checkpoint.KeyedStateRef) ([]checkpoint.KeyGroupState, error) {
+	var out []checkpoint.KeyGroupState
+	for g, err := range KeyedStateGroups(fs, dir, id, kind, uid, ref) {
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+// KeyedStateGroups yields the records of the blocks that ref lists from
+// its keyed-state file in dir, the directory of checkpoint (or savepoint,
+// by kind) id, by ascending key group (ST11), as it reads them: it holds
+// at most one read of adjacent blocks (at most 4 MiB, or one block) and
+// its records at a time, so its memory does not grow with the file. The
+// records yielded share that read's buffer; a consumer that keeps them
+// keeps it. It reads only those blocks and checks each block's length and
+// CRC-32C against ref before decoding it (checkpoint F10). An error ends
+// the sequence; errors are *ReadError naming the file; the error of a
+// missing file, of one with another size than ref says, and of a block
 // that does not match or decode also names the checkpoint, the operator
 // uid and, for a block, the key group, and wraps checkpoint.ErrCorrupt
-// (checkpoint.ErrCorruptKeyedState). Other IO errors are returned as they
-// are, inside the *ReadError.
-func ReadKeyedState(fs vfs.FS, dir string, id int64, kind marker.Kind, uid string, ref *checkpoint.KeyedStateRef) ([]checkpoint.KeyGroupState, error) {
+// (checkpoint.ErrCorruptKeyedState). Other IO errors are yielded as they
+// are, inside the *ReadError. The file is opened anew at each iteration.
+func KeyedStateGroups(fs vfs.FS, dir string, id int64, kind marker.Kind, uid string, ref *checkpoint.KeyedStateRef) iter.Seq2[checkpoint.KeyGroupState, error] {
 	if fs == nil {
 		fs = vfs.Default
 	}
-	name := fs.PathJoin(dir, ref.File)
-	fail := func(kg int, err error) error {
-		where := fmt.Sprintf("keyed state of %s %d, operator %q", kind, id, uid)
-		if kg >= 0 {
-			where += fmt.Sprintf(", key group %d", kg)
-		}
-		return &ReadError{Path: name, Err: fmt.Errorf("%s: %w", where, err)}
-	}
-	f, err := fs.Open(name)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fail(-1, fmt.Errorf("%w: the file is missing: %w", checkpoint.ErrCorruptKeyedState, err))
-	}
-	if err != nil {
-		return nil, fail(-1, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fail(-1, err)
-	}
-	if fi.Size() != ref.Size {
-		return nil, fail(-1, fmt.Errorf("%w: the file has %d bytes, the metadata says %d",
-			checkpoint.ErrCorruptKeyedState, fi.Size(), ref.Size))
-	}
-	var out []checkpoint.KeyGroupState
-	for i := 0; i < len(ref.Groups); {
-		// Blocks i..j-1 are adjacent in the file: read them at once.
-		first := ref.Groups[i]
-		j, n := i+1, first.Length
-		for j < len(ref.Groups) && ref.Groups[j].Offset == first.Offset+n && n+ref.Groups[j].Length <= maxKeyedRead {
-			n += ref.Groups[j].Length
-			j++
-		}
-		if first.Offset < 0 || n > ref.Size-first.Offset {
-			return nil, fail(first.KeyGroup, fmt.Errorf("%w: %d bytes at offset %d are not inside the file's %d bytes",
-				checkpoint.ErrCorruptKeyedState, n, first.Offset, ref.Size))
-		}
-		buf := make([]byte, n)
-		if _, err := f.ReadAt(buf, first.Offset); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = fmt.Errorf("%w: %w", checkpoint.ErrCorruptKeyedState, err)
+	return func(yield func(checkpoint.KeyGroupState, error) bool) {
+		name := fs.PathJoin(dir, ref.File)
+		fail := func(kg int, err error) {
+			where := fmt.Sprintf("keyed state of %s %d, operator %q", kind, id, uid)
+			if kg >= 0 {
+				where += fmt.Sprintf(", key group %d", kg)
 			}
-			return nil, fail(first.KeyGroup, err)
+			yield(checkpoint.KeyGroupState{}, &ReadError{Path: name, Err: fmt.Errorf("%s: %w", where, err)})
 		}
-		off := int64(0)
-		for _, g := range ref.Groups[i:j] {
-			states, err := checkpoint.DecodeKeyedBlock(buf[off:off+g.Length:off+g.Length], g)
-			if err != nil {
-				return nil, fail(g.KeyGroup, err)
+		f, err := fs.Open(name)
+		if errors.Is(err, os.ErrNotExist) {
+			fail(-1, fmt.Errorf("%w: the file is missing: %w", checkpoint.ErrCorruptKeyedState, err))
+			return
+		}
+		if err != nil {
+			fail(-1, err)
+			return
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			fail(-1, err)
+			return
+		}
+		if fi.Size() != ref.Size {
+			fail(-1, fmt.Errorf("%w: the file has %d bytes, the metadata says %d",
+				checkpoint.ErrCorruptKeyedState, fi.Size(), ref.Size))
+			return
+		}
+		for i := 0; i < len(ref.Groups); {
+			// Blocks i..j-1 are adjacent in the file: read them at once.
+			first := ref.Groups[i]
+			j, n := i+1, first.Length
+			for j < len(ref.Groups) && ref.Groups[j].Offset == first.Offset+n && n+ref.Groups[j].Length <= maxKeyedRead {
+				n += ref.Groups[j].Length
+				j++
 			}
-			out = append(out, states...)
-			off += g.Length
+			if first.Offset < 0 || n > ref.Size-first.Offset {
+				fail(first.KeyGroup, fmt.Errorf("%w: %d bytes at offset %d are not inside the file's %d bytes",
+					checkpoint.ErrCorruptKeyedState, n, first.Offset, ref.Size))
+				return
+			}
+			buf := make([]byte, n)
+			if _, err := f.ReadAt(buf, first.Offset); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = fmt.Errorf("%w: %w", checkpoint.ErrCorruptKeyedState, err)
+				}
+				fail(first.KeyGroup, err)
+				return
+			}
+			off := int64(0)
+			for _, g := range ref.Groups[i:j] {
+				states, err := checkpoint.DecodeKeyedBlock(buf[off:off+g.Length:off+g.Length], g)
+				if err != nil {
+					fail(g.KeyGroup, err)
+					return
+				}
+				for _, st := range states {
+					if !yield(st, nil) {
+						return
+					}
+				}
+				off += g.Length
+			}
+			i = j
 		}
-		i = j
 	}
-	return out, nil
 }
 
 // readChannelState reads the channel-state file name and checks it against

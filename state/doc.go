@@ -250,7 +250,16 @@
 // user keys (both checked when the backend is built); registration checks
 // kind, TTL and codec use against it (or, without one, against a plain
 // value or list state) and fails with an error naming the state and a key
-// group on any difference, keeping the state carried over (S3).
+// group on any difference, keeping the state carried over (S3). As in
+// Flink, the check is against what the snapshot records of the state, not
+// a decoding of all its values: the heap decodes every value at
+// registration anyway, Pebble none (its restored states are adopted,
+// restored records too), so a Pebble registration also decodes one
+// sample entry of the state (checkAdopted: a run of values if the state
+// has one, else its first entry; a map state's user key too), which names
+// what no descriptor records (a value state registered over a reducing
+// state's runs, S15; a list over values) or a value of another type; a
+// value it did not read fails when it is read.
 //
 // S12: A value of a TTL state stamped ts is expired at time now iff
 // ts + TTL <= now, now being the backend's last SetTime. Under
@@ -515,11 +524,15 @@
 // WriteCacheEntries entries per state); the view iterates the Pebble
 // snapshot on any goroutine and sees no later write (S9). Encode decodes
 // only TTL values (to skip expired ones and prune lists at the time of
-// Freeze, S12). Restore is unchanged up to registration:
-// NewKeyedBackend's checks (S2, S11), carry-over of unregistered states
-// (S3); registration decodes every restored value (S6 errors as on the
-// heap), encodes key and value again as a write would, sorts, checks
-// duplicates and writes them in batches, with the cache empty. The TTL
+// Freeze, S12). Restore from records (ingest.go, loadRestored) writes
+// them into the instance as they are read, in batches of at most 1 MiB,
+// with NewKeyedBackend's checks (S2, S11) and keys encoded again as a
+// write would (user keys and values as they are: a user key written in
+// two msgpack forms, which snapflow never writes, is two entries there,
+// where the heap finds it twice), and leaves the states adopted (S3) as a
+// native restore does: registration checks the descriptor and one sample value (S11),
+// and decodes no other. It holds one key group of one state at a time,
+// so a restore's memory does not grow with the state (restore R14). The TTL
 // decorators are shared; sweep iterates the state's entries after a
 // cursor (one iterator per access, seeking over other states' keys).
 //
@@ -694,8 +707,9 @@
 // snapshot.Storage stores only the new sstables. It holds every stored
 // value: expired TTL values are not skipped (reads hide them; S12's
 // snapshot clause is Freeze's). A backend holding restored state in memory
-// that is not registered yet (S3) cannot take one (CanSnapshotNative);
-// graph takes a canonical snapshot then.
+// that is not registered yet (S3; only the heap holds restored records in
+// memory) cannot take one (CanSnapshotNative); graph takes a canonical
+// snapshot then.
 //
 // RestorePebbleKeyedBackend restores native state (NativeSource: the old
 // instances' files, copied and checked by package restore; at a rescale

@@ -36,7 +36,7 @@ func ExampleKeyedBackend() {
 		panic(err)
 	}
 
-	restored, err := state.NewKeyedBackend[string](r, maxP, snap)
+	restored, err := state.NewKeyedBackend[string](r, maxP, checkpoint.Groups(snap))
 	if err != nil {
 		panic(err)
 	}
@@ -81,7 +81,7 @@ func ExampleKeyedBackend_Freeze() {
 	snap := <-done
 	view.Release()
 
-	restored, err := state.NewKeyedBackend[string](keygroup.RangeFor(maxP, 1, 0), maxP, snap)
+	restored, err := state.NewKeyedBackend[string](keygroup.RangeFor(maxP, 1, 0), maxP, checkpoint.Groups(snap))
 	if err != nil {
 		panic(err)
 	}
@@ -152,7 +152,7 @@ func ExampleMap() {
 	if err != nil {
 		panic(err)
 	}
-	restored, err := state.NewKeyedBackend[string](keygroup.RangeFor(maxP, 1, 0), maxP, snap)
+	restored, err := state.NewKeyedBackend[string](keygroup.RangeFor(maxP, 1, 0), maxP, checkpoint.Groups(snap))
 	if err != nil {
 		panic(err)
 	}

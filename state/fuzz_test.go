@@ -100,7 +100,7 @@ func FuzzRestoreKeyed(f *testing.F) {
 
 func restoreKeyed[K comparable, V any](t *testing.T, kg int, key, val []byte) {
 	restored := []checkpoint.KeyGroupState{{State: "s", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: key, Value: val}}}}
-	b, err := NewKeyedBackend[K](all, maxP, restored)
+	b, err := NewKeyedBackend[K](all, maxP, checkpoint.Groups(restored))
 	if err != nil {
 		return
 	}
@@ -146,7 +146,7 @@ func restoreKeyed[K comparable, V any](t *testing.T, kg int, key, val []byte) {
 	if err != nil {
 		return // decoded, but msgpack cannot encode it back
 	}
-	r, err := NewKeyedBackend[K](all, maxP, snap)
+	r, err := NewKeyedBackend[K](all, maxP, checkpoint.Groups(snap))
 	if err != nil {
 		// Re-encoding can change a key's bytes, never its key group.
 		t.Fatalf("re-restoring %v: %v", snap, err)
@@ -212,7 +212,7 @@ func restoreMap[K comparable, UK comparable, UV any](t *testing.T, kg int, desc,
 		es = append([]checkpoint.KeyedEntry{{Value: desc}}, es...)
 	}
 	restored := []checkpoint.KeyGroupState{{State: "s", KeyGroup: kg, Entries: es}}
-	b, err := NewKeyedBackend[K](all, maxP, restored)
+	b, err := NewKeyedBackend[K](all, maxP, checkpoint.Groups(restored))
 	if err != nil {
 		checkErr(t, err, kg)
 		return
@@ -243,7 +243,7 @@ func restoreMap[K comparable, UK comparable, UV any](t *testing.T, kg int, desc,
 	if err != nil {
 		return // decoded, but msgpack cannot encode it back
 	}
-	r, err := NewKeyedBackend[K](all, maxP, snap)
+	r, err := NewKeyedBackend[K](all, maxP, checkpoint.Groups(snap))
 	if err != nil {
 		t.Fatalf("re-restoring %v: %v", snap, err)
 	}

@@ -36,7 +36,7 @@ func goldenFixture(t testing.TB) []checkpoint.KeyGroupState {
 	const maxP = 128
 	r := keygroup.Range{Start: 0, End: maxP - 1}
 	mk := func(restored []checkpoint.KeyGroupState) *state.KeyedBackend[string] {
-		b, err := state.NewKeyedBackend[string](r, maxP, restored)
+		b, err := state.NewKeyedBackend[string](r, maxP, checkpoint.Groups(restored))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"iter"
+	"maps"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -14,6 +16,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -37,6 +40,286 @@ import (
 // A state whose descriptor differs between old instances cannot be
 // adopted as one: the restore then loads records, which checks every
 // value (ingestable reports which).
+
+// Restore of records. A Pebble backend restored from KeyGroupState records
+// (a canonical checkpoint or savepoint) writes them into its instance as
+// they are read, as the stored bytes of an adopted instance (S1: the
+// stored key is the record's key, then its user key; a timer's is its
+// time, then its key), checking each key as NewKeyedBackend does (S2) and
+// the descriptors across key groups (S11), but decoding no value: the
+// states are registered as adopted ones (S3). A key is stored as the heap
+// encodes it (decoded and encoded again, so that a key written in another
+// msgpack form is still found, and stored once); user keys and values are
+// stored as they are. It holds one key group of one state at a time (to
+// find a key stored twice), a batch of at most restoreBatchSize bytes (or
+// a quarter of a memtable, pebbleStore.batchSize) and
+// one sample value of each state without a descriptor (pebbleStore.probes),
+// so its memory does not grow with the state.
+
+// restoreBatchSize bounds the bytes of one batch of restored entries
+// (pebbleStore.batchSize).
+const restoreBatchSize = 1 << 20
+
+// loading is what loadRestored knows of one restored state.
+type loading struct {
+	groupCheck
+	id      uint16
+	entries int64
+	kgs     map[int]bool // the key groups seen
+	// probe is the state's sample entry (none for a timer queue): for a
+	// state without a descriptor its first run of values (S15), else its
+	// first entry.
+	probe *probe
+}
+
+// probe is one stored entry of an adopted state, which its registration
+// decodes (checkAdopted).
+type probe struct {
+	kg       int
+	key, val []byte // the stored key after the prefix, and the value
+	run      bool   // val is a run of values
+}
+
+// sample makes the entry (kg, key, val) the state's probe if it has none,
+// or, in a state without a descriptor, if val is the first run of values
+// seen: a state registered as anything but a reducing state cannot read
+// a run, and no descriptor tells a value state from a reducing one (S11,
+// S15).
+func (ls *loading) sample(kg int, key, val []byte) {
+	if ls.probe != nil && (ls.probe.run || ls.d != nil || !engine.IsRun(val)) {
+		return
+	}
+	ls.probe = &probe{kg: kg, key: bytes.Clone(key), val: bytes.Clone(val), run: engine.IsRun(val)}
+}
+
+// loadRestored writes the records of restored into b's instance (see
+// above) and registers their states as adopted (pebbleStore.native).
+func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoint.KeyGroupState, error]) error {
+	s := b.peb
+	states := map[string]*loading{}
+	dec := engine.NewDecoder()
+	batch := s.db.NewBatch()
+	defer func() { _ = batch.Close() }()
+	commit := func() error {
+		if batch.Empty() {
+			return nil
+		}
+		if err := batch.Commit(pebble.NoSync); err != nil {
+			return fmt.Errorf("state: writing restored keyed state to Pebble: %w", err)
+		}
+		batch.Reset()
+		return nil
+	}
+	type keyAt struct {
+		key []byte
+		i   int // the entry's index in its group
+	}
+	var keys []keyAt // the stored keys of the current group
+	var kbuf []byte
+	ke := engine.NewEncoder()
+	for g, err := range restored {
+		if err != nil {
+			return fmt.Errorf("state: reading restored keyed state: %w", err)
+		}
+		if err := checkRestoredGroup(b.kgs, &g); err != nil {
+			return err
+		}
+		ls := states[g.State]
+		if ls == nil {
+			id, err := s.newID(g.State)
+			if err != nil {
+				return err
+			}
+			ls = &loading{groupCheck: groupCheck{descKG: -1, plainKG: -1}, id: id, kgs: map[int]bool{}}
+			states[g.State] = ls
+		}
+		first, userKeys, err := ls.begin(&g)
+		if err != nil {
+			return err
+		}
+		again := ls.kgs[g.KeyGroup]
+		ls.kgs[g.KeyGroup] = true
+		if again {
+			// Entries of this group were written already: find a
+			// repeated key in the instance.
+			if err := commit(); err != nil {
+				return err
+			}
+		}
+		timers := userKeys && ls.d.Kind == kindTimers
+		keys, kbuf = keys[:0], kbuf[:0]
+		for i := first; i < len(g.Entries); i++ {
+			e := &g.Entries[i]
+			k, err := decodeRestoredKey[K](dec, b.maxP, &g, i, userKeys)
+			if err != nil {
+				return err
+			}
+			ke.Buf = ke.Buf[:0]
+			kb, _, err := engine.PlainKey(ke, &k)
+			if err != nil {
+				return fmt.Errorf("state: encoding key %d (key %v) of keyed state %q in key group %d: %w", i, k, g.State, g.KeyGroup, err)
+			}
+			start := len(kbuf)
+			kbuf = appendPrefix(kbuf, g.KeyGroup, ls.id)
+			switch {
+			case timers:
+				if len(e.UserKey) != 8 || len(e.Value) != 0 {
+					return fmt.Errorf("state: entry %d (key %v) of timer queue %q in key group %d is not a time and a key without a value", i, k, g.State, g.KeyGroup)
+				}
+				kbuf = append(append(kbuf, e.UserKey...), kb...)
+			case userKeys:
+				kbuf = append(append(kbuf, kb...), e.UserKey...)
+			default:
+				kbuf = append(kbuf, kb...)
+			}
+			key := kbuf[start:len(kbuf):len(kbuf)]
+			if !timers {
+				ls.sample(g.KeyGroup, key[pebblePrefixLen:], e.Value)
+			}
+			if again {
+				if _, closer, err := s.db.Get(key); err == nil {
+					_ = closer.Close()
+					return duplicateRestored(&g, k, e.UserKey, userKeys)
+				}
+			}
+			if err := batch.Set(key, e.Value, nil); err != nil {
+				return fmt.Errorf("state: writing restored keyed state to Pebble: %w", err)
+			}
+			keys = append(keys, keyAt{key, i})
+			ls.entries++
+		}
+		slices.SortFunc(keys, func(x, y keyAt) int { return bytes.Compare(x.key, y.key) })
+		for i := 1; i < len(keys); i++ {
+			if bytes.Equal(keys[i].key, keys[i-1].key) {
+				k, _ := decodeRestoredKey[K](dec, b.maxP, &g, keys[i].i, userKeys)
+				return duplicateRestored(&g, k, g.Entries[keys[i].i].UserKey, userKeys)
+			}
+		}
+		if batch.Len() >= s.batchSize {
+			if err := commit(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := commit(); err != nil {
+		return err
+	}
+	if s.native == nil {
+		s.native = make(map[string]checkpoint.NativeState, len(states))
+	}
+	for _, name := range slices.Sorted(maps.Keys(states)) {
+		ls := states[name]
+		if err := ls.finish(name); err != nil {
+			return err
+		}
+		s.native[name] = checkpoint.NativeState{Name: name, ID: ls.id, Desc: ls.desc, Entries: ls.entries}
+		if ls.probe != nil {
+			if s.probes == nil {
+				s.probes = map[string]*probe{}
+			}
+			s.probes[name] = ls.probe
+		}
+	}
+	return nil
+}
+
+// checkAdopted decodes one stored value of the adopted state name (S3),
+// stored under id, with vals, the codec of the state being registered as
+// what ("keyed state", "map state"), whose values are of type valName:
+// the probe loadRestored kept, else the first entry of the state that a
+// seek finds. Registering an adopted state compares its descriptor (S11)
+// and decodes none of its values; this one read finds, at registration
+// and naming the cause as the heap's decoding of every value does, a
+// state registered over values of another layout that no descriptor
+// records (a value state over a reducing state's runs, S15; a list state
+// over a value state's values) or of another type. It is a sample: a
+// value it does not read fails when it is read.
+func checkAdopted[K comparable, V any](b *KeyedBackend[K], name string, id uint16, what string, vals engine.ValueCodec[V], valName string) error {
+	p, err := adoptedProbe(b.peb, name, id)
+	if p == nil || err != nil {
+		return err
+	}
+	dec := engine.NewDecoder()
+	var v V
+	if err = vals.Decode(dec, p.val, &v); err == nil {
+		return nil
+	}
+	// Name the key as the heap does; a map entry's stored key is its key,
+	// then its user key.
+	key := fmt.Sprintf("%x", p.key)
+	if n, lerr := engine.ValueLen(p.key); lerr == nil {
+		var k K
+		if engine.DecodeInto(dec, p.key[:n], &k) == nil {
+			key = fmt.Sprint(k)
+		}
+		var uk any
+		if n < len(p.key) && engine.DecodeInto(dec, p.key[n:], &uk) == nil {
+			key += fmt.Sprintf(", user key %v", uk)
+		}
+	}
+	return fmt.Errorf("state: decoding value of key %s of %s %q in key group %d as %s: %w", key, what, name, p.kg, valName, err)
+}
+
+// checkAdoptedUserKey decodes the user key of the probe of the adopted
+// map state name (checkAdopted) as UK, which must give a comparable
+// value, as the heap's registration decodes every user key.
+func checkAdoptedUserKey[K comparable, UK comparable](b *KeyedBackend[K], name string, id uint16) error {
+	p, err := adoptedProbe(b.peb, name, id)
+	if p == nil || err != nil {
+		return err
+	}
+	n, err := engine.ValueLen(p.key)
+	if err != nil {
+		return fmt.Errorf("state: decoding key of map state %q in key group %d: %w", name, p.kg, err)
+	}
+	dec := engine.NewDecoder()
+	var k K
+	if err := engine.DecodeInto(dec, p.key[:n], &k); err != nil {
+		return fmt.Errorf("state: decoding key of map state %q in key group %d as %s: %w", name, p.kg, engine.TypeName[K](), err)
+	}
+	var uk UK
+	if err := engine.DecodeInto(dec, p.key[n:], &uk); err != nil {
+		return fmt.Errorf("state: decoding user key of key %v of map state %q in key group %d as %s: %w", k, name, p.kg, engine.TypeName[UK](), err)
+	}
+	if !comparableValue(&uk) {
+		return fmt.Errorf("state: decoding user key of key %v of map state %q in key group %d as %s: decoded user key of type %T is not comparable",
+			k, name, p.kg, engine.TypeName[UK](), uk)
+	}
+	return nil
+}
+
+// adoptedProbe returns the probe of the adopted state name, stored under
+// id (checkAdopted): the one loadRestored kept, else the first entry a
+// seek finds; nil for a state without entries.
+func adoptedProbe(s *pebbleStore, name string, id uint16) (*probe, error) {
+	if p := s.probes[name]; p != nil {
+		return p, nil
+	}
+	var p *probe
+	err := scanState(s.db, s.kgs, id, nil, func(kg int, key, val []byte) bool {
+		p = &probe{kg: kg, key: bytes.Clone(key[pebblePrefixLen:]), val: bytes.Clone(val)}
+		return false
+	})
+	if err != nil {
+		return nil, fmt.Errorf("state: reading restored keyed state %q: %w", name, err)
+	}
+	if s.probes == nil {
+		s.probes = map[string]*probe{}
+	}
+	if p != nil {
+		s.probes[name] = p // registered() drops it
+	}
+	return p, nil
+}
+
+// duplicateRestored is the error of a key (and user key) that group g
+// of a restored state holds twice.
+func duplicateRestored[K comparable](g *checkpoint.KeyGroupState, k K, uk []byte, userKeys bool) error {
+	if userKeys && uk != nil {
+		return fmt.Errorf("state: restored map state %q holds user key %x of key %v twice in key group %d", g.State, uk, k, g.KeyGroup)
+	}
+	return fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", g.State, k, g.KeyGroup)
+}
 
 // ingestFileSize is the size at which a built sstable is finished and
 // the next one begun.

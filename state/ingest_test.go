@@ -125,7 +125,7 @@ func BenchmarkRescaleIngest(b *testing.B) {
 				} else {
 					var kgs []checkpoint.KeyGroupState
 					if kgs, err = NativeKeyGroups(src, middle); err == nil {
-						kb, err = NewPebbleKeyedBackend[int64](eng, middle, nativeMaxP, kgs)
+						kb, err = NewPebbleKeyedBackend[int64](eng, middle, nativeMaxP, checkpoint.Groups(kgs))
 					}
 				}
 				require.NoError(b, err)

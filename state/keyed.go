@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"iter"
 	"maps"
 	"reflect"
 	"slices"
@@ -77,22 +78,19 @@ type keyedState[K comparable] interface {
 
 // restoredState is the restored content of one keyed state name.
 type restoredState[K comparable] struct {
-	// desc is the raw descriptor entry value shared by every key group of
-	// the state (S11), d its decoded form; nil for a state without one (a
-	// value or list state without TTL or codec).
-	desc []byte
-	d    *stateDesc
-	// descKG and plainKG are a key group that has the descriptor and one
-	// with entries that has none (-1: none seen).
-	descKG, plainKG int
-	es              []engine.RestoredEntry[K]
+	groupCheck
+	es []engine.RestoredEntry[K]
 }
 
 // NewKeyedBackend returns the backend of a subtask that owns the key groups r
-// out of maxParallelism. restored holds the key groups that the restore
-// assignment gave the subtask. It decodes every restored key and checks S2:
-// each entry must lie in r and in the key group of its key.
-func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState) (*KeyedBackend[K], error) {
+// out of maxParallelism. restored (nil: none) yields the key groups that
+// the restore assignment gave the subtask, in any order, as they are read
+// (restore.Plan.KeyedState, checkpoint.Groups); an error it yields fails
+// NewKeyedBackend, wrapped. It decodes every restored key and checks S2:
+// each entry must lie in r and in the key group of its key. The heap
+// backend keeps the restored entries (their keys decoded, the rest as
+// read) until their states are registered (S3).
+func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restored iter.Seq2[checkpoint.KeyGroupState, error]) (*KeyedBackend[K], error) {
 	if maxParallelism <= 0 || maxParallelism > keygroup.UpperMaxParallelism {
 		return nil, fmt.Errorf("state: max parallelism %d out of range (1..%d)", maxParallelism, keygroup.UpperMaxParallelism)
 	}
@@ -106,68 +104,31 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		states:   make(map[string]keyedState[K]),
 		restored: make(map[string]*restoredState[K]),
 	}
+	if restored == nil {
+		return b, nil
+	}
 	dec := engine.NewDecoder()
-	for _, g := range restored {
-		if !r.Contains(g.KeyGroup) {
-			return nil, fmt.Errorf("state: key group %d is not in key-group range %v of this subtask (keyed state %q). "+
-				"Unless restored state was assigned to the wrong subtask, this is most likely caused by a "+
-				"non-deterministic key (its hash or encoding differs between runs)", g.KeyGroup, r, g.State)
+	for g, err := range restored {
+		if err != nil {
+			return nil, fmt.Errorf("state: reading restored keyed state: %w", err)
+		}
+		if err := checkRestoredGroup(r, &g); err != nil {
+			return nil, err
 		}
 		rs := b.restored[g.State]
 		if rs == nil {
-			rs = &restoredState[K]{descKG: -1, plainKG: -1}
+			rs = &restoredState[K]{groupCheck: groupCheck{descKG: -1, plainKG: -1}}
 			b.restored[g.State] = rs
 		}
-		first := 0 // the first entry that is not the descriptor
-		isMap := false
-		if len(g.Entries) > 0 && len(g.Entries[0].Key) == 0 {
-			// The descriptor entry (S11).
-			raw := g.Entries[0].Value
-			if len(g.Entries[0].UserKey) > 0 {
-				return nil, fmt.Errorf("state: the descriptor entry of keyed state %q in key group %d has a user key", g.State, g.KeyGroup)
-			}
-			if rs.desc == nil {
-				d, err := decodeDesc(raw)
-				if err != nil {
-					return nil, fmt.Errorf("state: decoding the descriptor of keyed state %q in key group %d: %w", g.State, g.KeyGroup, err)
-				}
-				rs.desc, rs.d = raw, d
-			} else if !bytes.Equal(raw, rs.desc) {
-				return nil, fmt.Errorf("state: keyed state %q has descriptor %x in key group %d but %x in key group %d",
-					g.State, raw, g.KeyGroup, rs.desc, rs.descKG)
-			}
-			first = 1
-			isMap = rs.d.Kind == kindMap || rs.d.Kind == kindTimers // entries with user keys
-			if rs.descKG < 0 {
-				rs.descKG = g.KeyGroup
-			}
-		} else if len(g.Entries) > 0 && rs.plainKG < 0 {
-			rs.plainKG = g.KeyGroup
+		first, isMap, err := rs.begin(&g)
+		if err != nil {
+			return nil, err
 		}
 		for i := first; i < len(g.Entries); i++ {
 			e := &g.Entries[i]
-			var k K
-			if err := engine.DecodeInto(dec, e.Key, &k); err != nil {
-				return nil, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: %w",
-					i, g.State, g.KeyGroup, engine.TypeName[K](), err)
-			}
-			if !reflect.ValueOf(&k).Elem().Comparable() {
-				// K holds an interface, and the decoded dynamic type (say
-				// a map) cannot be a map key.
-				return nil, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: decoded key of type %T is not comparable",
-					i, g.State, g.KeyGroup, engine.TypeName[K](), k)
-			}
-			if kg := keygroup.Of(k, maxParallelism); kg != g.KeyGroup {
-				return nil, fmt.Errorf("state: restored key %v of keyed state %q was recorded in key group %d "+
-					"but maps to key group %d (max parallelism %d): the key's hash or encoding is not deterministic, "+
-					"or the state was written with another max parallelism",
-					k, g.State, g.KeyGroup, kg, maxParallelism)
-			}
-			switch hasUK := len(e.UserKey) > 0; {
-			case isMap && !hasUK:
-				return nil, fmt.Errorf("state: entry %d (key %v) of map state %q in key group %d has no user key", i, k, g.State, g.KeyGroup)
-			case !isMap && hasUK:
-				return nil, fmt.Errorf("state: entry %d (key %v) of keyed state %q in key group %d has a user key, but the state is not a map state", i, k, g.State, g.KeyGroup)
+			k, err := decodeRestoredKey[K](dec, maxParallelism, &g, i, isMap)
+			if err != nil {
+				return nil, err
 			}
 			var uk []byte
 			if isMap {
@@ -178,8 +139,8 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 	}
 	for _, name := range slices.Sorted(maps.Keys(b.restored)) {
 		rs := b.restored[name]
-		if rs.descKG >= 0 && rs.plainKG >= 0 {
-			return nil, fmt.Errorf("state: keyed state %q has a descriptor in key group %d but none in key group %d", name, rs.descKG, rs.plainKG)
+		if err := rs.finish(name); err != nil {
+			return nil, err
 		}
 		es := rs.es
 		slices.SortStableFunc(es, func(x, y engine.RestoredEntry[K]) int {
@@ -201,6 +162,104 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		}
 	}
 	return b, nil
+}
+
+// checkRestoredGroup checks that the restored group g lies in r (S2).
+func checkRestoredGroup(r keygroup.Range, g *checkpoint.KeyGroupState) error {
+	if !r.Contains(g.KeyGroup) {
+		return fmt.Errorf("state: key group %d is not in key-group range %v of this subtask (keyed state %q). "+
+			"Unless restored state was assigned to the wrong subtask, this is most likely caused by a "+
+			"non-deterministic key (its hash or encoding differs between runs)", g.KeyGroup, r, g.State)
+	}
+	return nil
+}
+
+// groupCheck checks the restored key groups of one keyed state name
+// against each other as they come: one descriptor entry in all of them,
+// or none in any (S11).
+type groupCheck struct {
+	// desc is the raw descriptor entry value shared by every key group of
+	// the state (S11), d its decoded form; nil for a state without one (a
+	// value or list state without TTL or codec).
+	desc []byte
+	d    *stateDesc
+	// descKG and plainKG are a key group that has the descriptor and one
+	// with entries that has none (-1: none seen).
+	descKG, plainKG int
+}
+
+// begin checks the descriptor entry of g, if it has one, and returns the
+// index of its first entry that is not the descriptor and whether its
+// entries carry user keys (map states and timer queues).
+func (c *groupCheck) begin(g *checkpoint.KeyGroupState) (first int, userKeys bool, err error) {
+	if len(g.Entries) == 0 {
+		return 0, false, nil
+	}
+	if len(g.Entries[0].Key) != 0 {
+		if c.plainKG < 0 {
+			c.plainKG = g.KeyGroup
+		}
+		return 0, false, nil
+	}
+	// The descriptor entry (S11).
+	raw := g.Entries[0].Value
+	if len(g.Entries[0].UserKey) > 0 {
+		return 0, false, fmt.Errorf("state: the descriptor entry of keyed state %q in key group %d has a user key", g.State, g.KeyGroup)
+	}
+	if c.desc == nil {
+		d, err := decodeDesc(raw)
+		if err != nil {
+			return 0, false, fmt.Errorf("state: decoding the descriptor of keyed state %q in key group %d: %w", g.State, g.KeyGroup, err)
+		}
+		c.desc, c.d = raw, d
+	} else if !bytes.Equal(raw, c.desc) {
+		return 0, false, fmt.Errorf("state: keyed state %q has descriptor %x in key group %d but %x in key group %d",
+			g.State, raw, g.KeyGroup, c.desc, c.descKG)
+	}
+	if c.descKG < 0 {
+		c.descKG = g.KeyGroup
+	}
+	return 1, c.d.Kind == kindMap || c.d.Kind == kindTimers, nil
+}
+
+// finish checks, once every key group of state name was seen, that it
+// has a descriptor in all or none of them.
+func (c *groupCheck) finish(name string) error {
+	if c.descKG >= 0 && c.plainKG >= 0 {
+		return fmt.Errorf("state: keyed state %q has a descriptor in key group %d but none in key group %d", name, c.descKG, c.plainKG)
+	}
+	return nil
+}
+
+// decodeRestoredKey decodes the key of entry i of the restored group g and
+// checks it (S2): it decodes as K into a comparable value, lies in g's key
+// group, and has a user key iff userKeys.
+func decodeRestoredKey[K comparable](dec *engine.Decoder, maxParallelism int, g *checkpoint.KeyGroupState, i int, userKeys bool) (K, error) {
+	e := &g.Entries[i]
+	var k K
+	if err := engine.DecodeInto(dec, e.Key, &k); err != nil {
+		return k, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: %w",
+			i, g.State, g.KeyGroup, engine.TypeName[K](), err)
+	}
+	if !reflect.ValueOf(&k).Elem().Comparable() {
+		// K holds an interface, and the decoded dynamic type (say
+		// a map) cannot be a map key.
+		return k, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: decoded key of type %T is not comparable",
+			i, g.State, g.KeyGroup, engine.TypeName[K](), k)
+	}
+	if kg := keygroup.Of(k, maxParallelism); kg != g.KeyGroup {
+		return k, fmt.Errorf("state: restored key %v of keyed state %q was recorded in key group %d "+
+			"but maps to key group %d (max parallelism %d): the key's hash or encoding is not deterministic, "+
+			"or the state was written with another max parallelism",
+			k, g.State, g.KeyGroup, kg, maxParallelism)
+	}
+	switch hasUK := len(e.UserKey) > 0; {
+	case userKeys && !hasUK:
+		return k, fmt.Errorf("state: entry %d (key %v) of map state %q in key group %d has no user key", i, k, g.State, g.KeyGroup)
+	case !userKeys && hasUK:
+		return k, fmt.Errorf("state: entry %d (key %v) of keyed state %q in key group %d has a user key, but the state is not a map state", i, k, g.State, g.KeyGroup)
+	}
+	return k, nil
 }
 
 // Range returns the key groups the backend owns.
@@ -333,7 +392,14 @@ func (b *KeyedBackend[K]) checkRestored(name string, info *stateInfo) error {
 					return fmt.Errorf("state: decoding the descriptor of restored keyed state %q: %w", name, err)
 				}
 			}
-			return checkDesc(name, b.kgs.Start, d, info)
+			// Name the key group of an entry, as the heap does.
+			kg := b.kgs.Start
+			if p, err := adoptedProbe(b.peb, name, ns.ID); err != nil {
+				return err
+			} else if p != nil {
+				kg = p.kg
+			}
+			return checkDesc(name, kg, d, info)
 		}
 	}
 	return nil

@@ -21,9 +21,9 @@ func newBackend[K comparable](t testing.TB, r keygroup.Range, restored []checkpo
 	var b *KeyedBackend[K]
 	var err error
 	if testEngine != nil {
-		b, err = NewPebbleKeyedBackend[K](*testEngine, r, maxP, restored)
+		b, err = NewPebbleKeyedBackend[K](*testEngine, r, maxP, checkpoint.Groups(restored))
 	} else {
-		b, err = NewKeyedBackend[K](r, maxP, restored)
+		b, err = NewKeyedBackend[K](r, maxP, checkpoint.Groups(restored))
 	}
 	require.NoError(t, err)
 	return b
@@ -227,7 +227,7 @@ func TestKeyGroupOutOfRange(t *testing.T) {
 	k := "D1" // key group 47 (pinned in package keygroup)
 	require.Equal(t, 47, keygroup.Of(k, maxP))
 	restored := []checkpoint.KeyGroupState{{State: "v", KeyGroup: 47, Entries: []checkpoint.KeyedEntry{{Key: mustEncode(t, k), Value: mustEncode(t, 1)}}}}
-	_, err := NewKeyedBackend[string](keygroup.Range{Start: 64, End: 127}, maxP, restored)
+	_, err := NewKeyedBackend[string](keygroup.Range{Start: 64, End: 127}, maxP, checkpoint.Groups(restored))
 	require.EqualError(t, err, `state: key group 47 is not in key-group range [64, 127] of this subtask (keyed state "v"). `+
 		`Unless restored state was assigned to the wrong subtask, this is most likely caused by a `+
 		`non-deterministic key (its hash or encoding differs between runs)`)
@@ -235,7 +235,7 @@ func TestKeyGroupOutOfRange(t *testing.T) {
 
 func TestKeyGroupMismatch(t *testing.T) {
 	restored := []checkpoint.KeyGroupState{{State: "v", KeyGroup: 48, Entries: []checkpoint.KeyedEntry{{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}}}}
-	_, err := NewKeyedBackend[string](all, maxP, restored)
+	_, err := NewKeyedBackend[string](all, maxP, checkpoint.Groups(restored))
 	require.EqualError(t, err, `state: restored key D1 of keyed state "v" was recorded in key group 48 but maps to key group 47 `+
 		`(max parallelism 128): the key's hash or encoding is not deterministic, or the state was written with another max parallelism`)
 }
@@ -268,16 +268,16 @@ func TestKeyedCorruptBytes(t *testing.T) {
 	good := checkpoint.KeyedEntry{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}
 
 	// A corrupt key fails the construction.
-	_, err := NewKeyedBackend[string](all, maxP, []checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{good, {Key: []byte{0xa5, 'x'}, Value: good.Value}}}})
+	_, err := NewKeyedBackend[string](all, maxP, checkpoint.Groups([]checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{good, {Key: []byte{0xa5, 'x'}, Value: good.Value}}}}))
 	require.EqualError(t, err, `state: decoding key 1 of keyed state "v" in key group 47 as string: truncated msgpack value`)
-	_, err = NewKeyedBackend[int](all, maxP, []checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{good}}})
+	_, err = NewKeyedBackend[int](all, maxP, checkpoint.Groups([]checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{good}}}))
 	require.EqualError(t, err, `state: decoding key 0 of keyed state "v" in key group 47 as int: msgpack: invalid code=a2 decoding int64`)
 
 	// A key that decodes into an incomparable dynamic type fails too (found
 	// by FuzzRestoreKeyed: it would panic as a map key). The check comes
 	// before the key-group check, so any key group in range shows it.
 	mk := mustEncode(t, map[string]any{"a": 1})
-	_, err = NewKeyedBackend[any](all, maxP, []checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: mk, Value: good.Value}}}})
+	_, err = NewKeyedBackend[any](all, maxP, checkpoint.Groups([]checkpoint.KeyGroupState{{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: mk, Value: good.Value}}}}))
 	require.EqualError(t, err, `state: decoding key 0 of keyed state "v" in key group 47 as interface {}: decoded key of type map[string]interface {} is not comparable`)
 
 	// A corrupt value fails the registration and keeps the state (S3).
@@ -300,18 +300,23 @@ func TestKeyedCorruptBytes(t *testing.T) {
 func TestDuplicateRestoredKey(t *testing.T) {
 	kg := keygroup.Of("D1", maxP)
 	e := checkpoint.KeyedEntry{Key: mustEncode(t, "D1"), Value: mustEncode(t, 1)}
-	_, err := NewKeyedBackend[string](all, maxP, []checkpoint.KeyGroupState{
+	_, err := NewKeyedBackend[string](all, maxP, checkpoint.Groups([]checkpoint.KeyGroupState{
 		{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{e}},
 		{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{e}},
-	})
+	}))
 	require.EqualError(t, err, `state: restored keyed state "v" holds key D1 twice in key group 47`)
 
 	// The same key in two encodings (msgpack str8 instead of fixstr) is
-	// caught on registration.
-	b := newBackend[string](t, all, []checkpoint.KeyGroupState{
+	// caught on registration on the heap, as the backend is built on
+	// Pebble (which stores restored keys encoded again).
+	twice := []checkpoint.KeyGroupState{
 		{State: "v", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{e, {Key: []byte{0xd9, 2, 'D', '1'}, Value: e.Value}}},
-	})
-	_, err = Value[string, int](b, "v")
+	}
+	if testEngine != nil {
+		_, err = NewPebbleKeyedBackend[string](*testEngine, all, maxP, checkpoint.Groups(twice))
+	} else {
+		_, err = Value[string, int](newBackend[string](t, all, twice), "v")
+	}
 	require.EqualError(t, err, `state: restored keyed state "v" holds key D1 twice in key group 47`)
 }
 
@@ -493,7 +498,7 @@ func TestRescale(t *testing.T) {
 			got[k] = v
 		}
 		// The other half's key groups are rejected.
-		_, err = NewKeyedBackend[int](r, maxP, snap)
+		_, err = NewKeyedBackend[int](r, maxP, checkpoint.Groups(snap))
 		require.ErrorContains(t, err, "is not in key-group range")
 		ps, err := nb.Snapshot()
 		require.NoError(t, err)

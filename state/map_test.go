@@ -540,21 +540,25 @@ func TestMapRestoreChecks(t *testing.T) {
 			`state: restored map state "m" holds user key a178 of key D1 twice in key group 47`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := NewKeyedBackend[string](all, maxP, tc.in)
+			_, err := NewKeyedBackend[string](all, maxP, checkpoint.Groups(tc.in))
 			require.EqualError(t, err, tc.want)
 		})
 	}
 
 	// The same user key in two encodings (str8 instead of fixstr) is
-	// caught on registration.
-	b := newBackend[string](t, all, []checkpoint.KeyGroupState{grp(kg, checkpoint.KeyedEntry{Value: desc},
-		checkpoint.KeyedEntry{Key: key, UserKey: uk, Value: val}, checkpoint.KeyedEntry{Key: key, UserKey: []byte{0xd9, 1, 'x'}, Value: val})})
-	_, err := Map[string, string, int](b, "m")
-	require.EqualError(t, err, `state: restored map state "m" holds user key x of key D1 twice in key group 47`)
+	// caught on registration on the heap. Pebble stores restored user keys
+	// as written (doc.go, "Restore from records"), as snapflow writes
+	// them: in one encoding.
+	if testEngine == nil {
+		b := newBackend[string](t, all, []checkpoint.KeyGroupState{grp(kg, checkpoint.KeyedEntry{Value: desc},
+			checkpoint.KeyedEntry{Key: key, UserKey: uk, Value: val}, checkpoint.KeyedEntry{Key: key, UserKey: []byte{0xd9, 1, 'x'}, Value: val})})
+		_, err := Map[string, string, int](b, "m")
+		require.EqualError(t, err, `state: restored map state "m" holds user key x of key D1 twice in key group 47`)
+	}
 	// A corrupt value names key, user key, state and key group.
-	b = newBackend[string](t, all, []checkpoint.KeyGroupState{grp(kg, checkpoint.KeyedEntry{Value: desc},
+	b := newBackend[string](t, all, []checkpoint.KeyGroupState{grp(kg, checkpoint.KeyedEntry{Value: desc},
 		checkpoint.KeyedEntry{Key: key, UserKey: uk, Value: []byte{0xcb}})})
-	_, err = Map[string, string, float64](b, "m")
+	_, err := Map[string, string, float64](b, "m")
 	require.EqualError(t, err, `state: decoding value of key D1, user key x of map state "m" in key group 47 as float64: truncated msgpack value`)
 	// A user key that decodes into an incomparable type.
 	b = newBackend[string](t, all, []checkpoint.KeyGroupState{grp(kg, checkpoint.KeyedEntry{Value: desc},

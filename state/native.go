@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"maps"
 	"slices"
 	"strconv"
@@ -70,6 +71,7 @@ func (s *pebbleStore) stateID(name string) (uint16, int, error) {
 // registered records the table of state name for native snapshots.
 func (s *pebbleStore) registered(name string, t nativeTable) {
 	delete(s.native, name)
+	delete(s.probes, name)
 	s.tables[name] = t
 }
 
@@ -447,10 +449,10 @@ func (src NativeSource) remove() {
 // besides, or a state whose descriptor differs between instances) the key
 // groups of r are read out of every instance (NativeKeyGroups) and
 // restored as records. The directories of src are removed either way.
-func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState, src NativeSource) (*KeyedBackend[K], error) {
-	adopt := len(restored) == 0 && len(src.Restores) == 1 && !src.Restores[0].Partial &&
+func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored iter.Seq2[checkpoint.KeyGroupState, error], src NativeSource) (*KeyedBackend[K], error) {
+	adopt := restored == nil && len(src.Restores) == 1 && !src.Restores[0].Partial &&
 		src.Restores[0].KeyGroupStart <= r.Start && src.Restores[0].KeyGroupEnd >= r.End
-	if !adopt && len(restored) == 0 && len(src.Restores) > 0 && ingestable(src.Restores) {
+	if !adopt && restored == nil && len(src.Restores) > 0 && ingestable(src.Restores) {
 		defer src.remove()
 		b, err := NewKeyedBackend[K](r, maxParallelism, nil)
 		if err != nil {
@@ -466,7 +468,7 @@ func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range,
 		if err != nil {
 			return nil, err
 		}
-		return NewPebbleKeyedBackend[K](eng, r, maxParallelism, append(restored, kgs...))
+		return NewPebbleKeyedBackend[K](eng, r, maxParallelism, checkpoint.ConcatGroups(restored, kgs))
 	}
 	defer src.remove()
 	nr := src.Restores[0]

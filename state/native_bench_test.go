@@ -114,7 +114,7 @@ func benchNative(b *testing.B, keys int) {
 	}
 	_ = nb.Close()
 	t0 = time.Now()
-	cb, err := state.NewPebbleKeyedBackend[int64](eng, r, maxP, recs)
+	cb, err := state.NewPebbleKeyedBackend[int64](eng, r, maxP, checkpoint.Groups(recs))
 	if err != nil {
 		b.Fatal(err)
 	}

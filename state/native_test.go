@@ -146,7 +146,7 @@ func TestNativeSnapshotRestore(t *testing.T) {
 				var kgs []checkpoint.KeyGroupState
 				kgs, err = NativeKeyGroups(src, c.r)
 				require.NoError(t, err)
-				b, err = NewKeyedBackend[string](c.r, nativeMaxP, kgs)
+				b, err = NewKeyedBackend[string](c.r, nativeMaxP, checkpoint.Groups(kgs))
 			}
 			require.NoError(t, err)
 			defer b.Close()

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"iter"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -80,6 +81,11 @@ type pebbleStore struct {
 	dir    string
 	kgs    keygroup.Range
 	nextID uint32
+	// batchSize bounds a batch of restored entries (loadRestored): 1 MiB,
+	// or a quarter of a memtable, so that Pebble copies the batch into its
+	// memtable rather than keeping it until a flush (a batch of half a
+	// memtable or more is kept as it is).
+	batchSize int
 	// cacheEntries is the write-back cache size of each table (0: none).
 	cacheEntries int
 	// timerCache is PebbleEngine.TimerCacheEntries (timerqueue_pebble.go).
@@ -98,10 +104,13 @@ type pebbleStore struct {
 	instance string
 	tables   map[string]nativeTable
 	native   map[string]checkpoint.NativeState
-	known    map[string]checkpoint.NativeFile
-	knownMu  sync.Mutex // known: set by Stored, read by Take (any goroutine)
-	chkSeq   int
-	chks     map[string]struct{}
+	// probes holds a sample entry of the states of native that
+	// loadRestored wrote without a descriptor (checkAdopted).
+	probes  map[string]*probe
+	known   map[string]checkpoint.NativeFile
+	knownMu sync.Mutex // known: set by Stored, read by Take (any goroutine)
+	chkSeq  int
+	chks    map[string]struct{}
 	// seqs knows the largest sequence number each sstable made since the
 	// instance opened may hold (N2); syncFlush makes the next FreezeNative
 	// flush in its synchronous part, after a native snapshot's flush
@@ -130,11 +139,14 @@ var pebbleDirs atomic.Uint64
 
 // NewPebbleKeyedBackend is NewKeyedBackend with the state stored in a new
 // Pebble instance configured by eng. The restored state is checked as
-// NewKeyedBackend checks it and loaded into the instance state by state,
-// when the state is registered (until then it is carried over, S3). Close
-// the backend to close the instance and remove its working directory.
-func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored []checkpoint.KeyGroupState) (*KeyedBackend[K], error) {
-	b, err := NewKeyedBackend[K](r, maxParallelism, restored)
+// NewKeyedBackend checks it and written into the instance as it comes, in
+// batches of bounded size (loadRestored): the backend never holds more of
+// it than one key group of one state, whatever its size. Its states then
+// stand as an adopted instance's do until registered (S3): registering
+// one checks its descriptor (S11) but decodes no value. Close the backend
+// to close the instance and remove its working directory.
+func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored iter.Seq2[checkpoint.KeyGroupState, error]) (*KeyedBackend[K], error) {
+	b, err := NewKeyedBackend[K](r, maxParallelism, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +155,12 @@ func NewPebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, max
 		return nil, err
 	}
 	b.peb = s
+	if restored != nil {
+		if err := loadRestored(b, restored); err != nil {
+			_ = s.close()
+			return nil, err
+		}
+	}
 	return b, nil
 }
 
@@ -227,7 +245,7 @@ func openPebbleAt(eng PebbleEngine, fs vfs.FS, dir string, r keygroup.Range) (*p
 	if period == 0 {
 		period = int64(defaultTTLCleanupPeriod)
 	}
-	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, cacheEntries: ce, timerCache: eng.TimerCacheEntries, prefetch: !eng.NoPrefetch, snaps: make(map[*pebble.Snapshot]struct{}),
+	return &pebbleStore{db: db, fs: fs, dir: filepath.Clean(dir), kgs: r, batchSize: min(restoreBatchSize, int(mem/4)), cacheEntries: ce, timerCache: eng.TimerCacheEntries, prefetch: !eng.NoPrefetch, snaps: make(map[*pebble.Snapshot]struct{}),
 		instance: newInstanceID(), tables: make(map[string]nativeTable), chks: make(map[string]struct{}), seqs: seqs, sweepPeriod: period}, nil
 }
 
@@ -441,9 +459,15 @@ func newPebbleTable[K comparable, V any](b *KeyedBackend[K], name string, sp *en
 		b, _, err := sp.Key(kb, &e.Key)
 		return b, err
 	}
+	_, adopted := b.peb.native[name]
 	id, n, err := b.peb.stateID(name)
 	if err != nil {
 		return nil, err
+	}
+	if adopted {
+		if err := checkAdopted(b, name, id, "keyed state", sp.Vals, sp.ValName); err != nil {
+			return nil, err
+		}
 	}
 	t := &pebbleTable[K, V]{
 		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,
@@ -993,9 +1017,18 @@ func newPebbleMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], n
 			mes[i] = engine.RestoredEntry[MapKey[K, UK]]{KG: e.KG, Key: MapKey[K, UK]{Key: e.Key, UserKey: uk}, RawKey: e.RawKey, RawUK: e.RawUK, RawVal: e.RawVal}
 		}
 	}
+	_, adopted := b.peb.native[name]
 	id, n, err := b.peb.stateID(name)
 	if err != nil {
 		return nil, err
+	}
+	if adopted {
+		if err := checkAdoptedUserKey[K, UK](b, name, id); err != nil {
+			return nil, err
+		}
+		if err := checkAdopted(b, name, id, "map state", sp.Vals, sp.ValName); err != nil {
+			return nil, err
+		}
 	}
 	t := &pebbleTable[MapKey[K, UK], V]{
 		s: b.peb, id: id, name: name, sp: sp, now: &b.now, gen: &b.gen,

@@ -47,9 +47,9 @@ func newEngineBackend[K comparable](t testing.TB, engine string, r keygroup.Rang
 	var err error
 	switch engine {
 	case "heap":
-		b, err = NewKeyedBackend[K](r, maxP, restored)
+		b, err = NewKeyedBackend[K](r, maxP, checkpoint.Groups(restored))
 	case "pebble":
-		b, err = NewPebbleKeyedBackend[K](PebbleEngine{FS: vfs.NewMem(), CacheSize: 1 << 20, MemTableSize: 256 << 10, WriteCacheEntries: writeCacheEntries()}, r, maxP, restored)
+		b, err = NewPebbleKeyedBackend[K](PebbleEngine{FS: vfs.NewMem(), CacheSize: 1 << 20, MemTableSize: 256 << 10, WriteCacheEntries: writeCacheEntries()}, r, maxP, checkpoint.Groups(restored))
 	default:
 		t.Fatalf("unknown engine %q", engine)
 	}

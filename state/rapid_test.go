@@ -373,9 +373,9 @@ func (r *rRun) newNativeSub(engine string, kgs keygroup.Range, restored []checkp
 			require.NoError(r.t, err)
 			restored = append(slices.Clip(restored), kgsOut...)
 		}
-		b, err = state.NewKeyedBackend[int](kgs, r.maxP, restored)
+		b, err = state.NewKeyedBackend[int](kgs, r.maxP, checkpoint.Groups(restored))
 	case "pebble":
-		b, err = state.RestorePebbleKeyedBackend[int](r.pebbleEngine(), kgs, r.maxP, restored, src)
+		b, err = state.RestorePebbleKeyedBackend[int](r.pebbleEngine(), kgs, r.maxP, checkpoint.Groups(restored), src)
 	default:
 		r.t.Fatalf("unknown engine %q", engine)
 	}

@@ -49,9 +49,9 @@ func FuzzRestoreTimers(f *testing.F) {
 			var b *state.KeyedBackend[string]
 			var err error
 			if engine == "heap" {
-				b, err = state.NewKeyedBackend[string](r, maxP, []checkpoint.KeyGroupState{g})
+				b, err = state.NewKeyedBackend[string](r, maxP, checkpoint.Groups([]checkpoint.KeyGroupState{g}))
 			} else {
-				b, err = state.NewPebbleKeyedBackend[string](state.PebbleEngine{FS: vfs.NewMem(), TimerCacheEntries: 1}, r, maxP, []checkpoint.KeyGroupState{g})
+				b, err = state.NewPebbleKeyedBackend[string](state.PebbleEngine{FS: vfs.NewMem(), TimerCacheEntries: 1}, r, maxP, checkpoint.Groups([]checkpoint.KeyGroupState{g}))
 			}
 			if err != nil {
 				continue
@@ -71,7 +71,7 @@ func FuzzRestoreTimers(f *testing.F) {
 			if err != nil {
 				t.Fatalf("%s: snapshot of %d restored timers: %v", engine, n, err)
 			}
-			b2, err := state.NewKeyedBackend[string](r, maxP, snap)
+			b2, err := state.NewKeyedBackend[string](r, maxP, checkpoint.Groups(snap))
 			if err != nil {
 				t.Fatalf("%s: restoring the snapshot: %v", engine, err)
 			}

@@ -69,10 +69,10 @@ func (r *tRun) newSub(engine string, kgs keygroup.Range, restored []checkpoint.K
 			require.NoError(r.t, err)
 			restored = append(slices.Clip(restored), more...)
 		}
-		b, err = state.NewKeyedBackend[int](kgs, r.maxP, restored)
+		b, err = state.NewKeyedBackend[int](kgs, r.maxP, checkpoint.Groups(restored))
 	} else {
 		eng := state.PebbleEngine{FS: r.fs, CacheSize: 1 << 20, MemTableSize: 1 << 20, TimerCacheEntries: r.cache}
-		b, err = state.RestorePebbleKeyedBackend[int](eng, kgs, r.maxP, restored, src)
+		b, err = state.RestorePebbleKeyedBackend[int](eng, kgs, r.maxP, checkpoint.Groups(restored), src)
 	}
 	require.NoError(r.t, err)
 	r.t.Cleanup(func() { _ = b.Close() })

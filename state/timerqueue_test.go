@@ -26,9 +26,9 @@ import (
 // cache entries per key group) of the whole range of maxP.
 func timerBackends(t *testing.T, maxP, cache int, restored []checkpoint.KeyGroupState) map[string]*state.KeyedBackend[string] {
 	r := keygroup.Range{Start: 0, End: maxP - 1}
-	h, err := state.NewKeyedBackend[string](r, maxP, restored)
+	h, err := state.NewKeyedBackend[string](r, maxP, checkpoint.Groups(restored))
 	require.NoError(t, err)
-	p, err := state.NewPebbleKeyedBackend[string](state.PebbleEngine{FS: vfs.NewMem(), TimerCacheEntries: cache}, r, maxP, restored)
+	p, err := state.NewPebbleKeyedBackend[string](state.PebbleEngine{FS: vfs.NewMem(), TimerCacheEntries: cache}, r, maxP, checkpoint.Groups(restored))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	return map[string]*state.KeyedBackend[string]{"heap": h, "pebble": p}
@@ -317,9 +317,9 @@ func TestLegacyTimersGolden(t *testing.T) {
 				}
 				var b *state.KeyedBackend[string]
 				if engine == "heap" {
-					b, err = state.NewKeyedBackend[string](kgs, maxP, mine)
+					b, err = state.NewKeyedBackend[string](kgs, maxP, checkpoint.Groups(mine))
 				} else {
-					b, err = state.NewPebbleKeyedBackend[string](state.PebbleEngine{FS: vfs.NewMem(), TimerCacheEntries: 3}, kgs, maxP, mine)
+					b, err = state.NewPebbleKeyedBackend[string](state.PebbleEngine{FS: vfs.NewMem(), TimerCacheEntries: 3}, kgs, maxP, checkpoint.Groups(mine))
 				}
 				require.NoError(t, err)
 				defer b.Close()
@@ -352,7 +352,7 @@ func TestLegacyTimersGolden(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, "timers", l.Kind)
 			}
-			b2, err := state.NewKeyedBackend[string](keygroup.Range{Start: 0, End: maxP - 1}, maxP, again)
+			b2, err := state.NewKeyedBackend[string](keygroup.Range{Start: 0, End: maxP - 1}, maxP, checkpoint.Groups(again))
 			require.NoError(t, err)
 			for name := range got {
 				q, err := state.Timers[string](b2, name)
@@ -392,7 +392,7 @@ func TestLegacyTimersNative(t *testing.T) {
 		if engine == "heap" {
 			kg, err2 := state.NativeKeyGroups(src, kgs)
 			require.NoError(t, err2)
-			b, err = state.NewKeyedBackend[string](kgs, maxP, kg)
+			b, err = state.NewKeyedBackend[string](kgs, maxP, checkpoint.Groups(kg))
 		} else {
 			b, err = state.RestorePebbleKeyedBackend[string](eng, kgs, maxP, nil, src)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"iter"
 	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -396,4 +397,43 @@ func validateKeyedStateRef(r *KeyedStateRef, s *SubtaskState) error {
 		end = g.Offset + g.Length
 	}
 	return nil
+}
+
+// Groups yields the records gs, for a consumer of a stream of restored
+// keyed state (state.NewKeyedBackend) that has them in memory; nil for
+// none.
+func Groups(gs []KeyGroupState) iter.Seq2[KeyGroupState, error] {
+	if len(gs) == 0 {
+		return nil
+	}
+	return func(yield func(KeyGroupState, error) bool) {
+		for _, g := range gs {
+			if !yield(g, nil) {
+				return
+			}
+		}
+	}
+}
+
+// ConcatGroups yields the records of restored (nil: none), then gs. An
+// error of restored ends it.
+func ConcatGroups(restored iter.Seq2[KeyGroupState, error], gs []KeyGroupState) iter.Seq2[KeyGroupState, error] {
+	if restored == nil {
+		return Groups(gs)
+	}
+	if len(gs) == 0 {
+		return restored
+	}
+	return func(yield func(KeyGroupState, error) bool) {
+		for g, err := range restored {
+			if !yield(g, err) || err != nil {
+				return
+			}
+		}
+		for _, g := range gs {
+			if !yield(g, nil) {
+				return
+			}
+		}
+	}
 }

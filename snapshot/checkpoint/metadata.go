@@ -82,8 +82,9 @@ type SubtaskState struct {
 	// RestoredKeyedState, in memory only, is set by restore.Assign: the
 	// blocks of the key groups this new subtask owns, in the keyed-state
 	// files of the old subtasks whose ranges overlap its own, each ref
-	// cut down to those blocks. restore.LoadKeyedState reads them into
-	// KeyGroups and clears it, before the subtask starts.
+	// cut down to those blocks. restore.LoadKeyedState checks them before
+	// the subtask starts, which reads them as it builds its keyed-state
+	// backend (restore.Plan.KeyedState).
 	RestoredKeyedState []KeyedStateRef `msgpack:"-"`
 	// Files are paths, relative to the job directory, of state files this
 	// subtask wrote (in chk-N/, shared/ or taskowned/). Empty for inline state.

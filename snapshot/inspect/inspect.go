@@ -305,7 +305,7 @@ func (c *Checkpoint) records(uid, name string, kg func(int) bool, only *keygroup
 // backend restores the records of one state into a heap backend that owns
 // every key group of op, at the checkpoint's trigger time.
 func backend[K comparable](c *Checkpoint, op *checkpoint.OperatorState, recs []checkpoint.KeyGroupState) (*state.KeyedBackend[K], error) {
-	b, err := state.NewKeyedBackend[K](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, recs)
+	b, err := state.NewKeyedBackend[K](keygroup.Range{Start: 0, End: op.MaxParallelism - 1}, op.MaxParallelism, checkpoint.Groups(recs))
 	if err != nil {
 		return nil, fmt.Errorf("inspect: operator %q of checkpoint %d: %w", op.UID, c.md.CheckpointID, err)
 	}
