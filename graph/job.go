@@ -150,6 +150,9 @@ type Config struct {
 	// execution's goroutine (never concurrently). It must not block long:
 	// the job master waits for it.
 	OnEvent func(Event)
+	// Fault, when set, makes one operator fail once after a checkpoint,
+	// to watch the job restart (see Fault).
+	Fault *Fault
 }
 
 // StateBackend names a keyed-state backend.
@@ -368,6 +371,13 @@ func (j *Job) Validate() error {
 		add("graph: job %q has no source", j.name)
 	}
 	errs = append(errs, j.validateLoops()...)
+	if c.Fault != nil {
+		f := *c.Fault // the caller's stays as it was
+		if err := f.validate(j); err != nil {
+			errs = append(errs, err)
+		}
+		c.Fault = &f
+	}
 	if len(errs) == 0 {
 		j.buildChains()
 		// With loops, aligned checkpoints persist channel state too: what
