@@ -15,8 +15,7 @@ import (
 )
 
 // Execution is one run of a job: every attempt from Start until the job
-// finishes, stops, fails or is cancelled. See the package documentation
-// for its lifecycle.
+// finishes, stops, fails or is cancelled.
 type Execution struct {
 	x *execution.Execution
 	// ends holds the OnJobEnd hooks its attempts registered.
@@ -98,8 +97,8 @@ func (e *Execution) Channels() []channel.Gauges { return e.x.Channels() }
 
 // TriggerSavepoint takes a savepoint and returns its path once it is
 // durable. It fails at once when the savepoint is aborted or the attempt
-// fails meanwhile. Savepoints do not commit sinks (see the package
-// documentation); Stop does.
+// fails meanwhile. Savepoints do not make sinks commit (a restart
+// restores the newest checkpoint, which may be older); Stop does.
 func (e *Execution) TriggerSavepoint(ctx context.Context) (string, error) {
 	return e.x.TriggerSavepoint(ctx)
 }
