@@ -22,10 +22,8 @@ const BroadcastStatePrefix = "_broadcast/"
 // other input reads it. A write outside ProcessBroadcast fails the
 // subtask (and returns the error).
 //
-// Every subtask checkpoints its own copy, in the synchronous part of every
-// snapshot: broadcast state is meant to be small (rules, thresholds,
-// configuration). See "Two-input operators" in the package documentation
-// for how the copies are restored.
+// Every subtask checkpoints its own copy: broadcast state is meant to be
+// small (rules, thresholds, configuration).
 type BroadcastState[K comparable, V any] struct {
 	name  string
 	store *broadcastStore

@@ -75,10 +75,11 @@ type KeyedBroadcastProcessFunc[K comparable, IN, BC, OUT any] interface {
 // two-input operator: every record of a goes to Process1, every record of
 // b to Process2, each input with its own partitioning. newFn is called
 // once per subtask attempt.
-func CoProcess[A, B, OUT any](a *Stream[A], b *Stream[B], uid string, newFn func() CoProcessFunc[A, B, OUT], opts ...Option) *Stream[OUT] {
+func CoProcess[A, B, OUT any, F CoProcessFunc[A, B, OUT]](a *Stream[A], b *Stream[B], uid string, newFn func() F, opts ...Option) *Stream[OUT] {
+	mk := userFunc[CoProcessFunc[A, B, OUT]](newFn)
 	in := coStream[A, B](a, b, uid, nil, coParts(b, uid, side2[A, B], nil))
 	return addOperator(in, uid, opts, newFn == nil, func() (batchFunc[coRec[A, B], OUT], any) {
-		fn := newFn()
+		fn := mk()
 		if fn == nil {
 			return nil, nil
 		}
@@ -89,11 +90,12 @@ func CoProcess[A, B, OUT any](a *Stream[A], b *Stream[B], uid string, newFn func
 // BroadcastProcess connects s to the broadcast stream bc (partitioned
 // Broadcast) into an unkeyed operator with broadcast state (see
 // BroadcastProcessFunc, BroadcastState).
-func BroadcastProcess[IN, BC, OUT any](s *Stream[IN], bc *Stream[BC], uid string, newFn func() BroadcastProcessFunc[IN, BC, OUT], opts ...Option) *Stream[OUT] {
+func BroadcastProcess[IN, BC, OUT any, F BroadcastProcessFunc[IN, BC, OUT]](s *Stream[IN], bc *Stream[BC], uid string, newFn func() F, opts ...Option) *Stream[OUT] {
+	mk := userFunc[BroadcastProcessFunc[IN, BC, OUT]](newFn)
 	checkBroadcast(bc, uid)
 	in := coStream[IN, BC](s, bc, uid, nil, coParts(bc, uid, side2[IN, BC], nil))
 	return addOperator(in, uid, opts, newFn == nil, func() (batchFunc[coRec[IN, BC], OUT], any) {
-		fn := newFn()
+		fn := mk()
 		if fn == nil {
 			return nil, nil
 		}
@@ -107,7 +109,8 @@ func BroadcastProcess[IN, BC, OUT any](s *Stream[IN], bc *Stream[BC], uid string
 // input goes to the subtask that owns its key's key group, keyed state and
 // timers are checkpointed and rescaled by key group, as for ProcessKeyed.
 // The EndOfInputTimers and StateClock options apply.
-func KeyedCoProcess[K comparable, A, B, OUT any](a *KeyedStream[K, A], b *KeyedStream[K, B], uid string, newFn func() KeyedCoProcessFunc[K, A, B, OUT], opts ...Option) *Stream[OUT] {
+func KeyedCoProcess[K comparable, A, B, OUT any, F KeyedCoProcessFunc[K, A, B, OUT]](a *KeyedStream[K, A], b *KeyedStream[K, B], uid string, newFn func() F, opts ...Option) *Stream[OUT] {
+	mk := userFunc[KeyedCoProcessFunc[K, A, B, OUT]](newFn)
 	ka, kb := a.key, b.key
 	in := coStream[A, B](a.s, b.s, uid, hashPartitioner[coRec[A, B], K]{key: func(r coRec[A, B]) K { return ka(r.A) }},
 		coParts(b.s, uid, side2[A, B], hashPartitioner[coRec[A, B], K]{key: func(r coRec[A, B]) K { return kb(r.B) }}))
@@ -118,7 +121,7 @@ func KeyedCoProcess[K comparable, A, B, OUT any](a *KeyedStream[K, A], b *KeyedS
 		return kb(r.B)
 	}
 	return keyedCo(in, uid, opts, newFn == nil, key, func() keyedCoFuncs[K, A, B, OUT] {
-		fn := newFn()
+		fn := mk()
 		if fn == nil {
 			return keyedCoFuncs[K, A, B, OUT]{}
 		}
@@ -129,7 +132,8 @@ func KeyedCoProcess[K comparable, A, B, OUT any](a *KeyedStream[K, A], b *KeyedS
 // KeyedBroadcastProcess connects the keyed stream s to the broadcast
 // stream bc (partitioned Broadcast) into a keyed operator with broadcast
 // state (see KeyedBroadcastProcessFunc, BroadcastState).
-func KeyedBroadcastProcess[K comparable, IN, BC, OUT any](s *KeyedStream[K, IN], bc *Stream[BC], uid string, newFn func() KeyedBroadcastProcessFunc[K, IN, BC, OUT], opts ...Option) *Stream[OUT] {
+func KeyedBroadcastProcess[K comparable, IN, BC, OUT any, F KeyedBroadcastProcessFunc[K, IN, BC, OUT]](s *KeyedStream[K, IN], bc *Stream[BC], uid string, newFn func() F, opts ...Option) *Stream[OUT] {
+	mk := userFunc[KeyedBroadcastProcessFunc[K, IN, BC, OUT]](newFn)
 	checkBroadcast(bc, uid)
 	ks := s.key
 	// The broadcast input carries no key: its records go to every subtask,
@@ -139,7 +143,7 @@ func KeyedBroadcastProcess[K comparable, IN, BC, OUT any](s *KeyedStream[K, IN],
 		coParts(bc, uid, wrap, nil))
 	key := func(r coRec[IN, BC]) K { return ks(r.A) } // broadcast records are never checked
 	return keyedCo(in, uid, opts, newFn == nil, key, func() keyedCoFuncs[K, IN, BC, OUT] {
-		fn := newFn()
+		fn := mk()
 		if fn == nil {
 			return keyedCoFuncs[K, IN, BC, OUT]{}
 		}

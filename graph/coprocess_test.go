@@ -328,10 +328,10 @@ func TestCoProcessValidation(t *testing.T) {
 	a := graph.Source(job, "a", source.Generate(10, func(i int64) int64 { return i }))
 	b := graph.Source(job, "b", source.Generate(10, func(i int64) string { return "" }), graph.Parallelism(3))
 	other := graph.Source(graph.NewJob("other", graph.Config{}), "o", source.Generate(1, func(int64) string { return "" }))
-	graph.Sink(graph.CoProcess[int64, string, string](a, b, "nil-fn", nil), "s1", discardSink[string])
+	graph.Sink(graph.CoProcess(a, b, "nil-fn", (func() graph.CoProcessFunc[int64, string, string])(nil)), "s1", discardSink[string])
 	graph.Sink(graph.CoProcess(a, other, "two-jobs", func() graph.CoProcessFunc[int64, string, string] { return &zip{} }), "s2", discardSink[string])
 	graph.Sink(graph.CoProcess(a, b.Forward(), "forward", func() graph.CoProcessFunc[int64, string, string] { return &zip{} }), "s3", discardSink[string])
-	graph.Sink(graph.KeyedCoProcess[int64, int64, string, string](graph.KeyBy(a, func(i int64) int64 { return i }), graph.KeyBy(b, func(string) int64 { return 0 }), "keyed-nil", nil), "s4", discardSink[string])
+	graph.Sink(graph.KeyedCoProcess(graph.KeyBy(a, func(i int64) int64 { return i }), graph.KeyBy(b, func(string) int64 { return 0 }), "keyed-nil", (func() graph.KeyedCoProcessFunc[int64, int64, string, string])(nil)), "s4", discardSink[string])
 	graph.Sink(graph.BroadcastProcess(a, b, "not-broadcast", func() graph.BroadcastProcessFunc[int64, string, string] { return nil }), "s5", discardSink[string])
 	graph.Sink(graph.KeyedBroadcastProcess(graph.KeyBy(a, func(i int64) int64 { return i }), b.Rebalance(), "keyed-not-broadcast",
 		func() graph.KeyedBroadcastProcessFunc[int64, int64, string, string] { return nil }), "s6", discardSink[string])

@@ -24,7 +24,7 @@ import (
 // are; otherwise OutOfOrderness must cover the disorder between the splits
 // a subtask reads too. Downstream, every subtask's input watermark is the
 // minimum over its input channels, idle ones left out. Watermarks never go
-// back (see "Event time" in the package documentation).
+// back, also across restores (invariant EV2 in docs/design.md).
 type WatermarkStrategy[T any] struct {
 	// Timestamp returns the event time of a record. It runs once per
 	// record the source emits.

@@ -2,6 +2,7 @@ package graph_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -46,7 +47,7 @@ func Example() {
 	})
 	src := graph.Source(job, "words", source.Slice(words), graph.Parallelism(1))
 	counts := graph.ProcessKeyed(graph.KeyBy(src, func(w string) string { return w }), "count",
-		func() graph.KeyedProcessFunc[string, string, string] { return &wordCount{} })
+		func() *wordCount { return &wordCount{} })
 	graph.Sink(counts, "publish", sink.Publishing[string](committer))
 
 	if err := job.Run(context.Background()); err != nil {
@@ -115,10 +116,11 @@ type count struct {
 	Key, N int
 }
 
-// Stop a job with a savepoint and start it again from there at another
-// parallelism: the keyed counts move with their keys, and the source
-// reads on after the last record the savepoint covered.
-func ExampleExecution_Stop() {
+// Stop a job with a savepoint once it completed a checkpoint, and start it
+// again from there at another parallelism: the keyed counts move with
+// their keys, and the source reads on after the last record the savepoint
+// covered.
+func ExampleExecution_StopAfterCheckpoints() {
 	dir, _ := os.MkdirTemp("", "example")
 	defer os.RemoveAll(dir)
 
@@ -145,8 +147,7 @@ func ExampleExecution_Stop() {
 		fmt.Println(err)
 		return
 	}
-	time.Sleep(100 * time.Millisecond)
-	savepoint, err := exec.Stop(context.Background())
+	savepoint, err := exec.StopAfterCheckpoints(context.Background(), 1)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -162,4 +163,47 @@ func ExampleExecution_Stop() {
 	}
 	fmt.Println(final)
 	// Output: map[0:1000 1:1000 2:1000 3:1000]
+}
+
+// Fail the count once after its first checkpoint (Config.Fault) and watch
+// the job restart from that checkpoint: the events say so, and the
+// output is still exactly once.
+func ExampleFault() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+
+	committer := sink.NewMemory[count]()
+	job := graph.NewJob("fault", graph.Config{
+		Parallelism: 2,
+		Checkpoint:  graph.CheckpointConfig{Interval: 10 * time.Millisecond, Dir: dir},
+		Restart:     graph.FixedDelay(1, 0),
+		Fault:       &graph.Fault{Operator: "count", AfterCheckpoints: 1},
+		OnEvent: func(e graph.Event) {
+			switch e.Kind {
+			case graph.JobFailed:
+				fmt.Printf("attempt %d failed, injected: %v\n", e.Attempt, errors.Is(e.Err, graph.ErrInjected))
+			case graph.JobRestored:
+				fmt.Printf("attempt %d restored a checkpoint: %v\n", e.Attempt, e.CheckpointID > 0)
+			}
+		},
+	})
+	ones := graph.Source(job, "ones", source.GenerateRate(2000, 10000, func(i int64) count {
+		return count{Key: int(i % 4), N: 1}
+	}), graph.Parallelism(1))
+	counts := graph.Reduce(graph.KeyBy(ones, func(c count) int { return c.Key }), "count",
+		func(total, c count) count { return count{total.Key, total.N + c.N} })
+	graph.Sink(counts, "publish", sink.Publishing[count](committer))
+	if err := job.Run(context.Background()); err != nil {
+		fmt.Println(err)
+		return
+	}
+	final := map[int]int{}
+	for _, c := range committer.Published() {
+		final[c.Key] = max(final[c.Key], c.N)
+	}
+	fmt.Println(len(committer.Published()), final)
+	// Output:
+	// attempt 0 failed, injected: true
+	// attempt 1 restored a checkpoint: true
+	// 2000 map[0:500 1:500 2:500 3:500]
 }

@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"reflect"
 	"sync/atomic"
 
 	"github.com/snapflow/snapflow/internal/runtime/task"
@@ -274,4 +275,31 @@ type SnapshotContext struct {
 	CheckpointID int64
 	Timestamp    int64 // trigger time, Unix nanoseconds
 	Options      marker.Options
+}
+
+// userFunc adapts newFn, a constructor of a user function of type F, to
+// a constructor of the interface I that F implements (F may be I itself),
+// so that operators take a func() *myFunc without a conversion at the call
+// site. A nil result (a nil pointer, map, slice, func or channel too)
+// becomes a nil I, which the operator reports (nilFunction). It runs once
+// per subtask and attempt, never per record.
+func userFunc[I, F any](newFn func() F) func() I {
+	if newFn == nil {
+		return nil
+	}
+	return func() I {
+		f := any(newFn())
+		var none I
+		v := reflect.ValueOf(f)
+		if !v.IsValid() {
+			return none
+		}
+		switch v.Kind() {
+		case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+			if v.IsNil() {
+				return none
+			}
+		}
+		return f.(I)
+	}
 }

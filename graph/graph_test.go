@@ -99,7 +99,7 @@ func TestValidateRejectsBadGraphs(t *testing.T) {
 			graph.Sink(s.Forward(), "sink", newSink, graph.Parallelism(3))
 		}, `forward edge from source "src" (src) (parallelism 2) to sink "sink" (sink) (parallelism 3)`},
 		{"nil function", func(j *graph.Job) {
-			s := graph.Source[int64](j, "src", nil)
+			s := graph.Source(j, "src", (func() graph.SourceFunc[int64])(nil))
 			graph.Sink(s, "sink", newSink)
 		}, `source "src" has a nil function`},
 		{"no operators", func(j *graph.Job) {}, `has no operators`},

@@ -33,19 +33,13 @@ type CheckpointConfig struct {
 	// was triggered (Flink's execution.checkpointing.aligned-checkpoint-
 	// timeout). Unaligned from the start is Mode marker.Unaligned.
 	AlignedTimeout time.Duration
-	// InputSlice, for checkpoints that may be unaligned (Mode
-	// marker.Unaligned, or AlignedTimeout > 0), is the most records of an
-	// input buffer a subtask processes before it looks for an unaligned
-	// barrier again (default 256). Smaller slices take barriers sooner, at
-	// a little cost per slice.
+	// InputSlice, for checkpoints that may be unaligned, is the most
+	// records a subtask processes before it looks for an unaligned barrier
+	// again (default 256).
 	InputSlice int
-	// InlineKeyedEntries is the memory threshold of keyed state (Flink's
-	// state.storage.fs.memory-threshold, counted in entries per subtask):
-	// smaller keyed state goes inline into the checkpoint's _metadata,
-	// larger into a file of its own, encoded in the background. 0: 1024;
-	// negative: always a file. Raising it lengthens the checkpoint pause;
-	// keep it low for large values. The Pebble backend's incremental
-	// checkpoints do not use it.
+	// InlineKeyedEntries: a subtask's keyed state of at most this many
+	// entries goes inline into the checkpoint's _metadata, larger into a
+	// file of its own (0: 1024; negative: always a file).
 	InlineKeyedEntries int
 	// MaxInflightBytes caps the channel state (persisted in-flight data) of
 	// one unaligned checkpoint over all subtasks; a checkpoint above it
@@ -150,6 +144,9 @@ type Config struct {
 	// execution's goroutine (never concurrently). It must not block long:
 	// the job master waits for it.
 	OnEvent func(Event)
+	// Fault, when set, makes one operator fail once after a checkpoint,
+	// to watch the job restart (see Fault).
+	Fault *Fault
 }
 
 // StateBackend names a keyed-state backend.
@@ -368,6 +365,13 @@ func (j *Job) Validate() error {
 		add("graph: job %q has no source", j.name)
 	}
 	errs = append(errs, j.validateLoops()...)
+	if c.Fault != nil {
+		f := *c.Fault // the caller's stays as it was
+		if err := f.validate(j); err != nil {
+			errs = append(errs, err)
+		}
+		c.Fault = &f
+	}
 	if len(errs) == 0 {
 		j.buildChains()
 		// With loops, aligned checkpoints persist channel state too: what

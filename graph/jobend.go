@@ -73,9 +73,10 @@ func (r *endHooks) take() map[string]endHook {
 }
 
 // newExecution wraps x, whose attempts register their OnJobEnd hooks in
-// ends, and runs them once it ended; Wait returns after them.
-func newExecution(x *execution.Execution, ends *endHooks, logf func(format string, args ...any)) *Execution {
-	e := &Execution{x: x, ends: ends, ended: make(chan struct{})}
+// ends and whose checkpoints p counts, and runs the hooks once it ended;
+// Wait returns after them.
+func newExecution(x *execution.Execution, ends *endHooks, p *progress, logf func(format string, args ...any)) *Execution {
+	e := &Execution{x: x, ends: ends, ended: make(chan struct{}), progress: p}
 	go func() {
 		defer close(e.ended)
 		err := x.Wait()

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,21 +47,12 @@ func keyedFilesJob(n, keys int64, p int, dir, restorePath string, inline int, on
 // keyedFilesSavepoint runs keyedFilesJob at parallelism 2 until it has
 // completed `checkpoints` checkpoints, stops it with a savepoint and
 // returns the savepoint's path and its "count" operator.
-func keyedFilesSavepoint(t *testing.T, n, keys int64, inline int, checkpoints int64) (string, *checkpoint.OperatorState) {
+func keyedFilesSavepoint(t *testing.T, n, keys int64, inline int, checkpoints int) (string, *checkpoint.OperatorState) {
 	t.Helper()
-	var completed atomic.Int64
-	e, err := keyedFilesJob(n, keys, 2, t.TempDir(), "", inline, func(ev graph.Event) {
-		if ev.Kind == graph.CheckpointCompleted {
-			completed.Add(1)
-		}
-	}).Start(context.Background())
+	e, err := keyedFilesJob(n, keys, 2, t.TempDir(), "", inline, nil).Start(context.Background())
 	require.NoError(t, err)
-	for completed.Load() < checkpoints {
-		time.Sleep(time.Millisecond)
-	}
-	sp, err := e.Stop(context.Background())
+	sp, err := e.StopAfterCheckpoints(context.Background(), int(checkpoints))
 	require.NoError(t, err)
-	require.NoError(t, e.Wait())
 	md, err := snapshot.ReadMetadata(vfs.Default, sp)
 	require.NoError(t, err)
 	op := md.Operator("count")

@@ -368,12 +368,8 @@ func TestStopWithSavepointThenResume(t *testing.T) {
 	}}
 	e, err := l.build(t, "stop").Start(context.Background())
 	require.NoError(t, err)
-	for ev.count(graph.CheckpointCompleted) < 1 {
-		time.Sleep(time.Millisecond)
-	}
-	path, err := e.Stop(context.Background())
+	path, err := e.StopAfterCheckpoints(context.Background(), 1)
 	require.NoError(t, err)
-	require.NoError(t, e.Wait())
 	require.Equal(t, 1, ev.count(graph.JobStopped))
 	md, err := restore.Load(vfs.Default, path)
 	require.NoError(t, err)

@@ -26,7 +26,8 @@ import (
 
 // Source adds a source operator. newFn is called once per subtask (and again
 // after every restart) to create that subtask's function.
-func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Option) *Stream[T] {
+func Source[T any, F SourceFunc[T]](j *Job, uid string, newFn func() F, opts ...Option) *Stream[T] {
+	mk := userFunc[SourceFunc[T]](newFn)
 	v := j.addVertex(kindSource, uid, opts)
 	rejectTimerPolicy(j, v)
 	if newFn == nil {
@@ -35,7 +36,7 @@ func Source[T any](j *Job, uid string, newFn func() SourceFunc[T], opts ...Optio
 	ws := sourceWatermarks[T](j, v)
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
 		out := outFor[T](ctx, a, v, i, next)
-		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf, counters: a.counters, ends: a.ends}, fn: newFn(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
+		op := &sourceOp[T]{hooks: hooks{logf: a.job.logf, counters: a.counters, ends: a.ends, fault: a.fault}, fn: mk(), out: out, ts: ws.Timestamp, gen: ws.generator(), cfg: ws.config()}
 		op.batch, _ = op.fn.(BatchSourceFunc[T])
 		if op.fn == nil {
 			op.openErr = nilFunction(v)
@@ -105,9 +106,10 @@ func FlatMap[IN, OUT any](s *Stream[IN], uid string, f func(IN, Collector[OUT]),
 // Process applies a (possibly stateful) function to an unkeyed stream.
 // newFn is called once per subtask attempt. The function may emit to the
 // side outputs declared with SideOutputs (OutputTag.Emit).
-func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN, OUT], opts ...Option) *Stream[OUT] {
+func Process[IN, OUT any, F ProcessFunc[IN, OUT]](s *Stream[IN], uid string, newFn func() F, opts ...Option) *Stream[OUT] {
+	mk := userFunc[ProcessFunc[IN, OUT]](newFn)
 	out := addOperator(s, uid, opts, newFn == nil, func() (batchFunc[IN, OUT], any) {
-		fn := newFn()
+		fn := mk()
 		if fn == nil {
 			return nil, nil
 		}
@@ -128,7 +130,8 @@ func Process[IN, OUT any](s *Stream[IN], uid string, newFn func() ProcessFunc[IN
 // KeyedState is scoped to the key of the current record. The operator's
 // subtasks own contiguous key-group ranges. The function may emit to the
 // side outputs declared with SideOutputs (OutputTag.Emit).
-func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, newFn func() KeyedProcessFunc[K, IN, OUT], opts ...Option) *Stream[OUT] {
+func ProcessKeyed[K comparable, IN, OUT any, F KeyedProcessFunc[K, IN, OUT]](s *KeyedStream[K, IN], uid string, newFn func() F, opts ...Option) *Stream[OUT] {
+	mk := userFunc[KeyedProcessFunc[K, IN, OUT]](newFn)
 	j := s.s.job
 	v := j.addVertex(kindOperator, uid, opts)
 	v.keyed, v.sidesOK = true, true
@@ -139,7 +142,7 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 	connect(s.s, v)
 	key := s.key
 	v.member = func(ctx context.Context, a *attempt, i int, next any) (task.Member, any) {
-		fn := newFn()
+		fn := mk()
 		op := newKeyedOp(a, v, kopts, key, outFor[OUT](ctx, a, v, i, next), fn, fn)
 		m := op.member(a, v, i)
 		op.sides, m.Out = withSides(ctx, a, v, i, op.out)
@@ -152,7 +155,8 @@ func ProcessKeyed[K comparable, IN, OUT any](s *KeyedStream[K, IN], uid string, 
 }
 
 // Sink adds a sink operator.
-func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Option) {
+func Sink[T any, F SinkFunc[T]](s *Stream[T], uid string, newFn func() F, opts ...Option) {
+	mk := userFunc[SinkFunc[T]](newFn)
 	j := s.job
 	v := j.addVertex(kindSink, uid, opts)
 	rejectTimerPolicy(j, v)
@@ -161,8 +165,8 @@ func Sink[T any](s *Stream[T], uid string, newFn func() SinkFunc[T], opts ...Opt
 	}
 	connect(s, v)
 	v.member = func(_ context.Context, a *attempt, i int, _ any) (task.Member, any) {
-		fn := newFn()
-		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, counters: a.counters, ends: a.ends, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
+		fn := mk()
+		op := &fnOp[T]{hooks: hooks{fn: fn, logf: a.job.logf, counters: a.counters, ends: a.ends, fault: a.fault, allowRepublish: a.job.cfg.Restore.AllowRepublish || a.job.cfg.Restore.AllowFallback}, process: func(c *Context, recs []T) error {
 			for _, r := range recs {
 				if err := fn.Write(c, r); err != nil {
 					return err
@@ -206,7 +210,7 @@ func addOperator[IN, OUT any](s *Stream[IN], uid string, opts []Option, nilFn bo
 		if !ok {
 			h = hooks{fn: fn}
 		}
-		h.logf, h.counters, h.ends = a.job.logf, a.counters, a.ends
+		h.logf, h.counters, h.ends, h.fault = a.job.logf, a.counters, a.ends, a.fault
 		return unkeyedMember(ctx, a, v, i, outFor[OUT](ctx, a, v, i, next), h, process)
 	}
 	v.run = runInput[IN](v)
@@ -347,6 +351,11 @@ type hooks struct {
 	counters *execution.Counters
 	// ends holds the execution's OnJobEnd hooks (Context.OnJobEnd).
 	ends *endHooks
+	// fault is the execution's Config.Fault where it fails this subtask
+	// (open narrows it), else nil; completed counts the checkpoints it
+	// was told of.
+	fault     *fault
+	completed int
 }
 
 func (h *hooks) open(info task.Info) error {
@@ -362,6 +371,7 @@ func (h *hooks) open(info task.Info) error {
 	}
 	h.ctx = c
 	h.keyedFiles, h.task, h.inlineEntries = info.KeyedState, info.ID(), info.InlineKeyedEntries
+	h.fault = h.fault.at(info)
 	return err
 }
 
@@ -505,7 +515,13 @@ func (p nativePart) Release() { p.s.Release() }
 
 func (h *hooks) NotifyComplete(id int64) error {
 	if l, ok := h.fn.(CheckpointListener); ok {
-		return l.NotifyCheckpointComplete(id)
+		if err := l.NotifyCheckpointComplete(id); err != nil {
+			return err
+		}
+	}
+	if h.fault != nil {
+		h.completed++
+		return h.fault.completed(id, h.completed)
 	}
 	return nil
 }
@@ -611,7 +627,7 @@ type kgWatermark struct {
 // user function value whose hooks are honoured (nil: the factory returned
 // a nil function).
 func newKeyedOp[K comparable, IN, OUT any](a *attempt, v *vertex, kopts keyedOpts, key func(IN) K, out *task.Output[OUT], fn KeyedProcessFunc[K, IN, OUT], user any) *keyedOp[K, IN, OUT] {
-	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters, ends: a.ends}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS, plan: a.plan}
+	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters, ends: a.ends, fault: a.fault}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS, plan: a.plan}
 	op.onTimer, _ = user.(TimerHandler[K, OUT])
 	op.ender, op.openErr = inputEnder[OUT](v, user)
 	if user == nil {

@@ -14,40 +14,15 @@ import (
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
-// EventKind says what happened to a running job.
-type EventKind = execution.EventKind
-
-// The kinds of job events.
-const (
-	// CheckpointCompleted: checkpoint CheckpointID is durable at Path.
-	CheckpointCompleted = execution.CheckpointCompleted
-	// CheckpointAborted: checkpoint CheckpointID was aborted (Reason).
-	CheckpointAborted = execution.CheckpointAborted
-	// JobFailed: attempt Attempt failed with Err.
-	JobFailed = execution.JobFailed
-	// JobRestarting: the job restarts after Delay.
-	JobRestarting = execution.JobRestarting
-	// JobRestored: attempt Attempt starts from checkpoint CheckpointID at
-	// Path.
-	JobRestored = execution.JobRestored
-	// JobFinished: every subtask finished.
-	JobFinished = execution.JobFinished
-	// JobStopped: the job stopped with the savepoint at Path (Stop).
-	JobStopped = execution.JobStopped
-)
-
-// Event is a job event delivered to Config.OnEvent: Kind, Time, Attempt,
-// and as the kind says CheckpointID, Savepoint, Path, Reason, Delay, Err.
-type Event = execution.Event
-
 // Execution is one run of a job: every attempt from Start until the job
-// finishes, stops, fails or is cancelled. See the package documentation
-// for its lifecycle.
+// finishes, stops, fails or is cancelled.
 type Execution struct {
 	x *execution.Execution
 	// ends holds the OnJobEnd hooks its attempts registered.
 	ends  *endHooks
 	ended chan struct{} // closed once the OnJobEnd hooks ran
+	// progress counts its completed checkpoints (AwaitCheckpoints).
+	progress *progress
 }
 
 // Run runs the job until it finishes, fails beyond its restart strategy, or
@@ -68,14 +43,15 @@ func (j *Job) Start(ctx context.Context) (*Execution, error) {
 	if err := j.Validate(); err != nil {
 		return nil, err
 	}
-	ends := newEndHooks()
+	ends, p, f := newEndHooks(), newProgress(), newFault(j.cfg.Fault)
 	spec := j.spec()
-	spec.Build = func(x *execution.Attempt) (*execution.Attempt, error) { return j.build(x, ends) }
+	spec.OnEvent = onEvent(p, j.cfg.OnEvent)
+	spec.Build = func(x *execution.Attempt) (*execution.Attempt, error) { return j.build(x, ends, f) }
 	x, err := execution.Start(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	return newExecution(x, ends, j.logf), nil
+	return newExecution(x, ends, p, j.logf), nil
 }
 
 // ID is the execution id: random, new for every Start. It is recorded in
@@ -121,8 +97,8 @@ func (e *Execution) Channels() []channel.Gauges { return e.x.Channels() }
 
 // TriggerSavepoint takes a savepoint and returns its path once it is
 // durable. It fails at once when the savepoint is aborted or the attempt
-// fails meanwhile. Savepoints do not commit sinks (see the package
-// documentation); Stop does.
+// fails meanwhile. Savepoints do not make sinks commit (a restart
+// restores the newest checkpoint, which may be older); Stop does.
 func (e *Execution) TriggerSavepoint(ctx context.Context) (string, error) {
 	return e.x.TriggerSavepoint(ctx)
 }
@@ -156,7 +132,6 @@ func (j *Job) spec() *execution.Spec {
 		Restart:       j.cfg.Restart.Restarter().Failed,
 		CancelTimeout: j.cfg.CancelTimeout,
 		Logf:          j.logf,
-		OnEvent:       j.cfg.OnEvent,
 	}
 	for _, v := range j.vertices {
 		s.Operators = append(s.Operators, execution.Operator{
@@ -194,6 +169,8 @@ type attempt struct {
 	counters *execution.Counters
 	// ends holds the execution's OnJobEnd hooks.
 	ends *endHooks
+	// fault is the execution's Config.Fault (nil without one).
+	fault *fault
 	// mails maps every subtask of every operator to the mailbox of the
 	// chain subtask it runs in.
 	mails map[checkpoint.TaskID]*task.Mailbox
@@ -209,13 +186,13 @@ type memberFunc func(ctx context.Context, a *attempt, i int, next any) (task.Mem
 
 type runFunc func(ctx context.Context, a *attempt, i int, chain *task.Chain, head any) error
 
-// build wires attempt x of the execution whose OnJobEnd hooks ends holds:
-// a mailbox per chain subtask, fresh channels for every unchained edge
-// (G5), and the chain subtasks' loops.
-func (j *Job) build(x *execution.Attempt, ends *endHooks) (*execution.Attempt, error) {
+// build wires attempt x of the execution whose OnJobEnd hooks ends holds
+// (and whose Config.Fault is f): a mailbox per chain subtask, fresh
+// channels for every unchained edge (G5), and the chain subtasks' loops.
+func (j *Job) build(x *execution.Attempt, ends *endHooks, f *fault) (*execution.Attempt, error) {
 	a := &attempt{
 		job: j, number: x.Number, execution: x.Execution, mode: j.cfg.Checkpoint.Mode,
-		plan: x.Plan, reports: x.Reports, keyedState: x.KeyedState, counters: x.Counters, ends: ends,
+		plan: x.Plan, reports: x.Reports, keyedState: x.KeyedState, counters: x.Counters, ends: ends, fault: f,
 		mails: map[checkpoint.TaskID]*task.Mailbox{},
 		chans: map[*edge][][]any{},
 	}

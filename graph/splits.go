@@ -23,8 +23,8 @@ import (
 //     checkpoint must be finished again after a restore (in
 //     InitializeState or before its first record).
 //
-// See "Per-split watermarks" in the package documentation for the rest of
-// the contract. With a WatermarkStrategy a SplitBatchSourceFunc is read
+// See "Per-split watermarks" in docs/design.md for the rest of the
+// contract. With a WatermarkStrategy a SplitBatchSourceFunc is read
 // with ReadSplitBatch; any other SplitSourceFunc one record at a time.
 type SplitSourceFunc[T any] interface {
 	SourceFunc[T]

@@ -7,8 +7,8 @@
 // Each number goes round the loop once per step until it reaches 1. The
 // checkpoints cover the loop too: the records in flight on the feedback edge
 // when a checkpoint is taken are stored with it and replayed on restore, so
-// no step is lost or taken twice. Once a checkpoint has completed, the first
-// attempt fails on purpose; the job restores it and finishes, and the sink
+// no step is lost or taken twice. Once a checkpoint has completed, the step
+// fails on purpose (Config.Fault); the job restores it and finishes, and the sink
 // (sink.Publishing) commits every number's result exactly once.
 //
 //	go run ./examples/loop
@@ -17,14 +17,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/snapflow/snapflow/graph"
@@ -66,16 +64,14 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]collatz, error) {
 	}
 	defer os.RemoveAll(dir)
 
-	fail := new(failure)
 	job := graph.NewJob("collatz", graph.Config{
 		Parallelism: 2,
 		Checkpoint:  graph.CheckpointConfig{Interval: o.Interval, Dir: dir},
+		Fault:       &graph.Fault{Operator: "step", AfterCheckpoints: 1},
 		Restart:     graph.FixedDelay(1, 0),
 		Logf:        o.Logf,
 		OnEvent: func(e graph.Event) {
 			switch e.Kind {
-			case graph.CheckpointCompleted:
-				fail.armed.Store(true)
 			case graph.JobFailed:
 				fmt.Fprintf(stdout, "attempt %d failed: %v\n", e.Attempt, e.Err)
 			case graph.JobRestored:
@@ -87,7 +83,7 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]collatz, error) {
 		return collatz{Start: i + 1, N: i + 1}
 	}))
 	loop := graph.Iterate(numbers)
-	stepped := graph.Process(loop.Stream(), "step", func() graph.ProcessFunc[collatz, collatz] { return step{fail} })
+	stepped := graph.Process(loop.Stream(), "step", func() step { return step{} })
 	loop.CloseWith(graph.Filter(stepped, "again", func(c collatz) bool { return c.N != 1 }))
 	done := graph.Filter(stepped, "done", func(c collatz) bool { return c.N == 1 })
 	committed := sink.NewMemory[collatz]()
@@ -107,12 +103,9 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]collatz, error) {
 }
 
 // step takes one Collatz step: 1 stays 1.
-type step struct{ fail *failure }
+type step struct{}
 
 func (s step) Process(ctx *graph.Context, c collatz, out graph.Collector[collatz]) error {
-	if s.fail.now(ctx.Task().Attempt) {
-		return errors.New("injected failure")
-	}
 	switch {
 	case c.N == 1:
 	case c.N%2 == 0:
@@ -122,12 +115,4 @@ func (s step) Process(ctx *graph.Context, c collatz, out graph.Collector[collatz
 	}
 	out.Collect(c)
 	return nil
-}
-
-// failure fails the first attempt once, at the first step after one of its
-// checkpoints completed (so that the restart has a checkpoint to restore).
-type failure struct{ armed, fired atomic.Bool }
-
-func (f *failure) now(attempt int) bool {
-	return attempt == 0 && f.armed.Load() && f.fired.CompareAndSwap(false, true)
 }

@@ -5,8 +5,9 @@
 //	clicks -> KeyBy(user) -> running count per user (keyed state) -> sink
 //
 // The first run counts clicks at parallelism 2 and, once a checkpoint has
-// completed, stops with a savepoint (Execution.Stop): the sources stop, the
-// sink commits everything before the savepoint, and the job ends. The second
+// completed, stops with a savepoint (Execution.StopAfterCheckpoints): the
+// sources stop, the sink commits everything before the savepoint, and the
+// job ends. The second
 // run restores the savepoint (RestoreConfig.Path) at parallelism 3 and reads
 // the rest of the clicks. Keyed state is split into key groups, and each
 // subtask of the second run takes the key groups of its range from the
@@ -18,7 +19,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -78,7 +78,7 @@ func newJob(cfg graph.Config, o options, committed *sink.Memory[counted]) *graph
 	job := graph.NewJob("clicks", cfg)
 	clicks := graph.Source(job, "clicks", source.GenerateRate(o.Clicks, o.Rate, clickAt))
 	counts := graph.ProcessKeyed(graph.KeyBy(clicks, func(c click) string { return c.User }), "count",
-		func() graph.KeyedProcessFunc[string, click, counted] { return &counter{} })
+		func() *counter { return &counter{} })
 	graph.Sink(counts, "out", sink.Publishing[counted](committed))
 	return job
 }
@@ -93,36 +93,18 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]counted, error) {
 	defer os.RemoveAll(dir)
 	committed := sink.NewMemory[counted]()
 
-	checkpointed := make(chan struct{}, 1)
 	first := newJob(graph.Config{
 		Parallelism: o.From,
 		Checkpoint:  graph.CheckpointConfig{Interval: 20 * time.Millisecond, Dir: dir},
 		Logf:        o.Logf,
-		OnEvent: func(e graph.Event) {
-			if e.Kind == graph.CheckpointCompleted {
-				select {
-				case checkpointed <- struct{}{}:
-				default:
-				}
-			}
-		},
 	}, o, committed)
 	exec, err := first.Start(ctx)
 	if err != nil {
 		return nil, err
 	}
-	select {
-	case <-checkpointed:
-	case <-ctx.Done():
-		exec.Cancel()
-		return nil, errors.Join(ctx.Err(), exec.Wait())
-	}
-	savepoint, err := exec.Stop(ctx)
+	savepoint, err := exec.StopAfterCheckpoints(ctx, 1)
 	if err != nil {
-		return nil, fmt.Errorf("stop with a savepoint: %w", errors.Join(err, exec.Wait()))
-	}
-	if err := exec.Wait(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("stop with a savepoint: %w", err)
 	}
 	before := committed.Published()
 	fmt.Fprintf(stdout, "run 1 at parallelism %d stopped with a savepoint after %d clicks\n", o.From, len(before))

@@ -7,7 +7,7 @@
 // keeps each word's running total in keyed state (state.Value) and emits
 // one record per occurrence: the word, its count so far, and where the
 // occurrence is (line and position). Once a checkpoint has completed, the
-// first attempt fails on purpose; the job restarts from that checkpoint,
+// count fails on purpose (Config.Fault); the job restarts from that checkpoint,
 // the source replays the lines after it, and the counts go on from the
 // restored state. The sink (sink.Publishing) publishes a checkpoint's
 // records only when it completes, so the records of the failed attempt
@@ -20,14 +20,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/snapflow/snapflow/graph"
@@ -93,16 +91,14 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]count, error) {
 	}
 	defer os.RemoveAll(dir)
 
-	fail := new(failure)
 	job := graph.NewJob("wordcount", graph.Config{
 		Parallelism: 2,
 		Checkpoint:  graph.CheckpointConfig{Interval: o.Interval, Dir: dir},
-		Restart:     graph.FixedDelay(1, 0), // one restart is all this job needs
+		Fault:       &graph.Fault{Operator: "count", AfterCheckpoints: 1}, // fail once, to show the restore
+		Restart:     graph.FixedDelay(1, 0),                               // one restart is all this job needs
 		Logf:        o.Logf,
 		OnEvent: func(e graph.Event) {
 			switch e.Kind {
-			case graph.CheckpointCompleted:
-				fail.armed.Store(true)
 			case graph.JobFailed:
 				fmt.Fprintf(stdout, "attempt %d failed: %v\n", e.Attempt, e.Err)
 			case graph.JobRestored:
@@ -119,7 +115,7 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]count, error) {
 		}
 	})
 	counts := graph.ProcessKeyed(graph.KeyBy(words, func(w word) string { return w.Text }), "count",
-		func() graph.KeyedProcessFunc[string, word, count] { return &counter{fail: fail} })
+		func() *counter { return &counter{} })
 	committed := sink.NewMemory[count]()
 	graph.Sink(counts, "out", sink.Publishing[count](committed))
 
@@ -138,8 +134,7 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]count, error) {
 
 // counter keeps the running count of each word in keyed state.
 type counter struct {
-	n    *state.ValueState[string, int]
-	fail *failure
+	n *state.ValueState[string, int]
 }
 
 func (c *counter) InitializeState(ctx *graph.Context) error {
@@ -149,19 +144,8 @@ func (c *counter) InitializeState(ctx *graph.Context) error {
 }
 
 func (c *counter) Process(ctx *graph.KeyedContext[string], w word, out graph.Collector[count]) error {
-	if c.fail.now(ctx.Task().Attempt) {
-		return errors.New("injected failure")
-	}
 	n, _ := c.n.Value()
 	c.n.Update(n + 1)
 	out.Collect(count{word: w, N: n + 1})
 	return nil
-}
-
-// failure fails the first attempt once, at the first word after one of its
-// checkpoints completed (so that the restart has a checkpoint to restore).
-type failure struct{ armed, fired atomic.Bool }
-
-func (f *failure) now(attempt int) bool {
-	return attempt == 0 && f.armed.Load() && f.fired.CompareAndSwap(false, true)
 }
