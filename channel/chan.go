@@ -77,7 +77,10 @@ type Chan[T any] struct {
 	backpressuredNanos                   int64
 }
 
-var _ Sender[int] = (*Chan[int])(nil)
+var (
+	_ Sender[int] = (*Chan[int])(nil)
+	_ Input[int]  = (*Chan[int])(nil)
+)
 
 // New returns an empty channel.
 func New[T any](cfg Config) *Chan[T] {
@@ -336,12 +339,12 @@ func (c *Chan[T]) sendEvent(ev marker.Event, copyOvertaken bool) ([]*Buffer[T], 
 	return overtaken, nil
 }
 
-// promote moves the first queued non-priority barrier of checkpoint id to
-// the priority events, as an unaligned barrier (reader side, for a
-// checkpoint whose alignment timed out: Gate.Promote). It returns copies of
-// the data buffers the barrier overtook, like SendEventOvertaking, and
-// whether it was queued.
-func (c *Chan[T]) promote(id int64) (overtaken []*Buffer[T], found bool) {
+// Promote implements Input: it moves the first queued non-priority
+// barrier of checkpoint id to the priority events, as an unaligned barrier
+// (reader side, for a checkpoint whose alignment timed out: Gate.Promote).
+// It returns copies of the data buffers the barrier overtook, like
+// SendEventOvertaking, and whether it was queued.
+func (c *Chan[T]) Promote(id int64) (overtaken []*Buffer[T], found bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	at := -1
@@ -383,9 +386,9 @@ func (c *Chan[T]) resetDeadlineLocked() {
 	c.deadline.Store(d)
 }
 
-// promoteTimedOut promotes the first queued aligned barrier whose
-// deadline is at or before now (see promote).
-func (c *Chan[T]) promoteTimedOut(now int64) (id int64, overtaken []*Buffer[T], found bool) {
+// PromoteTimedOut implements Input: it promotes the first queued aligned
+// barrier whose deadline is at or before now (see Promote).
+func (c *Chan[T]) PromoteTimedOut(now int64) (id int64, overtaken []*Buffer[T], found bool) {
 	if d := c.deadline.Load(); d == 0 || now < d {
 		return 0, nil, false
 	}
@@ -401,7 +404,7 @@ func (c *Chan[T]) promoteTimedOut(now int64) (id int64, overtaken []*Buffer[T], 
 	if id < 0 {
 		return 0, nil, false
 	}
-	overtaken, found = c.promote(id)
+	overtaken, found = c.Promote(id)
 	return id, overtaken, found
 }
 
@@ -470,8 +473,9 @@ func (c *Chan[T]) pollLocked() (Item[T], bool) {
 	return it, true
 }
 
-// tryPollPriority returns the head priority event, if any.
-func (c *Chan[T]) tryPollPriority() (marker.Event, bool) {
+// TryPollPriority implements Input: it returns the head priority event,
+// if any.
+func (c *Chan[T]) TryPollPriority() (marker.Event, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.prio.len() == 0 {
@@ -488,6 +492,36 @@ func (c *Chan[T]) popPrioLocked() marker.Event {
 	}
 	return ev
 }
+
+// Attach implements Input.
+func (c *Chan[T]) Attach(ready chan struct{}, prio *atomic.Int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.notify != nil {
+		return fmt.Errorf("channel: %q is already attached to a gate", c.name)
+	}
+	c.notify = ready
+	c.gatePrio = prio
+	prio.Add(int64(c.prio.len()))
+	if c.queue.len()+c.prio.len() > 0 {
+		postToken(ready)
+	}
+	return nil
+}
+
+// Pending implements Input: one atomic load.
+func (c *Chan[T]) Pending() bool { return c.avail.Load() > 0 }
+
+// Deadline implements Input: one atomic load.
+func (c *Chan[T]) Deadline() int64 { return c.deadline.Load() }
+
+// Overtaken implements Input: a local channel keeps no copies on the
+// reader's side (its writer's SendEventOvertaking took every buffer a
+// priority event overtook), so it returns nil.
+func (c *Chan[T]) Overtaken(int64) []*Buffer[T] { return nil }
+
+// Err implements Input: a local channel does not fail.
+func (c *Chan[T]) Err() error { return nil }
 
 // Gauges implements Sender.
 func (c *Chan[T]) Gauges() Gauges {

@@ -85,6 +85,38 @@
 // queued on an input becomes a priority event at the head, and the buffers
 // it overtook are returned as copies (input channel state).
 //
+// # Network inputs
+//
+// A Gate reads Inputs: a local Chan, or the receiving end of a network
+// channel (package channel/netchan, Receiver.Input), side by side; the
+// writer's end of a network channel is a Sender like a Chan. A subtask
+// therefore reads and writes network channels with the code it uses for
+// local ones. The Gate calls an Input per buffer or per event, never per
+// record (one interface call where the loop used to load an atomic), so
+// the per-record path is unchanged.
+//
+// The alternative, a goroutine pumping each network channel into a local
+// Chan that the Gate reads as today, was not taken: an unaligned barrier
+// must overtake what waits on the reader's side (the receiver's queue and
+// the Chan's), and those buffers must become the reader's input channel
+// state, since the writer, whose output state holds what its sender still
+// queues, never sees them. A pump would have to collect them from two
+// queues and pass them to the reader out of band anyway, would copy every
+// buffer once more, and would hold up to twice the buffers per channel,
+// weakening the credit bound (N2) by the Chan's capacity. With the Input
+// interface the receiver's queue is the only reader-side queue: credit
+// bounds it; Promote, PromoteTimedOut and Deadline reach a barrier queued
+// there (alignment timeout), as Chan's do on its queue; and
+// Gate.Overtaken hands the reader the copies the receiver kept of what a
+// priority barrier overtook there (netchan N6), which the reader records
+// as that channel's input state after what it read before the barrier
+// (package internal/runtime/task, I6). Together with the sender's copies
+// (the writer's output state, SendEventOvertaking as locally) they are
+// exactly what a local Chan's SendEventOvertaking would have returned.
+// A Chan's Overtaken is always nil, and a Chan never fails (Err); a
+// network input that fails wakes the reader, hands out nothing more, and
+// Gate.Err fails the attempt.
+//
 // # Invariants
 //
 //   - CH1 (FIFO): per channel, data buffers and non-priority events are

@@ -25,7 +25,7 @@ import (
 //
 // which never misses an item (CH3).
 type Gate[T any] struct {
-	inputs  []*Chan[T]
+	inputs  []Input[T]
 	blocked []bool
 	// held[ch]: input ch is not polled for data (Hold), independently of
 	// blocked, which belongs to barrier alignment.
@@ -41,32 +41,38 @@ type Gate[T any] struct {
 	prio atomic.Int64
 }
 
-// NewGate returns a gate over inputs, in that order; Poll reports an input
-// by its index. It registers itself with each channel so that sends wake the
-// reader. A channel can belong to one gate only (it has one reader); NewGate
-// panics otherwise.
+// NewGate returns a gate over local channels, in that order (see
+// NewInputGate). It panics if a channel belongs to a gate already.
 func NewGate[T any](inputs []*Chan[T]) *Gate[T] {
+	in := make([]Input[T], len(inputs))
+	for i, c := range inputs {
+		in[i] = c
+	}
+	g, err := NewInputGate(in)
+	if err != nil {
+		panic(err.Error())
+	}
+	return g
+}
+
+// NewInputGate returns a gate over inputs, in that order; Poll reports an
+// input by its index. Inputs may be local channels or the receiving ends
+// of network channels (Input). It attaches itself to each input so that
+// sends wake the reader; an input can belong to one gate only (it has one
+// reader).
+func NewInputGate[T any](inputs []Input[T]) (*Gate[T], error) {
 	g := &Gate[T]{
-		inputs:  append([]*Chan[T](nil), inputs...),
+		inputs:  append([]Input[T](nil), inputs...),
 		blocked: make([]bool, len(inputs)),
 		held:    make([]bool, len(inputs)),
 		notify:  make(chan struct{}, 1),
 	}
-	for i, c := range g.inputs {
-		c.mu.Lock()
-		if c.notify != nil {
-			c.mu.Unlock()
-			panic(fmt.Sprintf("channel: input %d (%q) is already registered with a gate", i, c.name))
+	for i, in := range g.inputs {
+		if err := in.Attach(g.notify, &g.prio); err != nil {
+			return nil, fmt.Errorf("channel: gate input %d: %w", i, err)
 		}
-		c.notify = g.notify
-		c.gatePrio = &g.prio
-		g.prio.Add(int64(c.prio.len()))
-		if c.queue.len()+c.prio.len() > 0 {
-			postToken(g.notify)
-		}
-		c.mu.Unlock()
 	}
-	return g
+	return g, nil
 }
 
 // Len returns the number of input channels.
@@ -85,17 +91,17 @@ func (g *Gate[T]) Poll() (ch int, it Item[T], ok bool) {
 	if g.prio.Load() > 0 {
 		for i := 0; i < n; i++ {
 			ch := g.index(i)
-			if g.blocked[ch] || g.inputs[ch].avail.Load() == 0 {
+			if g.blocked[ch] || !g.inputs[ch].Pending() {
 				continue
 			}
-			if ev, ok := g.inputs[ch].tryPollPriority(); ok {
+			if ev, ok := g.inputs[ch].TryPollPriority(); ok {
 				return ch, Item[T]{Event: ev}, true
 			}
 		}
 	}
 	for i := 0; i < n; i++ {
 		ch := g.index(i)
-		if g.blocked[ch] || g.held[ch] || g.inputs[ch].avail.Load() == 0 {
+		if g.blocked[ch] || g.held[ch] || !g.inputs[ch].Pending() {
 			continue
 		}
 		if it, ok := g.inputs[ch].TryPoll(); ok {
@@ -118,7 +124,7 @@ func (g *Gate[T]) PollPriority() (ch int, ev marker.Event, ok bool) {
 	}
 	for i := 0; i < len(g.inputs); i++ {
 		ch := g.index(i)
-		if ev, ok := g.inputs[ch].tryPollPriority(); ok {
+		if ev, ok := g.inputs[ch].TryPollPriority(); ok {
 			return ch, ev, true
 		}
 	}
@@ -139,7 +145,7 @@ func (g *Gate[T]) PriorityPending() bool { return g.prio.Load() > 0 }
 // alignment timed out (align.Promote). found is false if the barrier is not
 // queued (not sent yet, or polled already).
 func (g *Gate[T]) Promote(ch int, id int64) (overtaken []*Buffer[T], found bool) {
-	return g.inputs[ch].promote(id)
+	return g.inputs[ch].Promote(id)
 }
 
 // PromoteTimedOut promotes, like Promote, an aligned barrier queued on
@@ -152,7 +158,7 @@ func (g *Gate[T]) Promote(ch int, id int64) (overtaken []*Buffer[T], found bool)
 // barrier is queued.
 func (g *Gate[T]) PromoteTimedOut(now int64) (ch int, id int64, overtaken []*Buffer[T], ok bool) {
 	for i, c := range g.inputs {
-		if id, ov, found := c.promoteTimedOut(now); found {
+		if id, ov, found := c.PromoteTimedOut(now); found {
 			return i, id, ov, true
 		}
 	}
@@ -163,7 +169,7 @@ func (g *Gate[T]) PromoteTimedOut(now int64) (ch int, id int64, overtaken []*Buf
 // queued on the inputs (see PromoteTimedOut); ok is false if there is none.
 func (g *Gate[T]) Deadline() (deadline int64, ok bool) {
 	for _, c := range g.inputs {
-		if d := c.deadline.Load(); d != 0 && (!ok || d < deadline) {
+		if d := c.Deadline(); d != 0 && (!ok || d < deadline) {
 			deadline, ok = d, true
 		}
 	}
@@ -190,7 +196,7 @@ func (g *Gate[T]) Unblock(ch int) {
 		return
 	}
 	g.blocked[ch] = false
-	if g.inputs[ch].avail.Load() > 0 {
+	if g.inputs[ch].Pending() {
 		postToken(g.notify)
 	}
 }
@@ -207,7 +213,7 @@ func (g *Gate[T]) Hold(ch int, held bool) {
 		return
 	}
 	g.held[ch] = held
-	if !held && g.inputs[ch].avail.Load() > 0 {
+	if !held && g.inputs[ch].Pending() {
 		postToken(g.notify)
 	}
 }
@@ -217,6 +223,31 @@ func (g *Gate[T]) Blocked(ch int) bool { return g.blocked[ch] }
 
 // Recycle returns a buffer polled from input ch to that channel's free list.
 func (g *Gate[T]) Recycle(ch int, b *Buffer[T]) { g.inputs[ch].Recycle(b) }
+
+// Overtaken takes the copies of the data buffers that the priority barrier
+// of checkpoint id, just polled from input ch, overtook on the reader's
+// side of that channel (Input.Overtaken): nil for a local channel; for a
+// network channel the input channel state that follows what was polled
+// from ch before the barrier. The reader calls it for every priority
+// barrier it polls.
+func (g *Gate[T]) Overtaken(ch int, id int64) []*Buffer[T] { return g.inputs[ch].Overtaken(id) }
+
+// ReleaseCopy gives back a copy that input ch's Promote, PromoteTimedOut
+// or Overtaken returned.
+func (g *Gate[T]) ReleaseCopy(ch int, b *Buffer[T]) { g.inputs[ch].ReleaseCopy(b) }
+
+// Err returns the error of the first input that failed (a network
+// channel), nil if none did. A failed input wakes the reader (Ready) and
+// hands out nothing more; the reader asks Err when Poll found nothing,
+// and its attempt fails.
+func (g *Gate[T]) Err() error {
+	for i, in := range g.inputs {
+		if err := in.Err(); err != nil {
+			return fmt.Errorf("channel: gate input %d: %w", i, err)
+		}
+	}
+	return nil
+}
 
 // Gauges returns the gauges of every input, in input order.
 func (g *Gate[T]) Gauges() []Gauges {

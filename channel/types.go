@@ -3,6 +3,7 @@ package channel
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/snapflow/snapflow/internal/cacheline"
@@ -133,5 +134,54 @@ type Sender[T any] interface {
 	// later copies to reuse; the caller must not use it afterwards.
 	ReleaseCopy(b *Buffer[T])
 	// Gauges returns the channel's counters.
+	Gauges() Gauges
+}
+
+// Input is the reader's end of a channel as a Gate reads it: a local Chan,
+// or the receiving end of a network channel (package channel/netchan). The
+// Gate calls its methods from the reader's goroutine, per buffer or per
+// event, never per record (Attach once, from the gate's constructor).
+type Input[T any] interface {
+	// Attach registers the gate: from then on the input posts a token to
+	// ready on every empty -> non-empty transition, on every priority
+	// event and when it fails (CH3), and counts its queued priority events
+	// in prio (+1 queued, -1 polled). An input belongs to one gate: Attach
+	// fails if it is attached already.
+	Attach(ready chan struct{}, prio *atomic.Int64) error
+	// Pending reports cheaply (an atomic load) whether an item may be
+	// queued; a false positive costs a TryPoll.
+	Pending() bool
+	// TryPoll returns the head item (priority events first); it never
+	// blocks. A failed input returns nothing (see Err).
+	TryPoll() (Item[T], bool)
+	// TryPollPriority returns the head priority event, if any.
+	TryPollPriority() (marker.Event, bool)
+	// Recycle gives back a data buffer TryPoll returned.
+	Recycle(b *Buffer[T])
+	// Promote and PromoteTimedOut make a queued aligned barrier a
+	// priority event at the head of the input (alignment timeout) and
+	// return copies of the data buffers it overtook here (Gate.Promote,
+	// Gate.PromoteTimedOut).
+	Promote(id int64) (overtaken []*Buffer[T], found bool)
+	PromoteTimedOut(now int64) (id int64, overtaken []*Buffer[T], found bool)
+	// Deadline returns the earliest alignment deadline of the aligned
+	// barriers queued (Unix nanoseconds), 0 if none: cheap, read once per
+	// round.
+	Deadline() int64
+	// Overtaken takes the copies of the data buffers that the priority
+	// barrier of checkpoint id overtook on the reader's side of the
+	// channel, to follow what was polled before the barrier as input
+	// channel state. A local Chan returns nil (its writer's
+	// SendEventOvertaking copied them all, as output channel state); a
+	// network channel's receiving end returns those queued at the receiver
+	// when the barrier arrived (netchan N6).
+	Overtaken(id int64) []*Buffer[T]
+	// ReleaseCopy gives back a copy Promote, PromoteTimedOut or Overtaken
+	// returned.
+	ReleaseCopy(b *Buffer[T])
+	// Err returns the error the input failed with (a network channel that
+	// broke: the attempt fails); nil while it is whole.
+	Err() error
+	// Gauges returns the input's counters.
 	Gauges() Gauges
 }

@@ -5,6 +5,7 @@ import (
 	"reflect"
 
 	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/channel/netchan"
 )
 
 // Partitioning says how records move from the subtasks of one operator to
@@ -85,8 +86,9 @@ type edge struct {
 	// chained: both ends run in one subtask (set by Validate).
 	chained bool
 	// newChan creates a *channel.Chan[E] for the edge's element type E
-	// (elem).
+	// (elem); newNet a network channel of E (netwire.go).
 	newChan func(channel.Config) any
+	newNet  func(n *netEdges, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error)
 	// partitioner is a hash edge's hashPartitioner[T, K] (operators.go),
 	// or a two-input operator's input's coEdge (coprocess.go): it makes
 	// the edge's channels (of task.Keyed[K, T], or of the operator's
@@ -267,10 +269,11 @@ func newEdge[T any](from, to *vertex, part Partitioning, partitioner any) *edge 
 	e := &edge{
 		from: from, to: to, part: part, partitioner: partitioner,
 		newChan: func(cfg channel.Config) any { return channel.New[T](cfg) },
+		newNet:  newNetLink[T],
 		elem:    reflect.TypeFor[T](),
 	}
 	if m, ok := partitioner.(chanMaker); ok {
-		e.newChan, e.elem = m.newChan, m.elemType()
+		e.newChan, e.newNet, e.elem = m.newChan, m.newNet, m.elemType()
 	}
 	return e
 }

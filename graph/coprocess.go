@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/channel/netchan"
 	"github.com/snapflow/snapflow/internal/runtime/task"
 )
 
@@ -226,6 +227,14 @@ func (c coEdge[T, E]) elemType() reflect.Type {
 		return m.elemType()
 	}
 	return reflect.TypeFor[E]()
+}
+
+// newNet implements chanMaker.
+func (c coEdge[T, E]) newNet(n *netEdges, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error) {
+	if m, ok := c.inner.(chanMaker); ok {
+		return m.newNet(n, id, attempt, cfg)
+	}
+	return newNetLink[E](n, id, attempt, cfg)
 }
 
 // edge implements edger.

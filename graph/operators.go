@@ -14,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/channel/netchan"
 	"github.com/snapflow/snapflow/internal/runtime/execution"
 	"github.com/snapflow/snapflow/internal/runtime/task"
 	"github.com/snapflow/snapflow/marker"
@@ -1062,12 +1063,17 @@ func (h hashPartitioner[T, K]) newChan(cfg channel.Config) any {
 // elemType implements chanMaker.
 func (h hashPartitioner[T, K]) elemType() reflect.Type { return reflect.TypeFor[task.Keyed[K, T]]() }
 
+// newNet implements chanMaker.
+func (h hashPartitioner[T, K]) newNet(n *netEdges, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error) {
+	return newNetLink[task.Keyed[K, T]](n, id, attempt, cfg)
+}
+
 // edge returns the output edge of one upstream subtask over chans, its
 // channels to every downstream subtask in subtask order.
 func (h hashPartitioner[T, K]) edge(chans []any, _ Partitioning, _, maxP int) task.Edge[T] {
 	senders := make([]channel.Sender[task.Keyed[K, T]], len(chans))
 	for i, c := range chans {
-		senders[i] = c.(*channel.Chan[task.Keyed[K, T]])
+		senders[i] = c.(channel.Sender[task.Keyed[K, T]])
 	}
 	return task.KeyedEdge(senders, h.key, maxP)
 }

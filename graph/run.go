@@ -2,6 +2,7 @@ package graph
 
 import (
 	"context"
+	"sync"
 
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/internal/runtime/execution"
@@ -180,6 +181,10 @@ type attempt struct {
 	// aligned are the watermark alignment memberships of the source
 	// subtasks in a group, in a registry of this attempt's own.
 	aligned map[checkpoint.TaskID]*task.AlignmentMember
+	// nets are the attempt's network channels (netwire.go), closed once
+	// by closeNets when the attempt ends.
+	nets     []interface{ close() }
+	netsOnce sync.Once
 }
 
 type memberFunc func(ctx context.Context, a *attempt, i int, next any) (task.Member, any)
@@ -196,7 +201,11 @@ func (j *Job) build(x *execution.Attempt, ends *endHooks, f *fault) (*execution.
 		mails: map[checkpoint.TaskID]*task.Mailbox{},
 		chans: map[*edge][][]any{},
 	}
-	x.Channels = a.wireChannels()
+	var err error
+	if x.Channels, err = a.wireChannels(); err != nil {
+		a.closeNets()
+		return nil, err
+	}
 	a.aligned = j.alignmentMembers()
 	for _, chain := range j.chains {
 		for i := 0; i < chain[0].parallelism; i++ {
@@ -214,7 +223,14 @@ func (j *Job) build(x *execution.Attempt, ends *endHooks, f *fault) (*execution.
 			x.Boxes = append(x.Boxes, bx)
 			x.Chains = append(x.Chains, execution.Chain{
 				Name: a.info(chain[0], i).String(),
-				Run:  func(ctx context.Context) error { return runChain(ctx, a, chain, i) },
+				Run: func(ctx context.Context) error {
+					if len(a.nets) > 0 {
+						// The attempt's context ends once every chain
+						// returned or the attempt failed.
+						context.AfterFunc(ctx, a.closeNets)
+					}
+					return runChain(ctx, a, chain, i)
+				},
 			})
 		}
 	}

@@ -6,12 +6,14 @@ import (
 	"reflect"
 
 	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/channel/netchan"
 	"github.com/snapflow/snapflow/internal/runtime/task"
 )
 
-// wireChannels creates fresh channels for every unchained edge (G5) and
-// returns them, for their gauges.
-func (a *attempt) wireChannels() []interface{ Gauges() channel.Gauges } {
+// wireChannels creates fresh channels for every unchained edge (G5), local
+// or, where the job's factory selects the edge, network channels
+// (netwire.go), and returns them, for their gauges.
+func (a *attempt) wireChannels() ([]interface{ Gauges() channel.Gauges }, error) {
 	j := a.job
 	chCfg := channel.Config{Capacity: j.cfg.ChannelCapacity, BufferSize: j.cfg.BufferSize}
 	var all []interface{ Gauges() channel.Gauges }
@@ -32,13 +34,20 @@ func (a *attempt) wireChannels() []interface{ Gauges() channel.Gauges } {
 					cfg := chCfg
 					cfg.Name = fmt.Sprintf("%s[%d]->%s[%d]", v.uid, i, ed.to.uid, k)
 					cfg.Unbounded = ed.feedback
-					chans[i][k] = newChan(cfg)
-					all = append(all, chans[i][k].(interface{ Gauges() channel.Gauges }))
+					c, ok, err := a.netChannel(ed, i, k, cfg)
+					if err != nil {
+						return nil, err
+					}
+					if !ok {
+						c = newChan(cfg)
+					}
+					chans[i][k] = c
+					all = append(all, c.(interface{ Gauges() channel.Gauges }))
 				}
 			}
 		}
 	}
-	return all
+	return all, nil
 }
 
 // runChain builds subtask i of every operator of chain, tail first so
@@ -55,9 +64,13 @@ func runChain(ctx context.Context, a *attempt, chain []*vertex, i int) error {
 
 // gateFor returns the input gate of subtask i of v.
 func gateFor[T any](a *attempt, v *vertex, i int) *channel.Gate[T] {
-	var chans []*channel.Chan[T]
-	a.gateInputs(v, i, func(_ *edge, c any) { chans = append(chans, c.(*channel.Chan[T])) })
-	return channel.NewGate(chans)
+	var inputs []channel.Input[T]
+	a.gateInputs(v, i, func(_ *edge, c any) { inputs = append(inputs, gateInput[T](c)) })
+	g, err := channel.NewInputGate(inputs)
+	if err != nil {
+		panic(fmt.Sprintf("graph: the gate of %s[%d]: %v", v.uid, i, err)) // each channel has one reader
+	}
+	return g
 }
 
 // gateInputs calls f for every input channel of subtask i of v, in gate
@@ -145,6 +158,7 @@ func (a *attempt) loopFor(chain []*vertex, i int) *task.Loop {
 // whose channels carry both inputs' records as one type.
 type chanMaker interface {
 	newChan(channel.Config) any
+	newNet(n *netEdges, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error)
 	elemType() reflect.Type
 }
 
@@ -185,7 +199,7 @@ func routedEdge[T any](chans []any, part Partitioning, i int) task.Edge[T] {
 	var te task.Edge[T]
 	for _, c := range chans {
 		if c != nil {
-			te.Chans = append(te.Chans, c.(*channel.Chan[T]))
+			te.Chans = append(te.Chans, c.(channel.Sender[T]))
 		}
 	}
 	switch part {

@@ -68,6 +68,10 @@
 // end-of-input, or a registered end that no stream connects within
 // ServerConfig.OpenTimeout fails the channel at both ends, and the
 // attempt fails. A new attempt makes new channels, tagged with its number.
+// Close interrupts a frame waiting in gRPC's flow control (a peer that
+// stopped reading): the dialing end cancels its stream, the listening end
+// returns from the stream's handler, which ends the stream (a server
+// stream's SendMsg watches the stream, not a context derived from it).
 //
 // Security. The package listens only on the listener its caller passes.
 // ServerConfig.Options carry TLS credentials (mutual TLS with
@@ -94,11 +98,15 @@
 //     input or fails at both ends: Send, SendEvent, TryPoll and Poll then
 //     return the error (a failed Receiver hands out nothing more); there is
 //     no silent loss and no reconnection within an attempt.
-//   - N5 (attempts): every frame carries its attempt. The server refuses a
-//     stream of an older attempt than the end registered (FailedPrecondition)
-//     or a second stream for an open end (AlreadyExists); registering an
-//     attempt at or below the latest is refused, a newer one fails the older
-//     end still waiting; a receiver refuses frames of another attempt.
+//   - N5 (attempts): every frame carries its attempt. A Server serves one
+//     job and fences at the newest attempt registered on it: it refuses a
+//     stream of an older attempt (FailedPrecondition), a second stream for
+//     an open end (AlreadyExists) and the registration of an older attempt
+//     or of one already registered for that end; registering a newer
+//     attempt fails every end of an older one still waiting and forgets the
+//     older attempts (the fence covers them), so its memory is that of the
+//     current attempt's channels however many came before; a receiver
+//     refuses frames of another attempt.
 //   - N6 (overtaking): a priority event goes ahead of the queued data and
 //     non-priority events on both sides, behind earlier priority events,
 //     without credit. The data polled before it, then the copies the

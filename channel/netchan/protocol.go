@@ -375,6 +375,18 @@ func (r *RecvSide[H]) Poll() (data H, ev marker.Event, isData, ok bool) {
 	return e.data, ev, true, true
 }
 
+// PollPriority returns the oldest priority event, if any (a reader that
+// takes priority events from a channel it does not poll for data).
+func (r *RecvSide[H]) PollPriority() (marker.Event, bool) {
+	if r.prio.len() == 0 {
+		return marker.Event{}, false
+	}
+	return r.prio.pop(), true
+}
+
+// PriorityQueued returns the number of priority events queued.
+func (r *RecvSide[H]) PriorityQueued() int { return r.prio.len() }
+
 // Pending reports whether Poll would return an item.
 func (r *RecvSide[H]) Pending() bool { return r.prio.len()+r.queue.len() > 0 }
 
@@ -405,6 +417,38 @@ func (r *RecvSide[H]) Promote(id int64) (overtaken []H, found bool) {
 		return overtaken, true
 	}
 	return nil, false
+}
+
+// PromoteTimedOut promotes, like Promote, the first queued aligned
+// barrier that timed out at now (marker.Barrier.TimedOut): the reader's
+// half of an alignment timeout at its deadline (as
+// channel.Gate.PromoteTimedOut), without the reader knowing the
+// checkpoint yet. ok is false if none timed out.
+func (r *RecvSide[H]) PromoteTimedOut(now int64) (id int64, overtaken []H, ok bool) {
+	for i := 0; i < r.queue.len(); i++ {
+		e := r.queue.at(i)
+		if e.isData || e.ev.Type != marker.EventBarrier || !e.ev.Barrier.TimedOut(now) {
+			continue
+		}
+		overtaken, _ = r.Promote(e.ev.Barrier.ID)
+		return e.ev.Barrier.ID, overtaken, true
+	}
+	return 0, nil, false
+}
+
+// Deadline returns the earliest alignment deadline (marker.Barrier.Deadline)
+// of the aligned barriers queued here; ok is false if there is none.
+func (r *RecvSide[H]) Deadline() (deadline int64, ok bool) {
+	for i := 0; i < r.queue.len(); i++ {
+		e := r.queue.at(i)
+		if e.isData || e.ev.Type != marker.EventBarrier {
+			continue
+		}
+		if d, has := e.ev.Barrier.Deadline(); has && (!ok || d < deadline) {
+			deadline, ok = d, true
+		}
+	}
+	return deadline, ok
 }
 
 // TakeCredit returns the credit freed since the last call and counts it as

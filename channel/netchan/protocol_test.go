@@ -25,6 +25,8 @@ import (
 //	recycle [n=<k>]                         RecvSide.Recycle
 //	promote id=<n>                          RecvSide.Promote
 //	promote-sender now=<ns>                 SendSide.PromoteTimedOut
+//	promote-receiver now=<ns>               RecvSide.PromoteTimedOut
+//	deadline                                RecvSide.Deadline
 //	inject seq=<s> [attempt=<a>] [data=<name>]  a frame of the script's making into Receive
 //	state                                   both sides' gauges and the wire
 func TestProtocol(t *testing.T) {
@@ -151,6 +153,14 @@ func TestProtocol(t *testing.T) {
 				d.ScanArgs(t, "now", &now)
 				id, over, ok := s.PromoteTimedOut(now)
 				return fmt.Sprintf("ok=%t id=%d overtaken %v", ok, id, over)
+			case "promote-receiver":
+				var now int64
+				d.ScanArgs(t, "now", &now)
+				id, over, ok := r.PromoteTimedOut(now)
+				return fmt.Sprintf("ok=%t id=%d overtaken %v", ok, id, over)
+			case "deadline":
+				dl, ok := r.Deadline()
+				return fmt.Sprintf("ok=%t deadline=%d", ok, dl)
 			case "inject":
 				f := In[string]{Attempt: r.Attempt()}
 				d.ScanArgs(t, "seq", &f.Seq)

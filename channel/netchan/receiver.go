@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/snapflow/snapflow/channel"
+	"github.com/snapflow/snapflow/marker"
 )
 
 // Receiver is the reader's end of a network channel: it owns
@@ -33,6 +35,43 @@ type Receiver[T any] struct {
 	closed chan struct{}
 	cancel context.CancelFunc
 	copies sync.Pool
+
+	// Read by a channel.Gate (Input): gatePrio counts the priority events
+	// queued on the gate's inputs (nil until attached); pending mirrors
+	// st.Pending() and deadline st.Deadline() (0: none), written under mu
+	// and read without it.
+	gatePrio        *atomic.Int64
+	pending         atomic.Bool
+	deadline        atomic.Int64
+	receivedRecords int64
+}
+
+// changedLocked refreshes the mirrors a gate reads without the lock after
+// the queue changed (event: an event came or went, so the deadline may
+// have).
+func (r *Receiver[T]) changedLocked(event bool) {
+	r.pending.Store(r.st.Pending())
+	if event {
+		d, _ := r.st.Deadline()
+		r.deadline.Store(d)
+	}
+}
+
+// polledLocked accounts for an item the reader took.
+func (r *Receiver[T]) polledLocked(ev marker.Event, isData bool) {
+	if !isData && ev.Priority() && r.gatePrio != nil {
+		r.gatePrio.Add(-1)
+	}
+	r.changedLocked(!isData)
+}
+
+// promotedLocked accounts for a barrier moved to the priority events.
+func (r *Receiver[T]) promotedLocked() {
+	if r.gatePrio != nil {
+		r.gatePrio.Add(1)
+	}
+	r.changedLocked(true)
+	postToken(r.ready)
 }
 
 func newReceiver[T any](id ChannelID, attempt int64, cfg Config, codec Codec[T]) *Receiver[T] {
@@ -155,15 +194,24 @@ func (r *Receiver[T]) readFrames(st stream) error {
 		}
 		r.mu.Lock()
 		over, err := r.st.Receive(in)
-		if err == nil && over != nil {
-			id := in.Event.Barrier.ID
-			r.overtaken[id] = append(r.overtaken[id], copyBuffers(&r.copies, over, r.bufferSize)...)
+		if err == nil {
+			if over != nil {
+				id := in.Event.Barrier.ID
+				r.overtaken[id] = append(r.overtaken[id], copyBuffers(&r.copies, over, r.bufferSize)...)
+			}
+			if in.HasData {
+				r.receivedRecords += int64(len(in.Data.Records))
+			} else if in.Event.Priority() && r.gatePrio != nil {
+				r.gatePrio.Add(1)
+			}
+			r.changedLocked(!in.HasData)
 		}
+		ready := r.ready
 		r.mu.Unlock()
 		if err != nil {
 			return fmt.Errorf("netchan: %s: %w", r.id, err)
 		}
-		postToken(r.ready)
+		postToken(ready)
 	}
 }
 
@@ -252,6 +300,7 @@ func (r *Receiver[T]) TryPoll() (channel.Item[T], bool, error) {
 	if !ok {
 		return channel.Item[T]{}, false, nil
 	}
+	r.polledLocked(ev, isData)
 	if isData {
 		return channel.Item[T]{Buf: b}, true, nil
 	}
@@ -320,8 +369,23 @@ func (r *Receiver[T]) Promote(id int64) (overtaken []*channel.Buffer[T], found b
 	if !found {
 		return nil, false
 	}
-	postToken(r.ready)
+	r.promotedLocked()
 	return copyBuffers(&r.copies, over, r.bufferSize), true
+}
+
+// PromoteTimedOut switches the first aligned barrier queued at the
+// receiver whose alignment timed out at now to unaligned, and returns its
+// checkpoint and copies of the buffers it overtook (the reader's half of
+// an alignment timeout at its deadline, RecvSide.PromoteTimedOut).
+func (r *Receiver[T]) PromoteTimedOut(now int64) (id int64, overtaken []*channel.Buffer[T], ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	id, over, ok := r.st.PromoteTimedOut(now)
+	if !ok {
+		return 0, nil, false
+	}
+	r.promotedLocked()
+	return id, copyBuffers(&r.copies, over, r.bufferSize), true
 }
 
 // ReleaseCopy gives back a copy Overtaken or Promote returned.

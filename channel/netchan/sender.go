@@ -54,8 +54,12 @@ type Sender[T any] struct {
 	// ended is closed when the channel failed or finished.
 	ended    chan struct{}
 	finished bool
-	cancel   context.CancelFunc
-	copies   sync.Pool
+	// wrote is closed when the goroutine writing the stream's frames
+	// returned (after end-of-input, or once the channel failed: Close
+	// interrupts it even inside gRPC's flow control).
+	wrote  chan struct{}
+	cancel context.CancelFunc
+	copies sync.Pool
 
 	// sentBuffers, sentRecords and sentEvents count accepted Sends and
 	// SendEvents, as channel.Gauges does; Protocol counts what went on
@@ -70,7 +74,7 @@ func newSender[T any](id ChannelID, attempt int64, cfg Config, codec Codec[T]) *
 	return &Sender[T]{
 		id: id, codec: codec, bufferSize: cfg.BufferSize,
 		st:    NewSendSide[*channel.Buffer[T]](cfg.Buffers, attempt),
-		space: make(chan struct{}, 1), work: make(chan struct{}, 1), ended: make(chan struct{}),
+		space: make(chan struct{}, 1), work: make(chan struct{}, 1), ended: make(chan struct{}), wrote: make(chan struct{}),
 		free: make([]*channel.Buffer[T], 0, cfg.Buffers+2),
 	}
 }
@@ -89,7 +93,10 @@ func DialSender[T any](ctx context.Context, c *Conn, id ChannelID, attempt int64
 	go s.readCredit(cs)
 	go func() {
 		defer cancel()
+		// A SendMsg waiting in HTTP/2 flow control returns once ctx ends
+		// (Close cancels it).
 		err := s.writeFrames(ctx, cs)
+		close(s.wrote)
 		switch {
 		case err == nil:
 			err = cs.CloseSend()
@@ -137,7 +144,20 @@ func (e *senderEnd[T]) serve(ss stream) error {
 	s.cancel = cancel
 	s.mu.Unlock()
 	go s.readCredit(ss)
-	err := s.writeFrames(ctx, ss)
+	// A SendMsg waiting in HTTP/2 flow control does not watch ctx, only
+	// the stream, which ends when the handler returns: on Close (ctx) the
+	// handler returns at once, and the write fails.
+	wrote := make(chan error, 1)
+	go func() {
+		defer close(s.wrote)
+		wrote <- s.writeFrames(ctx, ss)
+	}()
+	var err error
+	select {
+	case err = <-wrote:
+	case <-ctx.Done():
+		err = fmt.Errorf("netchan: %s: %w", s.id, context.Cause(ctx))
+	}
 	if err != nil {
 		s.fail(err)
 		return err

@@ -87,9 +87,18 @@ type Server struct {
 
 	mu   sync.Mutex
 	ends map[endKey]endpoint
-	// latest is the newest attempt registered per channel end, kept after
-	// its stream arrived, to refuse stale attempts (N5).
+	// fence is the newest attempt registered on the server (a Server
+	// serves the channels of one job): streams and registrations of older
+	// attempts are refused (N5). Raising it forgets everything older, so
+	// the server's memory is that of the current attempt's channels,
+	// however many attempts came before.
+	fence int64
+	// latest is the attempt registered per channel end, kept after its
+	// stream arrived, to refuse a second stream (N5); only ends of the
+	// current attempt (fence) are kept.
 	latest map[endKey]int64
+	// attempts is the attempt of each end waiting in ends.
+	attempts map[endKey]int64
 	// changed is closed and replaced on every registration.
 	changed chan struct{}
 }
@@ -107,6 +116,7 @@ func NewServer(cfg ServerConfig) *Server {
 		openTimeout: cfg.OpenTimeout,
 		ends:        map[endKey]endpoint{},
 		latest:      map[endKey]int64{},
+		attempts:    map[endKey]int64{},
 		changed:     make(chan struct{}),
 	}
 	if s.openTimeout <= 0 {
@@ -125,16 +135,38 @@ func (s *Server) Serve(lis net.Listener) error { return s.grpc.Serve(lis) }
 // channels fail at both ends.
 func (s *Server) Stop() { s.grpc.Stop() }
 
-// register adds a channel end. A newer attempt supersedes an older
-// registration, which fails; an older or equal one is refused.
+// register adds a channel end of attempt. An attempt newer than the
+// fence raises it: every end of an older attempt still waiting for its
+// stream fails, and the older attempts are forgotten (the fence refuses
+// them). An older attempt, or one already registered for the end, is
+// refused.
 func (s *Server) register(k endKey, attempt int64, ep endpoint) error {
 	s.mu.Lock()
+	if attempt < s.fence {
+		s.mu.Unlock()
+		return fmt.Errorf("netchan: %s end of %s: attempt %d is fenced (attempt %d is current)", k.role, k.id, attempt, s.fence)
+	}
 	if l, ok := s.latest[k]; ok && attempt <= l {
 		s.mu.Unlock()
 		return fmt.Errorf("netchan: %s end of %s: attempt %d already registered (latest %d)", k.role, k.id, attempt, l)
 	}
-	old := s.ends[k]
+	type stale struct {
+		k       endKey
+		attempt int64
+		ep      endpoint
+	}
+	var superseded []stale
+	if attempt > s.fence {
+		s.fence = attempt
+		for ok, a := range s.attempts {
+			superseded = append(superseded, stale{ok, a, s.ends[ok]})
+			delete(s.ends, ok)
+			delete(s.attempts, ok)
+		}
+		clear(s.latest) // all older than attempt: the fence covers them
+	}
 	s.ends[k] = ep
+	s.attempts[k] = attempt
 	s.latest[k] = attempt
 	close(s.changed)
 	s.changed = make(chan struct{})
@@ -144,14 +176,15 @@ func (s *Server) register(k endKey, attempt int64, ep endpoint) error {
 		waiting := s.ends[k] == ep
 		if waiting {
 			delete(s.ends, k)
+			delete(s.attempts, k)
 		}
 		s.mu.Unlock()
 		if waiting {
 			ep.fail(fmt.Errorf("netchan: %s end of %s attempt %d: no stream within %v", k.role, k.id, attempt, s.openTimeout))
 		}
 	})
-	if old != nil { // outside the lock: failing unregisters
-		old.fail(fmt.Errorf("netchan: %s end of %s: superseded by attempt %d", k.role, k.id, attempt))
+	for _, w := range superseded { // outside the lock: failing unregisters
+		w.ep.fail(fmt.Errorf("netchan: %s end of %s attempt %d: superseded by attempt %d", w.k.role, w.k.id, w.attempt, attempt))
 	}
 	return nil
 }
@@ -162,6 +195,7 @@ func (s *Server) unregister(k endKey, ep endpoint) {
 	defer s.mu.Unlock()
 	if s.ends[k] == ep {
 		delete(s.ends, k)
+		delete(s.attempts, k)
 	}
 }
 
@@ -176,12 +210,14 @@ func (s *Server) match(ctx context.Context, f *frame) (endpoint, error) {
 		latest, known := s.latest[k]
 		changed := s.changed
 		switch {
-		case known && f.attempt < latest:
+		case f.attempt < s.fence:
+			fence := s.fence
 			s.mu.Unlock()
 			return nil, status.Errorf(codes.FailedPrecondition,
-				"netchan: %s end of %s: stale attempt %d (attempt %d is current)", k.role, k.id, f.attempt, latest)
+				"netchan: %s end of %s: stale attempt %d (attempt %d is current)", k.role, k.id, f.attempt, fence)
 		case waiting && f.attempt == latest:
 			delete(s.ends, k)
+			delete(s.attempts, k)
 			s.mu.Unlock()
 			return ep, nil
 		case known && f.attempt == latest:

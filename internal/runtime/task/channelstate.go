@@ -292,6 +292,29 @@ func encodeRecords[E any](recs []E) ([]byte, error) {
 	return encodeMsgpack(recs)
 }
 
+// RecordCodec is the encoding of channel state (encodeRecords) as a
+// network channel's record codec (package channel/netchan, Codec): a
+// buffer on the wire is byte for byte a buffer of channel state.
+type RecordCodec[E any] struct{}
+
+// AppendRecords appends the encoding of recs to dst.
+func (RecordCodec[E]) AppendRecords(dst []byte, recs []E) ([]byte, error) {
+	b, err := encodeRecords(recs)
+	if err != nil {
+		return dst, fmt.Errorf("task: encoding a buffer of %T: %w", recs, err)
+	}
+	return append(dst, b...), nil
+}
+
+// DecodeRecords decodes src into dst[:0], reusing its capacity.
+func (RecordCodec[E]) DecodeRecords(src []byte, dst []E) ([]E, error) {
+	dst = dst[:0]
+	if err := msgpack.Unmarshal(src, &dst); err != nil {
+		return dst, fmt.Errorf("task: decoding a buffer of %T: %w", dst, err)
+	}
+	return dst, nil
+}
+
 // decodeRecords decodes one recorded buffer; where names it in errors.
 func decodeRecords[E any](b []byte, where string) ([]E, error) {
 	var recs []E

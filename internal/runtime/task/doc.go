@@ -57,6 +57,14 @@
 //     that yielded them, one per feed, injects in order and before the
 //     end of the loop; a backlogged head holds its inputs from outside
 //     until the backlog drains, and never after its loop ended.
+//   - I6 (overtaken at a receiver): the copies a network input's receiver
+//     kept of what a priority barrier overtook there (channel.Gate.Overtaken,
+//     netchan N6) are taken when the barrier is read and, once the aligner
+//     stepped it, recorded for its checkpoint on that input if that
+//     checkpoint records this subtask's input (its trigger, or an earlier
+//     one from another input), after what was recorded there; otherwise
+//     dropped. A local input has none (its writer's output state holds
+//     them all).
 //
 // TestIntakeDataDriven checks each line of its scripts against a model of
 // these rules kept from the actions alone.

@@ -120,6 +120,10 @@ const (
 	// InStarted: the loop starts at Now (the chain is open and its
 	// restored input replayed): the flush interval starts.
 	InStarted
+	// InOvertakenRead: the driver read and stepped priority barrier ID of
+	// input Ch, a network channel whose receiver kept copies of what the
+	// barrier overtook there (channel.Gate.Overtaken, I6).
+	InOvertakenRead
 )
 
 var intakeEventNames = [...]string{
@@ -127,6 +131,7 @@ var intakeEventNames = [...]string{
 	InPromoted: "promoted", InPriorityRead: "priority-read", InTrigger: "trigger",
 	InInputStateComplete: "input-state-complete", InForget: "forget", InPersist: "persist",
 	InInject: "inject", InEndLoop: "end-loop", InFeed: "feed", InBacklog: "backlog", InStarted: "started",
+	InOvertakenRead: "overtaken-read",
 }
 
 func (k IntakeEventKind) String() string {
@@ -193,7 +198,9 @@ const (
 	// (Gate.PromoteTimedOut), then step InPromoted if it was.
 	DoPromote
 	// DoRecordOvertaken: the buffers the promoted barrier ID overtook on
-	// Ch are input channel state of ID, after what was recorded so far.
+	// Ch (promoted at the gate's deadline, or a priority barrier at a
+	// network input's receiver: I6) are input channel state of ID, after
+	// what was recorded so far.
 	DoRecordOvertaken
 	// DoStashOvertaken: keep the buffers the promoted barrier ID overtook
 	// on Ch until the aligner triggers ID (DoRecordPromoted) or the
@@ -281,7 +288,7 @@ func (k *Intake) Step(dst []IntakeAction, ev IntakeEvent) []IntakeAction {
 			return k.flush(dst, ev.Now)
 		}
 		return dst
-	case InGateDeadline, InPromoted, InPriorityRead, InTrigger, InInputStateComplete, InForget, InPersist:
+	case InGateDeadline, InPromoted, InPriorityRead, InTrigger, InInputStateComplete, InForget, InPersist, InOvertakenRead:
 		return k.channelState(dst, ev)
 	case InInject, InEndLoop, InFeed, InBacklog:
 		return k.loop(dst, ev)
@@ -364,6 +371,14 @@ func (k *Intake) channelState(dst []IntakeAction, ev IntakeEvent) []IntakeAction
 		if k.promoted && ev.Ch == k.promotedCh && ev.ID == k.promotedID {
 			k.promoted = false // read without a trigger of its own
 			return append(dst, IntakeAction{Kind: DoDropPromoted, ID: ev.ID, Ch: ev.Ch})
+		}
+	case InOvertakenRead:
+		// After the aligner stepped the barrier: recording started with
+		// its trigger, or before, from another input (I6). Otherwise the
+		// checkpoint is not taken here (obsolete, declined) and the
+		// driver drops the copies.
+		if k.recordingInput(ev.ID) {
+			return append(dst, IntakeAction{Kind: DoRecordOvertaken, ID: ev.ID, Ch: ev.Ch})
 		}
 	case InTrigger:
 		return k.trigger(dst, ev)

@@ -34,6 +34,7 @@ import (
 //	gate-deadline now= gate=
 //	promoted ch= id=
 //	priority-read ch= id=
+//	overtaken-read ch= id=
 //	trigger id= [unaligned] [cursor=<ch>]
 //	input-state-complete id= | forget id=
 //	persist ch= from= to=
@@ -110,7 +111,7 @@ func (s *intakeScript) describe() string {
 func parseIntakeEvent(line string) (IntakeEvent, error) {
 	f := strings.Fields(line)
 	kinds := map[string]IntakeEventKind{}
-	for k := InDry; k <= InStarted; k++ {
+	for k := InDry; k <= InOvertakenRead; k++ {
 		kinds[k.String()] = k
 	}
 	ev := IntakeEvent{Kind: kinds[f[0]], Available: true, TimersLive: true, HasInputState: false}
@@ -228,6 +229,13 @@ func (c *intakeChecker) step(k *Intake, ev IntakeEvent) []IntakeAction {
 			}
 		case DoStashOvertaken:
 			c.stashed, c.stashedID = true, a.ID
+		case DoRecordOvertaken:
+			if !slices.Contains(c.recording, a.ID) {
+				c.violate("I3: overtaken buffers recorded for %d, whose input channel state is not recorded", a.ID)
+			}
+			if ev.Kind == InOvertakenRead && (a.ID != ev.ID || a.Ch != ev.Ch) {
+				c.violate("I6: the buffers overtaken by %d on input %d recorded as %d on input %d", ev.ID, ev.Ch, a.ID, a.Ch)
+			}
 		case DoRecordPromoted, DoDropPromoted:
 			if !c.stashed || c.stashedID != a.ID {
 				c.violate("I4: %s without a stash of %d", a.Kind, a.ID)

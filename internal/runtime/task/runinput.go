@@ -138,6 +138,9 @@ func (d *inputDriver[IN]) iterate(ctx context.Context) (done bool, err error) {
 		if skip, done, err := d.handle(ctx, ch, it); skip || done || err != nil {
 			return done, err
 		}
+		if it.Event.Priority() {
+			d.overtaken(ch, it.Event.Barrier.ID)
+		}
 		if priority && ev.Type == marker.EventBarrier {
 			// The promoted barrier read without a Trigger of its own.
 			if done, err := d.stepIntake(ctx, IntakeEvent{Kind: InPriorityRead, Ch: ch, ID: ev.Barrier.ID}); done || err != nil {
@@ -284,12 +287,41 @@ func (d *inputDriver[IN]) promote() {
 	}
 }
 
+// overtaken places the copies a network input's receiver kept of what
+// the priority barrier id, just read on input ch and stepped, overtook
+// there (I6): input channel state after what was recorded, or dropped.
+// A local input keeps none (one interface call).
+func (d *inputDriver[IN]) overtaken(ch int, id int64) {
+	ov := d.gate.Overtaken(ch, id)
+	if len(ov) == 0 {
+		return
+	}
+	var buf [1]IntakeAction
+	for _, a := range d.r.intake.Step(buf[:0], IntakeEvent{Kind: InOvertakenRead, Ch: ch, ID: id}) {
+		if a.Kind == DoRecordOvertaken {
+			rec := d.r.channels.get(a.ID)
+			for _, b := range ov {
+				rec.add(checkpoint.InputChannel, 0, a.Ch, newLazy(b.Records, nil))
+			}
+			return
+		}
+	}
+	for _, b := range ov {
+		d.gate.ReleaseCopy(ch, b)
+	}
+}
+
 // dry waits, when the loop read nothing, as the intake plans (I1, I2):
 // flush first, fire due timers or tick a passed deadline instead, or wait
 // for an input, space, mail, a snapshot, a timer, a deadline or the
 // backlog.
 func (d *inputDriver[IN]) dry(ctx context.Context, backpressured bool) (done bool, err error) {
 	r := d.r
+	// A network input that failed woke the loop and hands out nothing
+	// more: the attempt fails.
+	if err := d.gate.Err(); err != nil {
+		return true, fmt.Errorf("task: %v: %w", d.cfg.Info, err)
+	}
 	now := d.cfg.now()
 	ev := IntakeEvent{Kind: InDry, Now: now.UnixNano(), Available: !backpressured, TimersLive: r.timersLive()}
 	ev.Pending = !backpressured && r.chain.pending()

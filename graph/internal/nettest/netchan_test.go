@@ -1,0 +1,230 @@
+// Package nettest runs jobs whose edges cross network channels (package
+// channel/netchan) on loopback, in one process, through graph's per-edge
+// channel factory (graph/internal/nethook). It is a package of its own so
+// that it compiles without graph's large external test package.
+package nettest
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/snapflow/snapflow/channel/netchan"
+	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/graph/internal/nethook"
+	"github.com/snapflow/snapflow/marker"
+	"github.com/snapflow/snapflow/sink"
+	"github.com/snapflow/snapflow/snapshot"
+	"github.com/snapflow/snapflow/source"
+	"github.com/snapflow/snapflow/state"
+)
+
+var seedFlag = flag.Uint64("nettest.seed", 0, "seed of the randomized tests (0: from the clock)")
+
+type rec struct {
+	Key int64 `msgpack:"k"`
+	I   int64 `msgpack:"i"`
+}
+
+type out struct {
+	Key int64 `msgpack:"k"`
+	I   int64 `msgpack:"i"`
+	Sum int64 `msgpack:"s"`
+}
+
+const numKeys = 100
+
+// runningSum keeps the running sum per key and emits it with every
+// record. The first attempt fails at record failAt of its subtasks, once
+// the subtask was notified of a completed checkpoint (so the failure has
+// a checkpoint to restore).
+type runningSum struct {
+	sum       *state.ValueState[int64, int64]
+	failAt    int64
+	seen      *atomic.Int64
+	fired     *atomic.Bool
+	completed bool
+}
+
+func (r *runningSum) InitializeState(ctx *graph.Context) error {
+	v, err := state.Value[int64, int64](graph.KeyedState[int64](ctx), "sum")
+	r.sum = v
+	return err
+}
+
+func (r *runningSum) NotifyCheckpointComplete(int64) error {
+	r.completed = true
+	return nil
+}
+
+func (r *runningSum) NotifyCheckpointAborted(int64) error { return nil }
+
+func (r *runningSum) Process(ctx *graph.KeyedContext[int64], in rec, o graph.Collector[out]) error {
+	if ctx.Task().Attempt == 0 && r.seen.Add(1) >= r.failAt && r.completed && r.fired.CompareAndSwap(false, true) {
+		return fmt.Errorf("injected failure at record %d", r.seen.Load())
+	}
+	s, _ := r.sum.Value()
+	s += in.I
+	r.sum.Update(s)
+	o.Collect(out{Key: ctx.CurrentKey(), I: in.I, Sum: s})
+	return nil
+}
+
+func expectedOutput(n int64) []out {
+	sums := make([]int64, numKeys)
+	res := make([]out, 0, n)
+	for i := int64(0); i < n; i++ {
+		k := i % numKeys
+		sums[k] += 2 * i
+		res = append(res, out{Key: k, I: 2 * i, Sum: sums[k]})
+	}
+	return res
+}
+
+// countingListener counts the bytes its connections read: the proof that
+// records crossed the network.
+type countingListener struct {
+	net.Listener
+	read *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{Conn: c, read: l.read}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	read *atomic.Int64
+}
+
+func (c countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+// TestNetworkChannelsExactlyOnce runs a keyed job at p=2 (source+map ->
+// keyBy -> sum+sink, chained) with the channels of its keyBy edge as
+// network channels on a loopback connection with a shared secret, in
+// aligned and unaligned modes, with a failure after
+// a completed checkpoint and the restore from the latest one (the next
+// attempt opens its channels anew, fencing the old ones): the published
+// output is the failure-free one, every record exactly once by its
+// identity (its I, with the running sum it produced). The sink is slowed
+// until the failure, so the network channels are backpressured and
+// unaligned barriers overtake data queued at both of their ends.
+//
+// Not yet here: aligned with a timeout (AlignedTimeout 1ms), which loses
+// records across network channels in about two runs of three (not with
+// local ones, nor through the receiver's overtaken copies or promotion:
+// still lost with both disabled); under investigation.
+func TestNetworkChannelsExactlyOnce(t *testing.T) {
+	const n = 60_000
+	want := expectedOutput(n)
+	seed := *seedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (rerun with -nettest.seed=%d)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	for _, m := range []struct {
+		name string
+		cc   graph.CheckpointConfig
+	}{
+		{"aligned", graph.CheckpointConfig{Mode: marker.Aligned}},
+		{"unaligned", graph.CheckpointConfig{Mode: marker.Unaligned}},
+	} {
+		failAt := 1 + rng.Int64N(n/4)
+		t.Run(fmt.Sprintf("%s/fail-at=%d", m.name, failAt), func(t *testing.T) {
+			var read atomic.Int64
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			srv := netchan.NewServer(netchan.ServerConfig{Secret: []byte("s3cret")})
+			go srv.Serve(countingListener{Listener: l, read: &read})
+			t.Cleanup(srv.Stop)
+			conn, err := netchan.Dial(l.Addr().String(), netchan.DialConfig{Secret: []byte("s3cret"),
+				Options: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}})
+			require.NoError(t, err)
+			t.Cleanup(func() { conn.Close() })
+
+			var seen, count atomic.Int64
+			var fired atomic.Bool
+			committer := sink.NewMemory[out]()
+			cc := m.cc
+			cc.Interval, cc.Dir, cc.Retain, cc.TolerableFailures = 3*time.Millisecond, t.TempDir(), 2, -1
+			job := graph.NewJob("network", graph.Config{
+				Parallelism: 2, Checkpoint: cc, Restart: graph.FixedDelay(2, time.Millisecond), Logf: t.Logf,
+			})
+			src := graph.Source(job, "source", source.Generate(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }))
+			mapped := graph.Map(src, "double", func(r rec) rec { r.I *= 2; return r })
+			sums := graph.ProcessKeyed(graph.KeyBy(mapped, func(r rec) int64 { return r.Key }), "sum",
+				func() graph.KeyedProcessFunc[int64, rec, out] {
+					return &runningSum{failAt: failAt, seen: &seen, fired: &fired}
+				})
+			slow := graph.Map(sums, "slow", func(o out) out {
+				if !fired.Load() && count.Add(1)%32 == 0 {
+					time.Sleep(200 * time.Microsecond)
+				}
+				return o
+			})
+			graph.Sink(slow, "sink", sink.Publishing[out](committer, sink.WithLogf(t.Logf)))
+			var opened atomic.Int64
+			nethook.Network(job, srv, conn, func(from, to string) bool {
+				keyBy := from == "double" && to == "sum"
+				if keyBy {
+					opened.Add(1)
+				}
+				return keyBy
+			})
+
+			e, err := job.Start(context.Background())
+			require.NoError(t, err)
+			require.NoError(t, e.Wait())
+
+			got := committer.Published()
+			slices.SortFunc(got, func(a, b out) int { return cmp.Compare(a.I, b.I) })
+			require.Equal(t, len(want), len(got), "published record count")
+			require.Equal(t, want, got)
+			require.True(t, fired.Load(), "the first attempt failed")
+			st := e.Stats()
+			require.Equal(t, 1, st.Counts.Restored, "the failure restored a checkpoint")
+			require.Positive(t, st.LatestRestored.ID)
+			// Two attempts of the keyBy edge's 2x2 channels went over the
+			// network, carrying every record at least once.
+			require.Equal(t, int64(8), opened.Load(), "network channels opened")
+			require.Greater(t, read.Load(), int64(n), "bytes read from the network")
+			if m.cc.Mode == marker.Unaligned {
+				require.Positive(t, inFlight(st, "sum"), "input channel state at the network reader")
+			}
+		})
+	}
+}
+
+// inFlight sums the persisted in-flight data of op's subtasks over the
+// checkpoints in the history.
+func inFlight(st *snapshot.Stats, op string) int64 {
+	var n int64
+	for _, cs := range st.History {
+		for _, s := range cs.Subtasks {
+			if s.Task.Operator == op {
+				n += s.InFlightSize
+			}
+		}
+	}
+	return n
+}
