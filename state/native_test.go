@@ -305,7 +305,7 @@ func TestNativeSnapshotFlushOverrun(t *testing.T) {
 	// Between the barrier's flush and the checkpoint, a later write is
 	// flushed.
 	testHookFlushed = func(db *pebble.DB) {
-		require.NoError(t, db.Set(appendPrefix(nil, r.Start, 0), []byte("later"), pebble.NoSync))
+		require.NoError(t, db.Set(appendPrefix(nil, r.Start, 0), []byte{0x07}, pebble.NoSync)) // an int, as the state holds
 		require.NoError(t, db.Flush())
 	}
 	ns, err := b.FreezeNative()
