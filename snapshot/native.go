@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/snapflow/snapflow/internal/vfsutil"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
@@ -129,7 +130,7 @@ func (s *Storage) writeNative(ctx context.Context, id int64, t checkpoint.TaskID
 	}
 	slices.Sort(names)
 	parent, dir := s.snapshotDir(marker.Checkpoint, id)
-	if err := mkdirAllSynced(s.fs, parent); err != nil {
+	if err := vfsutil.MkdirAllSynced(s.fs, parent); err != nil {
 		return nil, err
 	}
 	if err := s.fs.MkdirAll(dir, 0o755); err != nil {
@@ -204,7 +205,7 @@ func (s *Storage) writeNative(ctx context.Context, id int64, t checkpoint.TaskID
 		ref.Files = append(ref.Files, f)
 	}
 	if len(unsynced) > 0 {
-		if err := syncDirectory(s.fs, s.sharedDir()); err != nil {
+		if err := vfsutil.SyncDir(s.fs, s.sharedDir()); err != nil {
 			return nil, err
 		}
 		s.mu.Lock()
@@ -490,7 +491,7 @@ func (s *Storage) collectShared(done int64) error {
 		removed = true
 	}
 	if removed {
-		errs = append(errs, syncDirectory(s.fs, s.sharedDir()))
+		errs = append(errs, vfsutil.SyncDir(s.fs, s.sharedDir()))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("collect %s: %w", s.sharedDir(), err)

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/snapflow/snapflow/internal/vfsutil"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"golang.org/x/sync/errgroup"
@@ -428,7 +429,7 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}
-	if err := mkdirAllSynced(fs, s.jobDir); err != nil {
+	if err := vfsutil.MkdirAllSynced(fs, s.jobDir); err != nil {
 		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.jobDir, err)
 	}
 	// The lock comes first: the cleanup removes what another holder may
@@ -456,7 +457,7 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 // after interrupted writes (ST5) and the completed log (ST6).
 func (s *Storage) open() error {
 	for _, d := range []string{SharedStateDir, TaskOwnedStateDir} {
-		if err := mkdirAllSynced(s.fs, s.fs.PathJoin(s.jobDir, d)); err != nil {
+		if err := vfsutil.MkdirAllSynced(s.fs, s.fs.PathJoin(s.jobDir, d)); err != nil {
 			return err
 		}
 	}
@@ -721,7 +722,7 @@ func (s *Storage) createKeyedState(ctx context.Context, id int64, kind marker.Ki
 	k := &keyedFile{s: s, kind: kind, id: id, t: t, name: checkpoint.KeyedStateFileName(t.Operator, t.Subtask),
 		header: checkpoint.KeyedStateHeader{CheckpointID: id, Operator: t.Operator, Subtask: t.Subtask}}
 	k.path = s.fs.PathJoin(dir, k.name)
-	err := mkdirAllSynced(s.fs, parent)
+	err := vfsutil.MkdirAllSynced(s.fs, parent)
 	if err == nil {
 		err = s.fs.MkdirAll(dir, 0o755)
 	}
@@ -943,7 +944,7 @@ func (s *Storage) discard() error {
 			return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)
 		}
 	}
-	if err := syncDirectory(s.fs, s.jobDir); err != nil {
+	if err := vfsutil.SyncDir(s.fs, s.jobDir); err != nil {
 		return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)
 	}
 	s.log, s.logSize, s.logDirty = nil, 0, false
@@ -1323,7 +1324,7 @@ func (s *Storage) rewriteLog(recs []CompletedRef) error {
 		return err
 	}
 	s.log, s.logSize, s.logDirty = recs, int64(len(b)), true
-	if err := syncDirectory(s.fs, s.jobDir); err != nil {
+	if err := vfsutil.SyncDir(s.fs, s.jobDir); err != nil {
 		return err
 	}
 	s.logDirty = false
@@ -1481,13 +1482,13 @@ func (s *Storage) cleanUp() error {
 			s.maxID = max(s.maxID, id)
 			syncJobDir = true
 		} else if hasTmp || removed {
-			if err := syncDirectory(s.fs, dir); err != nil {
+			if err := vfsutil.SyncDir(s.fs, dir); err != nil {
 				return err
 			}
 		}
 	}
 	if syncJobDir {
-		return syncDirectory(s.fs, s.jobDir)
+		return vfsutil.SyncDir(s.fs, s.jobDir)
 	}
 	return nil
 }
@@ -1641,7 +1642,7 @@ func syncAll(fs vfs.FS, names []string, dirs ...string) error {
 		})
 	}
 	for _, d := range dirs {
-		g.Go(func() error { return syncDirectory(fs, d) })
+		g.Go(func() error { return vfsutil.SyncDir(fs, d) })
 	}
 	return g.Wait()
 }
@@ -1699,7 +1700,7 @@ func removeLeftoverStateFiles(fs vfs.FS, dir string) (bool, error) {
 // and parent (dir's entry) are synced, in parallel, and then dir, before
 // _metadata.tmp is renamed to _metadata, and dir is synced again.
 func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte, files []channelFile, md *checkpoint.Metadata) error {
-	if err := mkdirAllSynced(fs, parent); err != nil {
+	if err := vfsutil.MkdirAllSynced(fs, parent); err != nil {
 		return err
 	}
 	final := fs.PathJoin(dir, MetadataFileName)
@@ -1739,13 +1740,13 @@ func writeMetadataDir(fs vfs.FS, parent, dir string, b []byte, files []channelFi
 	if err := syncAll(fs, stateFiles(fs, dir, files, md, tmp), parent); err != nil {
 		return fail(err)
 	}
-	if err := syncDirectory(fs, dir); err != nil {
+	if err := vfsutil.SyncDir(fs, dir); err != nil {
 		return fail(err)
 	}
 	if err := fs.Rename(tmp, final); err != nil {
 		return fail(err)
 	}
-	if err := syncDirectory(fs, dir); err != nil {
+	if err := vfsutil.SyncDir(fs, dir); err != nil {
 		// The rename may not be durable: do not report a checkpoint that
 		// might vanish (ST7).
 		if uerr := removeMetadata(fs, dir); uerr != nil {
@@ -1786,7 +1787,7 @@ func removeMetadata(fs vfs.FS, dir string) error {
 	if err := removeIfExists(fs, fs.PathJoin(dir, MetadataFileName)); err != nil {
 		return err
 	}
-	return syncDirectory(fs, dir)
+	return vfsutil.SyncDir(fs, dir)
 }
 
 func removeIfExists(fs vfs.FS, name string) error {
@@ -1836,7 +1837,7 @@ func deleteSnapshotDir(fs vfs.FS, dir string) error {
 		if err := fs.Remove(meta); err != nil {
 			return fmt.Errorf("remove %s: %w", meta, err)
 		}
-		if err := syncDirectory(fs, dir); err != nil {
+		if err := vfsutil.SyncDir(fs, dir); err != nil {
 			return err
 		}
 	}
@@ -1844,42 +1845,6 @@ func deleteSnapshotDir(fs vfs.FS, dir string) error {
 		return fmt.Errorf("remove %s: %w", dir, err)
 	}
 	return nil
-}
-
-// mkdirAllSynced creates dir and any missing parents, syncing the parent of
-// every directory it creates so that the new entries survive a crash.
-func mkdirAllSynced(fs vfs.FS, dir string) error {
-	fi, err := fs.Stat(dir)
-	switch {
-	case err == nil && fi.IsDir():
-		return nil
-	case err == nil:
-		return fmt.Errorf("%s is not a directory", dir)
-	case !errors.Is(err, os.ErrNotExist):
-		return err
-	}
-	parent := fs.PathDir(dir)
-	hasParent := parent != dir && parent != "."
-	if hasParent {
-		if err := mkdirAllSynced(fs, parent); err != nil {
-			return err
-		}
-	}
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	if hasParent {
-		return syncDirectory(fs, parent)
-	}
-	return nil
-}
-
-func syncDirectory(fs vfs.FS, dir string) error {
-	d, err := fs.OpenDir(dir)
-	if err != nil {
-		return err
-	}
-	return syncAndClose(d, "sync directory "+dir)
 }
 
 // syncAndClose syncs and closes f, wrapping a failure in what.

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/snapflow/snapflow/internal/vfsutil"
 )
 
 // Dir is a Store over a directory of a filesystem, with today's local
@@ -38,7 +40,7 @@ func NewDir(fs vfs.FS, root string) (*Dir, error) {
 		fs = vfs.Default
 	}
 	d := &Dir{fs: fs, root: root}
-	if err := mkdirAllSynced(fs, root); err != nil {
+	if err := vfsutil.MkdirAllSynced(fs, root); err != nil {
 		return nil, &Error{Op: "open", Store: d.String(), Key: root, Err: err}
 	}
 	return d, nil
@@ -74,7 +76,7 @@ func (d *Dir) Create(ctx context.Context, key string) (Writer, error) {
 	// A concurrent Delete may remove the directory once it is empty:
 	// create it again.
 	for attempt := 0; ; attempt++ {
-		if err := mkdirAllSynced(d.fs, dir); err != nil {
+		if err := vfsutil.MkdirAllSynced(d.fs, dir); err != nil {
 			return nil, d.fail("create", key, err)
 		}
 		var err error
@@ -155,7 +157,7 @@ func (w *dirWriter) Commit() error {
 		return w.d.fail("create", w.key, err)
 	}
 	// Visible from here; durable once the directory is synced.
-	if err := syncDir(w.d.fs, w.d.fs.PathDir(w.name)); err != nil {
+	if err := vfsutil.SyncDir(w.d.fs, w.d.fs.PathDir(w.name)); err != nil {
 		return w.d.fail("create", w.key, fmt.Errorf("the object is visible, but syncing its directory failed: %w", err))
 	}
 	return nil
@@ -295,7 +297,7 @@ func (d *Dir) Delete(ctx context.Context, key string) error {
 		return d.fail("delete", key, err)
 	}
 	dir := d.fs.PathDir(name)
-	if err := syncDir(d.fs, dir); err != nil {
+	if err := vfsutil.SyncDir(d.fs, dir); err != nil {
 		return d.fail("delete", key, fmt.Errorf("the object is removed, but syncing its directory failed: %w", err))
 	}
 	// Empty directories are no objects; a concurrent Create makes its
@@ -344,44 +346,4 @@ func (d *Dir) RemoveTemps() error {
 		return d.fail("remove temporary files", "", err)
 	}
 	return nil
-}
-
-// mkdirAllSynced creates dir and its missing parents, syncing the parent
-// of each directory it creates.
-func mkdirAllSynced(fs vfs.FS, dir string) error {
-	fi, err := fs.Stat(dir)
-	switch {
-	case err == nil && fi.IsDir():
-		return nil
-	case err == nil:
-		return fmt.Errorf("%s is not a directory", dir)
-	case !errors.Is(err, os.ErrNotExist):
-		return err
-	}
-	parent := fs.PathDir(dir)
-	hasParent := parent != dir && parent != "." && parent != ""
-	if hasParent {
-		if err := mkdirAllSynced(fs, parent); err != nil {
-			return err
-		}
-	}
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	if hasParent {
-		return syncDir(fs, parent)
-	}
-	return nil
-}
-
-func syncDir(fs vfs.FS, dir string) error {
-	f, err := fs.OpenDir(dir)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
