@@ -423,7 +423,11 @@ func TestExpiredCheckpointFailsTheJob(t *testing.T) {
 	defer close(release)
 	var once sync.Once
 	l := &lifecycleJob{n: 1 << 40, committer: sink.NewMemory[item](), cfg: graph.Config{
-		Checkpoint:    graph.CheckpointConfig{Interval: 10 * time.Millisecond, Timeout: 50 * time.Millisecond, Dir: t.TempDir()},
+		// The timeout is long enough that only the blocked sink makes a
+		// checkpoint expire: at 50 ms a loaded machine under -race
+		// expired checkpoints before the sink blocked, and the job failed
+		// on those, naming no stuck subtask.
+		Checkpoint:    graph.CheckpointConfig{Interval: 10 * time.Millisecond, Timeout: 2 * time.Second, Dir: t.TempDir()},
 		Restart:       graph.FixedDelay(3, time.Millisecond),
 		CancelTimeout: 200 * time.Millisecond,
 	}, slowSink: func(item) { once.Do(func() { <-release }) }}
