@@ -118,7 +118,7 @@ func TestAtLeastOnceSeed003(t *testing.T) {
 	graph.Sink(mp, "out", func() graph.SinkFunc[rec] { return failAfterWrite[rec]{wrapped[rec]{alo.New()}, f} })
 	require.NoError(t, j.Run(context.Background()))
 	require.Equal(t, []string{"map#900", "write-after#2500"}, f.fired)
-	total, distinct := readCommitted(t, c)
+	total, distinct := readCommitted(t, c, m)
 	t.Logf("at-least-once: total %d, distinct %d, M %d (%d duplicates)", total, distinct, m, total-m)
 	require.Equal(t, m, distinct, "distinct")
 	require.Greater(t, total, m, "the duplicates of the replay are visible")

@@ -80,7 +80,7 @@ func TestExactlyOnceRandomFaults(t *testing.T) {
 				require.NoError(t, runEOS(t, c, k2, newFaults(nil), 1+rng.IntN(3), 0, ckpt, true))
 			}
 			require.Empty(t, ongoing(t, c, "eos."), "transactions left open")
-			total, distinct := readCommitted(t, c)
+			total, distinct := readCommitted(t, c, m)
 			require.Equal(t, m, total, "total")
 			require.Equal(t, m, distinct, "distinct")
 		})

@@ -149,7 +149,7 @@ func TestAbortStaleAcrossExecutions(t *testing.T) {
 		require.NoError(t, k2.RecoverAndCommit(h), h.TransactionalID)
 	}
 	require.Empty(t, stalled(t, c, "out"))
-	total, distinct := readCommitted(t, c)
+	total, distinct := readCommitted(t, c, 40)
 	require.Equal(t, 40, total)
 	require.Equal(t, 40, distinct)
 	for _, h := range open {
@@ -170,7 +170,7 @@ func TestAbortStaleAcrossExecutions(t *testing.T) {
 	require.NoError(t, k3.AbortStale(sink.Stale{CommitUser: "other", Sink: "out", Restored: 0, Execution: "X"}))
 	require.Zero(t, k3.Aborted())
 	require.NoError(t, k2.Commit(h5))
-	total, distinct = readCommitted(t, c)
+	total, distinct = readCommitted(t, c, 45)
 	require.Equal(t, 45, total)
 	require.Equal(t, 45, distinct)
 	require.Empty(t, ongoing(t, c, "eos."))
@@ -207,7 +207,7 @@ func TestAbortLingeringListsTransactions(t *testing.T) {
 	require.NoError(t, k.Commit(h0))
 	require.Error(t, k.Commit(hs[1]))
 	require.Empty(t, stalled(t, c, "out"))
-	total, _ := readCommitted(t, c)
+	total, _ := readCommitted(t, c, 6)
 	require.Equal(t, 6, total)
 }
 
@@ -273,7 +273,7 @@ func TestNewExecutionAbortsStale(t *testing.T) {
 	require.Empty(t, ongoing(t, c, "eos."))
 	require.Empty(t, stalled(t, c, "out"))
 	require.EqualValues(t, 2, k2.Aborted(), "the dead execution's two transactions")
-	total, distinct := readCommitted(t, c)
+	total, distinct := readCommitted(t, c, m)
 	require.Equal(t, m, total, "total")
 	require.Equal(t, m, distinct, "distinct")
 }
