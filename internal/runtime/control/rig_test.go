@@ -291,3 +291,89 @@ func isRegistered(id string) func(cluster.Action) bool {
 func isDeploy(attempt int) func(cluster.Action) bool {
 	return func(a cluster.Action) bool { d, ok := a.(cluster.Deploy); return ok && d.Attempt == attempt }
 }
+
+// rawWorker speaks the protocol by hand: a worker that does only what
+// the test says (it never heartbeats on its own).
+type rawWorker struct {
+	t       *testing.T
+	id      string
+	cc      *grpc.ClientConn
+	cs      grpc.ClientStream
+	in      chan *message
+	err     chan error
+	session uint64
+}
+
+// raw registers a raw worker id with slots.
+func (r *rig) raw(id string, slots int) *rawWorker {
+	t := r.t
+	cc, err := grpc.NewClient(r.c.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.ForceCodec(codec{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); cc.Close() })
+	cs, err := cc.NewStream(ctx, &serviceDesc.Streams[0], attachMethod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &rawWorker{t: t, id: id, cc: cc, cs: cs, in: make(chan *message, 100), err: make(chan error, 1)}
+	shape := r.c.cfg.Scheduler.Shape
+	w.send(&message{Kind: kindRegister, Worker: id, Slots: slots, Fingerprint: shape.Fingerprint(), Shape: shape})
+	go func() {
+		for {
+			m := new(message)
+			if err := cs.RecvMsg(m); err != nil {
+				w.err <- err
+				close(w.in)
+				return
+			}
+			w.in <- m
+		}
+	}()
+	w.session = w.recv(kindRegistered).Session
+	return w
+}
+
+func (w *rawWorker) send(m *message) {
+	if err := w.cs.SendMsg(m); err != nil {
+		w.t.Fatalf("raw worker %s sending %s: %v", w.id, m.Kind, err)
+	}
+}
+
+// recv returns the next message of kind k, skipping others.
+func (w *rawWorker) recv(k kind) *message {
+	w.t.Helper()
+	timeout := time.After(patience)
+	for {
+		select {
+		case m, ok := <-w.in:
+			if !ok {
+				w.t.Fatalf("raw worker %s waiting for %s: stream ended: %v", w.id, k, <-w.err)
+			}
+			if m.Kind == k {
+				return m
+			}
+		case <-timeout:
+			w.t.Fatalf("raw worker %s: no %s within %v", w.id, k, patience)
+		}
+	}
+}
+
+// ended waits for the stream to end and returns its error.
+func (w *rawWorker) ended() error {
+	w.t.Helper()
+	timeout := time.After(patience)
+	for {
+		select {
+		case _, ok := <-w.in:
+			if !ok {
+				err := <-w.err
+				w.err <- err
+				return err
+			}
+		case <-timeout:
+			w.t.Fatalf("raw worker %s: stream still open after %v", w.id, patience)
+		}
+	}
+}

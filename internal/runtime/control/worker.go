@@ -17,8 +17,8 @@ import (
 
 // Tasks is what a worker process runs: the runtime implements it (the
 // tasks of a deployment, their checkpoints). Its methods are called by
-// the worker's goroutines; Deploy of one attempt may run while Cancel of
-// the previous one is called.
+// the worker's goroutines: Deploy on one of its own, so a Trigger,
+// Complete or Cancel of the attempt may come before Deploy returned.
 type Tasks interface {
 	// Deploy starts the worker's tasks of d and returns once they run
 	// (nil) or could not start. ctx is cancelled when the attempt is
