@@ -180,7 +180,12 @@ func (w *worker) session(ctx context.Context) (err error) {
 		return err
 	}
 	var m message
-	if err := cs.RecvMsg(&m); err != nil {
+	answered := time.AfterFunc(w.cfg.CoordinatorTimeout, cancel)
+	err = cs.RecvMsg(&m)
+	if !answered.Stop() {
+		return fmt.Errorf("control: worker %s: no answer to its registration within %v", w.cfg.ID, w.cfg.CoordinatorTimeout)
+	}
+	if err != nil {
 		return err
 	}
 	if m.Kind != kindRegistered {
