@@ -138,7 +138,8 @@ func TestHungWorkerDeclaredLost(t *testing.T) {
 
 // TestCoordinatorLost: when the coordinator goes, every worker cancels
 // its tasks (CP5) and registers again with a coordinator restarted at the
-// same address.
+// same address, which restores the checkpoint it was given as the latest
+// (cluster.Config.Latest, found in storage).
 func TestCoordinatorLost(t *testing.T) {
 	noLeaks(t)
 	r := newRig(t, pipeline(4), nil)
@@ -153,7 +154,7 @@ func TestCoordinatorLost(t *testing.T) {
 	}
 	again := &rig{t: t, clock: r.clock, ticks: make(chan time.Time), acks: &acks{}, workers: map[string]*testWorker{}}
 	c, err := NewCoordinator(addr, CoordinatorConfig{
-		Scheduler: cluster.Config{Shape: pipeline(4), HeartbeatTimeout: 10 * time.Second, SlotTimeout: time.Minute},
+		Scheduler: cluster.Config{Shape: pipeline(4), HeartbeatTimeout: 10 * time.Second, SlotTimeout: time.Minute, Latest: 7},
 		Now:       r.clock.Now, Ticks: again.ticks,
 		OnAction: func(a cluster.Action) {
 			again.mu.Lock()
@@ -173,5 +174,11 @@ func TestCoordinatorLost(t *testing.T) {
 		if !w.logs.has("control: worker " + id + ": session ended") {
 			t.Errorf("%s logged %q", id, w.logs.all())
 		}
+	}
+	if err := c.Submit(); err != nil {
+		t.Fatal(err)
+	}
+	for id, w := range r.workers {
+		waitFor(t, id+" to restore checkpoint 7", func() bool { return w.tasks.has("deploy 1 restore=7") })
 	}
 }
