@@ -35,12 +35,11 @@ type CoordinatorConfig struct {
 	// Now is the coordinator's clock (default time.Now); every event the
 	// Scheduler gets carries its time.
 	Now func() time.Time
-	// Ticks, if set, drive the heartbeat timeouts and the waits instead
-	// of a ticker every TickEvery (tests send them with a fake Now).
+	// Ticks, if set, are the only ticks the Scheduler gets (tests send
+	// them with a fake Now). Otherwise a timer ticks at the Scheduler's
+	// next deadline (cluster.Scheduler.NextDeadline): a worker is
+	// declared lost as soon as its heartbeats are late.
 	Ticks <-chan time.Time
-	// TickEvery is the ticker's period; default a quarter of the
-	// heartbeat timeout.
-	TickEvery time.Duration
 	// OnAction, if set, sees every action of the Scheduler after the
 	// coordinator carried it out, on the coordinator's goroutine.
 	OnAction func(cluster.Action)
@@ -141,9 +140,6 @@ func NewCoordinator(addr string, cfg CoordinatorConfig) (*Coordinator, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.TickEvery <= 0 {
-		cfg.TickEvery = cfg.Scheduler.HeartbeatTimeout / 4
-	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("control: coordinator listening on %s: %w", addr, err)
@@ -156,13 +152,7 @@ func NewCoordinator(addr string, cfg CoordinatorConfig) (*Coordinator, error) {
 	opts := append([]grpc.ServerOption{grpc.ForceServerCodec(codec{}), grpc.WaitForHandlers(true)}, cfg.Options...)
 	c.grpc = grpc.NewServer(opts...)
 	c.grpc.RegisterService(&serviceDesc, c)
-	ticks := cfg.Ticks
-	var ticker *time.Ticker
-	if ticks == nil {
-		ticker = time.NewTicker(cfg.TickEvery)
-		ticks = ticker.C
-	}
-	go c.loop(ticks, ticker)
+	go c.loop()
 	c.wg.Add(1)
 	go func() { defer c.wg.Done(); c.grpc.Serve(lis) }()
 	return c, nil
@@ -259,12 +249,27 @@ func (c *Coordinator) post(f func()) bool {
 	}
 }
 
-func (c *Coordinator) loop(ticks <-chan time.Time, ticker *time.Ticker) {
+// tickSlack is how long after the Scheduler's next deadline the timer
+// ticks: a heartbeat exactly HeartbeatTimeout old is not late yet (CL5).
+const tickSlack = time.Millisecond
+
+func (c *Coordinator) loop() {
 	defer close(c.done)
-	if ticker != nil {
-		defer ticker.Stop()
+	ticks := c.cfg.Ticks
+	var timer *time.Timer
+	if ticks == nil {
+		timer = time.NewTimer(time.Hour)
+		defer timer.Stop()
+		ticks = timer.C
 	}
 	for {
+		if timer != nil {
+			wait := time.Hour
+			if at, ok := c.sched.NextDeadline(); ok {
+				wait = max(at.Sub(c.cfg.Now())+tickSlack, 0)
+			}
+			timer.Reset(wait)
+		}
 		select {
 		case f := <-c.calls:
 			f()

@@ -182,3 +182,29 @@ func TestCoordinatorLost(t *testing.T) {
 		waitFor(t, id+" to restore checkpoint 7", func() bool { return w.tasks.has("deploy 1 restore=7") })
 	}
 }
+
+// TestRealClockDeclaresLost: with the real clock (no test ticks), a
+// worker whose heartbeats stop is declared lost at the Scheduler's next
+// deadline, and one that registers again replaces its earlier session.
+func TestRealClockDeclaresLost(t *testing.T) {
+	noLeaks(t)
+	r := newRig(t, pipeline(2), func(c *CoordinatorConfig) {
+		c.Now, c.Ticks = nil, nil
+		c.Scheduler.HeartbeatTimeout = 100 * time.Millisecond
+	})
+	first := r.raw("w1", 2)
+	second := r.raw("w1", 2)
+	if err := first.ended(); !strings.Contains(err.Error(), "control: worker w1 session 1 declared lost: registered again") {
+		t.Errorf("the first session of w1 ended with %v", err)
+	}
+	lost, _ := r.action(0, "w1's second session declared lost", func(a cluster.Action) bool {
+		l, ok := a.(cluster.DeclareLost)
+		return ok && l.Session == second.session
+	})
+	if reason := lost.(cluster.DeclareLost).Reason; !strings.HasPrefix(reason, "no heartbeat for ") {
+		t.Errorf("lost: %q", reason)
+	}
+	if err := second.ended(); status.Code(err) != codes.Unavailable {
+		t.Errorf("the second session of w1 ended with %v", err)
+	}
+}

@@ -39,6 +39,12 @@ func TestCoordinatorRefusesStaleAttempt(t *testing.T) {
 			t.Errorf("stale %s answered with %+v", k, c)
 		}
 	}
+	// A heartbeat naming the old attempt's tasks: the Scheduler has them
+	// cancelled on this worker alone (CL4).
+	w.send(&message{Kind: kindHeartbeat, Session: w.session, Attempt: 1})
+	if c := w.recv(kindCancel); c.Attempt != 1 || c.Reason != "stale tasks: attempt 2 is the live one" {
+		t.Errorf("a heartbeat with attempt 1 answered with %+v", c)
+	}
 	if !r.log.has("control: refused ack message of worker w1: stale attempt 1: attempt 2 is live") {
 		t.Errorf("coordinator logged %q", r.log.all())
 	}
