@@ -28,9 +28,9 @@
 //
 //   - CP1 (coordinator.go). The Scheduler is driven by one goroutine: it
 //     is the only one to step it, with the coordinator's clock read at
-//     each event (CoordinatorConfig.Now; ticks from a ticker or the
-//     test's), and every action is carried out before the next event is
-//     stepped. Events that arise while carrying out an action (a worker
+//     each event (CoordinatorConfig.Now; a tick at the Scheduler's next
+//     deadline, or the test's ticks), and every action is carried out
+//     before the next event is stepped. Events that arise while carrying out an action (a worker
 //     dropped) are stepped after it, in order.
 //   - CP2 (coordinator.go). A worker is registered only with the job the
 //     coordinator runs: its fingerprint must equal the coordinator's
