@@ -152,21 +152,7 @@ func TestCoordinatorLost(t *testing.T) {
 	for id, w := range r.workers {
 		waitFor(t, id+" to cancel its tasks", func() bool { return w.tasks.has("cancel 1") })
 	}
-	again := &rig{t: t, clock: r.clock, ticks: make(chan time.Time), acks: &acks{}, workers: map[string]*testWorker{}}
-	c, err := NewCoordinator(addr, CoordinatorConfig{
-		Scheduler: cluster.Config{Shape: pipeline(4), HeartbeatTimeout: 10 * time.Second, SlotTimeout: time.Minute, Latest: 7},
-		Now:       r.clock.Now, Ticks: again.ticks,
-		OnAction: func(a cluster.Action) {
-			again.mu.Lock()
-			defer again.mu.Unlock()
-			again.actions = append(again.actions, a)
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	again.c = c
-	t.Cleanup(c.Close)
+	again := newRigAt(t, addr, pipeline(4), func(c *CoordinatorConfig) { c.Scheduler.Latest = 7 })
 	for _, id := range []string{"w1", "w2", "w3"} {
 		again.action(0, id+" registered again", isRegistered(id))
 	}
@@ -175,7 +161,7 @@ func TestCoordinatorLost(t *testing.T) {
 			t.Errorf("%s logged %q", id, w.logs.all())
 		}
 	}
-	if err := c.Submit(); err != nil {
+	if err := again.c.Submit(); err != nil {
 		t.Fatal(err)
 	}
 	for id, w := range r.workers {

@@ -186,6 +186,11 @@ type testWorker struct {
 // newRig starts a coordinator for shape with heartbeat timeout 10s and
 // slot timeout 1m of its fake clock; edit tweaks its config.
 func newRig(t *testing.T, shape *cluster.Shape, edit func(*CoordinatorConfig)) *rig {
+	return newRigAt(t, "127.0.0.1:0", shape, edit)
+}
+
+// newRigAt is newRig listening on addr.
+func newRigAt(t *testing.T, addr string, shape *cluster.Shape, edit func(*CoordinatorConfig)) *rig {
 	r := &rig{t: t, clock: &fakeClock{now: time.Date(2026, 12, 7, 20, 0, 0, 0, time.UTC)}, ticks: make(chan time.Time), acks: &acks{}, workers: map[string]*testWorker{}}
 	cfg := CoordinatorConfig{
 		Scheduler:   cluster.Config{Shape: shape, HeartbeatTimeout: 10 * time.Second, SlotTimeout: time.Minute},
@@ -202,7 +207,7 @@ func newRig(t *testing.T, shape *cluster.Shape, edit func(*CoordinatorConfig)) *
 	if edit != nil {
 		edit(&cfg)
 	}
-	c, err := NewCoordinator("127.0.0.1:0", cfg)
+	c, err := NewCoordinator(addr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,21 +346,28 @@ func (w *rawWorker) send(m *message) {
 	}
 }
 
+// next returns the next message, nil once the stream ended.
+func (w *rawWorker) next(waiting string) *message {
+	w.t.Helper()
+	select {
+	case m := <-w.in:
+		return m
+	case <-time.After(patience):
+		w.t.Fatalf("raw worker %s: waited %v for %s", w.id, patience, waiting)
+		return nil
+	}
+}
+
 // recv returns the next message of kind k, skipping others.
 func (w *rawWorker) recv(k kind) *message {
 	w.t.Helper()
-	timeout := time.After(patience)
 	for {
-		select {
-		case m, ok := <-w.in:
-			if !ok {
-				w.t.Fatalf("raw worker %s waiting for %s: stream ended: %v", w.id, k, <-w.err)
-			}
-			if m.Kind == k {
-				return m
-			}
-		case <-timeout:
-			w.t.Fatalf("raw worker %s: no %s within %v", w.id, k, patience)
+		m := w.next(k.String())
+		if m == nil {
+			w.t.Fatalf("raw worker %s waiting for %s: stream ended: %v", w.id, k, w.ended())
+		}
+		if m.Kind == k {
+			return m
 		}
 	}
 }
@@ -363,17 +375,9 @@ func (w *rawWorker) recv(k kind) *message {
 // ended waits for the stream to end and returns its error.
 func (w *rawWorker) ended() error {
 	w.t.Helper()
-	timeout := time.After(patience)
-	for {
-		select {
-		case _, ok := <-w.in:
-			if !ok {
-				err := <-w.err
-				w.err <- err
-				return err
-			}
-		case <-timeout:
-			w.t.Fatalf("raw worker %s: stream still open after %v", w.id, patience)
-		}
+	for w.next("the stream's end") != nil {
 	}
+	err := <-w.err
+	w.err <- err
+	return err
 }
