@@ -65,10 +65,12 @@ func TestCoordinatorRefusesStaleAttempt(t *testing.T) {
 }
 
 // scriptedCoordinator is a coordinator that sends a script of messages
-// after the registration, then nothing (no heartbeat answered).
+// after the registration, then nothing (no heartbeat answered); it keeps
+// the worker's reports.
 type scriptedCoordinator struct {
 	script []*message
 	done   chan struct{}
+	log
 }
 
 func (s *scriptedCoordinator) attach(ss grpc.ServerStream) error {
@@ -76,6 +78,17 @@ func (s *scriptedCoordinator) attach(ss grpc.ServerStream) error {
 	if err := ss.RecvMsg(&m); err != nil {
 		return err
 	}
+	go func() {
+		for {
+			var m message
+			if err := ss.RecvMsg(&m); err != nil {
+				return
+			}
+			if m.Kind != kindHeartbeat {
+				s.add("%s attempt=%d %s", m.Kind, m.Attempt, m.Reason)
+			}
+		}
+	}()
 	for _, m := range append([]*message{{Kind: kindRegistered, Session: 1}}, s.script...) {
 		if err := ss.SendMsg(m); err != nil {
 			return err
@@ -88,17 +101,21 @@ func (s *scriptedCoordinator) attach(ss grpc.ServerStream) error {
 	return nil
 }
 
-// TestWorkerRefusesStaleAttempt: a worker deploys only an attempt newer
-// than those it deployed, takes triggers and cancels of the attempt it
-// runs only (CP4), and ends a session with a silent coordinator,
-// cancelling its tasks (CP3, CP5).
+// TestWorkerRefusesStaleAttempt: a worker fails an attempt whose slots
+// differ from those it computes, deploys only an attempt newer than those
+// it was sent, takes triggers and cancels of the attempt it runs only
+// (CP4), and ends a session with a silent coordinator, cancelling its
+// tasks (CP3, CP5).
 func TestWorkerRefusesStaleAttempt(t *testing.T) {
 	noLeaks(t)
 	shape := pipeline(2)
 	deploy := func(attempt int) *message {
 		return &message{Kind: kindDeploy, Attempt: attempt, Workers: []cluster.Worker{{ID: "w1", Slots: 2, Session: 1}}, Placed: []cluster.Slot{{Worker: "w1", Index: 0}, {Worker: "w1", Index: 1}}}
 	}
+	misplaced := deploy(1)
+	misplaced.Placed[0], misplaced.Placed[1] = misplaced.Placed[1], misplaced.Placed[0]
 	fake := &scriptedCoordinator{done: make(chan struct{}), script: []*message{
+		misplaced,
 		deploy(2),
 		deploy(1),
 		{Kind: kindTrigger, Attempt: 1, Checkpoint: 5},
@@ -138,6 +155,9 @@ func TestWorkerRefusesStaleAttempt(t *testing.T) {
 	if !slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(want))) || got[len(got)-1] != "cancel 2" {
 		t.Errorf("tasks did %q, want %q, cancel last", got, want)
 	}
+	waitFor(t, "the failure of the misplaced attempt 1 and attempt 2 running", func() bool {
+		return fake.has("failed attempt=1 control: worker w1 placing attempt 1: slots [w1/0 w1/1] here, [w1/1 w1/0] at the coordinator") && fake.has("running attempt=2")
+	})
 	for _, refused := range []string{
 		"refused deploy of attempt 1: attempt 2 came before",
 		"refused trigger of checkpoint 5 of attempt 1: not running",

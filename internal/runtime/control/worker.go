@@ -311,21 +311,26 @@ func (s *session) deploy(ctx context.Context, m *message) {
 	if old > 0 {
 		s.cancel()
 	}
-	s.fence, s.current = m.Attempt, m.Attempt
-	actx, cancel := context.WithCancel(ctx)
-	s.cancel = cancel
-	s.deploys.Add(1)
+	// A placement that differs fails the attempt without deploying it.
+	p, err := w.place(m)
+	s.fence, s.current = m.Attempt, 0
+	var actx context.Context
+	if err == nil {
+		s.current = m.Attempt
+		actx, s.cancel = context.WithCancel(ctx)
+		s.deploys.Add(1)
+	}
 	s.mu.Unlock()
 	if old > 0 {
 		w.cfg.Tasks.Cancel(old)
 	}
-	r := &Reporter{s: s, attempt: m.Attempt}
-	p, err := w.place(m)
 	if err != nil {
-		s.deploys.Done()
-		r.Failed(err)
+		if err := s.send(&message{Kind: kindFailed, Attempt: m.Attempt, Reason: err.Error()}); err != nil {
+			w.logf("control: worker %s: reporting the failure of attempt %d: %v", w.cfg.ID, m.Attempt, err)
+		}
 		return
 	}
+	r := &Reporter{s: s, attempt: m.Attempt}
 	go func() {
 		defer s.deploys.Done()
 		d := Deployment{Attempt: m.Attempt, Worker: w.cfg.ID, Placement: p, Restore: m.Restore}
