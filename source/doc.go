@@ -137,8 +137,9 @@
 //
 // Line numbers count from 1 at the file start in splits starting at byte
 // 0; in other ranges they count from 1 at the range's first line (the
-// lines before it are never read), and errors say so; byte offsets are
-// always the file's. Formats:
+// lines before it are never read), and errors say so, except in the
+// splits of KeySplits, whose lines are the file's (SRC10); byte offsets
+// are always the file's. Formats:
 //
 //   - NDJSON: one JSON value per line, decoded with encoding/json (or the
 //     NDJSONFunc decoder); LF or CRLF, a final newline or none.
