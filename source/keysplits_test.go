@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,65 +98,12 @@ func TestCSVKeySplitsExactlyOnce(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sorted.csv")
 	want := writeKeySorted(t, path, keys, rows)
 	run := func(t *testing.T, mem *sink.Memory[int64], p int, dir string, restarts int, latest bool, failAt int64) (*lateness, []int64, error) {
-		l := &lateness{threshold: marker.MaxWatermark}
-		var mu sync.Mutex
-		var restored []int64
-		var completed atomic.Int64
-		cfg := graph.Config{
-			Parallelism: p, BufferSize: 16, FlushInterval: time.Millisecond, Logf: t.Logf,
-			Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, TolerableFailures: -1, Retain: 2},
-			Restart:    graph.FixedDelay(restarts, time.Millisecond),
-			Restore:    graph.RestoreConfig{Latest: latest},
-			OnEvent: func(e graph.Event) {
-				switch e.Kind {
-				case graph.JobRestored:
-					mu.Lock()
-					restored = append(restored, e.CheckpointID)
-					mu.Unlock()
-				case graph.CheckpointCompleted:
-					completed.Add(1)
-				}
-			},
-		}
-		j := graph.NewJob(t.Name(), cfg)
-		ready := func() bool { return completed.Load() > 0 }
 		files := source.CSV[keyed](path, source.KeySplits("key"), source.RateLimit(10_000), source.WithLogf(t.Logf))
-		out := checked(j, files.New, rowTime, l)
-		out = graph.Process(out, "fail", func() graph.ProcessFunc[int64, int64] { return failOnce{at: failAt, ready: ready} })
-		graph.Sink(out, "sink", sink.Publishing[int64](mem), graph.Parallelism(1))
-		err := j.Run(context.Background())
-		return l, restored, err
+		return runFailing(t, mem, graph.Config{Parallelism: p}, dir, restarts, latest, failAt, files.New, rowTime)
 	}
 	// The failure: at the first row of the fastest key past a fifth of
 	// its rows after a checkpoint completed.
-	failAt := keyTime(keys, keys-1, rows/5)
-
-	t.Run("restart", func(t *testing.T) {
-		mem := sink.NewMemory[int64]()
-		l, restored, err := run(t, mem, 2, t.TempDir(), 1, false, failAt)
-		require.NoError(t, err)
-		require.Len(t, restored, 1)
-		require.Positive(t, restored[0], "restored from a checkpoint")
-		got := mem.Published()
-		slices.Sort(got)
-		require.Equal(t, want, got, "exactly once")
-		require.Zero(t, l.late.Load(), "late rows: %v", l.first.Load())
-		require.Positive(t, l.marks.Load())
-	})
-	t.Run("rescale", func(t *testing.T) {
-		dir := t.TempDir()
-		mem := sink.NewMemory[int64]()
-		l1, _, err := run(t, mem, 2, dir, 0, false, failAt)
-		require.ErrorIs(t, err, errInjected)
-		l2, restored, err := run(t, mem, 3, dir, 0, true, marker.MaxWatermark)
-		require.NoError(t, err)
-		require.Len(t, restored, 1)
-		got := mem.Published()
-		slices.Sort(got)
-		require.Equal(t, want, got, "exactly once")
-		require.Zero(t, l1.late.Load()+l2.late.Load(), "late rows: %v %v", l1.first.Load(), l2.first.Load())
-		require.Positive(t, l2.marks.Load())
-	})
+	restartAndRescale(t, want, run, 2, 3, keyTime(keys, keys-1, rows/5))
 }
 
 // TestCSVKeySplitsBadLine: a bad row in the middle of a key's run (its
