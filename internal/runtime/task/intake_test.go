@@ -3,13 +3,13 @@ package task
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/datadriven"
 
+	"github.com/snapflow/snapflow/internal/testsupport/scripttest"
 	"github.com/snapflow/snapflow/marker"
 )
 
@@ -109,22 +109,22 @@ func (s *intakeScript) describe() string {
 
 // parseIntakeEvent parses one event line (see TestIntakeDataDriven).
 func parseIntakeEvent(line string) (IntakeEvent, error) {
-	f := strings.Fields(line)
+	word, args := scripttest.Split(line)
 	kinds := map[string]IntakeEventKind{}
 	for k := InDry; k <= InOvertakenRead; k++ {
 		kinds[k.String()] = k
 	}
-	ev := IntakeEvent{Kind: kinds[f[0]], Available: true, TimersLive: true, HasInputState: false}
+	ev := IntakeEvent{Kind: kinds[word], Available: true, TimersLive: true, HasInputState: false}
 	if ev.Kind == 0 {
-		return ev, fmt.Errorf("unknown event %q", f[0])
+		return ev, fmt.Errorf("unknown event %q", word)
 	}
-	for _, arg := range f[1:] {
-		key, val, hasVal := strings.Cut(arg, "=")
+	for _, arg := range args {
+		key := arg.Key
 		var n int64
-		if hasVal {
+		if arg.HasVal {
 			var err error
-			if n, err = strconv.ParseInt(val, 10, 64); err != nil {
-				return ev, fmt.Errorf("%s: %v", arg, err)
+			if n, err = arg.Int(); err != nil {
+				return ev, err
 			}
 		}
 		switch key {
