@@ -39,7 +39,8 @@
 // never fill, and the connection's window is never held by one channel.
 //
 // Overtaking. A priority event (an unaligned barrier, marker.Event.Priority)
-// goes ahead of the sender's queue and is sent at once; on arrival it goes
+// goes ahead of the sender's queue and is sent at once (unless a barrier
+// is queued there, see below); on arrival it goes
 // ahead of the receiver's queue. Each side keeps the buffers it overtook:
 // the Sender returns copies of its queued buffers from SendEventOvertaking
 // (the writer's output channel state, as with a local channel), the
@@ -58,13 +59,14 @@
 // takes the data sent before K from what precedes K at its own end (the
 // aligner's Promote of K), which on a local channel is the one queue. Had
 // the priority barrier passed K at the sender, K would not be queued at
-// the receiver, the data ahead of it at the sender would be in neither
-// checkpoint's state of K (the writer took K's snapshot, aligned, when it
+// the receiver, the data queued ahead of it at the sender would be in no
+// state of checkpoint K (the writer took K's snapshot, aligned, when it
 // queued K), and a restore from K would lose it (issue 39). The priority
-// barrier then waits at most for the data ahead of K, which the reader
-// reads: K's channel is not blocked at the reader, whose alignment of K
-// waits for it. On restore,
-// the reader's input state is processed before its channels are read,
+// barrier then waits for the data ahead of K to get credit, as K itself
+// does: the reader reads every channel no alignment blocks, and an
+// alignment ends, or switches to unaligned at its timeout.
+//
+// On restore, the reader's input state is processed before its channels are read,
 // and the writer's output state is sent first, so the order holds. A
 // barrier of an aligned checkpoint whose alignment timed out is promoted
 // likewise at either side (Sender.PromoteTimedOut, Receiver.Promote).
