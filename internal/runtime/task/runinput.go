@@ -605,7 +605,7 @@ func (d *inputDriver[IN]) stepAligned(ctx context.Context, a *align.Action[*chan
 // stepIntake steps a channel-state event of the intake and carries out its
 // actions.
 func (d *inputDriver[IN]) stepIntake(ctx context.Context, ev IntakeEvent) (done bool, err error) {
-	var buf [3]IntakeAction
+	var buf [4]IntakeAction // a trigger: rest, input, promoted, overtaken
 	for _, a := range d.r.intake.Step(buf[:0], ev) {
 		switch a.Kind {
 		case DoRecordRest:
