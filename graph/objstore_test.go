@@ -3,16 +3,14 @@ package graph_test
 import (
 	"context"
 	"fmt"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/johannesboyne/gofakes3"
-	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/graph"
+	"github.com/snapflow/snapflow/internal/testsupport/s3test"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/snapshot"
 	"github.com/snapflow/snapflow/source"
@@ -20,16 +18,9 @@ import (
 
 // Checkpoints on object storage (Checkpoint.Dir a URL).
 
-// fakeS3 starts gofakes3 on loopback with a fresh bucket and returns the
-// s3blob URL of the bucket, below a key prefix.
-func fakeS3(t *testing.T) string {
-	t.Helper()
-	be := s3mem.New()
-	require.NoError(t, be.CreateBucket("checkpoints"))
-	srv := httptest.NewServer(gofakes3.New(be, gofakes3.WithLogger(gofakes3.DiscardLog())).Server())
-	t.Cleanup(srv.Close)
-	return "s3://checkpoints?endpoint=" + srv.URL + "&region=us-east-1&use_path_style=true&anonymous=true&prefix=jobs/"
-}
+// fakeS3 serves S3 on loopback and returns the URL of a fresh bucket,
+// below a key prefix.
+func fakeS3(t *testing.T) string { return s3test.URL(t, "checkpoints") + "&prefix=jobs/" }
 
 var memBucketSeq atomic.Int64
 

@@ -528,9 +528,6 @@ func (s *Storage) Persist(md *checkpoint.Metadata) (path string, err error) {
 		return "", fmt.Errorf("snapshot: write %s %d: metadata is for job %s, storage %s is for job %s",
 			kind, id, md.JobID, s.jobDir, s.jobID)
 	}
-	if s.remote != nil {
-		return s.persistRemote(md)
-	}
 	written, files, err := channelStateFiles(md)
 	if err != nil {
 		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
@@ -541,6 +538,9 @@ func (s *Storage) Persist(md *checkpoint.Metadata) (path string, err error) {
 		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
 	}
 	s.maxID = max(s.maxID, id)
+	if s.remote != nil {
+		return s.persistRemote(md, written, files, b)
+	}
 	for _, r := range s.log {
 		if r.ID == id {
 			return "", fmt.Errorf("snapshot: write %s %d: %s %d completed before, at %s (per %s); ids must not repeat in a job directory: %w",

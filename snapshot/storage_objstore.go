@@ -135,19 +135,10 @@ func completedRef(s *Storage, r objstore.Record) CompletedRef {
 		ExecutionID: r.ExecutionID, TriggerTime: r.TriggerTime}
 }
 
-// persistRemote is Persist on object storage (s.mu held).
-func (s *Storage) persistRemote(md *checkpoint.Metadata) (string, error) {
+// persistRemote is Persist on object storage (s.mu held): md encoded as
+// b, written its metadata with the channel-state files.
+func (s *Storage) persistRemote(md, written *checkpoint.Metadata, files []channelFile, b []byte) (string, error) {
 	kind, id := md.Options.Kind, md.CheckpointID
-	written, files, err := channelStateFiles(md)
-	if err != nil {
-		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
-	}
-	defer releaseChannelFiles(files)
-	b, err := checkpoint.EncodeMetadata(written)
-	if err != nil {
-		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
-	}
-	s.maxID = max(s.maxID, id)
 	dir := objstore.SnapshotDir(kind, id)
 	fail := func(err error) (string, error) {
 		return "", fmt.Errorf("snapshot: write %s %d to %s in %s: %w", kind, id, dir, s.remote.store, err)

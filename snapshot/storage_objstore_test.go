@@ -5,15 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 
-	"github.com/johannesboyne/gofakes3"
-	"github.com/johannesboyne/gofakes3/backend/s3mem"
+	"github.com/snapflow/snapflow/internal/testsupport/s3test"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/snapshot/objstore"
@@ -35,18 +33,9 @@ func storageLocations(t *testing.T) map[string]string {
 
 var memSeq atomic.Int64
 
-// fakeS3 starts gofakes3 on loopback with a fresh bucket and returns the
-// s3blob URL of the bucket.
-func fakeS3(t *testing.T) string {
-	t.Helper()
-	be := s3mem.New()
-	if err := be.CreateBucket("checkpoints"); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(gofakes3.New(be, gofakes3.WithLogger(gofakes3.DiscardLog())).Server())
-	t.Cleanup(srv.Close)
-	return "s3://checkpoints?endpoint=" + srv.URL + "&region=us-east-1&use_path_style=true&anonymous=true&prefix=jobs/"
-}
+// fakeS3 serves S3 on loopback and returns the URL of a fresh bucket,
+// below a key prefix.
+func fakeS3(t *testing.T) string { return s3test.URL(t, "checkpoints") + "&prefix=jobs/" }
 
 func forEachLocation(t *testing.T, f func(t *testing.T, loc string)) {
 	for name, loc := range storageLocations(t) {
