@@ -128,6 +128,7 @@ type crashJob struct {
 	Restarts    int
 	Retry       sink.Retry
 	Faults      []fault
+	Pace        bool   // slow the map while a fault (not at "endinput") has not fired
 	CkptDir     string // default: in memory
 	Restore     graph.RestoreConfig
 	Logf        func(string, ...any)
@@ -179,7 +180,11 @@ func (cj *crashJob) build(t testing.TB) *graph.Job {
 	}
 	j := graph.NewJob(cj.Name, cfg)
 	src := graph.Source(j, "src", source.GenerateRate(cj.Records, cj.Rate, func(i int64) rec { return rec{ID: i} }))
-	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return sinktest.Failing[rec]{C: cj.chaos} })
+	failing := sinktest.Failing[rec]{C: cj.chaos}
+	if cj.Pace {
+		failing.Pace = func() bool { return cj.chaos.Waiting("endinput") }
+	}
+	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing })
 	files := chaosFiles{TxnFiles: &sink.TxnFiles[rec]{Dir: cj.dir, NoSync: cj.NoSync}, c: cj.chaos}
 	newSink := sink.TwoPhaseCommitWithRetry[rec, *sink.FileTxn](files, cj.Retry, sink.WithLogf(logf))
 	graph.Sink(m, "out", func() graph.SinkFunc[rec] {
@@ -244,11 +249,13 @@ func (cj *crashJob) check(allowPending int) error {
 	return nil
 }
 
-// matrixJob is the job of one failure-matrix case.
+// matrixJob is the job of one failure-matrix case. It is paced until its
+// faults fired: at 4,000 records its input lasts 50 ms, and a loaded
+// machine once ended it before the sixth pre-commit (three checkpoints).
 func matrixJob(t *testing.T, faults ...fault) *crashJob {
 	return &crashJob{
 		Name: t.Name(), Records: 4000, Parallelism: 2, Rate: 40_000, Interval: 3 * time.Millisecond,
-		Restarts: 5, Retry: sink.Retry{Attempts: 2, Backoff: time.Millisecond}, Faults: faults, Logf: t.Logf,
+		Restarts: 5, Retry: sink.Retry{Attempts: 2, Backoff: time.Millisecond}, Faults: faults, Pace: true, Logf: t.Logf,
 	}
 }
 

@@ -7,6 +7,8 @@
 package sinktest
 
 import (
+	"time"
+
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/internal/testsupport/inject"
 )
@@ -84,12 +86,22 @@ func (s *ChaosSink[T]) EndInput(ctx *graph.Context) error {
 }
 
 // Failing is a user function upstream of the sink that passes its
-// records on and fails at "map".
-type Failing[T any] struct{ C *inject.Chaos }
+// records on and fails at "map". With Pace set, it sleeps a millisecond
+// a record while Pace returns true (e.g. while C's faults have not all
+// fired), so that a job whose faults wait for checkpoints does not end
+// its input first on a slow machine; a record is never held, so barriers
+// and checkpoints go on.
+type Failing[T any] struct {
+	C    *inject.Chaos
+	Pace func() bool
+}
 
 func (f Failing[T]) Process(_ *graph.Context, r T, out graph.Collector[T]) error {
 	if err := f.C.Hit("map"); err != nil {
 		return err
+	}
+	if f.Pace != nil && f.Pace() {
+		time.Sleep(time.Millisecond)
 	}
 	out.Collect(r)
 	return nil
