@@ -113,6 +113,10 @@
 // (package internal/runtime/task, I6). Together with the sender's copies
 // (the writer's output state, SendEventOvertaking as locally) they are
 // exactly what a local Chan's SendEventOvertaking would have returned.
+// And as in a Chan, a barrier a priority barrier overtook is found in the
+// reader's queue (the receiver's: netchan N6 never lets it pass one at the
+// sender), so the aligner's Promote of an older checkpoint it captures
+// finds the data sent before that barrier.
 // A Chan's Overtaken is always nil, and a Chan never fails (Err); a
 // network input that fails wakes the reader, hands out nothing more, and
 // Gate.Err fails the attempt.

@@ -186,6 +186,7 @@ func sortJoined(js []joined) []joined {
 // watermarks had reached the end), and every failure restored a
 // checkpoint.
 func TestKeyedCoProcessExactlyOnce(t *testing.T) {
+	t.Parallel() // its failures wait for a completed checkpoint (injector), not for time
 	const n = 100_000
 	want := expectedJoin(n)
 	rng := rand.New(rand.NewPCG(testSeed(t), 0))

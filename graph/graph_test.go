@@ -591,6 +591,12 @@ func TestCheckpointTimeoutAndTolerableFailures(t *testing.T) {
 
 // TestCancelStopsEveryGoroutine: Cancel stops a job that would run forever,
 // and no goroutine of it is left behind.
+//
+// It counts every goroutine of the process, so it must not call
+// t.Parallel; other tests may: the testing package starts the top-level
+// tests that called t.Parallel only after every sequential one returned,
+// so none runs beside this one (those paused in t.Parallel are counted in
+// before and after alike).
 func TestCancelStopsEveryGoroutine(t *testing.T) {
 	before := runtime.NumGoroutine()
 	cfg := quiet(t)

@@ -57,6 +57,14 @@ type CheckpointConfig struct {
 	// job tolerates; one more fails the job (and may restart it).
 	TolerableFailures int
 	// Dir is the checkpoint root: checkpoints go to Dir/<job-id>/chk-N.
+	// It is a local directory (the default), or the URL of an object
+	// store: s3://bucket?region=...&prefix=... (endpoint, use_path_style
+	// for S3-compatible servers; credentials from the environment),
+	// file:///path, mem://name (in this process). Restore.Path then names
+	// a snapshot in that store, as TriggerSavepoint and Stop return it
+	// (<job-id>/savepoint-N). On object storage, SavepointDir must be
+	// empty and a Pebble backend needs State.FullCheckpoints (its
+	// incremental checkpoints are not stored there yet).
 	Dir string
 	// Retain is the number of completed checkpoints kept (default 1).
 	// Cancelling a job never deletes checkpoints; Job.DiscardCheckpoints
@@ -279,6 +287,17 @@ func (j *Job) Validate() error {
 	}
 	if c.State.Backend == DefaultState {
 		c.State.Backend = PebbleState
+	}
+	if d := c.Checkpoint.Dir; snapshot.IsObjectStoreLocation(d) {
+		if err := snapshot.CheckLocation(d); err != nil {
+			add("graph: Checkpoint.Dir: %v", err)
+		}
+		if c.State.Backend == PebbleState && !c.State.FullCheckpoints {
+			add("graph: the Pebble backend's incremental checkpoints on object storage (Checkpoint.Dir %s) are not supported yet: set State.FullCheckpoints, use the heap backend, or a local Checkpoint.Dir", snapshot.RedactLocation(d))
+		}
+		if c.Checkpoint.SavepointDir != "" {
+			add("graph: Checkpoint.SavepointDir %q with checkpoints on object storage (Checkpoint.Dir %s): savepoints go to the same store; leave it empty", c.Checkpoint.SavepointDir, snapshot.RedactLocation(d))
+		}
 	}
 	switch c.State.Backend {
 	case HeapState:

@@ -601,8 +601,8 @@ type keyedOp[K comparable, IN, OUT any] struct {
 	// plan is the attempt's restore plan (nil: none), which reads the
 	// subtask's restored keyed state (restore.Plan.KeyedState).
 	plan *restore.Plan
-	// restoreFS holds the copies of native keyed state to restore
-	// (Config.Checkpoint.FS).
+	// restoreFS holds the restored keyed-state files and the copies of
+	// native keyed state (the checkpoint storage's FS).
 	restoreFS vfs.FS
 	// kgWatermarks persists the key groups' watermarks from before a
 	// rescale (KeyedContext.floors) that the input watermark has not
@@ -628,7 +628,7 @@ type kgWatermark struct {
 // user function value whose hooks are honoured (nil: the factory returned
 // a nil function).
 func newKeyedOp[K comparable, IN, OUT any](a *attempt, v *vertex, kopts keyedOpts, key func(IN) K, out *task.Output[OUT], fn KeyedProcessFunc[K, IN, OUT], user any) *keyedOp[K, IN, OUT] {
-	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters, ends: a.ends, fault: a.fault}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.job.cfg.Checkpoint.FS, plan: a.plan}
+	op := &keyedOp[K, IN, OUT]{hooks: hooks{fn: user, logf: a.job.logf, counters: a.counters, ends: a.ends, fault: a.fault}, fn: fn, key: key, out: out, policy: kopts.policy, verify: verifyKeys(), clock: kopts.clock, backendCfg: a.job.cfg.State, restoreFS: a.stateFS, plan: a.plan}
 	op.onTimer, _ = user.(TimerHandler[K, OUT])
 	op.ender, op.openErr = inputEnder[OUT](v, user)
 	if user == nil {

@@ -301,6 +301,7 @@ func firedCount(fired []atomic.Bool) int {
 // keyed state in Pebble: random failures after completed checkpoints,
 // restarts from the latest one, output exactly the failure-free one.
 func TestPebbleExactlyOnceWithFailures(t *testing.T) {
+	t.Parallel() // its failures wait for a completed checkpoint (injector), not for time
 	const n = 200_000
 	want := expectedOutput(n)
 	free := &pebbleRun{n: n, p: 2, dir: t.TempDir(), backend: graph.PebbleState, pebDir: t.TempDir(), defaultEngine: true}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
 	"github.com/snapflow/snapflow/channel"
 	"github.com/snapflow/snapflow/internal/runtime/execution"
 	"github.com/snapflow/snapflow/internal/runtime/master"
@@ -162,7 +164,10 @@ type attempt struct {
 	execution string
 	mode      marker.Mode
 	plan      *restore.Plan
-	reports   chan task.Report
+	// stateFS is where the plan's state files are read from
+	// (execution.Attempt.StateFS).
+	stateFS vfs.FS
+	reports chan task.Report
 	// keyedState writes the keyed-state files of checkpoints (nil without
 	// checkpoint storage).
 	keyedState snapshot.KeyedStateWriter
@@ -197,7 +202,7 @@ type runFunc func(ctx context.Context, a *attempt, i int, chain *task.Chain, hea
 func (j *Job) build(x *execution.Attempt, ends *endHooks, f *fault) (*execution.Attempt, error) {
 	a := &attempt{
 		job: j, number: x.Number, execution: x.Execution, mode: j.cfg.Checkpoint.Mode,
-		plan: x.Plan, reports: x.Reports, keyedState: x.KeyedState, counters: x.Counters, ends: ends, fault: f,
+		plan: x.Plan, stateFS: x.StateFS, reports: x.Reports, keyedState: x.KeyedState, counters: x.Counters, ends: ends, fault: f,
 		mails: map[checkpoint.TaskID]*task.Mailbox{},
 		chans: map[*edge][][]any{},
 	}

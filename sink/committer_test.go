@@ -22,6 +22,7 @@ import (
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/internal/testsupport/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/sinktest"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/restore"
 	"github.com/snapflow/snapflow/sink"
@@ -265,7 +266,7 @@ func (cj *commitJob) build(t testing.TB) *graph.Job {
 		}
 	}
 	src := graph.Source(j, "src", newSource)
-	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing{cj.chaos} })
+	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return sinktest.Failing[rec]{C: cj.chaos} })
 	opts := []sink.Option{sink.WithLogf(logf)}
 	if cj.User != "" {
 		opts = append(opts, sink.WithCommitUser(cj.User))

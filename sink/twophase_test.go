@@ -23,6 +23,7 @@ import (
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/internal/testsupport/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/sinktest"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/source"
@@ -113,81 +114,6 @@ func (f chaosFiles) AbortLingering(l sink.Lingering) error {
 	return f.TxnFiles.AbortLingering(l)
 }
 
-// fullSink is every hook of a TwoPhaseCommit sink.
-type fullSink interface {
-	graph.BatchSinkFunc[rec]
-	graph.Initializer
-	graph.Snapshotter
-	graph.CheckpointListener
-	graph.SinkEnder
-	graph.Closer
-}
-
-// chaosSink wraps a TwoPhaseCommit sink with faults at its hooks: before
-// and after the snapshot (after the pre-commit: the checkpoint then never
-// completes), before the notification (lost: "notify-drop" silently,
-// "notify-before" with a failure) and after it (committed, the attempt
-// fails before the notification returns).
-type chaosSink struct {
-	inner fullSink
-	c     *chaos
-	ended bool
-}
-
-func (s *chaosSink) InitializeState(ctx *graph.Context) error { return s.inner.InitializeState(ctx) }
-func (s *chaosSink) Write(ctx *graph.Context, r rec) error    { return s.inner.Write(ctx, r) }
-func (s *chaosSink) WriteBatch(ctx *graph.Context, rs []rec) error {
-	return s.inner.WriteBatch(ctx, rs)
-}
-func (s *chaosSink) NotifyCheckpointAborted(id int64) error {
-	return s.inner.NotifyCheckpointAborted(id)
-}
-func (s *chaosSink) Close() error { return s.inner.Close() }
-
-func (s *chaosSink) SnapshotState(ctx *graph.SnapshotContext) error {
-	if err := s.c.Hit("snapshot-before"); err != nil {
-		return err
-	}
-	if err := s.inner.SnapshotState(ctx); err != nil {
-		return err
-	}
-	return s.c.Hit("snapshot-after")
-}
-
-func (s *chaosSink) NotifyCheckpointComplete(id int64) error {
-	// A dropped final notification would be lost for good (the job ends):
-	// real losses come with failures, which restore.
-	if !s.ended && s.c.Hit("notify-drop") != nil {
-		return nil
-	}
-	if err := s.c.Hit("notify-before"); err != nil {
-		return err
-	}
-	if err := s.inner.NotifyCheckpointComplete(id); err != nil {
-		return err
-	}
-	return s.c.Hit("notify-after")
-}
-
-func (s *chaosSink) EndInput(ctx *graph.Context) error {
-	s.ended = true
-	if err := s.c.Hit("endinput"); err != nil {
-		return err
-	}
-	return s.inner.EndInput(ctx)
-}
-
-// failing is a user function upstream of the sink that fails at "map".
-type failing struct{ c *chaos }
-
-func (f failing) Process(_ *graph.Context, r rec, out graph.Collector[rec]) error {
-	if err := f.c.Hit("map"); err != nil {
-		return err
-	}
-	out.Collect(r)
-	return nil
-}
-
 // crashJob is source -> failing map -> two-phase-commit sink over
 // TxnFiles, at Parallelism, checkpointing every Interval.
 type crashJob struct {
@@ -202,6 +128,7 @@ type crashJob struct {
 	Restarts    int
 	Retry       sink.Retry
 	Faults      []fault
+	Pace        bool   // slow the map while a fault (not at "endinput") has not fired
 	CkptDir     string // default: in memory
 	Restore     graph.RestoreConfig
 	Logf        func(string, ...any)
@@ -253,11 +180,15 @@ func (cj *crashJob) build(t testing.TB) *graph.Job {
 	}
 	j := graph.NewJob(cj.Name, cfg)
 	src := graph.Source(j, "src", source.GenerateRate(cj.Records, cj.Rate, func(i int64) rec { return rec{ID: i} }))
-	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing{cj.chaos} })
+	failing := sinktest.Failing[rec]{C: cj.chaos}
+	if cj.Pace {
+		failing.Pace = func() bool { return cj.chaos.Waiting("endinput") }
+	}
+	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing })
 	files := chaosFiles{TxnFiles: &sink.TxnFiles[rec]{Dir: cj.dir, NoSync: cj.NoSync}, c: cj.chaos}
 	newSink := sink.TwoPhaseCommitWithRetry[rec, *sink.FileTxn](files, cj.Retry, sink.WithLogf(logf))
 	graph.Sink(m, "out", func() graph.SinkFunc[rec] {
-		return &chaosSink{inner: newSink().(fullSink), c: cj.chaos}
+		return sinktest.NewChaosSink(newSink(), cj.chaos)
 	})
 	return j
 }
@@ -318,11 +249,13 @@ func (cj *crashJob) check(allowPending int) error {
 	return nil
 }
 
-// matrixJob is the job of one failure-matrix case.
+// matrixJob is the job of one failure-matrix case. It is paced until its
+// faults fired: at 4,000 records its input lasts 50 ms, and a loaded
+// machine once ended it before the sixth pre-commit (three checkpoints).
 func matrixJob(t *testing.T, faults ...fault) *crashJob {
 	return &crashJob{
 		Name: t.Name(), Records: 4000, Parallelism: 2, Rate: 40_000, Interval: 3 * time.Millisecond,
-		Restarts: 5, Retry: sink.Retry{Attempts: 2, Backoff: time.Millisecond}, Faults: faults, Logf: t.Logf,
+		Restarts: 5, Retry: sink.Retry{Attempts: 2, Backoff: time.Millisecond}, Faults: faults, Pace: true, Logf: t.Logf,
 	}
 }
 

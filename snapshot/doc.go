@@ -206,6 +206,12 @@
 //
 // # Storage
 //
+// A Storage opened at a URL (s3://, mem://, file://) keeps the job on
+// object storage instead, in package objstore's write-once objects and
+// completion records: storage_objstore.go says what changes (ST1-ST7 become
+// objstore OS1-OS7; no lock; no native state yet), and FS then reads the
+// store, so that the readers below and package restore work unchanged.
+//
 // Storage (storage.go) keeps the checkpoints of a job directory: the layout,
 // what "complete" means (durable _metadata and a record in the
 // completed-checkpoint log), the lifecycle of a job directory (Close keeps

@@ -111,6 +111,10 @@ func (s *Storage) sharedDir() string { return s.fs.PathJoin(s.jobDir, SharedStat
 // next collection of shared/ (ST13) and of incomplete checkpoint
 // directories (ST10) removes them.
 func (s *Storage) WriteNativeState(ctx context.Context, id int64, t checkpoint.TaskID, nf NativeFiles) (*checkpoint.NativeStateRef, error) {
+	if s.remote != nil {
+		return nil, fmt.Errorf("snapshot: write the native keyed state of operator %q subtask %d for checkpoint %d to %s: %w",
+			t.Operator, t.Subtask, id, s.LogPath(), ErrNativeOnObjectStore)
+	}
 	src := nf.FS
 	if src == nil {
 		src = vfs.Default

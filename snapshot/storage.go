@@ -22,6 +22,7 @@ import (
 	"github.com/snapflow/snapflow/internal/vfsutil"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	"github.com/snapflow/snapflow/snapshot/objstore"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -376,6 +377,9 @@ type Storage struct {
 	// untidy are the checkpoints and savepoints persisted since the last
 	// Tidy, by the order of their Persist.
 	untidy []CompletedRef
+	// remote keeps the job on object storage (storage_objstore.go); nil
+	// for a local job directory.
+	remote *remote
 	// tidied is the id below which Tidy (or Finished: all) removed the
 	// incomplete chk-M directories (ST10): a write into one of them that
 	// fails wraps ErrSubsumed (ST16). Read without the lock by writers.
@@ -410,6 +414,9 @@ func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
 	}
 	if opts.Retain < 0 {
 		return nil, fmt.Errorf("snapshot: open storage in %s: negative Retain %d", dir, opts.Retain)
+	}
+	if IsObjectStoreLocation(dir) {
+		return openRemote(dir, jobID, opts)
 	}
 	fs := opts.FS
 	if fs == nil {
@@ -474,7 +481,12 @@ func (s *Storage) JobDir() string { return s.jobDir }
 func (s *Storage) FS() vfs.FS { return s.fs }
 
 // LogPath returns the path of the completed-checkpoint log.
-func (s *Storage) LogPath() string { return s.fs.PathJoin(s.jobDir, CompletedLogName) }
+func (s *Storage) LogPath() string {
+	if s.remote != nil {
+		return s.logPathRemote()
+	}
+	return s.fs.PathJoin(s.jobDir, CompletedLogName)
+}
 
 // Write is Persist followed, if it succeeded, by Tidy: for callers that
 // need not report the completion before the cleanup.
@@ -526,6 +538,9 @@ func (s *Storage) Persist(md *checkpoint.Metadata) (path string, err error) {
 		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
 	}
 	s.maxID = max(s.maxID, id)
+	if s.remote != nil {
+		return s.persistRemote(md, written, files, b)
+	}
 	for _, r := range s.log {
 		if r.ID == id {
 			return "", fmt.Errorf("snapshot: write %s %d: %s %d completed before, at %s (per %s); ids must not repeat in a job directory: %w",
@@ -580,6 +595,10 @@ func (s *Storage) Tidy() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
+		return
+	}
+	if s.remote != nil {
+		s.tidyRemote()
 		return
 	}
 	for _, r := range s.untidy {
@@ -712,7 +731,9 @@ type keyedFile struct {
 	path   string
 	header checkpoint.KeyedStateHeader
 	f      vfs.File
-	w      *bufio.Writer
+	// o is the object being written instead of f, on object storage.
+	o objstore.Writer
+	w *bufio.Writer
 }
 
 // createKeyedState creates the keyed-state file of subtask t in the
@@ -722,6 +743,15 @@ func (s *Storage) createKeyedState(ctx context.Context, id int64, kind marker.Ki
 	k := &keyedFile{s: s, kind: kind, id: id, t: t, name: checkpoint.KeyedStateFileName(t.Operator, t.Subtask),
 		header: checkpoint.KeyedStateHeader{CheckpointID: id, Operator: t.Operator, Subtask: t.Subtask}}
 	k.path = s.fs.PathJoin(dir, k.name)
+	if s.remote != nil {
+		var err error
+		if k.o, err = s.remote.store.Create(ctx, s.remote.job.Key(objstore.SnapshotDir(kind, id)+"/"+k.name)); err != nil {
+			return nil, k.error(err)
+		}
+		k.w = keyedWriters.Get().(*bufio.Writer)
+		k.w.Reset(ctxWriter{ctx, k.o})
+		return k, nil
+	}
 	err := vfsutil.MkdirAllSynced(s.fs, parent)
 	if err == nil {
 		err = s.fs.MkdirAll(dir, 0o755)
@@ -745,6 +775,20 @@ func (k *keyedFile) finish(ref *checkpoint.KeyedStateRef, err error) (*checkpoin
 	}
 	k.w.Reset(nil)
 	keyedWriters.Put(k.w)
+	if k.o != nil {
+		// Write-once: an object of the same name (a retried write of
+		// this checkpoint) fails the commit, and the state objects of
+		// an incomplete checkpoint are collected (objstore OS7).
+		if err != nil {
+			_ = k.o.Abort()
+		} else {
+			err = k.o.Commit()
+		}
+		if err != nil {
+			return nil, k.error(err)
+		}
+		return ref, nil
+	}
 	if cerr := k.f.Close(); err == nil {
 		err = cerr
 	}
@@ -778,6 +822,9 @@ func (c ctxWriter) Write(b []byte) (int, error) {
 func (s *Storage) Checkpoints() ([]CheckpointRef, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.remote != nil {
+		return s.checkpointsRemote()
+	}
 	refs, _, err := s.listCheckpoints()
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: list checkpoints in %s: %w", s.jobDir, err)
@@ -792,6 +839,9 @@ func (s *Storage) Checkpoints() ([]CheckpointRef, error) {
 func (s *Storage) Completed() ([]CompletedRef, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.remote != nil {
+		return s.completedRemote()
+	}
 	recs, err := s.readLog()
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: read %s: %w", s.LogPath(), err)
@@ -812,6 +862,9 @@ func (s *Storage) Completed() ([]CompletedRef, error) {
 func (s *Storage) NextID() (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.remote != nil {
+		return s.nextIDRemote()
+	}
 	highest := s.maxID
 	for _, r := range s.log {
 		highest = max(highest, r.ID)
@@ -862,6 +915,10 @@ func (s *Storage) Finished() {
 	if s.closed {
 		return
 	}
+	if s.remote != nil {
+		s.finishedRemote()
+		return
+	}
 	s.tidied.Store(math.MaxInt64) // before the removals (ST16)
 	_, incomplete, err := s.listCheckpoints()
 	if err == nil {
@@ -892,6 +949,16 @@ func (s *Storage) Close() error {
 
 // unlock releases the job directory's lock, once (s.mu held).
 func (s *Storage) unlock() error {
+	if r := s.remote; r != nil {
+		if r.closed {
+			return nil
+		}
+		r.closed = true
+		if err := r.store.Close(); err != nil {
+			return fmt.Errorf("snapshot: close storage %s: %w", s.LogPath(), err)
+		}
+		return nil
+	}
 	l := s.lock
 	s.lock = nil
 	if l == nil {
@@ -922,6 +989,9 @@ func (s *Storage) Discard() error {
 }
 
 func (s *Storage) discard() error {
+	if s.remote != nil {
+		return s.discardRemote()
+	}
 	complete, incomplete, err := s.listCheckpoints()
 	if err != nil {
 		return fmt.Errorf("snapshot: discard %s: %w", s.jobDir, err)

@@ -132,12 +132,14 @@
 //
 // SRC7 (bounded memory): a subtask holds one open file, one 64 KiB
 // bufio.Reader and one record, which may grow to MaxRecordSize (default
-// 16 MiB) and no further, whatever the file size.
+// 16 MiB) and no further, whatever the file size. With KeySplits (SRC10)
+// it holds one open file and reader per unfinished split it reads.
 //
 // Line numbers count from 1 at the file start in splits starting at byte
 // 0; in other ranges they count from 1 at the range's first line (the
-// lines before it are never read), and errors say so; byte offsets are
-// always the file's. Formats:
+// lines before it are never read), and errors say so, except in the
+// splits of KeySplits, whose lines are the file's (SRC10); byte offsets
+// are always the file's. Formats:
 //
 //   - NDJSON: one JSON value per line, decoded with encoding/json (or the
 //     NDJSONFunc decoder); LF or CRLF, a final newline or none.
@@ -185,4 +187,20 @@
 // be older than anything read so far): since a subtask reads its splits
 // one after the other, its watermark advances while it reads its last
 // unfinished split, or as splits go idle (IdleTimeout).
+//
+// SRC10 (key splits, KeySplits(column), CSV only): a file sorted or
+// grouped by a key, whose later keys start again at early event times,
+// gets no useful watermark from splits read one after the other (the
+// splits not read yet hold it at its minimum until the last one). With
+// KeySplits a new file is cut at every record whose key column differs
+// from the record before (csvKeyStarts, one framing pass at discovery,
+// counting the file's lines so that errors name them,
+// SplitProgress.FileLines); a record whose key cannot be read cuts
+// nothing. A subtask opens all its unfinished splits and reads them
+// together, one record from each in turn, so every split's watermark
+// advances with the others and the source's, their minimum, follows
+// the slowest key (Flink's per-split watermarks over splits read
+// concurrently, as for Kafka partitions). Progress, restore and
+// rescaling are SRC3 and SRC4 unchanged: each split resumes at its
+// checkpointed offset in whichever subtask the restore deals it to.
 package source

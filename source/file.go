@@ -9,6 +9,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"unicode/utf8"
 
@@ -29,7 +30,20 @@ type fileOptions struct {
 	rate       float64
 	fsys       fileSystem
 	logf       func(format string, args ...any)
+	keyColumn  string
 }
+
+// KeySplits cuts a CSV file into one split per run of records with the
+// same value in column (a file sorted or grouped by that key: one split
+// per key), instead of by SplitSize, and has each subtask read all its
+// unfinished splits together, a record from each in turn, each with its
+// own reader (SRC10). With a WatermarkStrategy every split has its own
+// watermark and the source's is their minimum, so a file sorted by key
+// (whose later keys start again at early event times) gets a watermark
+// that follows the event times of all keys at once. A record whose key
+// cannot be read belongs to the split before it; its reader names it by
+// file and line. Only for CSV sources.
+func KeySplits(column string) FileOption { return func(o *fileOptions) { o.keyColumn = column } }
 
 // SplitSize cuts files larger than n bytes into byte-range splits of n
 // bytes (default DefaultSplitSize); n <= 0 reads every file whole. JSON
@@ -185,7 +199,7 @@ func CSVFunc[T any](pattern string, decode func(header, record []string) (T, err
 func (f *Files[T]) New() graph.SourceFunc[T] { return &fileSource[T]{f: f} }
 
 // fileSource reads the splits assigned to one subtask, one after the
-// other.
+// other, or with KeySplits together (SRC10).
 type fileSource[T any] struct {
 	f      *Files[T]
 	info   graph.TaskInfo
@@ -194,11 +208,19 @@ type fileSource[T any] struct {
 	cur    int             // index in splits of the split being read
 	r      *splitReader    // reader of splits[cur], or nil
 	bind   func([]string) (T, error)
-	lim    *limiter
-	dead   deadLetter
-	err    error // sticky
-	logged int   // bad records logged
-	one    [1]T
+	// Reading together (KeySplits): the open splits, their readers and
+	// bindings by split index, the next split to open, the turn.
+	together bool
+	active   []int
+	rs       []*splitReader
+	binds    []func([]string) (T, error)
+	nextOpen int
+	turn     int
+	lim      *limiter
+	dead     deadLetter
+	err      error // sticky
+	logged   int   // bad records logged
+	one      [1]T
 	// The split contract (graph.SplitSourceFunc, SRC8): the subtask's
 	// splits are numbered by their index in splits; ctx finishes them,
 	// last is the split of the record Next returned last.
@@ -214,6 +236,9 @@ type fileSource[T any] struct {
 func (s *fileSource[T]) InitializeState(ctx *graph.Context) error {
 	s.info = ctx.Task()
 	f := s.f
+	if f.opts.keyColumn != "" && f.format != formatCSV {
+		return fmt.Errorf("source: %s %s: KeySplits(%q) is for CSV sources only", f.format, f.pattern, f.opts.keyColumn)
+	}
 	l, err := state.UnionListState[SplitProgress](ctx.OperatorState(), SplitState)
 	if err != nil {
 		return err
@@ -225,10 +250,10 @@ func (s *fileSource[T]) InitializeState(ctx *graph.Context) error {
 	if lst.err != nil {
 		return lst.err
 	}
-	all, err := plan(lst.files, restored, f.format, f.pattern, f.opts.splitSize, f.format == formatJSONArray,
+	all, err := plan(lst.files, restored, f.format, f.pattern, f.opts.splitSize, f.format == formatJSONArray, f.opts.keyColumn != "",
 		func(p string) (identity, error) { return lst.identity(f.opts.fsys, p) },
-		func(fi fileInfo) ([]int64, error) {
-			return lst.csvStarts(f.opts.fsys, fi, f.opts.splitSize, f.opts.maxRecord)
+		func(fi fileInfo) ([]csvCut, error) {
+			return lst.csvStarts(f.opts.fsys, fi, f.opts.splitSize, f.opts.keyColumn, f.opts.maxRecord)
 		})
 	if err != nil {
 		return err
@@ -249,6 +274,9 @@ func (s *fileSource[T]) InitializeState(ctx *graph.Context) error {
 	}
 	l.Update(s.splits)
 	s.ctx = ctx
+	s.together = f.opts.keyColumn != ""
+	s.rs = make([]*splitReader, len(s.splits))
+	s.binds = make([]func([]string) (T, error), len(s.splits))
 	for i := range s.splits {
 		if s.splits[i].Done {
 			ctx.FinishSplit(i)
@@ -275,9 +303,15 @@ func (s *fileSource[T]) SnapshotState(*graph.SnapshotContext) error {
 // Close closes the open files.
 func (s *fileSource[T]) Close() error {
 	var err error
-	if s.r != nil {
+	if s.r != nil && !s.together {
 		err = s.r.close()
-		s.r = nil
+	}
+	s.r = nil
+	for i, r := range s.rs {
+		if r != nil {
+			err = errors.Join(err, r.close())
+			s.rs[i] = nil
+		}
 	}
 	return errors.Join(err, s.dead.close())
 }
@@ -334,6 +368,15 @@ func (s *fileSource[T]) read(dst []T, splits []int32) (n int, err error) {
 		dst = dst[:k]
 	}
 	for n < len(dst) {
+		if s.together {
+			ok, err := s.take()
+			if err != nil {
+				return n, err
+			}
+			if !ok {
+				return n, io.EOF
+			}
+		}
 		if s.r == nil {
 			if s.cur >= len(s.splits) {
 				return n, io.EOF
@@ -380,6 +423,35 @@ func (s *fileSource[T]) read(dst []T, splits []int32) (n int, err error) {
 		}
 	}
 	return n, nil
+}
+
+// take makes the next split in turn current (SRC10): it opens splits
+// until KeySplits' readers are all open (every unfinished split), then
+// takes the open splits round-robin, one record each. It returns false
+// when every split is done.
+func (s *fileSource[T]) take() (bool, error) {
+	for s.nextOpen < len(s.splits) {
+		i := s.nextOpen
+		s.nextOpen++
+		if s.splits[i].Done {
+			continue
+		}
+		s.cur = i
+		if err := s.open(&s.splits[i]); err != nil {
+			return false, err
+		}
+		if s.r != nil { // not finished at once
+			s.rs[i], s.binds[i] = s.r, s.bind
+			s.active = append(s.active, i)
+		}
+	}
+	if len(s.active) == 0 {
+		return false, nil
+	}
+	s.turn = (s.turn + 1) % len(s.active)
+	s.cur = s.active[s.turn]
+	s.r, s.bind = s.rs[s.cur], s.binds[s.cur]
+	return true, nil
 }
 
 // decode decodes one framed record.
@@ -467,7 +539,18 @@ func (s *fileSource[T]) finish(p *SplitProgress) {
 	}
 	s.r = nil
 	s.ctx.FinishSplit(s.cur)
-	s.cur++
+	if s.together {
+		s.rs[s.cur], s.binds[s.cur] = nil, nil
+		// (A split finished as it opens was never active.)
+		if k := slices.Index(s.active, s.cur); k >= 0 {
+			s.active = slices.Delete(s.active, k, k+1)
+			if k <= s.turn {
+				s.turn-- // the next take moves on to the split after it
+			}
+		}
+	} else {
+		s.cur++
+	}
 	s.f.splitsDone.Add(1)
 	if p.Bad > 0 {
 		s.f.opts.logf("source %v: split %s done: %d records, %d bad records dead-lettered to %s", s.info, p.ID(), p.Records, p.Bad, s.dead.path)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -93,8 +94,11 @@ type splitReader struct {
 	start, end int64
 	size       int64 // at discovery
 	pos, line  int64
-	max        int
-	buf        []byte
+	// firstLine is the file line of start (SplitProgress.FileLines), or 0:
+	// lines count from the range's first line.
+	firstLine int64
+	max       int
+	buf       []byte
 	// finished: the framer knows that the split holds no more records.
 	finished bool
 	phase    int // JSON array
@@ -107,6 +111,11 @@ type splitReader struct {
 
 func newSplitReader(format string, f io.ReadSeekCloser, p *SplitProgress, max int, read *atomic.Int64) *splitReader {
 	r := &splitReader{format: format, path: p.Path, f: f, start: p.Start, end: p.End, size: p.Size, max: max, line: 1}
+	if p.FileLines && p.Start > 0 && !p.Started {
+		r.firstLine = p.Line
+	} else if p.FileLines {
+		r.firstLine = 1 // a started split's Line is the file's already
+	}
 	r.in = countingReader{r: f, n: read}
 	r.br = bufio.NewReaderSize(&r.in, readBufferSize)
 	return r
@@ -126,7 +135,7 @@ func (r *splitReader) seek(off, line int64) error {
 
 func (r *splitReader) recordErr(off, line int64, fatal bool, err error) *RecordError {
 	e := &RecordError{Path: r.path, Line: line, Offset: off, Err: err, fatal: fatal}
-	if r.start > 0 {
+	if r.start > 0 && r.firstLine == 0 {
 		e.RangeStart = r.start
 	}
 	return e
@@ -424,7 +433,7 @@ func (r *splitReader) startCSV(aligned bool) error {
 	case r.start == 0:
 		return nil
 	case aligned:
-		return r.seek(r.start, 1)
+		return r.seek(r.start, max(r.firstLine, 1))
 	}
 	for r.pos < r.start {
 		_, off, _, _, err := r.nextCSV()
@@ -476,6 +485,50 @@ func csvStarts(f io.ReadSeekCloser, path string, size, splitSize int64, max int)
 		}
 	}
 	return starts, nil
+}
+
+// csvCut is where a range of a CSV file starts: a record start, and its
+// file line where the cutting pass counted it (0 otherwise).
+type csvCut struct{ off, line int64 }
+
+// csvKeyStarts returns the starts of the ranges of a CSV file cut where
+// the value of column key changes (KeySplits, SRC10): 0, then every data
+// record whose key differs from the record before, with its file line,
+// found by framing the file's records (one pass, one record in memory).
+// A record whose key cannot be read (it does not parse, or is too short)
+// cuts nothing: it stays in the range before, whose reader names it. A
+// header without the column fails it, naming the file and the columns.
+func csvKeyStarts(f io.ReadSeekCloser, path string, size int64, key string, max int) ([]csvCut, error) {
+	var read atomic.Int64
+	r := newSplitReader(formatCSV, f, &SplitProgress{Path: path, End: size, Size: size}, max, &read)
+	defer r.close()
+	if err := r.readHeader(); err != nil || r.finished {
+		return []csvCut{{0, 1}}, err
+	}
+	col := slices.IndexFunc(r.header, func(h string) bool { return strings.EqualFold(strings.TrimSpace(h), key) })
+	if col < 0 {
+		return nil, unrecoverable(fmt.Errorf("source: %s: no key column %q (KeySplits) in the header %q", path, key, r.header))
+	}
+	starts := []csvCut{{0, 1}}
+	var last string
+	for first := true; ; {
+		raw, off, line, _, err := r.nextCSV()
+		switch {
+		case err == io.EOF:
+			return starts, nil
+		case err != nil:
+			return nil, err
+		}
+		fields, err := r.csvp.parse(raw)
+		if err != nil || col >= len(fields) {
+			continue
+		}
+		if !first && fields[col] != last {
+			starts = append(starts, csvCut{off, line})
+		}
+		first = false
+		last = fields[col] // (parse reuses the fields, not their strings)
+	}
 }
 
 // readHeader reads the CSV header: the first non-blank record of the file.

@@ -48,6 +48,10 @@ type SplitProgress struct {
 	// file start for splits with Start 0, from 1 at the split's first line
 	// otherwise.
 	Line int64 `msgpack:"line"`
+	// FileLines says that Line counts the file's lines from 1 at its
+	// start in every split (KeySplits: the pass that cut the file counted
+	// them), so errors name the file's line.
+	FileLines bool `msgpack:"file_lines,omitempty"`
 	// Aligned says that Start is a record start (CSV ranges, cut at
 	// record boundaries by a framing pass at discovery). A CSV range
 	// not Aligned (a checkpoint of an older version) finds its first
@@ -256,7 +260,7 @@ type idResult struct {
 	id   identity
 	err  error
 	// CSV range starts (csvStarts), computed once per file and attempt
-	starts    []int64
+	starts    []csvCut
 	startsErr error
 	startsOne sync.Once
 }
@@ -275,7 +279,7 @@ func (l *listing) result(name string) *idResult {
 
 // csvStarts returns the range starts of the new CSV file fi (csvStarts),
 // framed once per attempt.
-func (l *listing) csvStarts(fsys fileSystem, fi fileInfo, splitSize int64, max int) ([]int64, error) {
+func (l *listing) csvStarts(fsys fileSystem, fi fileInfo, splitSize int64, key string, max int) ([]csvCut, error) {
 	r := l.result(fi.path)
 	r.startsOne.Do(func() {
 		f, err := fsys.open(fi.path)
@@ -283,7 +287,15 @@ func (l *listing) csvStarts(fsys fileSystem, fi fileInfo, splitSize int64, max i
 			r.startsErr = err
 			return
 		}
-		r.starts, r.startsErr = csvStarts(f, fi.path, fi.size, splitSize, max)
+		if key != "" {
+			r.starts, r.startsErr = csvKeyStarts(f, fi.path, fi.size, key, max)
+			return
+		}
+		starts, err := csvStarts(f, fi.path, fi.size, splitSize, max)
+		for _, s := range starts {
+			r.starts = append(r.starts, csvCut{off: s})
+		}
+		r.startsErr = err
 	})
 	return r.starts, r.startsErr
 }
@@ -331,16 +343,17 @@ func (ls *listings) get(k listingKey) *listing {
 
 // cut splits a new file into byte ranges of splitSize (the whole file if
 // splitSize <= 0 or whole); a CSV file at the record starts csvStarts
-// finds near those offsets.
-func cut(format string, fi fileInfo, id identity, splitSize int64, whole bool, starts func(fileInfo) ([]int64, error)) ([]SplitProgress, error) {
-	mk := func(start, end int64) SplitProgress {
-		return SplitProgress{Format: format, Path: fi.path, Start: start, End: end, Offset: start, Line: 1, Size: id.size, CRC: id.crc,
-			Aligned: format == formatCSV}
+// finds near those offsets, or with keyed at its key changes
+// (csvKeyStarts, whatever its size).
+func cut(format string, fi fileInfo, id identity, splitSize int64, whole, keyed bool, starts func(fileInfo) ([]csvCut, error)) ([]SplitProgress, error) {
+	mk := func(start, end, line int64) SplitProgress {
+		return SplitProgress{Format: format, Path: fi.path, Start: start, End: end, Offset: start, Line: max(line, 1), FileLines: line > 0,
+			Size: id.size, CRC: id.crc, Aligned: format == formatCSV}
 	}
-	if whole || splitSize <= 0 || fi.size <= splitSize {
-		return []SplitProgress{mk(0, fi.size)}, nil
+	if !keyed && (whole || splitSize <= 0 || fi.size <= splitSize) {
+		return []SplitProgress{mk(0, fi.size, 0)}, nil
 	}
-	var at []int64
+	var at []csvCut
 	if format == formatCSV {
 		var err error
 		if at, err = starts(fi); err != nil {
@@ -348,16 +361,16 @@ func cut(format string, fi fileInfo, id identity, splitSize int64, whole bool, s
 		}
 	} else {
 		for s := int64(0); s < fi.size; s += splitSize {
-			at = append(at, s)
+			at = append(at, csvCut{off: s})
 		}
 	}
 	out := make([]SplitProgress, len(at))
 	for i, s := range at {
 		end := fi.size
 		if i+1 < len(at) {
-			end = at[i+1]
+			end = at[i+1].off
 		}
-		out[i] = mk(s, end)
+		out[i] = mk(s.off, end, s.line)
 	}
 	return out, nil
 }
@@ -368,8 +381,8 @@ func cut(format string, fi fileInfo, id identity, splitSize int64, whole bool, s
 // holds a split of a file not discovered, of a changed file (size or
 // checksum), of another format, a split twice, or splits that do not tile
 // their file.
-func plan(files []fileInfo, restored []SplitProgress, format, pattern string, splitSize int64, whole bool,
-	ident func(string) (identity, error), starts func(fileInfo) ([]int64, error)) ([]SplitProgress, error) {
+func plan(files []fileInfo, restored []SplitProgress, format, pattern string, splitSize int64, whole, keyed bool,
+	ident func(string) (identity, error), starts func(fileInfo) ([]csvCut, error)) ([]SplitProgress, error) {
 	byFile := map[string][]SplitProgress{}
 	for _, p := range restored {
 		if p.Format != format {
@@ -402,7 +415,7 @@ func plan(files []fileInfo, restored []SplitProgress, format, pattern string, sp
 		}
 		if !ok {
 			f.size = id.size
-			ps, err := cut(format, f, id, splitSize, whole, starts)
+			ps, err := cut(format, f, id, splitSize, whole, keyed, starts)
 			if err != nil {
 				return nil, err
 			}

@@ -123,40 +123,9 @@ func TestIndexedSplitWatermarks(t *testing.T) {
 func TestIndexedSplitWatermarksExactlyOnce(t *testing.T) {
 	const splits, n = 6, 12_000
 	at := stridedTime(splits)
-	// run runs one job publishing to mem: the jobs of a test share one
-	// committer, as jobs restored from each other share the external
-	// system (a restored job recommits the pending transactions of its
-	// checkpoint, which the failed job may have committed already).
+	newSrc := source.GenerateRate(n, 20_000, at)
 	run := func(t *testing.T, mem *sink.Memory[int64], p int, dir string, restarts int, latest bool, failAt int64) (*lateness, []int64, error) {
-		l := &lateness{threshold: marker.MaxWatermark}
-		var mu sync.Mutex
-		var restored []int64
-		var completed atomic.Int64
-		cfg := graph.Config{
-			Parallelism: p, MaxParallelism: splits, BufferSize: 16, FlushInterval: time.Millisecond, Logf: t.Logf,
-			Checkpoint: graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, TolerableFailures: -1, Retain: 2},
-			Restart:    graph.FixedDelay(restarts, time.Millisecond),
-			Restore:    graph.RestoreConfig{Latest: latest},
-			OnEvent: func(e graph.Event) {
-				switch e.Kind {
-				case graph.JobRestored:
-					mu.Lock()
-					restored = append(restored, e.CheckpointID)
-					mu.Unlock()
-				case graph.CheckpointCompleted:
-					completed.Add(1)
-				}
-			},
-		}
-		j := graph.NewJob(t.Name(), cfg)
-		// The failure waits for a completed checkpoint: the restart (or
-		// the restored job) must find one, on any machine.
-		ready := func() bool { return completed.Load() > 0 }
-		out := checked(j, source.GenerateRate(n, 20_000, at), func(ts int64) int64 { return ts }, l)
-		out = graph.Process(out, "fail", func() graph.ProcessFunc[int64, int64] { return failOnce{at: failAt, ready: ready} })
-		graph.Sink(out, "sink", sink.Publishing[int64](mem), graph.Parallelism(1))
-		err := j.Run(context.Background())
-		return l, restored, err
+		return runFailing(t, mem, graph.Config{Parallelism: p, MaxParallelism: splits}, dir, restarts, latest, failAt, newSrc, func(ts int64) int64 { return ts })
 	}
 	want := make([]int64, n)
 	for i := range want {
@@ -165,11 +134,56 @@ func TestIndexedSplitWatermarksExactlyOnce(t *testing.T) {
 	slices.Sort(want)
 	// The failure: in split 5's first fifth (its records are 5s and
 	// more), at the first such record after a checkpoint completed.
-	failAt := 5*int64(time.Second) + n/splits/5
+	restartAndRescale(t, want, run, 3, 4, 5*int64(time.Second)+n/splits/5)
+}
 
+// runFailing runs newSrc -> keyBy -> lateCheck -> failOnce(failAt) ->
+// Publishing(mem) with cfg (its checkpoints into dir, restarts, restoring
+// the latest checkpoint if latest) and returns the lateness seen, the
+// checkpoints restored and the job's error. The jobs of a test share one
+// committer, as jobs restored from each other share the external system
+// (a restored job recommits the pending transactions of its checkpoint,
+// which the failed job may have committed already). The failure waits
+// for a completed checkpoint: the restart (or the restored job) must find
+// one, on any machine.
+func runFailing[T any](t *testing.T, mem *sink.Memory[int64], cfg graph.Config, dir string, restarts int, latest bool, failAt int64,
+	newSrc func() graph.SourceFunc[T], ts func(T) int64) (*lateness, []int64, error) {
+	l := &lateness{threshold: marker.MaxWatermark}
+	var mu sync.Mutex
+	var restored []int64
+	var completed atomic.Int64
+	cfg.BufferSize, cfg.FlushInterval, cfg.Logf = 16, time.Millisecond, t.Logf
+	cfg.Checkpoint = graph.CheckpointConfig{Interval: 2 * time.Millisecond, Dir: dir, TolerableFailures: -1, Retain: 2}
+	cfg.Restart = graph.FixedDelay(restarts, time.Millisecond)
+	cfg.Restore = graph.RestoreConfig{Latest: latest}
+	cfg.OnEvent = func(e graph.Event) {
+		switch e.Kind {
+		case graph.JobRestored:
+			mu.Lock()
+			restored = append(restored, e.CheckpointID)
+			mu.Unlock()
+		case graph.CheckpointCompleted:
+			completed.Add(1)
+		}
+	}
+	j := graph.NewJob(t.Name(), cfg)
+	ready := func() bool { return completed.Load() > 0 }
+	out := checked(j, newSrc, ts, l)
+	out = graph.Process(out, "fail", func() graph.ProcessFunc[int64, int64] { return failOnce{at: failAt, ready: ready} })
+	graph.Sink(out, "sink", sink.Publishing[int64](mem), graph.Parallelism(1))
+	err := j.Run(context.Background())
+	return l, restored, err
+}
+
+// restartAndRescale runs two cases of run (runFailing at parallelism p
+// or q): "restart", a failure at failAt and a restart from a checkpoint
+// at p; "rescale", a job at p failing for good at failAt, then one
+// restored from its last checkpoint at q. In both the published records
+// are want, exactly once, and none is late.
+func restartAndRescale(t *testing.T, want []int64, run func(t *testing.T, mem *sink.Memory[int64], p int, dir string, restarts int, latest bool, failAt int64) (*lateness, []int64, error), p, q int, failAt int64) {
 	t.Run("restart", func(t *testing.T) {
 		mem := sink.NewMemory[int64]()
-		l, restored, err := run(t, mem, 3, t.TempDir(), 1, false, failAt)
+		l, restored, err := run(t, mem, p, t.TempDir(), 1, false, failAt)
 		require.NoError(t, err)
 		require.Len(t, restored, 1)
 		require.Positive(t, restored[0], "restored from a checkpoint")
@@ -182,9 +196,9 @@ func TestIndexedSplitWatermarksExactlyOnce(t *testing.T) {
 	t.Run("rescale", func(t *testing.T) {
 		dir := t.TempDir()
 		mem := sink.NewMemory[int64]()
-		l1, _, err := run(t, mem, 3, dir, 0, false, failAt)
+		l1, _, err := run(t, mem, p, dir, 0, false, failAt)
 		require.ErrorIs(t, err, errInjected)
-		l2, restored, err := run(t, mem, 4, dir, 0, true, marker.MaxWatermark)
+		l2, restored, err := run(t, mem, q, dir, 0, true, marker.MaxWatermark)
 		require.NoError(t, err)
 		require.Len(t, restored, 1)
 		got := mem.Published()

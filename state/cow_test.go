@@ -9,10 +9,10 @@ import (
 	"slices"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/heap"
 	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/stretchr/testify/require"
 )
@@ -259,154 +259,6 @@ func TestMutableValuesEncodedAtFreeze(t *testing.T) {
 	}
 }
 
-// TestWritesAfterReleaseInPlace: once the view is released, writes copy no
-// page; while it is live, only the first write to each page does (S7 stays
-// true for every later write).
-func TestWritesAfterReleaseInPlace(t *testing.T) {
-	skipOnPebble(t, "it inspects the heap tables")
-	f := newCOWFixture(t, 10*pageSize)
-	touchAll := func() {
-		for i, k := range f.keys {
-			f.b.SetCurrentKey(k, f.kgs[i])
-			v, _ := f.vals.Value()
-			f.vals.Update(v + 1)
-		}
-	}
-	tbl := f.vals.t.(*cowTable[string, int])
-	copied := func() int {
-		before := slices.Clone(tbl.pages)
-		touchAll()
-		n := 0
-		for i, p := range before {
-			if unsafe.SliceData(tbl.pages[i].e) != unsafe.SliceData(p.e) { // a copy has its own entries
-				n++
-			}
-		}
-		return n
-	}
-	view, err := f.b.Freeze()
-	require.NoError(t, err)
-	require.Equal(t, 10, copied(), "the first write to each page copies it")
-	require.Zero(t, copied(), "a copied page is written in place")
-	require.Zero(t, testing.AllocsPerRun(10, touchAll))
-	view.Release()
-	view, err = f.b.Freeze()
-	require.NoError(t, err)
-	view.Release()
-	require.Zero(t, copied(), "no live view: writes in place")
-	// A released view's epoch is gone; an older live view still pins its
-	// pages.
-	old, err := f.b.Freeze()
-	require.NoError(t, err)
-	newer, err := f.b.Freeze()
-	require.NoError(t, err)
-	newer.Release()
-	require.Equal(t, 10, copied())
-	old.Release()
-	require.Zero(t, copied())
-}
-
-// identityCounts returns a heap backend whose value state maps each of
-// keys keys to itself, for tests that inspect its table.
-func identityCounts(t *testing.T, keys int) (*KeyedBackend[int], *ValueState[int, int]) {
-	skipOnPebble(t, "it inspects the heap tables")
-	b := newBackend[int](t, all, nil)
-	s, err := Value[int, int](b, "v")
-	require.NoError(t, err)
-	for k := range keys {
-		setKey(b, k)
-		s.Update(k)
-	}
-	return b, s
-}
-
-// TestCopiedPagesRecycledAllocs: once a view is released, the page arrays
-// that copy-on-write replaced while it was live are reused by the next
-// view's copies, so a cycle of freeze, a write to every page and release
-// allocates what Freeze alone does, whatever the number of pages.
-func TestCopiedPagesRecycledAllocs(t *testing.T) {
-	const keys = 16 * pageSize
-	b, s := identityCounts(t, keys)
-	touchAll := func() {
-		for k := 0; k < keys; k += pageSize / 4 {
-			setKey(b, k)
-			v, _ := s.Value()
-			s.Update(v + 1)
-		}
-	}
-	freezeRelease := func() {
-		v, err := b.Freeze()
-		if err != nil {
-			panic(err)
-		}
-		v.Release()
-	}
-	cycle := func() {
-		v, err := b.Freeze()
-		if err != nil {
-			panic(err)
-		}
-		touchAll()
-		v.Release()
-	}
-	cycle() // the first copies allocate; their originals become spares
-	cycle()
-	tbl := s.t.(*cowTable[int, int])
-	require.Len(t, tbl.spare, 16, "one spare per page")
-	require.Zero(t, len(tbl.retired))
-	base := testing.AllocsPerRun(20, freezeRelease)
-	require.Equal(t, base, testing.AllocsPerRun(20, cycle), "copies of 16 pages allocated")
-}
-
-// TestRecycledPagesWaitForOlderViews: a replaced page array is reused only
-// after every view that was live when it was replaced is released, also
-// when a newer view is released first (MaxConcurrent > 1): the older view
-// still encodes the state at its Freeze.
-func TestRecycledPagesWaitForOlderViews(t *testing.T) {
-	const keys = 4 * pageSize
-	b, s := identityCounts(t, keys)
-	touchAll := func(round int) {
-		for k := range keys {
-			setKey(b, k)
-			s.Update(k*10 + round)
-		}
-	}
-	freeze := func() (*KeyedSnapshot, []checkpoint.KeyGroupState) {
-		want, err := b.Snapshot()
-		require.NoError(t, err)
-		v, err := b.Freeze()
-		require.NoError(t, err)
-		return v, want
-	}
-	check := func(v *KeyedSnapshot, want []checkpoint.KeyGroupState, name string) {
-		got, err := v.Encode(context.Background())
-		require.NoError(t, err)
-		require.Equal(t, want, got, "view %s", name)
-	}
-	tbl := s.t.(*cowTable[int, int])
-	a, wantA := freeze()
-	touchAll(1) // copies every page; A reads the originals
-	bv, wantB := freeze()
-	touchAll(2) // copies again; B reads the first copies
-	bv.Release()
-	require.Zero(t, len(tbl.spare), "A is live: nothing A may read is reused")
-	c, wantC := freeze()
-	touchAll(3) // copies, from fresh arrays: A is still live
-	check(a, wantA, "A")
-	a.Release()
-	require.NotZero(t, len(tbl.spare), "A and B released: what they read is spare")
-	d, wantD := freeze()
-	touchAll(4) // copies into the arrays A and B read
-	check(c, wantC, "C")
-	check(d, wantD, "D")
-	c.Release()
-	d.Release()
-	for k, v := range s.All() {
-		require.Equal(t, k*10+4, v, "key %d", k)
-	}
-	require.NotEqual(t, wantA, wantB)
-}
-
 // BenchmarkSnapshotSync measures the synchronous part of a keyed snapshot
 // (Freeze and Release) with 1,000,000 keys in value state, the pause of a
 // keyed subtask at the barrier. Every iteration first writes one key per
@@ -419,7 +271,7 @@ func BenchmarkSnapshotSync(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
-		for j := i % pageSize; j < len(f.keys); j += pageSize {
+		for j := i % heap.PageSize; j < len(f.keys); j += heap.PageSize {
 			f.b.SetCurrentKey(f.keys[j], f.kgs[j])
 			f.vals.Update(j)
 		}

@@ -37,26 +37,33 @@
 // and WithCodec (a caller-supplied Codec for the values instead of
 // msgpack, see "Encoding"). Existing calls without options are unchanged.
 //
-// This backend keeps state on the heap, in a copy-on-write paged table per
-// registered state (cowTable): the entries live in pages of 1024 slots,
-// found through an open-addressing index of 4-byte slots that only the
-// subtask goroutine uses (index.go: a Go map from key to slot holds every
-// key twice, and index plus pages then no longer fit a core's cache at
-// 10,000 keys). The table holds its pages by value (epoch and entries), so a
-// lookup reads the page's entries straight from the page slice. A read or
-// an update of an existing key is one index lookup (the slot of the current
-// key is remembered between a record's read and its write) and no encoding
-// or allocation.
+// NewKeyedBackend keeps state on the heap, in a copy-on-write paged table
+// per registered state (package state/internal/heap, which states how):
+// the entries live in pages of 1024 slots, found through an
+// open-addressing index of 4-byte slots that only the subtask goroutine
+// uses. A read or an update of an existing key is one index lookup (the
+// slot of the current key is remembered between a record's read and its
+// write) and no encoding or allocation. A map state is one such table of
+// all its entries, keyed by the composite MapKey (key, user key), so it
+// freezes in O(pages) like any other state and a Get or Put is one index
+// lookup. The body of an iteration over a key's entries may put entries
+// (new ones are not visited) and remove the visited one; removing others
+// panics instead of visiting freed slots.
 //
-// A map state is one cowTable of all its entries, keyed by the composite
-// MapKey (key, user key), so it freezes in O(pages) like any other state
-// and a Get or Put is one index lookup (the slot of the last user key of
-// the current key is remembered too). Per-key iteration, Len and Clear walk
-// a doubly linked chain of the key's entries through their slots: links
-// by slot and chain heads by key, beside the pages and never snapshotted,
-// so linking an entry copies no page. The body of an iteration over a
-// key's entries may put entries (new ones are not visited) and remove the
-// visited one; removing others panics instead of visiting freed slots.
+// # Where the engines live
+//
+// The user API is this package: the backends and their constructors
+// (NewKeyedBackend, NewPebbleKeyedBackend, RestorePebbleKeyedBackend),
+// the typed handles, descriptors, options and codecs, and NativeBackend.
+// The engines sit below it and are internal: package state/internal/heap
+// holds the heap engine (Table, MapTable, their index and frozen views),
+// and the Pebble engine is in this package (pebble*.go, native.go,
+// ingest.go, timerqueue_pebble.go) until it moves to a package of its
+// own. An engine's constructors take the table contract's types
+// (engine.Spec, engine.RestoredEntry) that a user cannot name, so a user
+// picks an engine only through this package's constructors, and nothing
+// is re-exported. Imports point down: state imports the engines, the
+// engines import state/internal/engine and never state.
 //
 // Snapshot encodes every state as checkpoint.KeyGroupState records, grouped
 // by key group. Restore hands whole key groups to new owners, so keyed state
@@ -412,9 +419,10 @@
 // timestamp in front, lists of bin elements), the descriptor entry, and,
 // with a TTL, which values are expired at a given time (Live, Prune).
 // newTable and
-// newMapTable are the one place each that picks the implementation:
-// cowTable and cowMapTable, or pebbleTable and pebbleMapTable for a
-// backend built by NewPebbleKeyedBackend (see "Pebble engine").
+// newMapTable (tables.go) are the one place each that picks the
+// implementation: heap.Table and heap.MapTable, or pebbleTable and
+// pebbleMapTable for a backend built by NewPebbleKeyedBackend (see
+// "Pebble engine").
 //
 // A Pebble table keeps values encoded, under byte keys built in a reused
 // buffer: [key group, 2 bytes big-endian][state id, a varint assigned at

@@ -59,7 +59,7 @@ func newListStore[K comparable, V any](b *KeyedBackend[K], name string, info *st
 		elems = engine.UserCodec[V]{C: c}
 	}
 	// The lists themselves are safe to share with a frozen view (see
-	// cowTable); their elements must be too.
+	// heap.Table); their elements must be too.
 	desc, imm := info.descBytes(), engine.ImmutableType(reflect.TypeFor[V]())
 	if !info.opts.hasTTL {
 		var vals engine.ValueCodec[[]V] = engine.MsgpackCodec[[]V]{}
@@ -152,7 +152,7 @@ func (p plainList[K, V]) add1(k K, kg int, v V) {
 
 func (p plainList[K, V]) add(k K, kg int, vs []V) {
 	l, _ := p.t.Get(k, kg)
-	// Appending past the length any frozen view holds is safe (cowTable).
+	// Appending past the length any frozen view holds is safe (heap.Table).
 	p.t.Put(k, kg, append(l, vs...))
 }
 

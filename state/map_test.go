@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
-	"unsafe"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
@@ -395,58 +394,6 @@ func nilIfEmpty[K comparable, V any](m map[K]V) map[K]V {
 		return nil
 	}
 	return m
-}
-
-// TestMapFreezeIsolation: Freeze of a map state copies one pointer per
-// page (S8); writes after it copy each page once and are not in the view;
-// the view's encoding runs on another goroutine (-race) while the backend
-// writes.
-func TestMapFreezeIsolation(t *testing.T) {
-	skipOnPebble(t, "it inspects the heap tables")
-	b := newBackend[int](t, all, nil)
-	s, err := Map[int, int, int](b, "m")
-	require.NoError(t, err)
-	for k := range 100 {
-		setKey(b, k)
-		for uk := range 50 {
-			s.Put(uk, k*uk)
-		}
-	}
-	want, err := b.Snapshot()
-	require.NoError(t, err)
-	view, err := b.Freeze()
-	require.NoError(t, err)
-	tbl := s.heap.t
-	pv := view.parts[0].(*pageView[MapKey[int, int], int])
-	require.Len(t, pv.pages, (5000+pageSize-1)/pageSize, "the view holds the page slice, not the entries")
-	require.Len(t, tbl.pages, len(pv.pages))
-
-	done := make(chan []checkpoint.KeyGroupState)
-	go func() {
-		snap, err := view.Encode(context.Background())
-		if err != nil {
-			panic(err)
-		}
-		done <- snap
-	}()
-	for k := range 100 {
-		setKey(b, k)
-		s.Put(0, -1)
-		s.Remove(1)
-		s.Put(1000, 1)
-		if k%10 == 0 {
-			s.Clear()
-		}
-	}
-	got := <-done
-	view.Release()
-	require.Equal(t, want, got, "writes after Freeze are not in the view")
-	for i, p := range pv.pages {
-		require.NotSame(t, unsafe.SliceData(p.e), unsafe.SliceData(tbl.pages[i].e), "page %d was written, so copied", i)
-	}
-	now, err := b.Snapshot()
-	require.NoError(t, err)
-	require.NotEqual(t, want, now)
 }
 
 // TestMapRestoreMismatch: a map state's snapshot cannot be restored as a

@@ -6,6 +6,7 @@ import (
 	"reflect"
 
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/heap"
 )
 
 // MapState is a keyed state that holds a map from user keys UK to values
@@ -22,7 +23,7 @@ type MapState[K comparable, UK comparable, UV any] struct {
 	t    engine.MapTable[K, UK, UV]
 	// heap is t when t is the heap table (no TTL): the per-record calls
 	// then need no dynamic dispatch.
-	heap *cowMapTable[K, UK, UV]
+	heap *heap.MapTable[K, UK, UV]
 }
 
 // Map registers the keyed map state name with user keys of type UK and
@@ -41,7 +42,7 @@ func Map[K comparable, UK comparable, UV any](b *KeyedBackend[K], name string, o
 		if err != nil {
 			return nil, err
 		}
-		h, _ := t.(*cowMapTable[K, UK, UV])
+		h, _ := t.(*heap.MapTable[K, UK, UV])
 		return &MapState[K, UK, UV]{b: b, name: name, info: info, t: t, heap: h}, nil
 	})
 }

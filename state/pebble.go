@@ -982,7 +982,7 @@ type pebbleMapTable[K comparable, UK comparable, V any] struct {
 	known, has bool
 	ue         *engine.Encoder
 	ck         K // the key being encoded (see pebbleTable.ck)
-	// As in cowMapTable: iterations running, and the removals during
+	// As in heap.MapTable: iterations running, and the removals during
 	// them (only the visited entry may be removed).
 	iterating   int
 	removals    uint64

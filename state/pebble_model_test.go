@@ -416,10 +416,20 @@ func TestPebbleSnapshotBytes(t *testing.T) {
 	}
 }
 
+// freezeKeysFlag sizes TestPebbleFreezeIsolation: 1,000 keys put ~8 in
+// each of the 128 key groups, so every group of the view has values and
+// map entries to keep, and 1,200 later writes change each key again. The
+// race detector finds an unsynchronized access of Encode and a later write
+// by happens-before, whether or not the two overlapped in time, so more
+// keys add run time (5,000 took minutes at cache size 1 under -race), not
+// checks.
+var freezeKeysFlag = flag.Int("state.freeze-keys", 1000, "keys of TestPebbleFreezeIsolation (soak: 5000)")
+
 // TestPebbleFreezeIsolation checks that writes after Freeze are not in the
 // encoded view, also while Encode runs on another goroutine (run with
 // -race).
 func TestPebbleFreezeIsolation(t *testing.T) {
+	keys := *freezeKeysFlag
 	b := newEngineBackend[int](t, "pebble", all, nil)
 	h := newEngineBackend[int](t, "heap", all, nil)
 	pv, err := Value[int, int](b, "v")
@@ -428,7 +438,7 @@ func TestPebbleFreezeIsolation(t *testing.T) {
 	require.NoError(t, err)
 	pm, err := Map[int, int, int](b, "m")
 	require.NoError(t, err)
-	for k := range 5000 {
+	for k := range keys {
 		setKey(b, k)
 		pv.Update(k)
 		pm.Put(k%7, k)
@@ -445,7 +455,7 @@ func TestPebbleFreezeIsolation(t *testing.T) {
 		}
 		done <- s
 	}()
-	for k := range 6000 {
+	for k := range keys + keys/5 {
 		setKey(b, k)
 		switch {
 		case k%3 == 0:
@@ -473,7 +483,7 @@ func TestPebbleFreezeIsolation(t *testing.T) {
 	rb := newEngineBackend[int](t, "heap", all, ms)
 	rm, err := Map[int, int, int](rb, "m")
 	require.NoError(t, err)
-	require.Equal(t, 5000, len(maps.Collect(rm.AllEntries())))
+	require.Equal(t, keys, len(maps.Collect(rm.AllEntries())))
 	// The backend has the later writes.
 	setKey(b, 1)
 	x, ok := pv.Value()

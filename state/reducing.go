@@ -5,6 +5,7 @@ import (
 	"iter"
 
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/heap"
 )
 
 // ReducingState is a keyed state that holds one value of type V per key,
@@ -23,7 +24,7 @@ type ReducingState[K comparable, V any] struct {
 	name string
 	info stateInfo
 	t    engine.Table[K, V]
-	heap *cowTable[K, V]
+	heap *heap.Table[K, V]
 	// runs is the Pebble table when it adds blindly (S15).
 	runs   *pebbleTable[K, V]
 	reduce func(a, b V) V
@@ -46,7 +47,7 @@ func Reducing[K comparable, V any](b *KeyedBackend[K], name string, reduce func(
 		if err != nil {
 			return nil, err
 		}
-		h, _ := t.(*cowTable[K, V])
+		h, _ := t.(*heap.Table[K, V])
 		p, _ := t.(*pebbleTable[K, V])
 		if p != nil && !p.sp.Runs {
 			p = nil

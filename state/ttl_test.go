@@ -12,6 +12,7 @@ import (
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/heap"
 	"github.com/snapflow/snapflow/state/keygroup"
 	"github.com/stretchr/testify/require"
 )
@@ -106,7 +107,7 @@ func TestTTLAllVisibility(t *testing.T) {
 			}
 			require.Equal(t, want, values(s))
 			require.Equal(t, want, values(s), "iteration removes nothing")
-			require.Equal(t, 10, s.t.(*ttlTable[int, int]).in.(*cowTable[int, engine.TTLValue[int]]).n)
+			require.Equal(t, 10, s.t.(*ttlTable[int, int]).in.(*heap.Table[int, engine.TTLValue[int]]).Len())
 		})
 	}
 }
@@ -381,11 +382,11 @@ func TestTTLIncrementalCleanup(t *testing.T) {
 					m.Put(k%7, k)
 				}
 			}
-			vt := v.t.(*ttlTable[int, int]).in.(*cowTable[int, engine.TTLValue[int]])
-			lt := l.st.(*ttlList[int, int]).in.(*cowTable[int, []engine.TTLValue[int]])
-			mt := m.t.(*ttlMap[int, int, int]).in.(*cowMapTable[int, int, engine.TTLValue[int]])
-			require.Equal(t, 1000, vt.n)
-			require.Equal(t, 2000, mt.t.n)
+			vt := v.t.(*ttlTable[int, int]).in.(*heap.Table[int, engine.TTLValue[int]])
+			lt := l.st.(*ttlList[int, int]).in.(*heap.Table[int, []engine.TTLValue[int]])
+			mt := m.t.(*ttlMap[int, int, int]).in.(*heap.MapTable[int, int, engine.TTLValue[int]])
+			require.Equal(t, 1000, vt.Len())
+			require.Equal(t, 2000, mt.Len())
 			b.SetTime(at(ttl))
 			// Touch one key, many times.
 			setKey(b, 1)
@@ -395,36 +396,36 @@ func TestTTLIncrementalCleanup(t *testing.T) {
 				m.Get(100)
 			}
 			if cleanup < 0 {
-				require.Equal(t, 999, vt.n, "only the read key's value went")
-				require.Equal(t, 999, lt.n)
-				require.Equal(t, 2000, mt.t.n)
+				require.Equal(t, 999, vt.Len(), "only the read key's value went")
+				require.Equal(t, 999, lt.Len())
+				require.Equal(t, 2000, mt.Len())
 			} else {
-				require.Equal(t, 250, vt.n)
-				require.Equal(t, 250, lt.n)
-				require.Equal(t, 250, mt.t.n)
+				require.Equal(t, 250, vt.Len())
+				require.Equal(t, 250, lt.Len())
+				require.Equal(t, 250, mt.Len())
 				for k, el := range l.All() {
 					require.Equal(t, []int{k}, el)
-					require.Len(t, lt.entryAt(lt.idxSlot(t, k)).val, 1, "pruned, not only hidden")
+					setKey(b, k) // the table remembers the current key's slot
+					stored, ok := lt.Get(k, b.CurrentKeyGroup())
+					require.True(t, ok)
+					require.Len(t, stored, 1, "pruned, not only hidden")
 				}
 			}
 			// The map's chains agree with its entries.
 			content := mapContent(m)
 			keys := slices.Collect(maps.Keys(content))
 			require.Equal(t, content, perKeyContent(t, b, m, keys))
-			n := 0
-			for _, c := range mt.chains {
-				n += c.n
+			stored := map[int]bool{}
+			for mk := range mt.All {
+				stored[mk.Key] = true
 			}
-			require.Equal(t, mt.t.n, n)
+			n := 0
+			for k := range stored {
+				n += mt.Count(k, 0)
+			}
+			require.Equal(t, mt.Len(), n)
 		})
 	}
-}
-
-// idxSlot returns the slot of key k.
-func (t *cowTable[K, V]) idxSlot(tb testing.TB, k K) slot {
-	_, s, ok := t.find(k)
-	require.True(tb, ok)
-	return s
 }
 
 // TestTTLConcurrentEncode: views of TTL states encode on other goroutines

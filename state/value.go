@@ -7,6 +7,7 @@ import (
 
 	"github.com/snapflow/snapflow/internal/cacheline"
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/heap"
 )
 
 // ValueState is a keyed state that holds one value of type V per key. Its
@@ -21,7 +22,7 @@ type ValueState[K comparable, V any] struct {
 	t    engine.Table[K, V]
 	// heap is t when t is the heap table (no TTL): the per-record calls
 	// then need no dynamic dispatch.
-	heap *cowTable[K, V]
+	heap *heap.Table[K, V]
 	_    cacheline.Pad
 }
 
@@ -44,7 +45,7 @@ func Value[K comparable, V any](b *KeyedBackend[K], name string, opts ...Option)
 		if err != nil {
 			return nil, err
 		}
-		h, _ := t.(*cowTable[K, V])
+		h, _ := t.(*heap.Table[K, V])
 		return &ValueState[K, V]{b: b, name: name, info: info, t: t, heap: h}, nil
 	})
 }

@@ -39,7 +39,8 @@
 // never fill, and the connection's window is never held by one channel.
 //
 // Overtaking. A priority event (an unaligned barrier, marker.Event.Priority)
-// goes ahead of the sender's queue and is sent at once; on arrival it goes
+// goes ahead of the sender's queue and is sent at once (unless a barrier
+// is queued there, see below); on arrival it goes
 // ahead of the receiver's queue. Each side keeps the buffers it overtook:
 // the Sender returns copies of its queued buffers from SendEventOvertaking
 // (the writer's output channel state, as with a local channel), the
@@ -48,8 +49,24 @@
 // polled, they are the data sent before the barrier, in order: what a
 // local Chan's SendEventOvertaking would have returned, split between the
 // two subtasks (Flink splits it the same way: output state at the
-// ResultSubpartition, input state at the RemoteInputChannel). On restore,
-// the reader's input state is processed before its channels are read,
+// ResultSubpartition, input state at the RemoteInputChannel).
+//
+// At the sender a priority event never overtakes a queued barrier: it
+// waits right behind the last one and overtakes only the data queued
+// after it. An aligned barrier K may be queued there for a checkpoint the
+// reader already captures (switched at its alignment timeout); when a
+// newer priority barrier ends that capture on this channel, the reader
+// takes the data sent before K from what precedes K at its own end (the
+// aligner's Promote of K), which on a local channel is the one queue. Had
+// the priority barrier passed K at the sender, K would not be queued at
+// the receiver, the data queued ahead of it at the sender would be in no
+// state of checkpoint K (the writer took K's snapshot, aligned, when it
+// queued K), and a restore from K would lose it (issue 39). The priority
+// barrier then waits for the data ahead of K to get credit, as K itself
+// does: the reader reads every channel no alignment blocks, and an
+// alignment ends, or switches to unaligned at its timeout.
+//
+// On restore, the reader's input state is processed before its channels are read,
 // and the writer's output state is sent first, so the order holds. A
 // barrier of an aligned checkpoint whose alignment timed out is promoted
 // likewise at either side (Sender.PromoteTimedOut, Receiver.Promote).
@@ -109,10 +126,13 @@
 //     refuses frames of another attempt.
 //   - N6 (overtaking): a priority event goes ahead of the queued data and
 //     non-priority events on both sides, behind earlier priority events,
-//     without credit. The data polled before it, then the copies the
-//     Receiver keeps for Overtaken, then the copies SendEventOvertaking
-//     returned, are exactly the data sent before it, in order; the
-//     originals are still delivered.
+//     without credit; at the sender never ahead of a queued barrier, so
+//     every barrier it overtakes is queued at the receiver when it
+//     arrives there (or was polled), as in a local channel's one queue.
+//     The data polled before it, then the copies the Receiver keeps for
+//     Overtaken, then the copies SendEventOvertaking returned, are exactly
+//     the data sent before it, in order; the originals are still
+//     delivered.
 //   - N7 (security): with a secret configured, no frame of a stream is read
 //     before its secret matched.
 //   - N8 (hot path): the transport works per buffer, never per record

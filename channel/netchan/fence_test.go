@@ -53,23 +53,12 @@ func TestServerForgetsOldAttempts(t *testing.T) {
 	if _, err := ListenReceiver[int](lb.srv, chanID(3), 3, Config{}, MsgpackCodec[int]{}); err == nil {
 		t.Error("registering forgotten attempt 3 succeeded")
 	}
-	stale, err := DialSender[int](ctx, lb.conn, chanID(5), 5, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the stale sender to be refused", func() bool { return stale.Err() != nil })
-	if !containsCode(stale.Err(), codes.FailedPrecondition) {
-		t.Errorf("stale sender of forgotten attempt 5: %v, want FailedPrecondition", stale.Err())
-	}
+	stale := dialSender(t, ctx, lb.conn, chanID(5), 5)
+	refused(t, "the stale sender of forgotten attempt 5", stale.Err, codes.FailedPrecondition)
 	// A newer attempt fails the older ends still waiting, whatever their
 	// channel.
-	waitingOld, err := ListenReceiver[int](lb.srv, chanID(100), attempts, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ListenReceiver[int](lb.srv, chanID(101), attempts+1, Config{}, MsgpackCodec[int]{}); err != nil {
-		t.Fatal(err)
-	}
+	waitingOld := listenReceiver(t, lb.srv, chanID(100), attempts)
+	listenReceiver(t, lb.srv, chanID(101), attempts+1)
 	if _, _, err := waitingOld.TryPoll(); err == nil {
 		t.Errorf("the waiting receiver of attempt %d did not fail when attempt %d registered", attempts, attempts+1)
 	}
@@ -136,13 +125,10 @@ func TestCloseInterruptsFlowControl(t *testing.T) {
 	for _, reverse := range []bool{false, true} {
 		t.Run(fmt.Sprintf("reverse=%t", reverse), func(t *testing.T) {
 			serverReads, clientReads := &stallGate{}, &stallGate{}
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := NewServer(ServerConfig{OpenTimeout: 5 * time.Second})
-			go srv.Serve(&stallListener{Listener: l, gate: serverReads})
-			conn, err := Dial(l.Addr().String(), DialConfig{Options: []grpc.DialOption{
+			srv, addr := serve(t, ServerConfig{OpenTimeout: 5 * time.Second}, func(l net.Listener) net.Listener {
+				return &stallListener{Listener: l, gate: serverReads}
+			})
+			conn := dial(t, addr, DialConfig{Options: []grpc.DialOption{
 				grpc.WithTransportCredentials(insecure.NewCredentials()),
 				grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 					c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
@@ -152,33 +138,19 @@ func TestCloseInterruptsFlowControl(t *testing.T) {
 					return &stallConn{Conn: c, gate: clientReads}, nil
 				}),
 			}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			// (Cleanups run last first: unstalled before the Conn closes
+			// and the Server stops.)
 			t.Cleanup(func() {
 				serverReads.unstall()
 				clientReads.unstall()
-				conn.Close()
-				srv.Stop()
 			})
 			ctx := context.Background()
 			cfg := Config{Buffers: 4}
-			var (
-				s        *Sender[int]
-				r        *Receiver[int]
-				receiver = serverReads
-			)
+			receiver := serverReads
 			if reverse {
 				receiver = clientReads
-				if s, err = ListenSender[int](srv, chanID(0), 1, cfg, fixedCodec{}); err == nil {
-					r, err = DialReceiver[int](ctx, conn, chanID(0), 1, cfg, fixedCodec{})
-				}
-			} else if r, err = ListenReceiver[int](srv, chanID(0), 1, cfg, fixedCodec{}); err == nil {
-				s, err = DialSender[int](ctx, conn, chanID(0), 1, cfg, fixedCodec{})
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, r := openPair(t, ctx, srv, conn, chanID(0), 1, cfg, cfg, fixedCodec{}, reverse)
 			send(t, s, 1)
 			waitFor(t, "the first buffer", func() bool { return r.Protocol().ReceivedBuffers == 1 })
 			waitFor(t, "the credit", func() bool { return s.Protocol().Credit == 3 })

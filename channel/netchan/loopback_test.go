@@ -63,23 +63,78 @@ type loopback struct {
 
 func newLoopback(t testing.TB, secret, dialSecret string) *loopback {
 	t.Helper()
+	var lis *cutListener
+	srv, addr := serve(t, ServerConfig{Secret: []byte(secret), OpenTimeout: 5 * time.Second}, func(l net.Listener) net.Listener {
+		lis = &cutListener{Listener: l}
+		return lis
+	})
+	conn := dial(t, addr, DialConfig{Secret: []byte(dialSecret)})
+	return &loopback{srv: srv, lis: lis, conn: conn}
+}
+
+// serve runs a Server of cfg on a listener on 127.0.0.1 (wrapped by wrap,
+// unless nil) until the test ends, and returns its address.
+func serve(t testing.TB, cfg ServerConfig, wrap func(net.Listener) net.Listener) (*Server, string) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis := &cutListener{Listener: l}
-	srv := NewServer(ServerConfig{Secret: []byte(secret), OpenTimeout: 5 * time.Second})
+	srv := NewServer(cfg)
+	t.Cleanup(srv.Stop)
+	var lis net.Listener = l
+	if wrap != nil {
+		lis = wrap(l)
+	}
 	go srv.Serve(lis)
-	conn, err := Dial(l.Addr().String(), DialConfig{Secret: []byte(dialSecret),
-		Options: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}})
+	return srv, l.Addr().String()
+}
+
+// dial dials addr, closing the Conn when the test ends; without transport
+// credentials in cfg.Options, insecure ones.
+func dial(t testing.TB, addr string, cfg DialConfig) *Conn {
+	t.Helper()
+	if len(cfg.Options) == 0 {
+		cfg.Options = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := Dial(addr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-	})
-	return &loopback{srv: srv, lis: lis, conn: conn}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// listenReceiver registers the receiving end of an int channel with the
+// msgpack codec.
+func listenReceiver(t testing.TB, srv *Server, id ChannelID, attempt int64) *Receiver[int] {
+	t.Helper()
+	r, err := ListenReceiver[int](srv, id, attempt, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// dialSender opens the sending end of an int channel with the msgpack
+// codec.
+func dialSender(t testing.TB, ctx context.Context, conn *Conn, id ChannelID, attempt int64) *Sender[int] {
+	t.Helper()
+	s, err := DialSender[int](ctx, conn, id, attempt, Config{}, MsgpackCodec[int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// refused waits until a channel end fails (failed returns its error) and
+// checks that a status of code c is in the error's chain.
+func refused(t testing.TB, what string, failed func() error, c codes.Code) {
+	t.Helper()
+	waitFor(t, what+" to be refused", func() bool { return failed() != nil })
+	if err := failed(); !containsCode(err, c) {
+		t.Errorf("%s: %v, want %v", what, err, c)
+	}
 }
 
 func chanID(i int) ChannelID {
@@ -90,19 +145,25 @@ func chanID(i int) ChannelID {
 // sender on the server and the receiver on the client.
 func (lb *loopback) pair(t testing.TB, ctx context.Context, id ChannelID, attempt int64, scfg, rcfg Config, reverse bool) (*Sender[int], *Receiver[int]) {
 	t.Helper()
+	return openPair(t, ctx, lb.srv, lb.conn, id, attempt, scfg, rcfg, MsgpackCodec[int]{}, reverse)
+}
+
+// openPair opens channel id of attempt between srv and conn, in one
+// direction: reverse puts the sender on the server and the receiver on
+// the client.
+func openPair(t testing.TB, ctx context.Context, srv *Server, conn *Conn, id ChannelID, attempt int64, scfg, rcfg Config, codec Codec[int], reverse bool) (*Sender[int], *Receiver[int]) {
+	t.Helper()
 	var (
 		s   *Sender[int]
 		r   *Receiver[int]
 		err error
 	)
 	if reverse {
-		if s, err = ListenSender[int](lb.srv, id, attempt, scfg, MsgpackCodec[int]{}); err == nil {
-			r, err = DialReceiver[int](ctx, lb.conn, id, attempt, rcfg, MsgpackCodec[int]{})
+		if s, err = ListenSender(srv, id, attempt, scfg, codec); err == nil {
+			r, err = DialReceiver(ctx, conn, id, attempt, rcfg, codec)
 		}
-	} else {
-		if r, err = ListenReceiver[int](lb.srv, id, attempt, rcfg, MsgpackCodec[int]{}); err == nil {
-			s, err = DialSender[int](ctx, lb.conn, id, attempt, scfg, MsgpackCodec[int]{})
-		}
+	} else if r, err = ListenReceiver(srv, id, attempt, rcfg, codec); err == nil {
+		s, err = DialSender(ctx, conn, id, attempt, scfg, codec)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -442,32 +503,17 @@ func TestLoopbackAttempts(t *testing.T) {
 	lb := newLoopback(t, "", "")
 	ctx := context.Background()
 	id := chanID(0)
-	old, err := ListenReceiver[int](lb.srv, id, 1, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := ListenReceiver[int](lb.srv, id, 2, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := listenReceiver(t, lb.srv, id, 1)
+	r := listenReceiver(t, lb.srv, id, 2)
 	if _, _, err := old.TryPoll(); err == nil {
 		t.Error("the receiver of attempt 1 did not fail when attempt 2 registered")
 	}
 	if _, err := ListenReceiver[int](lb.srv, id, 1, Config{}, MsgpackCodec[int]{}); err == nil {
 		t.Error("registering attempt 1 after attempt 2 succeeded")
 	}
-	stale, err := DialSender[int](ctx, lb.conn, id, 1, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the stale sender to be refused", func() bool { return stale.Err() != nil })
-	if !containsCode(stale.Err(), codes.FailedPrecondition) {
-		t.Errorf("stale sender: %v, want FailedPrecondition", stale.Err())
-	}
-	s, err := DialSender[int](ctx, lb.conn, id, 2, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	stale := dialSender(t, ctx, lb.conn, id, 1)
+	refused(t, "the stale sender", stale.Err, codes.FailedPrecondition)
+	s := dialSender(t, ctx, lb.conn, id, 2)
 	send(t, s, 42)
 	it, err := r.Poll(ctx)
 	if err != nil {
@@ -477,14 +523,8 @@ func TestLoopbackAttempts(t *testing.T) {
 		t.Errorf("attempt 2 delivered %s", got)
 	}
 	// A second stream for the open channel is refused too.
-	dup, err := DialSender[int](ctx, lb.conn, id, 2, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the duplicate sender to be refused", func() bool { return dup.Err() != nil })
-	if !containsCode(dup.Err(), codes.AlreadyExists) {
-		t.Errorf("duplicate sender: %v, want AlreadyExists", dup.Err())
-	}
+	dup := dialSender(t, ctx, lb.conn, id, 2)
+	refused(t, "the duplicate sender", dup.Err, codes.AlreadyExists)
 }
 
 // TestLoopbackSecret: a stream without the shared secret is refused
@@ -492,18 +532,9 @@ func TestLoopbackAttempts(t *testing.T) {
 func TestLoopbackSecret(t *testing.T) {
 	lb := newLoopback(t, "right", "wrong")
 	ctx := context.Background()
-	r, err := ListenReceiver[int](lb.srv, chanID(0), 1, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := DialSender[int](ctx, lb.conn, chanID(0), 1, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the sender to be refused", func() bool { return s.Err() != nil })
-	if !containsCode(s.Err(), codes.Unauthenticated) {
-		t.Errorf("sender with the wrong secret: %v, want Unauthenticated", s.Err())
-	}
+	r := listenReceiver(t, lb.srv, chanID(0), 1)
+	s := dialSender(t, ctx, lb.conn, chanID(0), 1)
+	refused(t, "the sender with the wrong secret", s.Err, codes.Unauthenticated)
 	if g := r.Protocol(); g.ReceivedBuffers+g.ReceivedEvents != 0 {
 		t.Errorf("the receiver got %+v from a stranger", g)
 	}
@@ -561,35 +592,15 @@ func TestLoopbackClose(t *testing.T) {
 // ServerConfig.OpenTimeout fails, and so does a stream whose end is not
 // registered in time.
 func TestOpenTimeout(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(ServerConfig{OpenTimeout: 50 * time.Millisecond})
-	go srv.Serve(l)
-	defer srv.Stop()
-	r, err := ListenReceiver[int](srv, chanID(0), 1, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, addr := serve(t, ServerConfig{OpenTimeout: 50 * time.Millisecond}, nil)
+	r := listenReceiver(t, srv, chanID(0), 1)
 	pctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := r.Poll(pctx); err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("unconnected receiver: %v", err)
 	}
-	conn, err := Dial(l.Addr().String(), DialConfig{Options: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	s, err := DialSender[int](context.Background(), conn, chanID(1), 1, Config{}, MsgpackCodec[int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the sender to fail", func() bool { return s.Err() != nil })
-	if !containsCode(s.Err(), codes.NotFound) {
-		t.Errorf("sender without a receiver: %v, want NotFound", s.Err())
-	}
+	s := dialSender(t, context.Background(), dial(t, addr, DialConfig{}), chanID(1), 1)
+	refused(t, "the sender without a receiver", s.Err, codes.NotFound)
 }
 
 // TestLoopbackPromote: an aligned barrier whose alignment timed out is
@@ -659,21 +670,7 @@ func TestLoopbackLargeBuffer(t *testing.T) {
 	lb := newLoopback(t, "", "")
 	ctx := context.Background()
 	for i, reverse := range []bool{false, true} {
-		var (
-			s   *Sender[int]
-			r   *Receiver[int]
-			err error
-		)
-		if reverse {
-			if s, err = ListenSender[int](lb.srv, chanID(i), 1, Config{}, fixedCodec{}); err == nil {
-				r, err = DialReceiver[int](ctx, lb.conn, chanID(i), 1, Config{}, fixedCodec{})
-			}
-		} else if r, err = ListenReceiver[int](lb.srv, chanID(i), 1, Config{}, fixedCodec{}); err == nil {
-			s, err = DialSender[int](ctx, lb.conn, chanID(i), 1, Config{}, fixedCodec{})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, r := openPair(t, ctx, lb.srv, lb.conn, chanID(i), 1, Config{}, Config{}, fixedCodec{}, reverse)
 		big := make([]int, 600_000) // 4.8 MB with the fixed-width codec
 		for j := range big {
 			big[j] = j << 20

@@ -79,16 +79,52 @@ func (q *fifo[E]) removeAt(i int) E {
 	return e
 }
 
+// insertAt inserts e as the i-th element from the head.
+func (q *fifo[E]) insertAt(i int, e E) {
+	var zero E
+	q.items = append(q.items, zero)
+	copy(q.items[q.head+i+1:], q.items[q.head+i:])
+	q.items[q.head+i] = e
+}
+
 // dataBefore returns the data handles among the first n queued entries, in
 // order.
 func dataBefore[H any](q *fifo[entry[H]], n int) []H {
+	return dataBetween(q, 0, n)
+}
+
+// dataBetween returns the data handles among the queued entries from..to-1,
+// in order.
+func dataBetween[H any](q *fifo[entry[H]], from, to int) []H {
 	var out []H
-	for i := 0; i < n; i++ {
+	for i := from; i < to; i++ {
 		if e := q.at(i); e.isData {
 			out = append(out, e.data)
 		}
 	}
 	return out
+}
+
+// barrierBefore reports whether a barrier is among the first n entries of q.
+func barrierBefore[H any](q *fifo[entry[H]], n int) bool {
+	for i := 0; i < n; i++ {
+		if e := q.at(i); !e.isData && e.ev.Type == marker.EventBarrier {
+			return true
+		}
+	}
+	return false
+}
+
+// behindBarriers returns the position just behind the last barrier in q
+// (0 if none is queued): where a priority event is queued at the sender
+// (N6).
+func behindBarriers[H any](q *fifo[entry[H]]) int {
+	for i := q.len() - 1; i >= 0; i-- {
+		if e := q.at(i); !e.isData && e.ev.Type == marker.EventBarrier {
+			return i + 1
+		}
+	}
+	return 0
 }
 
 // SendSide is the writer's end of one logical channel: a bounded queue of
@@ -160,9 +196,20 @@ func (s *SendSide[H]) PushData(h H) error {
 
 // PushEvent queues an event. A non-priority event goes behind everything
 // queued (N1); a priority event goes ahead of every queued data buffer and
-// non-priority event, behind earlier priority events, and PushEvent returns
-// the data buffers it overtook, in order (N6). The overtaken buffers stay
-// queued and are sent as usual.
+// non-priority event, behind earlier priority events, but never ahead of
+// a queued barrier (N6), and PushEvent returns the data buffers it
+// overtook, in order. The overtaken buffers stay queued and are sent as
+// usual.
+//
+// Why not ahead of a barrier: an aligned barrier K still queued here may
+// belong to a checkpoint the reader already captures (its alignment timed
+// out there), and the reader takes the data sent before K from what is
+// queued before K at its end (the aligner's Promote when a newer barrier
+// overtakes K, as on a local channel, where K is in the one queue). So K
+// must reach the receiver before the newer priority barrier does: the
+// priority barrier waits behind K, and overtakes only the data queued
+// after it. (The writer cannot make that data K's output state instead:
+// it took K's snapshot, aligned, when it queued K.)
 func (s *SendSide[H]) PushEvent(ev marker.Event) (overtaken []H, err error) {
 	if ev.Type == 0 {
 		return nil, errors.New("netchan: zero event")
@@ -177,6 +224,11 @@ func (s *SendSide[H]) PushEvent(ev marker.Event) (overtaken []H, err error) {
 		s.queue.push(entry[H]{ev: ev})
 		return nil, nil
 	}
+	if at := behindBarriers(&s.queue); at > 0 {
+		overtaken = dataBetween(&s.queue, at, s.queue.len())
+		s.queue.insertAt(at, entry[H]{ev: ev})
+		return overtaken, nil
+	}
 	s.prio.push(ev)
 	return dataBefore(&s.queue, s.queue.len()), nil
 }
@@ -184,16 +236,23 @@ func (s *SendSide[H]) PushEvent(ev marker.Event) (overtaken []H, err error) {
 // PromoteTimedOut turns the first queued aligned barrier that timed out at
 // now (marker.Barrier.TimedOut) into a priority event, as the writer's half
 // of an alignment timeout, and returns its id and the data buffers queued
-// ahead of it; ok is false if none timed out.
+// ahead of it; ok is false if none timed out. The priority events queued
+// right behind it (PushEvent) follow it, if no other barrier is queued
+// ahead of it.
 func (s *SendSide[H]) PromoteTimedOut(now int64) (id int64, overtaken []H, ok bool) {
 	for i := 0; i < s.queue.len(); i++ {
 		e := s.queue.at(i)
-		if e.isData || e.ev.Type != marker.EventBarrier || !e.ev.Barrier.TimedOut(now) {
+		if e.isData || e.ev.Type != marker.EventBarrier || e.ev.Priority() || !e.ev.Barrier.TimedOut(now) {
 			continue
 		}
 		overtaken = dataBefore(&s.queue, i)
 		s.queue.removeAt(i)
 		s.prio.push(marker.NewBarrier(e.ev.Barrier.AsUnaligned()))
+		if !barrierBefore(&s.queue, i) {
+			for i < s.queue.len() && !s.queue.at(i).isData && s.queue.at(i).ev.Priority() {
+				s.prio.push(s.queue.removeAt(i).ev)
+			}
+		}
 		return e.ev.Barrier.ID, overtaken, true
 	}
 	return 0, nil, false

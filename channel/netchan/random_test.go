@@ -33,7 +33,12 @@ type step struct {
 //     sender, are exactly the data sent before it, in order (N6): channel
 //     state as a local SendEventOvertaking would have recorded it;
 //   - neither end ever holds more data buffers than it was configured
-//     with (N2).
+//     with (N2);
+//   - when the reader polls an unaligned barrier, every aligned barrier
+//     sent before it that the reader has not polled is queued at the
+//     receiver, and Promote finds it with the data sent before it not
+//     yet polled (N6: the reader of a checkpoint it captures does that,
+//     as on a local channel).
 //
 // The seed is logged; replay with -args -netchan.seed=N.
 func TestLoopbackRandom(t *testing.T) {
@@ -132,15 +137,29 @@ func TestLoopbackRandom(t *testing.T) {
 				stateAt     = map[int64][]int{} // polled before, then overtaken at the receiver
 				wantInOrder []string
 				wantPrio    []int64
+				// alignedBefore: the aligned barriers sent before each
+				// unaligned one; dataBefore: the data sent before each
+				// aligned one; seen: aligned barriers polled or promoted.
+				alignedBefore = map[int64][]int64{}
+				dataBefore    = map[int64][]int{}
+				aligned       []int64
+				sent          []int
+				seen          = map[int64]bool{}
 			)
 			for _, st := range script {
 				switch {
 				case st.recs != nil:
 					wantInOrder = append(wantInOrder, fmt.Sprint(st.recs))
+					sent = append(sent, st.recs...)
 				case st.ev.Priority():
 					wantPrio = append(wantPrio, st.ev.Barrier.ID)
+					alignedBefore[st.ev.Barrier.ID] = slices.Clone(aligned)
 				default:
 					wantInOrder = append(wantInOrder, st.ev.String())
+					if st.ev.Type == marker.EventBarrier {
+						aligned = append(aligned, st.ev.Barrier.ID)
+						dataBefore[st.ev.Barrier.ID] = slices.Clone(sent)
+					}
 				}
 			}
 		poll:
@@ -162,9 +181,35 @@ func TestLoopbackRandom(t *testing.T) {
 					inOrder = append(inOrder, fmt.Sprint(it.Buf.Records))
 					r.Recycle(it.Buf)
 					continue
+				case it.Event.Priority() && seen[it.Event.Barrier.ID]:
+					// An aligned barrier promoted below.
+					continue
 				case it.Event.Priority():
 					id := it.Event.Barrier.ID
 					priority = append(priority, id)
+					for _, k := range alignedBefore[id] {
+						if seen[k] {
+							continue
+						}
+						seen[k] = true
+						ov, found := r.Promote(k)
+						if !found {
+							t.Errorf("channel %d: aligned barrier %d, sent before unaligned %d, is not queued at the receiver when %d is polled", i, k, id, id)
+							continue
+						}
+						got := slices.Clone(polled)
+						for _, b := range ov {
+							got = append(got, b.Records...)
+							r.ReleaseCopy(b)
+						}
+						if !slices.Equal(got, dataBefore[k]) {
+							t.Errorf("channel %d: promoted barrier %d: polled before, overtaken:\n%v\nwant the data sent before it\n%v", i, k, got, dataBefore[k])
+						}
+						// Polled as a priority event from now on.
+						wantInOrder = slices.DeleteFunc(wantInOrder, func(s string) bool {
+							return s == marker.NewBarrier(marker.Barrier{ID: k}).String()
+						})
+					}
 					st := slices.Clone(polled)
 					for _, b := range r.Overtaken(id) {
 						st = append(st, b.Records...)
@@ -174,6 +219,9 @@ func TestLoopbackRandom(t *testing.T) {
 					continue
 				}
 				inOrder = append(inOrder, it.Event.String())
+				if it.Event.Type == marker.EventBarrier {
+					seen[it.Event.Barrier.ID] = true
+				}
 				if it.Event.Type == marker.EventEndOfInput {
 					break poll
 				}

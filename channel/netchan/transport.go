@@ -2,24 +2,21 @@ package netchan
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"time"
 
+	"github.com/snapflow/snapflow/internal/rpcutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
 const (
 	serviceName = "snapflow.netchan.v1.Channels"
 	openMethod  = "/" + serviceName + "/Open"
-	// secretKey is the metadata key of the shared secret.
-	secretKey = "snapflow-secret"
 	// DefaultOpenTimeout is how long the server holds a stream whose
 	// channel end is not registered yet (Flink's partition-request
 	// timeout).
@@ -238,12 +235,8 @@ func (s *Server) match(ctx context.Context, f *frame) (endpoint, error) {
 // open serves one stream: the shared secret, the open frame, the end it
 // names, then the channel.
 func (s *Server) open(ss grpc.ServerStream) error {
-	if len(s.secret) > 0 {
-		md, _ := metadata.FromIncomingContext(ss.Context())
-		got := md.Get(secretKey)
-		if len(got) != 1 || subtle.ConstantTimeCompare([]byte(got[0]), s.secret) != 1 {
-			return status.Error(codes.Unauthenticated, "netchan: wrong or missing shared secret")
-		}
+	if err := rpcutil.CheckSecret(ss.Context(), s.secret, "netchan"); err != nil {
+		return err
 	}
 	var f frame
 	if err := ss.RecvMsg(&f); err != nil {
@@ -272,7 +265,7 @@ type DialConfig struct {
 // is a stream on it.
 type Conn struct {
 	cc     *grpc.ClientConn
-	secret string
+	secret []byte
 }
 
 // Dial returns a connection to target (host:port); it connects lazily.
@@ -282,7 +275,7 @@ func Dial(target string, cfg DialConfig) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netchan: dialing %s: %w", target, err)
 	}
-	return &Conn{cc: cc, secret: string(cfg.Secret)}, nil
+	return &Conn{cc: cc, secret: cfg.Secret}, nil
 }
 
 // Close closes the connection: the streams of all its channels fail at
@@ -291,10 +284,7 @@ func (c *Conn) Close() error { return c.cc.Close() }
 
 // open starts the stream of channel id in the given role.
 func (c *Conn) open(ctx context.Context, id ChannelID, attempt int64, r role) (grpc.ClientStream, error) {
-	if c.secret != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, secretKey, c.secret)
-	}
-	cs, err := c.cc.NewStream(ctx, &serviceDesc.Streams[0], openMethod)
+	cs, err := c.cc.NewStream(rpcutil.WithSecret(ctx, c.secret), &serviceDesc.Streams[0], openMethod)
 	if err != nil {
 		return nil, fmt.Errorf("netchan: opening %s as %s: %w", id, r, err)
 	}

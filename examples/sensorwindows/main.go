@@ -2,14 +2,17 @@
 // over real sensor readings with event-time tumbling windows, writes them
 // exactly once into a file table, and reads the table back:
 //
-//	readings (watermarks) -> KeyBy(mote) -> 1-minute tumbling windows -> file table
+//	readings.csv (one split per mote, watermarks) -> KeyBy(mote) -> 1-minute tumbling windows -> file table
 //
 // The readings are those of data/data.csv: 18,914 readings of four motes of a
 // sensor network (Suthaharan et al. 2010, CC BY 4.0: see data/NOTICE). A
 // mote takes a reading every 5 seconds, so a reading's event time is its
-// number times 5 seconds. The file lists the motes one after the other; the
-// program replays the readings in event-time order, as the motes reported
-// them. The source's watermarks allow records 10 seconds out of order
+// number times 5 seconds. The file lists the motes one after the other, so
+// each mote's readings start again at the earliest time: source.CSV with
+// KeySplits("mote_id") cuts the file into one split per mote and reads a
+// subtask's splits together, each with its own watermark, the source's
+// being their minimum (so no mote's readings are late behind another's).
+// The watermarks allow records 10 seconds out of order within a mote
 // (graph.WatermarkStrategy); window.Aggregate keeps one accumulator per mote
 // and minute and emits the minute's statistics when the watermark passes
 // its end. The file table (sink/filetable, through sink.WriteAndCommit)
@@ -23,7 +26,7 @@ package main
 import (
 	"cmp"
 	"context"
-	_ "embed"
+	"embed"
 	"encoding/csv"
 	"flag"
 	"fmt"
@@ -32,7 +35,6 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/snapflow/snapflow/graph"
@@ -43,15 +45,18 @@ import (
 )
 
 //go:embed data/data.csv
-var dataCSV string
+var data embed.FS
+
+const dataFile = "data/data.csv"
 
 const readingEvery = 5 * time.Second
 
-// reading is one reading of a mote. Its event time is Reading * 5s.
+// reading is one reading of a mote (a row of the CSV, whose other
+// columns it ignores). Its event time is Reading * 5s.
 type reading struct {
-	Mote    int64
-	Reading int64
-	Celsius float64
+	Mote    int64   `csv:"mote_id"`
+	Reading int64   `csv:"reading"`
+	Celsius float64 `csv:"temperature"`
 }
 
 func (r reading) time() int64 { return r.Reading * int64(readingEvery) }
@@ -103,7 +108,7 @@ func main() {
 
 // run runs the job and returns the rows of the committed table.
 func run(ctx context.Context, o options, stdout io.Writer) ([]minute, error) {
-	readings, err := parse(dataCSV)
+	readings, err := parse()
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +129,12 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]minute, error) {
 		Logf:        o.Logf,
 	})
 	eventTime := func(r reading) int64 { return r.time() }
-	src := graph.Source(job, "readings", source.Slice(readings), graph.Parallelism(1),
+	opts := []source.FileOption{source.FromFS(data), source.KeySplits("mote_id")}
+	if o.Logf != nil {
+		opts = append(opts, source.WithLogf(o.Logf))
+	}
+	file := source.CSV[reading](dataFile, opts...)
+	src := graph.Source(job, "readings", file.New,
 		graph.Watermarks(graph.WatermarkStrategy[reading]{Timestamp: eventTime, OutOfOrderness: 10 * time.Second}))
 	byMote := graph.KeyBy(src, func(r reading) int64 { return r.Mote })
 	windows := window.Aggregate(byMote, "minutes",
@@ -159,9 +169,14 @@ func run(ctx context.Context, o options, stdout io.Writer) ([]minute, error) {
 }
 
 // parse reads the CSV (reading,mote_id,indoor,humidity,temperature,label)
-// into readings in event-time order.
-func parse(data string) ([]reading, error) {
-	rows, err := csv.NewReader(strings.NewReader(data)).ReadAll()
+// apart from the job, for verify.
+func parse() ([]reading, error) {
+	f, err := data.Open(dataFile)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
 	if err != nil {
 		return nil, fmt.Errorf("sensor data: %w", err)
 	}
@@ -175,6 +190,5 @@ func parse(data string) ([]reading, error) {
 		}
 		rs = append(rs, reading{Mote: m, Reading: n, Celsius: c})
 	}
-	slices.SortStableFunc(rs, func(a, b reading) int { return cmp.Compare(a.Reading, b.Reading) })
 	return rs, nil
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/internal/testsupport/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/sinktest"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/sink/filetable"
@@ -148,17 +149,9 @@ func (s *pacedSource) Next(ctx *graph.Context) (rec, error) {
 // fails at "map" (before the barrier) and at "snapshot" (its snapshot of
 // a checkpoint, which follows the writers' prepare of that checkpoint in
 // the chain: prepared, not completed).
-type failing struct{ c *chaos }
+type failing struct{ sinktest.Failing[rec] }
 
-func (f failing) Process(_ *graph.Context, r rec, out graph.Collector[rec]) error {
-	if err := f.c.Hit("map"); err != nil {
-		return err
-	}
-	out.Collect(r)
-	return nil
-}
-
-func (f failing) SnapshotState(*graph.SnapshotContext) error { return f.c.Hit("snapshot") }
+func (f failing) SnapshotState(*graph.SnapshotContext) error { return f.C.Hit("snapshot") }
 
 // tableJob is source -> failing map -> writers -> committer into a file
 // table, at Parallelism, checkpointing every Interval.
@@ -245,7 +238,7 @@ func (tj *tableJob) build(t testing.TB) *graph.Job {
 		}
 	}
 	src := graph.Source(j, "src", newSource)
-	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing{tj.chaos} })
+	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing{sinktest.Failing[rec]{C: tj.chaos}} })
 	newWriter := filetable.NewWriter[rec](tbl)
 	writers := func(info graph.TaskInfo) (sink.Writer[rec, filetable.DataFile], error) {
 		w, err := newWriter(info)

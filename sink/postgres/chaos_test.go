@@ -5,7 +5,6 @@ package postgres
 // hooks, counted over every subtask and attempt of a job.
 
 import (
-	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/internal/testsupport/inject"
 	"github.com/snapflow/snapflow/sink"
 )
@@ -123,76 +122,3 @@ func (noStale) AbortStale() {} // shadows the promoted method: not a StaleAborte
 type noEndAbort struct{ chaosPG }
 
 func (noEndAbort) AbortUncovered() {} // shadows the promoted method: not a sink.EndAborter
-
-// fullSink is every hook of a TwoPhaseCommit sink.
-type fullSink interface {
-	graph.BatchSinkFunc[rec]
-	graph.Initializer
-	graph.Snapshotter
-	graph.CheckpointListener
-	graph.SinkEnder
-	graph.Closer
-}
-
-// chaosSink wraps a sink function with faults at its hooks: before and
-// after the snapshot (after the pre-commit: the checkpoint then never
-// completes), before the notification ("notify-drop" loses it silently,
-// "notify-before" with a failure) and after it (committed, the attempt
-// fails before the notification returns).
-type chaosSink struct {
-	inner fullSink
-	c     *chaos
-	ended bool
-}
-
-func (s *chaosSink) InitializeState(ctx *graph.Context) error { return s.inner.InitializeState(ctx) }
-func (s *chaosSink) Write(ctx *graph.Context, r rec) error    { return s.inner.Write(ctx, r) }
-func (s *chaosSink) WriteBatch(ctx *graph.Context, rs []rec) error {
-	return s.inner.WriteBatch(ctx, rs)
-}
-func (s *chaosSink) NotifyCheckpointAborted(id int64) error {
-	return s.inner.NotifyCheckpointAborted(id)
-}
-func (s *chaosSink) Close() error { return s.inner.Close() }
-
-func (s *chaosSink) SnapshotState(ctx *graph.SnapshotContext) error {
-	if err := s.c.Hit("snapshot-before"); err != nil {
-		return err
-	}
-	if err := s.inner.SnapshotState(ctx); err != nil {
-		return err
-	}
-	return s.c.Hit("snapshot-after")
-}
-
-func (s *chaosSink) NotifyCheckpointComplete(id int64) error {
-	if !s.ended && s.c.Hit("notify-drop") != nil {
-		return nil
-	}
-	if err := s.c.Hit("notify-before"); err != nil {
-		return err
-	}
-	if err := s.inner.NotifyCheckpointComplete(id); err != nil {
-		return err
-	}
-	return s.c.Hit("notify-after")
-}
-
-func (s *chaosSink) EndInput(ctx *graph.Context) error {
-	s.ended = true
-	if err := s.c.Hit("endinput"); err != nil {
-		return err
-	}
-	return s.inner.EndInput(ctx)
-}
-
-// failing is a user function upstream of the sink that fails at "map".
-type failing struct{ c *chaos }
-
-func (f failing) Process(_ *graph.Context, r rec, out graph.Collector[rec]) error {
-	if err := f.c.Hit("map"); err != nil {
-		return err
-	}
-	out.Collect(r)
-	return nil
-}

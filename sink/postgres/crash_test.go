@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/internal/testsupport/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/sinktest"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -155,13 +156,13 @@ func (j *pgJob) build(t testing.TB) *graph.Job {
 	newSink := sink.TwoPhaseCommitWithRetry(c, j.Retry, opts...)
 	job := graph.NewJob(j.Name, cfg)
 	src := graph.Source(job, "src", source.GenerateRate(j.Records, j.Rate, func(i int64) rec { return rec{ID: i} }))
-	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing{j.chaos} })
+	m := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return sinktest.Failing[rec]{C: j.chaos} })
 	uid := j.UID
 	if uid == "" {
 		uid = "out"
 	}
 	graph.Sink(m, uid, func() graph.SinkFunc[rec] {
-		return &chaosSink{inner: newSink().(fullSink), c: j.chaos}
+		return sinktest.NewChaosSink(newSink(), j.chaos)
 	})
 	return job
 }

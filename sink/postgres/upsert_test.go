@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/snapflow/snapflow/internal/testsupport/inject"
+	"github.com/snapflow/snapflow/internal/testsupport/sinktest"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/jackc/pgx/v5"
@@ -94,7 +95,7 @@ func runJob(t *testing.T, name string, m int64, p int, c *chaos, newSink func() 
 		},
 	})
 	src := graph.Source(job, "src", source.GenerateRate(m, 20_000, func(i int64) rec { return rec{ID: i} }))
-	mapped := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return failing{c} })
+	mapped := graph.Process(src, "map", func() graph.ProcessFunc[rec, rec] { return sinktest.Failing[rec]{C: c} })
 	graph.Sink(mapped, "out", newSink)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -251,7 +252,7 @@ func TestUpsertNotEnough(t *testing.T) {
 	c = crash()
 	newSink := sink.TwoPhaseCommit[rec, *Txn](chaosPG{Sink: s, c: c}, sink.WithLogf(func(string, ...any) {}))
 	require.Len(t, runJob(t, "eo", m, p, c, func() graph.SinkFunc[rec] {
-		return &chaosSink{inner: newSink().(fullSink), c: c}
+		return sinktest.NewChaosSink(newSink(), c)
 	}), 1)
 	dupIDs, rows, distinct = duplicates(t, pool, "eo")
 	t.Logf("exactly-once: %d rows, %d distinct ids, %d ids more than once", rows, distinct, dupIDs)

@@ -135,46 +135,49 @@
 // in-memory filesystem, keeping only synced data), which checks the
 // syncs inside Commit and Delete.
 //
-// # Next step: snapshot and the Pebble native state on this layer
+// # Used by snapshot.Storage; next: the Pebble native state
 //
-// snapshot.Storage is not yet wired to this package (this session's
-// restore work changes storage.go). The plan:
+// snapshot.Storage keeps a job here when its location is a URL
+// (snapshot/storage_objstore.go): keyed-state objects streamed by
+// Store.Create, channel-state objects by Put, Job.Complete, Job.Retire
+// for retention, DropIncomplete for the checkpoints that can no longer
+// complete, DropRecord for the records of long-retired checkpoints (the
+// completed log's compaction), and readers through ReadFS (a read-only
+// vfs.FS: a path is a key, a directory a key prefix, File.ReadAt one
+// ranged read), so that package restore reads a store as it reads a
+// directory. Done differently from the plan first written here: the
+// readers were not given a Store-based API of their own, since ReadFS
+// lets ReadMetadata, KeyedStateGroups and restore run unchanged on both
+// (one code path to test, ranged reads as the plan wanted), and ReadFS
+// refuses every write, so no writer can bypass OS1. The cost: a reader
+// through ReadFS does not check _metadata against its record's CRC-32C
+// (OS4's check is Job.ReadMetadata's); metadata is write-once and
+// checksummed itself (checkpoint F1-F4), so what is lost is only the
+// detection of a _metadata swapped by hand.
 //
-//   - StorageOptions gains Location (objstore.Open): a path keeps today's
-//     local Storage and format (ST1-ST19); a URL makes Storage keep the
-//     job in an objstore.Job under JobIDFromName. CompletedRef comes from
-//     Record (Path = Dir), and snapshot.ErrIndeterminate wraps
-//     ErrIndeterminate. Later the local directory can move onto Dir and
-//     Job too, reading an old _completed log once.
-//   - Write(md): channel-state files by Put to chk-N/channels-<uid>-<i>;
-//     checkpoint.EncodeMetadata; Job.Complete with the references of
-//     every keyed-*, channels-* and native file (key and size). ST7's
-//     undo disappears: a failed Complete before the record is simply
-//     not complete (OS4), after it indeterminate or complete.
-//   - WriteKeyedState streams through Store.Create to chk-N/keyed-<uid>-<i>
-//     (ST18 holds: a Writer is written a block at a time); ReadMetadata
-//     is Job.ReadMetadata, decode, and ST11's stats are Store.Stat;
-//     ReadKeyedState reads each block with Store.Read(off, n).
-//   - Tidy: retention is Job.Retire of the oldest complete checkpoints
-//     (ST4), the removal of incomplete chk-M (ST10) and the collection
-//     of shared/ (ST13) are Job.Collect, with refs decoding each
-//     metadata's NativeStateRef files and keep the pending registration
-//     of checkpoints in progress (ST13) in one process. Across processes
-//     (workers write their state directly and acknowledge handles), keep
-//     is a time bound: keep every shared object created after the
-//     trigger time of the oldest checkpoint that may still complete,
-//     less a clock-skew margin (Attrs.ModTime is the store's clock).
-//     Log compaction becomes deleting the records of the lowest ids.
+// Still to do:
+//
 //   - Pebble native state (WriteNativeState): the private files by Put
 //     to chk-N/native-<uid>-<i>.<f>; each new sstable streamed by
 //     Store.Create to shared/<F12 name>; ErrExist with the expected
 //     size is ST12's "already there" (a name is never reused for other
 //     bytes); ST12's tmp, rename and sync of shared/ become the create's
 //     Commit. Restore (CopyNativeStateFor) reads the objects into the
-//     local directories Pebble opens, checking each CRC-32C.
+//     local directories Pebble opens, checking each CRC-32C. Collect's
+//     refs then decodes each metadata's NativeStateRef files, and keep
+//     is the pending registration of checkpoints in progress (ST13) in
+//     one process; across processes (workers write their state directly
+//     and acknowledge handles) a time bound: keep every shared object
+//     created after the trigger time of the oldest checkpoint that may
+//     still complete, less a clock-skew margin (Attrs.ModTime is the
+//     store's clock). Until then snapshot refuses it
+//     (snapshot.ErrNativeOnObjectStore) and graph asks for
+//     State.FullCheckpoints.
 //   - ST17's flock has no object-store counterpart: one writer per job
 //     is the coordinator's lease (next issue, HA); meanwhile OS5 keeps a
 //     second coordinator from completing an id twice, and Collect run
 //     by a stale coordinator deletes less, never more (it reads the
-//     records afresh; the time bound keeps what newer attempts write).
+//     records afresh).
+//   - The local directory can move onto Dir and Job too, reading an old
+//     _completed log once.
 package objstore

@@ -334,3 +334,45 @@ func firstErr(first, err error) error {
 	}
 	return err
 }
+
+// DropIncomplete deletes the objects of every chk-M directory that has
+// no completion record and M < below (checkpoints that can no longer
+// complete: aborted, subsumed, or every one still open when the job
+// finished), and returns their keys. Savepoint directories stay, as in
+// Collect.
+func (j *Job) DropIncomplete(ctx context.Context, below int64) ([]string, error) {
+	recs, err := j.Completed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	recorded := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		recorded[r.Dir] = true
+	}
+	objs, err := j.s.List(ctx, j.prefix)
+	if err != nil {
+		return nil, err
+	}
+	var deleted []string
+	for _, o := range objs {
+		dir, _, nested := strings.Cut(strings.TrimPrefix(o.Key, j.prefix), "/")
+		id, ok := parseCheckpointDir(dir)
+		if !nested || !ok || recorded[dir] || id >= below {
+			continue
+		}
+		if err := j.s.Delete(ctx, o.Key); err != nil {
+			return deleted, err
+		}
+		deleted = append(deleted, o.Key)
+	}
+	return deleted, nil
+}
+
+// DropRecord deletes the completion record of id: the checkpoint was
+// retired, and the record is no longer needed (the completed log's
+// compaction, or a discard of the job's checkpoints). A record whose
+// metadata still exists must not be dropped: without it the checkpoint
+// is no longer complete (OS3).
+func (j *Job) DropRecord(ctx context.Context, id int64) error {
+	return j.s.Delete(ctx, j.Key(CompletedDir+"/"+RecordName(id)))
+}

@@ -42,3 +42,25 @@ func TestOpen(t *testing.T) {
 		t.Fatalf("read of a missing object: %v", err)
 	}
 }
+
+// TestOpenNamedMem: mem://<name> is one bucket per name in the process,
+// the same for every Open and still there after a Close; mem:// is fresh.
+func TestOpenNamedMem(t *testing.T) {
+	a := openURL(t, "mem://open-named")
+	mustPut(t, a, "k", []byte("v"))
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRead(t, openURL(t, "mem://open-named"), "k"); string(got) != "v" {
+		t.Fatalf("reopened: %q", got)
+	}
+	if _, err := ReadAll(context.Background(), openURL(t, "mem://open-other"), "k"); !errors.Is(err, ErrNotExist) {
+		t.Fatalf("another name sees the object: %v", err)
+	}
+	if _, err := ReadAll(context.Background(), openURL(t, "mem://"), "k"); !errors.Is(err, ErrNotExist) {
+		t.Fatalf("mem:// sees the object: %v", err)
+	}
+	if _, err := Open(context.Background(), "mem://open-named?prefix=a/"); err == nil {
+		t.Fatal("a named bucket with parameters opened")
+	}
+}

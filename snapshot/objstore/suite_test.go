@@ -6,15 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/johannesboyne/gofakes3"
-	"github.com/johannesboyne/gofakes3/backend/s3mem"
+	"github.com/snapflow/snapflow/internal/testsupport/s3test"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
@@ -59,18 +57,8 @@ func openURL(t *testing.T, u string) Store {
 	return s
 }
 
-// fakeS3 starts gofakes3 on loopback with a fresh bucket and returns the
-// s3blob URL of the bucket.
-func fakeS3(t *testing.T) string {
-	t.Helper()
-	be := s3mem.New()
-	if err := be.CreateBucket("checkpoints"); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(gofakes3.New(be, gofakes3.WithLogger(gofakes3.DiscardLog())).Server())
-	t.Cleanup(srv.Close)
-	return "s3://checkpoints?endpoint=" + srv.URL + "&region=us-east-1&use_path_style=true&anonymous=true"
-}
+// fakeS3 serves S3 on loopback and returns the URL of a fresh bucket.
+func fakeS3(t *testing.T) string { return s3test.URL(t, "checkpoints") }
 
 func forEachBackend(t *testing.T, f func(t *testing.T, s Store)) {
 	for _, b := range backends() {

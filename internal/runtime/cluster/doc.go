@@ -59,7 +59,8 @@
 //     HeartbeatTimeout.
 //   - CL6 (scheduler.go). Restart only from a completed checkpoint: a
 //     Deploy restores the newest checkpoint a live attempt reported
-//     completed (0, none, before the first).
+//     completed, before the first Config.Latest (a restarted
+//     coordinator's, from storage; 0, none).
 //   - CL7 (scheduler.go). An attempt that ended without finishing is
 //     followed by the next no earlier than the delay Config.Restart gave,
 //     or by Failed if it gave up. A job short of slots waits

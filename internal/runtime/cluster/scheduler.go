@@ -25,6 +25,10 @@ type Config struct {
 	Rescale bool
 	// MinSlots is the fewest slots a rescaled job runs on (default 1).
 	MinSlots int
+	// Latest is the newest completed checkpoint when the scheduler starts:
+	// a restarted coordinator's, found in checkpoint storage (0: none).
+	// Attempts restore it until a newer one completes.
+	Latest int64
 	// Restart is asked after every attempt that ended without finishing
 	// (it failed, or lost a worker with its slots): how long to wait before
 	// the next one, or ok false to fail the job (graph's RestartStrategy
@@ -213,7 +217,8 @@ type Scheduler struct {
 	placement *Placement
 	deployed  time.Time
 	running   bool
-	// latest is the newest checkpoint completed by a live attempt.
+	// latest is the newest checkpoint completed by a live attempt, or
+	// Config.Latest.
 	latest int64
 }
 
@@ -233,7 +238,10 @@ func New(cfg Config) (*Scheduler, error) {
 	if cfg.MinSlots <= 0 {
 		cfg.MinSlots = 1
 	}
-	return &Scheduler{cfg: cfg, members: map[string]*member{}}, nil
+	if cfg.Latest < 0 {
+		return nil, fmt.Errorf("cluster: latest completed checkpoint %d is negative", cfg.Latest)
+	}
+	return &Scheduler{cfg: cfg, members: map[string]*member{}, latest: cfg.Latest}, nil
 }
 
 // NextDeadline is when the next Tick changes something: the earliest

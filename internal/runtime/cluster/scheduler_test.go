@@ -20,7 +20,7 @@ var epoch = time.Unix(0, 0).UTC()
 // TestScheduler runs the scripts in testdata/scheduler. Each drives one
 // Scheduler; times (t=...) are Go durations since the epoch. Commands:
 //
-//	init hb=D slots=D [rescale] [min-slots=N] [restarts=N delay=D]
+//	init hb=D slots=D [rescale] [min-slots=N] [restarts=N delay=D] [latest=N]
 //	    the input is the job's shape (parseShape); restarts: Config.Restart
 //	    restarts N times after delay, then gives up
 //	register t=D id=W slots=N
@@ -53,9 +53,11 @@ func TestScheduler(t *testing.T) {
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			if d.Cmd == "init" {
 				var err error
-				s, err = New(scriptConfig(t, d))
+				cfg := scriptConfig(t, d)
+				s, err = New(cfg)
 				require.NoError(t, err)
 				inv = newInvariants()
+				inv.latest = cfg.Latest
 				return ""
 			}
 			require.NotNil(t, s, "%s: init first", d.Pos)
@@ -92,6 +94,7 @@ func scriptConfig(t *testing.T, d *datadriven.TestData) Config {
 	cfg.SlotTimeout, err = time.ParseDuration(slots)
 	require.NoError(t, err)
 	d.MaybeScanArgs(t, "min-slots", &cfg.MinSlots)
+	d.MaybeScanArgs(t, "latest", &cfg.Latest)
 	if d.HasArg("restarts") {
 		var delay string
 		var restarts int

@@ -2,13 +2,13 @@ package cluster
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/cockroachdb/datadriven"
 	"github.com/stretchr/testify/require"
 
+	"github.com/snapflow/snapflow/internal/testsupport/scripttest"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
@@ -28,28 +28,24 @@ func parseShape(t *testing.T, input string) *Shape {
 		"forward": checkpoint.PartForward, "rebalance": checkpoint.PartRebalance,
 		"hash": checkpoint.PartHash, "broadcast": checkpoint.PartBroadcast,
 	}
-	for _, line := range strings.Split(input, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		require.GreaterOrEqual(t, len(f), 2, "shape line %q", line)
-		switch f[0] {
+	for _, line := range scripttest.Lines(input) {
+		word, args := scripttest.Split(line)
+		require.GreaterOrEqual(t, len(args), 1, "shape line %q", line)
+		switch word {
 		case "job":
-			s.Job = f[1]
+			s.Job = args[0].Key
 		case "source", "operator", "sink":
-			o := Operator{UID: f[1], Name: f[1], Kind: f[0], Parallelism: 1}
-			for _, a := range f[2:] {
-				k, v, _ := strings.Cut(a, "=")
-				switch k {
+			o := Operator{UID: args[0].Key, Name: args[0].Key, Kind: word, Parallelism: 1}
+			for _, a := range args[1:] {
+				switch a.Key {
 				case "p":
-					o.Parallelism = atoi(t, v)
+					o.Parallelism = scripttest.Atoi(t, a.Val)
 				case "maxp":
-					o.MaxParallelism = atoi(t, v)
+					o.MaxParallelism = scripttest.Atoi(t, a.Val)
 				case "keyed":
 					o.Keyed = true
 				case "name":
-					o.Name = v
+					o.Name = a.Val
 				default:
 					t.Fatalf("shape line %q: unknown %q", line, a)
 				}
@@ -59,44 +55,37 @@ func parseShape(t *testing.T, input string) *Shape {
 			}
 			s.Operators = append(s.Operators, o)
 		case "edge":
-			from, to, ok := strings.Cut(f[1], "->")
+			from, to, ok := strings.Cut(args[0].Key, "->")
 			require.True(t, ok, "shape line %q: from->to", line)
-			require.GreaterOrEqual(t, len(f), 3, "shape line %q: partitioning", line)
-			part, ok := parts[f[2]]
-			require.True(t, ok, "shape line %q: partitioning %q", line, f[2])
+			require.GreaterOrEqual(t, len(args), 2, "shape line %q: partitioning", line)
+			part, ok := parts[args[1].Key]
+			require.True(t, ok, "shape line %q: partitioning %q", line, args[1])
 			e := Edge{From: from, To: to, Part: part, Records: "int"}
 			for _, o := range s.Edges {
 				if o.From == from && o.To == to {
 					e.Index++
 				}
 			}
-			for _, a := range f[3:] {
-				k, v, _ := strings.Cut(a, "=")
-				switch k {
+			for _, a := range args[2:] {
+				switch a.Key {
 				case "chained":
 					e.Chained = true
 				case "feedback":
 					e.Feedback = true
 				case "side":
-					e.Side = v
+					e.Side = a.Val
 				case "records":
-					e.Records = v
+					e.Records = a.Val
 				default:
 					t.Fatalf("shape line %q: unknown %q", line, a)
 				}
 			}
 			s.Edges = append(s.Edges, e)
 		default:
-			t.Fatalf("shape line %q: unknown %q", line, f[0])
+			t.Fatalf("shape line %q: unknown %q", line, word)
 		}
 	}
 	return s
-}
-
-func atoi(t *testing.T, s string) int {
-	n, err := strconv.Atoi(s)
-	require.NoError(t, err)
-	return n
 }
 
 // parseWorkers reads workers=(w1:2, w2:1) (id:slots).
@@ -112,7 +101,7 @@ func parseWorkers(t *testing.T, d *datadriven.TestData) []Worker {
 			}
 			id, slots, ok := strings.Cut(v, ":")
 			require.True(t, ok, "%s: worker %q: id:slots", d.Pos, v)
-			ws = append(ws, Worker{ID: id, Address: id + ":7000", Slots: atoi(t, slots)})
+			ws = append(ws, Worker{ID: id, Address: id + ":7000", Slots: scripttest.Atoi(t, slots)})
 		}
 	}
 	return ws

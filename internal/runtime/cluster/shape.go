@@ -104,94 +104,79 @@ func Diff(here, there *Shape, where string) string {
 }
 
 func diffOperators(here, there []Operator, where string) string {
-	other := make(map[string]*Operator, len(there))
-	for i := range there {
-		other[there[i].UID] = &there[i]
-	}
-	for i := range here {
-		h := &here[i]
-		t, ok := other[h.UID]
-		if !ok {
-			return fmt.Sprintf("operator uid %q here, none at %s", h.UID, where)
-		}
-		field := func(what string, h, t any) string {
-			return fmt.Sprintf("operator uid %q: %s %v here, %v at %s", here[i].UID, what, h, t, where)
-		}
+	key := func(o *Operator) string { return o.UID }
+	label := func(o *Operator) string { return fmt.Sprintf("%q", o.UID) }
+	return diffItems("operator", "operator uid", here, there, key, label, func(h, t *Operator) (string, any, any) {
 		switch {
 		case h.Name != t.Name:
-			return field("name", fmt.Sprintf("%q", h.Name), fmt.Sprintf("%q", t.Name))
+			return "name", fmt.Sprintf("%q", h.Name), fmt.Sprintf("%q", t.Name)
 		case h.Kind != t.Kind:
-			return field("kind", h.Kind, t.Kind)
+			return "kind", h.Kind, t.Kind
 		case h.Parallelism != t.Parallelism:
-			return field("parallelism", h.Parallelism, t.Parallelism)
+			return "parallelism", h.Parallelism, t.Parallelism
 		case h.MaxParallelism != t.MaxParallelism:
-			return field("max parallelism", h.MaxParallelism, t.MaxParallelism)
+			return "max parallelism", h.MaxParallelism, t.MaxParallelism
 		case h.Keyed != t.Keyed:
-			return field("keyed", h.Keyed, t.Keyed)
+			return "keyed", h.Keyed, t.Keyed
 		}
-	}
-	if len(there) > len(here) {
-		mine := make(map[string]bool, len(here))
-		for _, o := range here {
-			mine[o.UID] = true
-		}
-		for _, o := range there {
-			if !mine[o.UID] {
-				return fmt.Sprintf("operator uid %q at %s, none here", o.UID, where)
-			}
-		}
-	}
-	// The same uids (unique in a valid job) with the same fields: only the
-	// order can differ.
-	for i := range here {
-		if here[i].UID != there[i].UID {
-			return fmt.Sprintf("operator %d is %q here, %q at %s", i+1, here[i].UID, there[i].UID, where)
-		}
-	}
-	return ""
+		return "", nil, nil
+	}, where)
 }
 
 func diffEdges(here, there []Edge, where string) string {
-	other := make(map[edgeKey]*Edge, len(there))
+	return diffItems("edge", "edge", here, there, (*Edge).key, (*Edge).name, func(h, t *Edge) (string, any, any) {
+		switch {
+		case h.Part != t.Part:
+			return "partitioning", h.Part, t.Part
+		case h.Chained != t.Chained:
+			return "chained", h.Chained, t.Chained
+		case h.Feedback != t.Feedback:
+			return "feedback", h.Feedback, t.Feedback
+		case h.Side != t.Side:
+			return "side output", fmt.Sprintf("%q", h.Side), fmt.Sprintf("%q", t.Side)
+		case h.Records != t.Records:
+			return "records", h.Records, t.Records
+		}
+		return "", nil, nil
+	}, where)
+}
+
+// diffItems names the first difference between two lists of items (the
+// operators or the edges of a shape), each item found by its key (unique
+// in a valid job): an item here missing there, the first field that
+// differs (field returns "" when none does), an item there missing here,
+// then the order. An item is named "<named> <label>" (operator uid
+// "sum"), its place "<noun> <i>" (operator 3).
+func diffItems[T any, K comparable](noun, named string, here, there []T, key func(*T) K, label func(*T) string, field func(h, t *T) (what string, hv, tv any), where string) string {
+	other := make(map[K]*T, len(there))
 	for i := range there {
-		other[there[i].key()] = &there[i]
+		other[key(&there[i])] = &there[i]
 	}
 	for i := range here {
 		h := &here[i]
-		t, ok := other[h.key()]
+		t, ok := other[key(h)]
 		if !ok {
-			return fmt.Sprintf("edge %s here, none at %s", h.name(), where)
+			return fmt.Sprintf("%s %s here, none at %s", named, label(h), where)
 		}
-		field := func(what string, h, t any) string {
-			return fmt.Sprintf("edge %s: %s %v here, %v at %s", here[i].name(), what, h, t, where)
-		}
-		switch {
-		case h.Part != t.Part:
-			return field("partitioning", h.Part, t.Part)
-		case h.Chained != t.Chained:
-			return field("chained", h.Chained, t.Chained)
-		case h.Feedback != t.Feedback:
-			return field("feedback", h.Feedback, t.Feedback)
-		case h.Side != t.Side:
-			return field("side output", fmt.Sprintf("%q", h.Side), fmt.Sprintf("%q", t.Side))
-		case h.Records != t.Records:
-			return field("records", h.Records, t.Records)
+		if what, hv, tv := field(h, t); what != "" {
+			return fmt.Sprintf("%s %s: %s %v here, %v at %s", named, label(h), what, hv, tv, where)
 		}
 	}
 	if len(there) > len(here) {
-		mine := make(map[edgeKey]bool, len(here))
+		mine := make(map[K]bool, len(here))
 		for i := range here {
-			mine[here[i].key()] = true
+			mine[key(&here[i])] = true
 		}
 		for i := range there {
-			if !mine[there[i].key()] {
-				return fmt.Sprintf("edge %s at %s, none here", there[i].name(), where)
+			if !mine[key(&there[i])] {
+				return fmt.Sprintf("%s %s at %s, none here", named, label(&there[i]), where)
 			}
 		}
 	}
+	// The same keys with the same fields: only the order can differ.
 	for i := range here {
-		if here[i].key() != there[i].key() {
-			return fmt.Sprintf("edge %d is %s here, %s at %s", i+1, here[i].name(), there[i].name(), where)
+		if key(&here[i]) != key(&there[i]) {
+			return fmt.Sprintf("%s %d is %s here, %s at %s", noun, i+1, label(&here[i]), label(&there[i]), where)
 		}
 	}
 	return ""

@@ -114,6 +114,10 @@ type Attempt struct {
 	// KeyedState is the job's checkpoint storage, for the subtasks'
 	// keyed-state files (task.Info.KeyedState); nil without one.
 	KeyedState snapshot.KeyedStateWriter
+	// StateFS is where Plan's state files are read from: the storage's
+	// FS (an object store's, snapshot.Storage.FS), or Restore.FS
+	// without a storage.
+	StateFS vfs.FS
 	// Boxes are the chain subtasks (for the master), Mailboxes their
 	// mailboxes and Chains their loops, all in one order.
 	Boxes     []master.Box
@@ -439,7 +443,7 @@ func (e *Execution) restoreSource(n int, storage *snapshot.Storage) (*restore.Pl
 		return restore.LatestPlan(storage, rc.AllowFallback, ops, rc.AllowNonRestoredState, e.logf)
 	}
 	load := func(path string) (*restore.Plan, error) {
-		return restore.LoadPlan(rc.FS, path, ops, rc.AllowNonRestoredState, e.logf)
+		return restore.LoadPlan(stateFS(s, storage), path, ops, rc.AllowNonRestoredState, e.logf)
 	}
 	if n > 0 {
 		if e.completed {
@@ -483,6 +487,15 @@ func (e *Execution) restoreSource(n int, storage *snapshot.Storage) (*restore.Pl
 	return nil, nil
 }
 
+// stateFS is where restored state is read from: the storage's FS (on
+// object storage, the store's), else Restore.FS.
+func stateFS(s *Spec, storage *snapshot.Storage) vfs.FS {
+	if storage != nil {
+		return storage.FS()
+	}
+	return s.Restore.FS
+}
+
 func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storage) error {
 	s := e.spec
 	plan, err := e.restorePlan(n, storage)
@@ -492,11 +505,7 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 	if plan != nil {
 		// The subtasks remove the copies of native keyed state they
 		// restore from; these are the ones no subtask took.
-		fs := s.Restore.FS
-		if storage != nil {
-			fs = storage.FS()
-		}
-		defer restore.RemoveNativeCopies(fs, plan)
+		defer restore.RemoveNativeCopies(stateFS(s, storage), plan)
 	}
 	if storage != nil {
 		// G3: ids never repeat within a job directory.
@@ -516,7 +525,8 @@ func (e *Execution) attempt(ctx context.Context, n int, storage *snapshot.Storag
 		e.publish()
 		e.emit(Event{Kind: JobRestored, Attempt: n, CheckpointID: plan.CheckpointID, Path: plan.Path})
 	}
-	x := &Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024), Counters: &e.counters}
+	x := &Attempt{Number: n, Execution: e.id, Plan: plan, Reports: make(chan task.Report, 1024), Counters: &e.counters,
+		StateFS: stateFS(s, storage)}
 	if storage != nil {
 		x.KeyedState = storage
 	}

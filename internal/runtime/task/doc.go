@@ -59,12 +59,16 @@
 //     until the backlog drains, and never after its loop ended.
 //   - I6 (overtaken at a receiver): the copies a network input's receiver
 //     kept of what a priority barrier overtook there (channel.Gate.Overtaken,
-//     netchan N6) are taken when the barrier is read and, once the aligner
-//     stepped it, recorded for its checkpoint on that input if that
-//     checkpoint records this subtask's input (its trigger, or an earlier
-//     one from another input), after what was recorded there; otherwise
-//     dropped. A local input has none (its writer's output state holds
-//     them all).
+//     netchan N6) are taken when the barrier is read, before the aligner
+//     steps it, and recorded for its checkpoint on that input if that
+//     checkpoint records this subtask's input: at once if it did before
+//     (an earlier trigger from another input), after what was recorded
+//     there, or right after the trigger the barrier's own step yields;
+//     in both cases before that step's InputStateComplete, which may ack
+//     the checkpoint (the barrier of its last input completes its input
+//     state in the same step: recorded after the step, the copies were
+//     lost, issue 39). Otherwise they are dropped once the step is over.
+//     A local input has none (its writer's output state holds them all).
 //
 // TestIntakeDataDriven checks each line of its scripts against a model of
 // these rules kept from the actions alone.

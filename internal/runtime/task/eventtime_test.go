@@ -2,7 +2,6 @@ package task
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/align"
+	"github.com/snapflow/snapflow/internal/testsupport/scripttest"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/keygroup"
@@ -75,7 +75,7 @@ func TestEventTimeDataDriven(t *testing.T) {
 				return "ok\n"
 			case "step":
 				var b strings.Builder
-				for _, line := range lines(d.Input) {
+				for _, line := range scripttest.Lines(d.Input) {
 					f := strings.Fields(line)
 					var outs []align.WatermarkOutput
 					switch f[0] {
@@ -132,7 +132,7 @@ func TestEventTimeDataDriven(t *testing.T) {
 				return "ok\n"
 			case "gen":
 				var b strings.Builder
-				for _, line := range lines(d.Input) {
+				for _, line := range scripttest.Lines(d.Input) {
 					f := strings.Fields(line)
 					switch f[0] {
 					case "observe":
@@ -189,24 +189,12 @@ func TestEventTimeDataDriven(t *testing.T) {
 	})
 }
 
-func lines(s string) []string {
-	var out []string
-	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
-		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 func atoi(t *testing.T, s string) int {
 	t.Helper()
 	if s == "max" {
 		return int(marker.MaxWatermark)
 	}
-	n, err := strconv.Atoi(s)
-	require.NoError(t, err)
-	return n
+	return scripttest.Atoi(t, s)
 }
 
 func describeOutputs(outs []align.WatermarkOutput) string {

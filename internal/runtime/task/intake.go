@@ -18,14 +18,16 @@ import (
 // goroutines, clock or IO; the time is an input. It is stepped per
 // buffer, slice or event, never per record.
 //
-// It decides, for the drivers (invariants I1-I5 in doc.go):
+// It decides, for the drivers (invariants I1-I6 in doc.go):
 //
 //   - pacing: when partly filled buffers are flushed (I1), when due
 //     processing-time timers fire and the aligner's deadline is ticked,
 //     and what a loop whose input ran dry waits for (I2);
 //   - input channel state: which checkpoints record a delivered or
 //     overtaken buffer (I3), where the buffers overtaken by a barrier
-//     promoted at its alignment deadline go (I4), and what a trigger
+//     promoted at its alignment deadline go (I4), where the copies a
+//     network input's receiver kept of what a priority barrier overtook
+//     go (I6), and what a trigger
 //     inside a buffer being processed in slices records (R2, R3);
 //   - loops: the barriers of trigger mail and the end of the loop that are
 //     fed to the aligner after the step that yielded them, in order, and
@@ -46,6 +48,14 @@ type Intake struct {
 	promoted   bool
 	promotedCh int
 	promotedID int64
+	// overtaken: the copies of what priority barrier overtakenID overtook
+	// at the receiver of network input overtakenCh, which the driver took
+	// when it read the barrier; they go to the checkpoint's input channel
+	// state at the Trigger the barrier's step yields, or nowhere once the
+	// step yielded none (I6).
+	overtaken   bool
+	overtakenCh int
+	overtakenID int64
 	// injects and endLoop are the loop inputs (DoInject, DoEndLoop of
 	// the bookkeeping) not fed to the aligner yet; holding: the inputs
 	// from outside the loop are held.
@@ -120,10 +130,14 @@ const (
 	// InStarted: the loop starts at Now (the chain is open and its
 	// restored input replayed): the flush interval starts.
 	InStarted
-	// InOvertakenRead: the driver read and stepped priority barrier ID of
-	// input Ch, a network channel whose receiver kept copies of what the
-	// barrier overtook there (channel.Gate.Overtaken, I6).
-	InOvertakenRead
+	// InOvertaken: the driver read priority barrier ID of input Ch, a
+	// network channel whose receiver kept copies of what the barrier
+	// overtook there, and took them (channel.Gate.Overtaken, I6), before
+	// it steps the aligner with the barrier.
+	InOvertaken
+	// InOvertakenStepped: the aligner's step of that barrier is over
+	// (every action carried out).
+	InOvertakenStepped
 )
 
 var intakeEventNames = [...]string{
@@ -131,7 +145,7 @@ var intakeEventNames = [...]string{
 	InPromoted: "promoted", InPriorityRead: "priority-read", InTrigger: "trigger",
 	InInputStateComplete: "input-state-complete", InForget: "forget", InPersist: "persist",
 	InInject: "inject", InEndLoop: "end-loop", InFeed: "feed", InBacklog: "backlog", InStarted: "started",
-	InOvertakenRead: "overtaken-read",
+	InOvertaken: "overtaken", InOvertakenStepped: "overtaken-stepped",
 }
 
 func (k IntakeEventKind) String() string {
@@ -202,6 +216,9 @@ const (
 	// network input's receiver: I6) are input channel state of ID, after
 	// what was recorded so far.
 	DoRecordOvertaken
+	// DoDropOvertaken: drop the copies taken at InOvertaken: the
+	// barrier's checkpoint does not record this subtask's input (I6).
+	DoDropOvertaken
 	// DoStashOvertaken: keep the buffers the promoted barrier ID overtook
 	// on Ch until the aligner triggers ID (DoRecordPromoted) or the
 	// barrier is read without a trigger (DoDropPromoted).
@@ -231,7 +248,7 @@ const (
 var intakeActionNames = [...]string{
 	DoFlush: "flush", DoFireTimers: "fire-timers", DoTick: "tick", DoArmTimer: "arm-timer",
 	DoArmDeadline: "arm-deadline", DoArmHold: "arm-hold", DoAwaitSpace: "await-space", DoWait: "wait",
-	DoPromote: "promote", DoRecordOvertaken: "record-overtaken", DoStashOvertaken: "stash-overtaken",
+	DoPromote: "promote", DoRecordOvertaken: "record-overtaken", DoStashOvertaken: "stash-overtaken", DoDropOvertaken: "drop-overtaken",
 	DoRecordPromoted: "record-promoted", DoDropPromoted: "drop-promoted", DoRecordRest: "record-rest",
 	DoRecordInput: "record-input", DoPersist: "persist", DoFeedInject: "feed-inject",
 	DoFeedEndLoop: "feed-end-loop", DoHold: "hold", DoFail: "fail",
@@ -262,7 +279,7 @@ func (a IntakeAction) String() string {
 	switch a.Kind {
 	case DoArmTimer, DoArmDeadline, DoPromote:
 		fmt.Fprintf(&b, "(@%d)", a.At)
-	case DoRecordOvertaken, DoStashOvertaken, DoRecordPromoted, DoDropPromoted, DoRecordRest, DoPersist:
+	case DoRecordOvertaken, DoDropOvertaken, DoStashOvertaken, DoRecordPromoted, DoDropPromoted, DoRecordRest, DoPersist:
 		fmt.Fprintf(&b, "(%d ch=%d)", a.ID, a.Ch)
 	case DoRecordInput:
 		fmt.Fprintf(&b, "(%d)", a.ID)
@@ -288,7 +305,7 @@ func (k *Intake) Step(dst []IntakeAction, ev IntakeEvent) []IntakeAction {
 			return k.flush(dst, ev.Now)
 		}
 		return dst
-	case InGateDeadline, InPromoted, InPriorityRead, InTrigger, InInputStateComplete, InForget, InPersist, InOvertakenRead:
+	case InGateDeadline, InPromoted, InPriorityRead, InTrigger, InInputStateComplete, InForget, InPersist, InOvertaken, InOvertakenStepped:
 		return k.channelState(dst, ev)
 	case InInject, InEndLoop, InFeed, InBacklog:
 		return k.loop(dst, ev)
@@ -372,13 +389,25 @@ func (k *Intake) channelState(dst []IntakeAction, ev IntakeEvent) []IntakeAction
 			k.promoted = false // read without a trigger of its own
 			return append(dst, IntakeAction{Kind: DoDropPromoted, ID: ev.ID, Ch: ev.Ch})
 		}
-	case InOvertakenRead:
-		// After the aligner stepped the barrier: recording started with
-		// its trigger, or before, from another input (I6). Otherwise the
-		// checkpoint is not taken here (obsolete, declined) and the
-		// driver drops the copies.
+	case InOvertaken:
+		// Before the aligner steps the barrier: recording started from
+		// another input, so the copies follow what was recorded on Ch.
+		// Otherwise they wait for the step: its Trigger records them
+		// right after recording starts, before anything in the step can
+		// complete the input channel state (I6).
+		if k.overtaken {
+			return append(dst, IntakeAction{Kind: DoFail, Err: fmt.Errorf("the copies barrier %d overtook on input %d are still held at barrier %d on input %d", k.overtakenID, k.overtakenCh, ev.ID, ev.Ch)})
+		}
 		if k.recordingInput(ev.ID) {
 			return append(dst, IntakeAction{Kind: DoRecordOvertaken, ID: ev.ID, Ch: ev.Ch})
+		}
+		k.overtaken, k.overtakenCh, k.overtakenID = true, ev.Ch, ev.ID
+	case InOvertakenStepped:
+		// No Trigger with input channel state in the step: the
+		// checkpoint is not taken here (obsolete, declined, aligned).
+		if k.overtaken {
+			k.overtaken = false
+			return append(dst, IntakeAction{Kind: DoDropOvertaken, ID: k.overtakenID, Ch: k.overtakenCh})
 		}
 	case InTrigger:
 		return k.trigger(dst, ev)
@@ -417,6 +446,10 @@ func (k *Intake) trigger(dst []IntakeAction, ev IntakeEvent) []IntakeAction {
 	if k.promoted && k.promotedID == ev.ID {
 		k.promoted = false
 		dst = append(dst, IntakeAction{Kind: DoRecordPromoted, ID: ev.ID, Ch: k.promotedCh})
+	}
+	if k.overtaken && k.overtakenID == ev.ID {
+		k.overtaken = false
+		dst = append(dst, IntakeAction{Kind: DoRecordOvertaken, ID: ev.ID, Ch: k.overtakenCh})
 	}
 	return dst
 }

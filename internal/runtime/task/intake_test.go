@@ -3,13 +3,13 @@ package task
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/datadriven"
 
+	"github.com/snapflow/snapflow/internal/testsupport/scripttest"
 	"github.com/snapflow/snapflow/marker"
 )
 
@@ -34,7 +34,7 @@ import (
 //	gate-deadline now= gate=
 //	promoted ch= id=
 //	priority-read ch= id=
-//	overtaken-read ch= id=
+//	overtaken ch= id= | overtaken-stepped ch= id=
 //	trigger id= [unaligned] [cursor=<ch>]
 //	input-state-complete id= | forget id=
 //	persist ch= from= to=
@@ -48,7 +48,9 @@ import (
 // started and has not ended (I3); at most one promotion is stashed, and
 // its buffers are recorded or dropped once (I4); loop inputs come out one
 // per feed, in the order they went in, injects before the end of the loop
-// (I5).
+// (I5); a network input's overtaken copies are recorded before their
+// checkpoint's input channel state completes, and dropped only if it does
+// not record it by the end of the barrier's step (I6).
 func TestIntakeDataDriven(t *testing.T) {
 	runScripts(t, "testdata/intake", "run", func(d *datadriven.TestData) (scripted, error) {
 		cfg := IntakeConfig{Source: d.HasArg("source")}
@@ -109,22 +111,22 @@ func (s *intakeScript) describe() string {
 
 // parseIntakeEvent parses one event line (see TestIntakeDataDriven).
 func parseIntakeEvent(line string) (IntakeEvent, error) {
-	f := strings.Fields(line)
+	word, args := scripttest.Split(line)
 	kinds := map[string]IntakeEventKind{}
-	for k := InDry; k <= InOvertakenRead; k++ {
+	for k := InDry; k <= InOvertakenStepped; k++ {
 		kinds[k.String()] = k
 	}
-	ev := IntakeEvent{Kind: kinds[f[0]], Available: true, TimersLive: true, HasInputState: false}
+	ev := IntakeEvent{Kind: kinds[word], Available: true, TimersLive: true, HasInputState: false}
 	if ev.Kind == 0 {
-		return ev, fmt.Errorf("unknown event %q", f[0])
+		return ev, fmt.Errorf("unknown event %q", word)
 	}
-	for _, arg := range f[1:] {
-		key, val, hasVal := strings.Cut(arg, "=")
+	for _, arg := range args {
+		key := arg.Key
 		var n int64
-		if hasVal {
+		if arg.HasVal {
 			var err error
-			if n, err = strconv.ParseInt(val, 10, 64); err != nil {
-				return ev, fmt.Errorf("%s: %v", arg, err)
+			if n, err = arg.Int(); err != nil {
+				return ev, err
 			}
 		}
 		switch key {
@@ -173,6 +175,11 @@ type intakeChecker struct {
 	violations []string
 	// recording: DoRecordInput seen, and neither complete nor forgotten.
 	recording []int64
+	// held: the copies taken at InOvertaken, not yet recorded or
+	// dropped.
+	held   bool
+	heldCh int
+	heldID int64
 	// stashed: a DoStashOvertaken not yet recorded or dropped.
 	stashed   bool
 	stashedID int64
@@ -196,7 +203,15 @@ func (c *intakeChecker) step(k *Intake, ev IntakeEvent) []IntakeAction {
 	case InEndLoop:
 		c.endLoop = true
 	case InInputStateComplete, InForget:
+		if ev.Kind == InInputStateComplete && c.held && c.heldID == ev.ID {
+			c.violate("I6: the input channel state of %d completed before the copies its barrier overtook on input %d were recorded: lost", ev.ID, c.heldCh)
+		}
 		c.recording = slices.DeleteFunc(c.recording, func(id int64) bool { return id == ev.ID })
+	case InOvertaken:
+		if c.held {
+			c.violate("I6: copies of %d taken while those of %d are held", ev.ID, c.heldID)
+		}
+		c.held, c.heldCh, c.heldID = true, ev.Ch, ev.ID
 	}
 	fired := false
 	for i, a := range acts {
@@ -233,9 +248,20 @@ func (c *intakeChecker) step(k *Intake, ev IntakeEvent) []IntakeAction {
 			if !slices.Contains(c.recording, a.ID) {
 				c.violate("I3: overtaken buffers recorded for %d, whose input channel state is not recorded", a.ID)
 			}
-			if ev.Kind == InOvertakenRead && (a.ID != ev.ID || a.Ch != ev.Ch) {
-				c.violate("I6: the buffers overtaken by %d on input %d recorded as %d on input %d", ev.ID, ev.Ch, a.ID, a.Ch)
+			if ev.Kind == InOvertaken || ev.Kind == InTrigger {
+				if !c.held || a.ID != c.heldID || a.Ch != c.heldCh {
+					c.violate("I6: overtaken copies recorded as %d on input %d, held: %t %d on input %d", a.ID, a.Ch, c.held, c.heldID, c.heldCh)
+				}
+				c.held = false
 			}
+		case DoDropOvertaken:
+			if !c.held || a.ID != c.heldID || a.Ch != c.heldCh {
+				c.violate("I6: overtaken copies of %d on input %d dropped, held: %t %d on input %d", a.ID, a.Ch, c.held, c.heldID, c.heldCh)
+			}
+			if slices.Contains(c.recording, a.ID) {
+				c.violate("I6: overtaken copies of %d dropped while it records input channel state", a.ID)
+			}
+			c.held = false
 		case DoRecordPromoted, DoDropPromoted:
 			if !c.stashed || c.stashedID != a.ID {
 				c.violate("I4: %s without a stash of %d", a.Kind, a.ID)
@@ -253,6 +279,9 @@ func (c *intakeChecker) step(k *Intake, ev IntakeEvent) []IntakeAction {
 			}
 			c.endLoop = false
 		}
+	}
+	if ev.Kind == InOvertakenStepped && c.held {
+		c.violate("I6: the copies of %d on input %d neither recorded nor dropped by the end of its step", c.heldID, c.heldCh)
 	}
 	if ev.Kind == InFeed && len(acts) > 1 {
 		c.violate("I5: %d loop inputs for one feed", len(acts))

@@ -87,7 +87,10 @@ func TestRunInputLoopHead(t *testing.T) {
 		require.Equal(t, []string{"input 0/1: [101]"}, channelState(t, ack))
 
 		// Passive: its output was flushed when its input ran dry (a probe
-		// says not passive while records wait in it).
+		// says not passive while records wait in it). The ack goes out
+		// before the head runs dry: wait for it to block, or the probe may
+		// overtake the flush and see 101 still buffered.
+		synctest.Wait()
 		c = h.probe(2)
 		require.Equal(t, LoopCounts{Sent: 3, Received: 2, Passive: true}, c)
 		require.NoError(t, h.ins[1].SendEvent(marker.NewBarrier(marker.Barrier{ID: 1}))) // stale: ignored

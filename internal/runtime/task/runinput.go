@@ -41,6 +41,10 @@ type inputDriver[IN any] struct {
 	// stash holds the buffers a barrier promoted at its deadline overtook
 	// (DoStashOvertaken) until the intake places or drops them.
 	stash []*ChannelBuffer
+	// over are the copies a network input's receiver kept of what the
+	// priority barrier being stepped overtook there, until the intake
+	// records or drops them (I6).
+	over []*channel.Buffer[IN]
 	// copies recycles the copies of buffers recorded as input channel
 	// state, given back once encoded.
 	copies sync.Pool // of *[]IN
@@ -135,11 +139,24 @@ func (d *inputDriver[IN]) iterate(ctx context.Context) (done bool, err error) {
 		return d.dry(ctx, backpressured)
 	}
 	if ok {
+		// A network input's copies of what a priority barrier overtook at
+		// its receiver are taken before the aligner steps the barrier,
+		// whose step may complete the checkpoint's input channel state
+		// (I6).
+		over := false
+		if it.Event.Priority() {
+			var done bool
+			if over, done, err = d.takeOvertaken(ctx, ch, it.Event.Barrier.ID); done || err != nil {
+				return true, err
+			}
+		}
 		if skip, done, err := d.handle(ctx, ch, it); skip || done || err != nil {
 			return done, err
 		}
-		if it.Event.Priority() {
-			d.overtaken(ch, it.Event.Barrier.ID)
+		if over {
+			if done, err := d.stepIntake(ctx, IntakeEvent{Kind: InOvertakenStepped, Ch: ch, ID: it.Event.Barrier.ID}); done || err != nil {
+				return true, err
+			}
 		}
 		if priority && ev.Type == marker.EventBarrier {
 			// The promoted barrier read without a Trigger of its own.
@@ -287,28 +304,20 @@ func (d *inputDriver[IN]) promote() {
 	}
 }
 
-// overtaken places the copies a network input's receiver kept of what
-// the priority barrier id, just read on input ch and stepped, overtook
-// there (I6): input channel state after what was recorded, or dropped.
-// A local input keeps none (one interface call).
-func (d *inputDriver[IN]) overtaken(ch int, id int64) {
+// takeOvertaken takes the copies a network input's receiver kept of what
+// the priority barrier id, just read on input ch, overtook there, before
+// the aligner steps the barrier (I6): the intake records them at once if
+// id records this subtask's input already, at the Trigger the step yields
+// otherwise, or drops them after the step. It reports whether there were
+// any. A local input keeps none (one interface call).
+func (d *inputDriver[IN]) takeOvertaken(ctx context.Context, ch int, id int64) (taken, done bool, err error) {
 	ov := d.gate.Overtaken(ch, id)
 	if len(ov) == 0 {
-		return
+		return false, false, nil
 	}
-	var buf [1]IntakeAction
-	for _, a := range d.r.intake.Step(buf[:0], IntakeEvent{Kind: InOvertakenRead, Ch: ch, ID: id}) {
-		if a.Kind == DoRecordOvertaken {
-			rec := d.r.channels.get(a.ID)
-			for _, b := range ov {
-				rec.add(checkpoint.InputChannel, 0, a.Ch, newLazy(b.Records, nil))
-			}
-			return
-		}
-	}
-	for _, b := range ov {
-		d.gate.ReleaseCopy(ch, b)
-	}
+	d.over = ov
+	done, err = d.stepIntake(ctx, IntakeEvent{Kind: InOvertaken, Ch: ch, ID: id})
+	return true, done, err
 }
 
 // dry waits, when the loop read nothing, as the intake plans (I1, I2):
@@ -596,7 +605,7 @@ func (d *inputDriver[IN]) stepAligned(ctx context.Context, a *align.Action[*chan
 // stepIntake steps a channel-state event of the intake and carries out its
 // actions.
 func (d *inputDriver[IN]) stepIntake(ctx context.Context, ev IntakeEvent) (done bool, err error) {
-	var buf [3]IntakeAction
+	var buf [4]IntakeAction // a trigger: rest, input, promoted, overtaken
 	for _, a := range d.r.intake.Step(buf[:0], ev) {
 		switch a.Kind {
 		case DoRecordRest:
@@ -614,6 +623,19 @@ func (d *inputDriver[IN]) stepIntake(ctx context.Context, ev IntakeEvent) (done 
 			d.stash = nil
 		case DoDropPromoted:
 			d.stash = nil
+		case DoRecordOvertaken:
+			// The copies taken at InOvertaken (I6), after what was
+			// recorded on a.Ch.
+			rec := d.r.channels.get(a.ID)
+			for _, b := range d.over {
+				rec.add(checkpoint.InputChannel, 0, a.Ch, newLazy(b.Records, nil))
+			}
+			d.over = nil
+		case DoDropOvertaken:
+			for _, b := range d.over {
+				d.gate.ReleaseCopy(a.Ch, b)
+			}
+			d.over = nil
 		case DoFail:
 			return true, fmt.Errorf("task: %v: %w", d.cfg.Info, a.Err)
 		}

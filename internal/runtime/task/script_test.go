@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/datadriven"
+
+	"github.com/snapflow/snapflow/internal/testsupport/scripttest"
 )
 
 // scripted is a machine (or a set of machines) that a datadriven script
@@ -47,11 +49,7 @@ func runScripts(t *testing.T, dir, runCmd string, newMachine func(d *datadriven.
 					d.Fatalf(t, "%s before new", runCmd)
 				}
 				var b strings.Builder
-				for _, line := range strings.Split(strings.TrimSpace(d.Input), "\n") {
-					line = strings.TrimSpace(line)
-					if line == "" || strings.HasPrefix(line, "#") {
-						continue
-					}
+				for _, line := range scripttest.Lines(d.Input) {
 					out, err := m.line(line)
 					if err != nil {
 						d.Fatalf(t, "%s: %v", line, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/align"
+	"github.com/snapflow/snapflow/internal/testsupport/scripttest"
 	"github.com/snapflow/snapflow/marker"
 )
 
@@ -163,7 +164,7 @@ func TestAlignmentDataDriven(t *testing.T) {
 				return "ok\n"
 			case "step":
 				var b strings.Builder
-				for _, line := range lines(d.Input) {
+				for _, line := range scripttest.Lines(d.Input) {
 					f := strings.Fields(line)
 					var ev AlignmentEvent
 					switch f[0] {

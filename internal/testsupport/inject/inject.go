@@ -51,13 +51,14 @@ type Chaos struct {
 	counts   map[string]int
 	after    map[string]int // counts since the first job failure
 	fired    []string
+	firedAny map[int]bool // faults that fired at least once
 	active   map[int]bool // sticky faults that fired
 	disarmed map[int]bool // sticky faults whose failure failed the job
 }
 
 // New returns a Chaos injecting faults.
 func New(faults ...Fault) *Chaos {
-	return &Chaos{faults: faults, counts: map[string]int{}, after: map[string]int{}, active: map[int]bool{}, disarmed: map[int]bool{}}
+	return &Chaos{faults: faults, counts: map[string]int{}, after: map[string]int{}, firedAny: map[int]bool{}, active: map[int]bool{}, disarmed: map[int]bool{}}
 }
 
 // Hit counts an occurrence of site and returns the injected failure, an
@@ -81,6 +82,7 @@ func (c *Chaos) Hit(site string) error {
 		}
 		if f.Sticky && !c.disarmed[i] || !f.Sticky && n < f.At+max(f.Times, 1) {
 			c.active[i] = f.Sticky
+			c.firedAny[i] = true
 			c.fired = append(c.fired, fmt.Sprintf("%s#%d", site, n))
 			return fmt.Errorf("%w: %s #%d", ErrInjected, site, n)
 		}
@@ -106,6 +108,21 @@ func (c *Chaos) Fired() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.fired)
+}
+
+// Waiting reports whether a fault has not fired yet, leaving out the
+// faults at the sites named (those only the end of the input reaches).
+// A job paced while it is true (sinktest.Failing's Pace) cannot run out
+// of input before its faults had their chance, however slow the machine.
+func (c *Chaos) Waiting(except ...string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, f := range c.faults {
+		if !c.firedAny[i] && !slices.Contains(except, f.Site) {
+			return true
+		}
+	}
+	return false
 }
 
 // Count is the number of occurrences of site so far.

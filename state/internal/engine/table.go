@@ -61,7 +61,7 @@ type Spec[K comparable, V any] struct {
 	// without TTL or codec, which have none.
 	Desc []byte
 	// immutable says that the stored values hold no references through
-	// which they could be changed in place (see cowTable).
+	// which they could be changed in place (see heap.Table).
 	Immutable bool
 	// live and prune are set for TTL states (S12). live reports whether v
 	// has an unexpired part at now. prune returns v without its expired

@@ -1,4 +1,4 @@
-package state
+package heap
 
 import (
 	"context"
@@ -11,18 +11,16 @@ import (
 	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
-// newTable returns the table of state name, restoring the backend's restored
-// entries of that name. Those move from the backend into the table only on
-// success (S3). This is the one place that picks a table implementation.
-func newTable[K comparable, V any](b *KeyedBackend[K], name string, sp *engine.Spec[K, V]) (engine.Table[K, V], error) {
-	if b.peb != nil {
-		return newPebbleTable(b, name, sp)
-	}
-	var es []engine.RestoredEntry[K]
-	if rs := b.restored[name]; rs != nil {
-		es = rs.es
-	}
-	t := newCOWTableSpec[K, V](len(es), sp, &b.gen, &b.now)
+// NewTable returns the table of state name, holding the restored entries
+// es (in the order the backend restored them, S2). It fails, naming the
+// state, key and key group, if a value does not decode or a key is there
+// twice; the caller then keeps its entries (S3).
+//
+// gen is the backend's count of SetCurrentKey calls and now its time
+// (Unix nanoseconds): the table reads both, on the backend's goroutine,
+// and keeps the pointers.
+func NewTable[K comparable, V any](name string, sp *engine.Spec[K, V], es []engine.RestoredEntry[K], gen *uint64, now *int64) (*Table[K, V], error) {
+	t := newTable[K, V](len(es), sp, gen, now)
 	if len(es) > 0 {
 		dec := engine.NewDecoder()
 		for i := range es {
@@ -40,17 +38,17 @@ func newTable[K comparable, V any](b *KeyedBackend[K], name string, sp *engine.S
 		}
 		t.cgen = 0
 	}
-	delete(b.restored, name)
 	return t, nil
 }
 
-// Pages. A cowTable keeps its entries in pages of pageSize slots (the last
+// Pages. A Table keeps its entries in pages of PageSize slots (the last
 // page grows up to that size), found through an index from key to slot
 // (index.go).
 const (
 	pageShift = 10
-	pageSize  = 1 << pageShift
-	pageMask  = pageSize - 1
+	// PageSize is the number of slots of a full page.
+	PageSize = 1 << pageShift
+	pageMask = PageSize - 1
 	// firstPageCap is the initial capacity of a page, so that a small state
 	// does not cost a whole page.
 	firstPageCap = 8
@@ -73,7 +71,7 @@ type pageEntry[K comparable, V any] struct {
 }
 
 // page is a run of slots. A page is written in place only while no frozen
-// view holds it (epoch > cowTable.required); otherwise the table copies it
+// view holds it (epoch > Table.required); otherwise the table copies it
 // first, so a page that a view holds is never written again (S9).
 type page[K comparable, V any] struct {
 	// epoch is the table's epoch when the page was made (allocated or
@@ -82,11 +80,11 @@ type page[K comparable, V any] struct {
 	e     []pageEntry[K, V]
 }
 
-// cowTable is the heap table: a copy-on-write paged table.
+// Table is the heap table: a copy-on-write paged table.
 //
 // The live index (key -> slot) and the page slice belong to the backend's
 // goroutine. freeze copies the page slice (one pointer per page, so
-// O(keys/pageSize)), records the current epoch as required and starts a
+// O(keys/PageSize)), records the current epoch as required and starts a
 // new epoch; a later write to a page made in an older epoch that a live
 // view may hold copies the page first, once, and writes the copy. Reads
 // never copy. The frozen pages are never written again, so the view can be
@@ -102,7 +100,7 @@ type page[K comparable, V any] struct {
 // the length any view has seen (Update copies, Clear drops). A table of
 // other values is encoded at freeze, on the backend's goroutine, in time
 // proportional to its size (the synchronous snapshot of earlier versions).
-type cowTable[K comparable, V any] struct {
+type Table[K comparable, V any] struct {
 	// Written or read per record: off other subtasks' cache lines
 	// (package cacheline).
 	_     cacheline.Pad
@@ -143,18 +141,13 @@ type cowTable[K comparable, V any] struct {
 	_        cacheline.Pad
 }
 
-// newCOWTable returns a table of a value state of V without options.
-func newCOWTable[K comparable, V any](n int, immutable bool, gen *uint64) *cowTable[K, V] {
-	return newCOWTableSpec(n, engine.PlainSpec[K, V](immutable), gen, new(int64))
-}
-
-func newCOWTableSpec[K comparable, V any](n int, sp *engine.Spec[K, V], gen *uint64, now *int64) *cowTable[K, V] {
-	return &cowTable[K, V]{idx: newIndex[K](n), epoch: 1, sp: sp, gen: gen, now: now}
+func newTable[K comparable, V any](n int, sp *engine.Spec[K, V], gen *uint64, now *int64) *Table[K, V] {
+	return &Table[K, V]{idx: newIndex[K](n), epoch: 1, sp: sp, gen: gen, now: now}
 }
 
 // lookup returns the slot of the current key k, or the index cell where
 // it would go (see find).
-func (t *cowTable[K, V]) lookup(k K) (cell uint64, s slot, ok bool) {
+func (t *Table[K, V]) lookup(k K) (cell uint64, s slot, ok bool) {
 	if t.cached() {
 		return 0, t.cslot, true
 	}
@@ -168,9 +161,13 @@ func (t *cowTable[K, V]) lookup(k K) (cell uint64, s slot, ok bool) {
 // cached reports whether cslot is the current key's slot. get and put test
 // it first, small enough to be inlined into the states' methods, so the
 // record's second access to its key costs no call at all.
-func (t *cowTable[K, V]) cached() bool { return t.cgen == *t.gen && !t.nocache }
+func (t *Table[K, V]) cached() bool { return t.cgen == *t.gen && !t.nocache }
 
-func (t *cowTable[K, V]) Get(k K, _ int) (V, bool) {
+// Len returns the number of entries the table holds, expired ones not
+// swept yet included.
+func (t *Table[K, V]) Len() int { return t.n }
+
+func (t *Table[K, V]) Get(k K, _ int) (V, bool) {
 	if t.cached() {
 		return t.pages[t.cslot>>pageShift].e[t.cslot&pageMask].val, true
 	}
@@ -179,7 +176,7 @@ func (t *cowTable[K, V]) Get(k K, _ int) (V, bool) {
 
 // getSlow is lookup written out: a call less on every record's first
 // access (measured, BenchmarkValueUpdate).
-func (t *cowTable[K, V]) getSlow(k K) (V, bool) {
+func (t *Table[K, V]) getSlow(k K) (V, bool) {
 	_, s, ok := t.find(k)
 	if !ok {
 		var zero V
@@ -189,7 +186,7 @@ func (t *cowTable[K, V]) getSlow(k K) (V, bool) {
 	return t.pages[s>>pageShift].e[s&pageMask].val, true
 }
 
-func (t *cowTable[K, V]) Put(k K, kg int, v V) {
+func (t *Table[K, V]) Put(k K, kg int, v V) {
 	if t.cached() {
 		if p := &t.pages[t.cslot>>pageShift]; p.epoch > t.required {
 			p.e[t.cslot&pageMask].val = v
@@ -199,7 +196,7 @@ func (t *cowTable[K, V]) Put(k K, kg int, v V) {
 	t.putSlow(k, kg, v)
 }
 
-func (t *cowTable[K, V]) putSlow(k K, kg int, v V) {
+func (t *Table[K, V]) putSlow(k K, kg int, v V) {
 	cell, s, ok := t.lookup(k)
 	if ok {
 		t.writable(int(s >> pageShift)).e[s&pageMask].val = v
@@ -208,7 +205,7 @@ func (t *cowTable[K, V]) putSlow(k K, kg int, v V) {
 	t.insert(k, kg, v, cell)
 }
 
-func (t *cowTable[K, V]) Remove(k K, _ int) {
+func (t *Table[K, V]) Remove(k K, _ int) {
 	cell, s, ok := t.find(k)
 	if !ok {
 		return
@@ -217,7 +214,7 @@ func (t *cowTable[K, V]) Remove(k K, _ int) {
 }
 
 // removeAt removes the entry in slot s, indexed at cell.
-func (t *cowTable[K, V]) removeAt(cell uint64, s slot) {
+func (t *Table[K, V]) removeAt(cell uint64, s slot) {
 	t.cgen = 0
 	t.unindex(cell)
 	t.writable(int(s >> pageShift)).e[s&pageMask] = pageEntry[K, V]{}
@@ -227,7 +224,7 @@ func (t *cowTable[K, V]) removeAt(cell uint64, s slot) {
 
 // insert adds k, which is not in the table and goes to index cell (from
 // find), and returns its slot.
-func (t *cowTable[K, V]) insert(k K, kg int, v V, cell uint64) slot {
+func (t *Table[K, V]) insert(k K, kg int, v V, cell uint64) slot {
 	en := pageEntry[K, V]{key: k, val: v, kg: int32(kg), live: true}
 	var s slot
 	if n := len(t.free); n > 0 {
@@ -236,8 +233,8 @@ func (t *cowTable[K, V]) insert(k K, kg int, v V, cell uint64) slot {
 		t.writable(int(s >> pageShift)).e[s&pageMask] = en
 	} else {
 		last := len(t.pages) - 1
-		if last < 0 || len(t.pages[last].e) == pageSize {
-			if uint64(len(t.pages)+1)*pageSize > maxSlots {
+		if last < 0 || len(t.pages[last].e) == PageSize {
+			if uint64(len(t.pages)+1)*PageSize > maxSlots {
 				panic(fmt.Sprintf("state: a keyed state holds more than %d entries", uint64(maxSlots)))
 			}
 			t.pages = append(t.pages, page[K, V]{epoch: t.epoch, e: make([]pageEntry[K, V], 0, firstPageCap)})
@@ -255,7 +252,7 @@ func (t *cowTable[K, V]) insert(k K, kg int, v V, cell uint64) slot {
 
 // slots is the number of slots in use or free: slots are numbered densely
 // (every page but the last is full).
-func (t *cowTable[K, V]) slots() uint32 {
+func (t *Table[K, V]) slots() uint32 {
 	if len(t.pages) == 0 {
 		return 0
 	}
@@ -263,11 +260,11 @@ func (t *cowTable[K, V]) slots() uint32 {
 }
 
 // entryAt returns the entry in slot s, for reading.
-func (t *cowTable[K, V]) entryAt(s slot) *pageEntry[K, V] {
+func (t *Table[K, V]) entryAt(s slot) *pageEntry[K, V] {
 	return &t.pages[s>>pageShift].e[s&pageMask]
 }
 
-func (t *cowTable[K, V]) Sweep(n int, now int64) {
+func (t *Table[K, V]) Sweep(n int, now int64) {
 	if t.sp.Live == nil || t.n == 0 {
 		return
 	}
@@ -295,7 +292,7 @@ func (t *cowTable[K, V]) Sweep(n int, now int64) {
 }
 
 // removeSlot removes the entry in slot s (for sweep).
-func (t *cowTable[K, V]) removeSlot(s slot) {
+func (t *Table[K, V]) removeSlot(s slot) {
 	cell := t.cellOf(s)
 	if t.onRemove != nil {
 		t.onRemove(s)
@@ -304,7 +301,7 @@ func (t *cowTable[K, V]) removeSlot(s slot) {
 }
 
 // cellOf returns the index cell that holds the live slot s.
-func (t *cowTable[K, V]) cellOf(s slot) uint64 {
+func (t *Table[K, V]) cellOf(s slot) uint64 {
 	if cell, fs, ok := t.find(t.keyAt(s)); ok && fs == s {
 		return cell
 	}
@@ -320,7 +317,7 @@ func (t *cowTable[K, V]) cellOf(s slot) uint64 {
 // writable returns page i, copied first if a live view may hold it.
 //
 // The result points into t.pages: valid until the next append to it.
-func (t *cowTable[K, V]) writable(i int) *page[K, V] {
+func (t *Table[K, V]) writable(i int) *page[K, V] {
 	if p := &t.pages[i]; p.epoch > t.required {
 		return p
 	}
@@ -328,17 +325,17 @@ func (t *cowTable[K, V]) writable(i int) *page[K, V] {
 }
 
 //go:noinline
-func (t *cowTable[K, V]) copyPage(i int) *page[K, V] {
+func (t *Table[K, V]) copyPage(i int) *page[K, V] {
 	p := &t.pages[i]
 	old := p.e
-	// A full page's copy has exactly pageSize slots, whatever append
+	// A full page's copy has exactly PageSize slots, whatever append
 	// left in the original's capacity.
-	c := pageSize
-	if len(old) < pageSize {
-		c = min(pageSize, max(cap(old), 2*len(old), firstPageCap))
+	c := PageSize
+	if len(old) < PageSize {
+		c = min(PageSize, max(cap(old), 2*len(old), firstPageCap))
 	}
 	var e []pageEntry[K, V]
-	if n := len(t.spare); n > 0 && c == pageSize {
+	if n := len(t.spare); n > 0 && c == PageSize {
 		e = t.spare[n-1][:len(old)]
 		t.spare[n-1] = nil
 		t.spare = t.spare[:n-1]
@@ -349,7 +346,7 @@ func (t *cowTable[K, V]) copyPage(i int) *page[K, V] {
 		e = make([]pageEntry[K, V], len(old), c)
 	}
 	copy(e, old)
-	if cap(old) >= pageSize {
+	if cap(old) >= PageSize {
 		// The views live now (epochs up to required) may read old; later
 		// ones read e.
 		t.retired = append(t.retired, retiredPage[K, V]{e: old, until: t.required})
@@ -366,7 +363,7 @@ type retiredPage[K comparable, V any] struct {
 	until uint64
 }
 
-func (t *cowTable[K, V]) All(yield func(K, V) bool) {
+func (t *Table[K, V]) All(yield func(K, V) bool) {
 	// t.pages[i] is read again for every entry: the loop body may update
 	// or clear the visited key, which copies its page.
 	for i := 0; i < len(t.pages); i++ {
@@ -380,7 +377,7 @@ func (t *cowTable[K, V]) All(yield func(K, V) bool) {
 	}
 }
 
-func (t *cowTable[K, V]) Freeze(name string) (engine.Frozen, error) {
+func (t *Table[K, V]) Freeze(name string) (engine.Frozen, error) {
 	if !t.sp.Immutable {
 		// Values may change in place later: encode them now.
 		x, err := encodePages(context.Background(), engine.NewEncoder(), name, t.sp, *t.now, t.pages, t.n)
@@ -397,7 +394,7 @@ func (t *cowTable[K, V]) Freeze(name string) (engine.Frozen, error) {
 }
 
 // unpin drops the epoch of a released view.
-func (t *cowTable[K, V]) unpin(epoch uint64) {
+func (t *Table[K, V]) unpin(epoch uint64) {
 	i := slices.Index(t.live, epoch)
 	if i < 0 {
 		return // released twice
@@ -425,14 +422,14 @@ func (t *cowTable[K, V]) unpin(epoch uint64) {
 	t.retired = kept
 }
 
-// pageView is the frozen view of a cowTable. encode reads only pages,
+// pageView is the frozen view of a Table. encode reads only pages,
 // name, n, sp (never written) and now; release touches the table, on the
 // backend's goroutine.
 type pageView[K comparable, V any] struct {
 	name  string
 	pages []page[K, V]
 	n     int
-	t     *cowTable[K, V]
+	t     *Table[K, V]
 	epoch uint64
 	sp    *engine.Spec[K, V]
 	now   int64 // the backend's time at freeze: entries expired then are skipped

@@ -1,4 +1,4 @@
-package state
+package heap
 
 import (
 	"fmt"
@@ -7,19 +7,19 @@ import (
 	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
-// MapKey is the composite key of a map state's entry: the state's key and
-// the entry's user key (MapState.AllEntries).
+// MapKey is the composite key of a map table's entry: the state's key and
+// the entry's user key.
 type MapKey[K comparable, UK comparable] = engine.MapKey[K, UK]
 
-// cowMapTable is the heap map table: one cowTable of all entries, keyed by
+// MapTable is the heap map table: one Table of all entries, keyed by
 // (key, user key), so that a snapshot freezes it in O(pages) like any
 // other state (S8), and per-entry operations are one index lookup (S10).
 // Beside it, and never snapshotted, each key's entries form a doubly
 // linked chain through their slots (links, by slot; chains, by key: the
 // first slot and the count), which per-key iteration, Len and Clear walk.
 // The links live outside the pages, so linking copies no page.
-type cowMapTable[K comparable, UK comparable, V any] struct {
-	t      *cowTable[MapKey[K, UK], V]
+type MapTable[K comparable, UK comparable, V any] struct {
+	t      *Table[MapKey[K, UK], V]
 	name   string
 	chains map[K]chain
 	links  []link
@@ -49,20 +49,16 @@ type chain struct {
 	n    int
 }
 
-// newMapTable returns the map table of state name, restoring the
-// backend's restored entries of that name, which move into the table only
-// on success (S3). It is the one place that picks a map table
-// implementation.
-func newMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name string, sp *engine.Spec[MapKey[K, UK], V]) (engine.MapTable[K, UK, V], error) {
-	if b.peb != nil {
-		return newPebbleMapTable(b, name, sp)
-	}
-	es := b.restoredEntries(name)
-	m := &cowMapTable[K, UK, V]{
-		t:      newCOWTableSpec(len(es), sp, &b.gen, &b.now),
+// NewMapTable returns the map table of state name, holding the restored
+// entries es, as NewTable does: it fails, naming the state, key, user key
+// and key group, if a user key or value does not decode or an entry is
+// there twice.
+func NewMapTable[K comparable, UK comparable, V any](name string, sp *engine.Spec[MapKey[K, UK], V], es []engine.RestoredEntry[K], gen *uint64, now *int64) (*MapTable[K, UK, V], error) {
+	m := &MapTable[K, UK, V]{
+		t:      newTable(len(es), sp, gen, now),
 		name:   name,
 		chains: make(map[K]chain),
-		gen:    &b.gen,
+		gen:    gen,
 	}
 	m.t.nocache = true
 	m.t.onRemove = m.swept
@@ -93,13 +89,12 @@ func newMapTable[K comparable, UK comparable, V any](b *KeyedBackend[K], name st
 			m.link(e.Key, m.t.insert(mk, e.KG, v, cell))
 		}
 	}
-	delete(b.restored, name)
 	return m, nil
 }
 
 // lookup returns the slot of (k, uk), k being the current key, or the
 // index cell where it would go.
-func (m *cowMapTable[K, UK, V]) lookup(k K, uk UK) (cell uint64, s slot, ok bool) {
+func (m *MapTable[K, UK, V]) lookup(k K, uk UK) (cell uint64, s slot, ok bool) {
 	if m.cgen == *m.gen && m.cuk == uk {
 		return 0, m.cslot, true
 	}
@@ -110,7 +105,7 @@ func (m *cowMapTable[K, UK, V]) lookup(k K, uk UK) (cell uint64, s slot, ok bool
 	return cell, s, ok
 }
 
-func (m *cowMapTable[K, UK, V]) Get(k K, _ int, uk UK) (V, bool) {
+func (m *MapTable[K, UK, V]) Get(k K, _ int, uk UK) (V, bool) {
 	_, s, ok := m.lookup(k, uk)
 	if !ok {
 		var zero V
@@ -119,7 +114,7 @@ func (m *cowMapTable[K, UK, V]) Get(k K, _ int, uk UK) (V, bool) {
 	return m.t.entryAt(s).val, true
 }
 
-func (m *cowMapTable[K, UK, V]) Put(k K, kg int, uk UK, v V) {
+func (m *MapTable[K, UK, V]) Put(k K, kg int, uk UK, v V) {
 	cell, s, ok := m.lookup(k, uk)
 	if ok {
 		m.t.writable(int(s >> pageShift)).e[s&pageMask].val = v
@@ -130,7 +125,7 @@ func (m *cowMapTable[K, UK, V]) Put(k K, kg int, uk UK, v V) {
 	m.cgen, m.cuk, m.cslot = *m.gen, uk, s
 }
 
-func (m *cowMapTable[K, UK, V]) Remove(k K, _ int, uk UK) {
+func (m *MapTable[K, UK, V]) Remove(k K, _ int, uk UK) {
 	cell, s, ok := m.t.find(MapKey[K, UK]{Key: k, UserKey: uk})
 	if !ok {
 		return
@@ -141,7 +136,7 @@ func (m *cowMapTable[K, UK, V]) Remove(k K, _ int, uk UK) {
 }
 
 // link puts the new entry in slot s at the head of k's chain.
-func (m *cowMapTable[K, UK, V]) link(k K, s slot) {
+func (m *MapTable[K, UK, V]) link(k K, s slot) {
 	for int(s) >= len(m.links) {
 		m.links = append(m.links, link{})
 	}
@@ -154,7 +149,7 @@ func (m *cowMapTable[K, UK, V]) link(k K, s slot) {
 }
 
 // unlink takes the entry in slot s out of k's chain.
-func (m *cowMapTable[K, UK, V]) unlink(k K, s slot) {
+func (m *MapTable[K, UK, V]) unlink(k K, s slot) {
 	l := m.links[s]
 	if l.prev != 0 {
 		m.links[l.prev-1].next = l.next
@@ -175,19 +170,19 @@ func (m *cowMapTable[K, UK, V]) unlink(k K, s slot) {
 }
 
 // removed records the removal of the entry in slot s.
-func (m *cowMapTable[K, UK, V]) removed(s slot) {
+func (m *MapTable[K, UK, V]) removed(s slot) {
 	m.cgen = 0
 	m.removals++
 	m.lastRemoved = s
 }
 
-// swept is the cowTable's onRemove: sweep removes the entry in slot s.
-func (m *cowMapTable[K, UK, V]) swept(s slot) {
+// swept is the Table's onRemove: sweep removes the entry in slot s.
+func (m *MapTable[K, UK, V]) swept(s slot) {
 	m.unlink(m.t.keyAt(s).Key, s)
 	m.removed(s)
 }
 
-func (m *cowMapTable[K, UK, V]) Entries(k K, _ int, yield func(UK, V) bool) {
+func (m *MapTable[K, UK, V]) Entries(k K, _ int, yield func(UK, V) bool) {
 	c, ok := m.chains[k]
 	if !ok {
 		return
@@ -209,9 +204,13 @@ func (m *cowMapTable[K, UK, V]) Entries(k K, _ int, yield func(UK, V) bool) {
 	}
 }
 
-func (m *cowMapTable[K, UK, V]) Count(k K, _ int) int { return m.chains[k].n }
+// Len returns the number of entries of all keys, expired ones not swept
+// yet included.
+func (m *MapTable[K, UK, V]) Len() int { return m.t.n }
 
-func (m *cowMapTable[K, UK, V]) Clear(k K, _ int) {
+func (m *MapTable[K, UK, V]) Count(k K, _ int) int { return m.chains[k].n }
+
+func (m *MapTable[K, UK, V]) Clear(k K, _ int) {
 	c, ok := m.chains[k]
 	if !ok {
 		return
@@ -230,13 +229,13 @@ func (m *cowMapTable[K, UK, V]) Clear(k K, _ int) {
 	delete(m.chains, k)
 }
 
-func (m *cowMapTable[K, UK, V]) All(yield func(MapKey[K, UK], V) bool) { m.t.All(yield) }
+func (m *MapTable[K, UK, V]) All(yield func(MapKey[K, UK], V) bool) { m.t.All(yield) }
 
-func (m *cowMapTable[K, UK, V]) Sweep(n int, now int64) {
+func (m *MapTable[K, UK, V]) Sweep(n int, now int64) {
 	if m.iterating > 0 {
 		return
 	}
 	m.t.Sweep(n, now)
 }
 
-func (m *cowMapTable[K, UK, V]) Freeze(name string) (engine.Frozen, error) { return m.t.Freeze(name) }
+func (m *MapTable[K, UK, V]) Freeze(name string) (engine.Frozen, error) { return m.t.Freeze(name) }

@@ -1,4 +1,4 @@
-package state
+package heap
 
 import (
 	"flag"
@@ -7,15 +7,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/stretchr/testify/require"
 )
+
+// newPlainTable returns a table of a value state of V without options.
+func newPlainTable[K comparable, V any](n int, immutable bool, gen *uint64) *Table[K, V] {
+	return newTable(n, engine.PlainSpec[K, V](immutable), gen, new(int64))
+}
 
 var indexSeed = flag.Uint64("state.index-seed", 0, "seed of TestIndexRandomOps (0: pick one from the clock)")
 
 // checkIndex verifies I1 and I2 against want, the live keys and their slots.
 // It compares with == rather than require: TestIndexRandomOps calls it
 // after each of its 40,000 steps, for every live key.
-func checkIndex[K comparable, V any](t *testing.T, tb *cowTable[K, V], want map[K]slot) {
+func checkIndex[K comparable, V any](t *testing.T, tb *Table[K, V], want map[K]slot) {
 	t.Helper()
 	x := &tb.idx
 	if 2*tb.n > len(x.cells) {
@@ -53,7 +59,7 @@ func TestIndexRandomOps(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	var gen uint64 = 1
 	for round := range 20 {
-		tb := newCOWTable[int64, int64](rng.IntN(40), true, &gen)
+		tb := newPlainTable[int64, int64](rng.IntN(40), true, &gen)
 		want := map[int64]slot{}
 		space := int64(1 + rng.IntN(200))
 		for range 2000 {
@@ -85,7 +91,7 @@ func TestIndexRandomOps(t *testing.T) {
 // equal to nothing, is never found, as in a Go map.
 func TestIndexKeyKinds(t *testing.T) {
 	var gen uint64 = 1
-	s := newCOWTable[string, int](0, true, &gen)
+	s := newPlainTable[string, int](0, true, &gen)
 	for i, k := range []string{"", "a", "device-17", "device-17\x00"} {
 		gen++
 		s.Put(k, 0, i)
@@ -97,7 +103,7 @@ func TestIndexKeyKinds(t *testing.T) {
 		require.Equal(t, i, v)
 	}
 
-	f := newCOWTable[float64, int](0, true, &gen)
+	f := newPlainTable[float64, int](0, true, &gen)
 	gen++
 	f.Put(0.0, 0, 1)
 	gen++
@@ -114,7 +120,7 @@ func TestIndexKeyKinds(t *testing.T) {
 		A int32
 		B string
 	}
-	st := newCOWTable[key, int](0, true, &gen)
+	st := newPlainTable[key, int](0, true, &gen)
 	for i := range 100 {
 		gen++
 		st.Put(key{int32(i), "x"}, 0, i)

@@ -1,4 +1,4 @@
-package state
+package heap
 
 import (
 	"hash/maphash"
@@ -8,7 +8,7 @@ import (
 	"unsafe"
 )
 
-// The cowTable's index from key to slot is an open-addressing hash table of
+// The Table's index from key to slot is an open-addressing hash table of
 // slots with linear probing, not a Go map: it holds 4 bytes per entry
 // (slot+1; 0 is empty) where a map[K]slot holds the key again, so index and
 // pages together stay small enough to live in the core's cache, and a
@@ -84,7 +84,7 @@ func mix64(x uint64) uint64 {
 	return x
 }
 
-// index is the key -> slot index of a cowTable.
+// index is the key -> slot index of a Table.
 type index[K comparable] struct {
 	cells []uint32 // slot+1, or 0 for an empty cell; len is a power of two
 	mask  uint64
@@ -102,7 +102,7 @@ func newIndex[K comparable](n int) index[K] {
 }
 
 // find returns the slot of k, or the cell where k would go.
-func (t *cowTable[K, V]) find(k K) (cell uint64, s slot, ok bool) {
+func (t *Table[K, V]) find(k K) (cell uint64, s slot, ok bool) {
 	x := &t.idx
 	for i := x.hash(k) & x.mask; ; i = (i + 1) & x.mask {
 		c := x.cells[i]
@@ -117,11 +117,11 @@ func (t *cowTable[K, V]) find(k K) (cell uint64, s slot, ok bool) {
 }
 
 // keyAt returns the key in slot s.
-func (t *cowTable[K, V]) keyAt(s slot) K { return t.pages[s>>pageShift].e[s&pageMask].key }
+func (t *Table[K, V]) keyAt(s slot) K { return t.pages[s>>pageShift].e[s&pageMask].key }
 
 // indexAt records s, the slot of the new key k, at cell (from find),
 // growing the index first if it would be more than half full (I2).
-func (t *cowTable[K, V]) indexAt(k K, cell uint64, s slot) {
+func (t *Table[K, V]) indexAt(k K, cell uint64, s slot) {
 	x := &t.idx
 	if 2*(t.n+1) > len(x.cells) {
 		t.grow()
@@ -131,7 +131,7 @@ func (t *cowTable[K, V]) indexAt(k K, cell uint64, s slot) {
 }
 
 // grow doubles the index and re-indexes every live slot.
-func (t *cowTable[K, V]) grow() {
+func (t *Table[K, V]) grow() {
 	x := &t.idx
 	cells := make([]uint32, 2*len(x.cells))
 	mask := uint64(len(cells) - 1)
@@ -150,7 +150,7 @@ func (t *cowTable[K, V]) grow() {
 
 // unindex empties cell and shifts back the entries after it in its probe
 // run that may move (I1).
-func (t *cowTable[K, V]) unindex(cell uint64) {
+func (t *Table[K, V]) unindex(cell uint64) {
 	x := &t.idx
 	hole := cell
 	x.cells[hole] = 0

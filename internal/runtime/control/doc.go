@@ -1,0 +1,67 @@
+// Package control is the control plane of a job run across processes: a
+// thin driver on gRPC around the pure cluster.Scheduler
+// (internal/runtime/cluster). A Coordinator (the coordinator process)
+// serves the workers' streams, owns the clock and the Scheduler, and
+// carries out its actions by sending messages; RunWorker (each worker
+// process) registers, heartbeats, and runs what it is sent on a Tasks the
+// runtime implements. The data plane (channel/netchan) is separate: the
+// control plane only tells each worker where the others' data planes
+// listen.
+//
+// # One stream per worker
+//
+// A worker opens one bidirectional stream (Control/Attach) and keeps it
+// for its registration: the first message registers, then heartbeats,
+// reports and acknowledgements flow up, deploys, cancels, triggers and
+// completions flow down. Flink's TaskExecutor gateway is a set of RPCs
+// each way; one stream is chosen here because it is the session: its end
+// is the loss of the worker (the coordinator steps ConnectionLost at once
+// instead of waiting for missed heartbeats) and, at the worker, the loss
+// of the coordinator; the coordinator needs no connection to the worker
+// (it dials nothing, so a worker behind a NAT or firewall works); and
+// messages of one registration arrive in the order sent, so a cancel is
+// never overtaken by the deploy of the next attempt. The service is
+// hand-written (a grpc.ServiceDesc with a msgpack codec, no protoc), as
+// channel/netchan's.
+//
+// # Invariants
+//
+//   - CP1 (coordinator.go). The Scheduler is driven by one goroutine: it
+//     is the only one to step it, with the coordinator's clock read at
+//     each event (CoordinatorConfig.Now; a tick at the Scheduler's next
+//     deadline, or the test's ticks), and every action is carried out
+//     before the next event is stepped. Events that arise while carrying out an action (a worker
+//     dropped) are stepped after it, in order.
+//   - CP2 (coordinator.go). A worker is registered only with the job the
+//     coordinator runs: its fingerprint must equal the coordinator's
+//     shape's, else the stream is refused (FailedPrecondition) with
+//     cluster.Check's words naming the first difference; the worker
+//     stops (ErrRefused).
+//   - CP3 (both). A lost peer is noticed both ways: the coordinator steps
+//     ConnectionLost when a registered stream breaks, and its Scheduler
+//     declares a worker lost whose heartbeats stop (CL5); a worker lost
+//     or rejected has its stream ended by the coordinator. The
+//     coordinator answers every heartbeat; a worker that hears nothing
+//     for CoordinatorTimeout, or whose stream breaks, ends its session.
+//   - CP4 (both). Attempts are fenced. The coordinator takes reports and
+//     acknowledgements only of the live attempt, from the registration
+//     whose slots it uses, and answers any other with a cancel of the
+//     attempt named; Trigger and CheckpointCompleted of an attempt that
+//     is not live fail. A worker deploys only an attempt newer than every
+//     one deployed in its session, cancels the one it runs first, and
+//     takes cancels, triggers and completions of the attempt it runs
+//     only. A deploy carries the workers and slots of the placement; the
+//     worker places its own shape (capped as asked) on those workers and
+//     fails the attempt if its slots differ (Place is a function of shape
+//     and workers, CL3).
+//   - CP5 (worker.go). When a worker's session ends (the coordinator lost
+//     or closed, the session rejected or declared lost, the worker
+//     stopped), the attempt it runs is cancelled (Tasks.Cancel) before it
+//     registers again; reports of a cancelled attempt are dropped.
+//   - CP6 (security). The coordinator listens on the address it is given
+//     only. With a secret configured, a stream is refused before any of
+//     its messages is read unless it presents the secret (constant-time
+//     compare, internal/rpcutil); the refusal says missing or wrong,
+//     never a secret. Mutual TLS is the server's and the workers' gRPC
+//     options (credentials.NewTLS, tls.RequireAndVerifyClientCert).
+package control
