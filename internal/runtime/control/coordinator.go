@@ -49,6 +49,9 @@ type CoordinatorConfig struct {
 	// onHeartbeat, set by tests, sees every heartbeat stepped, on the
 	// coordinator's goroutine.
 	onHeartbeat func(worker string, now time.Time)
+	// onStreamEnd, set by tests, sees a worker's stream end, with the
+	// error its handler returns.
+	onStreamEnd func(worker string, err error)
 }
 
 // Checkpoints is the checkpoint coordinator's side of the control plane.
@@ -126,8 +129,9 @@ func (cn *conn) close(err error) {
 	cn.once.Do(func() { cn.err = err; close(cn.closed) })
 }
 
-// sendQueue is how many messages wait for a worker's stream; a worker that
-// lets more pile up is dropped (its connection lost).
+// sendQueue is how many messages wait to be sent on a stream, each way: a
+// worker that lets more pile up is dropped (its connection lost), and a
+// worker whose coordinator does ends its session.
 const sendQueue = 256
 
 // NewCoordinator listens on addr (host:port, e.g. 127.0.0.1:0) and
@@ -402,6 +406,7 @@ func (c *Coordinator) sendLive(m *message) {
 
 // drop ends cn's stream and tells the Scheduler its connection is lost.
 func (c *Coordinator) drop(cn *conn, reason string) {
+	c.logf("control: worker %s session %d dropped: %s", cn.worker, cn.session, reason)
 	cn.close(status.Errorf(codes.Unavailable, "control: worker %s dropped: %s", cn.worker, reason))
 	if c.sessions[cn.session] == cn {
 		delete(c.sessions, cn.session)
@@ -438,7 +443,7 @@ func (c *Coordinator) attach(ss grpc.ServerStream) error {
 	if !c.post(func() { c.joining = cn; c.step(cluster.WorkerRegistered{Now: c.cfg.Now(), Worker: w}); c.joining = nil }) {
 		return status.Error(codes.Unavailable, "control: coordinator closed")
 	}
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go func() {
 		defer c.wg.Done()
 		for {
@@ -452,18 +457,35 @@ func (c *Coordinator) attach(ss grpc.ServerStream) error {
 			}
 		}
 	}()
-	for {
-		select {
-		case m := <-cn.out:
-			if err := ss.SendMsg(m); err != nil {
-				return err
+	// The sender: SendMsg blocks while the worker does not read (flow
+	// control), so it runs on a goroutine of its own and the handler
+	// returns as soon as cn is closed, which cancels the stream and so
+	// ends a SendMsg that waits (CP3).
+	go func() {
+		defer c.wg.Done()
+		for {
+			select {
+			case m := <-cn.out:
+				if err := ss.SendMsg(m); err != nil {
+					c.post(func() { c.lost(cn, err) })
+					return
+				}
+			case <-cn.closed:
+				return
 			}
-		case <-cn.closed:
-			return cn.err
-		case <-ss.Context().Done():
-			return ss.Context().Err()
 		}
+	}()
+	var err error
+	select {
+	case <-cn.closed:
+		err = cn.err
+	case <-ss.Context().Done():
+		err = ss.Context().Err()
 	}
+	if c.cfg.onStreamEnd != nil {
+		c.cfg.onStreamEnd(cn.worker, err)
+	}
+	return err
 }
 
 // admit checks a stream's first message: a registration of a worker

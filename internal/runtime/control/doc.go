@@ -31,7 +31,10 @@
 //     each event (CoordinatorConfig.Now; a tick at the Scheduler's next
 //     deadline, or the test's ticks), and every action is carried out
 //     before the next event is stepped. Events that arise while carrying out an action (a worker
-//     dropped) are stepped after it, in order.
+//     dropped) are stepped after it, in order. It never waits for a
+//     worker: a message is put on the worker's bounded queue (sendQueue)
+//     and a sender goroutine per stream writes it; a worker whose queue
+//     overflows is dropped (ConnectionLost).
 //   - CP2 (coordinator.go). A worker is registered only with the job the
 //     coordinator runs: its fingerprint must equal the coordinator's
 //     shape's, else the stream is refused (FailedPrecondition) with
@@ -43,6 +46,11 @@
 //     or rejected has its stream ended by the coordinator. The
 //     coordinator answers every heartbeat; a worker that hears nothing
 //     for CoordinatorTimeout, or whose stream breaks, ends its session.
+//     A stream is ended without waiting for its peer to read (its
+//     handler returns, which cancels a SendMsg that waits), and neither
+//     side's loop nor a task's report waits for a peer that stopped
+//     reading: the worker too sends through a bounded queue, and ends
+//     its session when it overflows.
 //   - CP4 (both). Attempts are fenced. The coordinator takes reports and
 //     acknowledgements only of the live attempt, from the registration
 //     whose slots it uses, and answers any other with a cancel of the

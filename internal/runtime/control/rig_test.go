@@ -309,10 +309,12 @@ type rawWorker struct {
 	session uint64
 }
 
-// raw registers a raw worker id with slots.
-func (r *rig) raw(id string, slots int) *rawWorker {
+// raw registers a raw worker id with slots, its connection dialed with
+// opts too.
+func (r *rig) raw(id string, slots int, opts ...grpc.DialOption) *rawWorker {
 	t := r.t
-	cc, err := grpc.NewClient(r.c.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.ForceCodec(codec{})))
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.ForceCodec(codec{}))}, opts...)
+	cc, err := grpc.NewClient(r.c.Addr(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -149,7 +149,12 @@ type session struct {
 	w      *worker
 	id     uint64
 	stream grpc.ClientStream
-	sendMu sync.Mutex
+	// out is the queue of the session's sender goroutine; full is closed
+	// when it overflowed (the session ends: the coordinator reads
+	// nothing).
+	out      chan *message
+	full     chan struct{}
+	fullOnce sync.Once
 
 	mu sync.Mutex
 	// fence is the newest attempt deployed in the session; current is the
@@ -159,10 +164,18 @@ type session struct {
 	deploys        sync.WaitGroup
 }
 
-func (s *session) send(m *message) error {
-	s.sendMu.Lock()
-	defer s.sendMu.Unlock()
-	return s.stream.SendMsg(m)
+// send queues m for the sender goroutine; it never waits, so neither the
+// session's loop (its heartbeats, its silence timer, CP3) nor a task
+// reporting waits for a coordinator that stopped reading. False if the
+// queue is full: the session ends.
+func (s *session) send(m *message) bool {
+	select {
+	case s.out <- m:
+		return true
+	default:
+		s.fullOnce.Do(func() { close(s.full) })
+		return false
+	}
 }
 
 func (w *worker) session(ctx context.Context) (err error) {
@@ -173,10 +186,10 @@ func (w *worker) session(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	s := &session{w: w, stream: cs}
+	s := &session{w: w, stream: cs, out: make(chan *message, sendQueue), full: make(chan struct{})}
 	defer s.stopTasks()
 	shape := w.cfg.Shape
-	if err := s.send(&message{Kind: kindRegister, Worker: w.cfg.ID, Address: w.cfg.Address, Slots: w.cfg.Slots, Fingerprint: shape.Fingerprint(), Shape: shape}); err != nil {
+	if err := cs.SendMsg(&message{Kind: kindRegister, Worker: w.cfg.ID, Address: w.cfg.Address, Slots: w.cfg.Slots, Fingerprint: shape.Fingerprint(), Shape: shape}); err != nil {
 		return err
 	}
 	var m message
@@ -206,8 +219,24 @@ func (w *worker) session(ctx context.Context) (err error) {
 			s.receive(ctx, m)
 		}
 	}()
-	// Wait for the receiver: cancel ends the stream, so RecvMsg returns.
-	defer func() { cancel(); <-recvErr }()
+	sendErr := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case m := <-s.out:
+				if err := cs.SendMsg(m); err != nil {
+					sendErr <- err
+					return
+				}
+			case <-ctx.Done():
+				sendErr <- ctx.Err()
+				return
+			}
+		}
+	}()
+	// Wait for the receiver and the sender: cancel ends the stream, so
+	// RecvMsg and SendMsg return.
+	defer func() { cancel(); <-recvErr; <-sendErr }()
 	beat := time.NewTicker(w.cfg.Heartbeat)
 	defer beat.Stop()
 	silence := time.NewTimer(w.cfg.CoordinatorTimeout)
@@ -219,6 +248,11 @@ func (w *worker) session(ctx context.Context) (err error) {
 		case err := <-recvErr:
 			recvErr <- err // for the deferred wait
 			return err
+		case err := <-sendErr:
+			sendErr <- err
+			return err
+		case <-s.full:
+			return fmt.Errorf("control: worker %s: %d messages wait to be sent: the coordinator reads nothing", w.cfg.ID, sendQueue)
 		case <-heard:
 			silence.Reset(w.cfg.CoordinatorTimeout)
 		case <-silence.C:
@@ -227,9 +261,7 @@ func (w *worker) session(ctx context.Context) (err error) {
 			s.mu.Lock()
 			attempt := s.current
 			s.mu.Unlock()
-			if err := s.send(&message{Kind: kindHeartbeat, Session: s.id, Attempt: attempt}); err != nil {
-				return err
-			}
+			s.send(&message{Kind: kindHeartbeat, Session: s.id, Attempt: attempt})
 		}
 	}
 }
@@ -325,8 +357,8 @@ func (s *session) deploy(ctx context.Context, m *message) {
 		w.cfg.Tasks.Cancel(old)
 	}
 	if err != nil {
-		if err := s.send(&message{Kind: kindFailed, Attempt: m.Attempt, Reason: err.Error()}); err != nil {
-			w.logf("control: worker %s: reporting the failure of attempt %d: %v", w.cfg.ID, m.Attempt, err)
+		if !s.send(&message{Kind: kindFailed, Attempt: m.Attempt, Reason: err.Error()}) {
+			w.logf("control: worker %s: reporting the failure of attempt %d: the queue is full", w.cfg.ID, m.Attempt)
 		}
 		return
 	}
@@ -388,7 +420,7 @@ func (r *Reporter) send(m *message) {
 	if !live {
 		return
 	}
-	if err := r.s.send(m); err != nil {
-		r.s.w.logf("control: worker %s: reporting %s of attempt %d: %v", r.s.w.cfg.ID, m.Kind, r.attempt, err)
+	if !r.s.send(m) {
+		r.s.w.logf("control: worker %s: reporting %s of attempt %d: the queue is full", r.s.w.cfg.ID, m.Kind, r.attempt)
 	}
 }
