@@ -279,6 +279,45 @@
 // reports Finished and returns. If the savepoint is aborted the subtask
 // resumes (on the abort itself, or on MailResume).
 //
+// # Mail and reports on the wire
+//
+// A job across processes keeps its master in the coordinator process and
+// its chain subtasks in worker processes: Mail flows down and Reports flow
+// up through the control plane (internal/runtime/control), encoded by
+// AppendMail/DecodeMail and AppendReport/DecodeReport (wire.go). Both
+// encodings begin with WireVersion and are msgpack maps with short keys;
+// a decoder refuses another version, an unknown kind, an unknown field and
+// trailing bytes (ErrWire): coordinator and workers run one binary. What a
+// Report holds that is not plain data, and how it crosses:
+//
+//   - W1. State is encoded as in the checkpoint metadata (the msgpack tags
+//     of checkpoint.SubtaskState). Keyed state above the runtime's memory
+//     threshold is not in it: the subtask wrote it to checkpoint storage
+//     before acknowledging (Info.KeyedState, snapshot.KeyedStateWriter;
+//     on object storage the worker writes the objects itself) and State
+//     carries the handle (KeyedState, Files). Native Pebble state
+//     likewise carries its handle (Native); its files must be where the
+//     coordinator reads them (a shared filesystem; on object storage
+//     native checkpoints are refused, snapshot.ErrNativeOnObjectStore).
+//   - W2. Channel state (State.Channels, in memory only) travels in the
+//     report, as a channel-state file (checkpoint.AppendChannelState:
+//     versioned and checksummed), and the coordinator's storage writes the
+//     file at Persist (snapshot.Storage.Write, ST8), as in one process.
+//     Chosen because Write owns the channel-state files of a checkpoint
+//     (it names them, removes strays and refuses a reference without its
+//     state); a worker-side write needs a storage call that writes one
+//     subtask's file and a Write that takes its reference. Its size is
+//     bounded by the channels' buffers (credit-based), and the control
+//     plane must accept messages that large.
+//   - W3. Restore-side fields (RestoredNative, RestoredKeyedState,
+//     RescaledChannels) are never reported: AppendReport refuses them
+//     rather than drop them.
+//   - W4. Err crosses as a *RemoteError: its message, and whether it
+//     wrapped restore.ErrUnrecoverable, which errors.Is still finds (so
+//     execution.IsUnrecoverable holds after the wire). Other identities
+//     (sentinels, types) do not cross. At crosses as Unix nanoseconds
+//     (the monotonic reading is dropped; the zero time stays zero).
+//
 // # Asynchronous snapshots
 //
 // A snapshot has a synchronous part, at the barrier (or trigger mail) on
