@@ -26,8 +26,9 @@ func startThree(t *testing.T, r *rig) cluster.Deploy {
 
 // TestDeployOnPlacement: a coordinator and 3 workers register; the job
 // is deployed on the placement Place computes, every worker places its
-// own shape alike (CP4) and runs its part; a checkpoint is triggered,
-// acknowledged with handles and completed; the job finishes when every
+// own shape alike (CP4) and runs its part; mail reaches each worker's
+// box and its reports reach the coordinator (CP7); a completed
+// checkpoint becomes the Scheduler's latest; the job finishes when every
 // worker finished (CP1, CP3).
 func TestDeployOnPlacement(t *testing.T) {
 	noLeaks(t)
@@ -47,37 +48,29 @@ func TestDeployOnPlacement(t *testing.T) {
 	}
 	waitFor(t, "attempt 1 running", func() bool { return strings.HasPrefix(r.c.String(), "live attempt=1 running") })
 
-	if err := r.c.Trigger(1, Trigger{Checkpoint: 1}); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		if err := r.c.Mail(1, id, Letter{Box: 0, Payload: []byte("trigger 1")}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, id := range []string{"w1", "w2", "w3"} {
 		w := r.workers[id]
-		waitFor(t, id+" triggered", func() bool { return w.tasks.has("trigger 1 checkpoint=1 savepoint=false stop=false") })
+		waitFor(t, id+" mailed", func() bool { return w.tasks.has("mail 1 box=0 trigger 1") })
 		_, rep := w.tasks.deployment(1)
-		rep.Acknowledge(1, []byte("state of "+id))
+		rep.Report([]byte("ack 1 of " + id))
 	}
-	waitFor(t, "3 acks", func() bool { return len(r.acks.get()) == 3 })
-	got := r.acks.get()
-	slices.SortFunc(got, func(a, b Ack) int { return strings.Compare(a.Worker, b.Worker) })
-	for i, id := range []string{"w1", "w2", "w3"} {
-		if a := got[i]; a.Attempt != 1 || a.Worker != id || a.Checkpoint != 1 || string(a.Handles) != "state of "+id {
-			t.Errorf("ack %d: %+v", i, a)
-		}
+	waitFor(t, "3 reports", func() bool { return len(r.reports.all()) == 3 })
+	if got := slices.Sorted(slices.Values(r.reports.all())); !slices.Equal(got, []string{"1 w1 ack 1 of w1", "1 w2 ack 1 of w2", "1 w3 ack 1 of w3"}) {
+		t.Errorf("reports %q", got)
 	}
 	if err := r.c.CheckpointCompleted(1, 1); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"w1", "w2", "w3"} {
-		w := r.workers[id]
-		waitFor(t, id+" told checkpoint 1 completed", func() bool { return w.tasks.has("complete 1 checkpoint=1") })
-	}
-	if err := r.c.Trigger(1, Trigger{Checkpoint: 2, Savepoint: true, Stop: true}); err != nil {
-		t.Fatal(err)
+	if s := r.c.String(); !strings.HasPrefix(s, "live attempt=1 running latest=1") {
+		t.Errorf("scheduler %s, want checkpoint 1 the latest", s)
 	}
 	for _, id := range []string{"w1", "w2", "w3"} {
-		w := r.workers[id]
-		waitFor(t, id+" asked to stop with a savepoint", func() bool { return w.tasks.has("trigger 1 checkpoint=2 savepoint=true stop=true") })
-		_, rep := w.tasks.deployment(1)
+		_, rep := r.workers[id].tasks.deployment(1)
 		rep.Finished()
 		if id != "w3" {
 			select {

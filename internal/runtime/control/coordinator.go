@@ -28,10 +28,10 @@ type CoordinatorConfig struct {
 	// mutual with tls.RequireAndVerifyClientCert), keepalive, limits. The
 	// codec is the package's own.
 	Options []grpc.ServerOption
-	// Checkpoints receives the acknowledgements of the live attempt
-	// (nil: they are dropped). It is called on the coordinator's
-	// goroutine and must not block.
-	Checkpoints Checkpoints
+	// Reports receives the reports of the live attempt's boxes (nil:
+	// they are dropped). It is called on the coordinator's goroutine, in
+	// the order each worker made them, and must not block.
+	Reports Reports
 	// Now is the coordinator's clock (default time.Now); every event the
 	// Scheduler gets carries its time.
 	Now func() time.Time
@@ -54,29 +54,12 @@ type CoordinatorConfig struct {
 	onStreamEnd func(worker string, err error)
 }
 
-// Checkpoints is the checkpoint coordinator's side of the control plane.
-type Checkpoints interface {
-	// Acknowledge: the tasks of a worker of the live attempt acknowledged
-	// a checkpoint.
-	Acknowledge(Ack)
-}
-
-// Ack is a worker's acknowledgement of a checkpoint.
-type Ack struct {
-	Attempt    int
-	Worker     string
-	Checkpoint int64
-	// Handles are the state handles of the worker's tasks, opaque to the
-	// control plane.
-	Handles []byte
-}
-
-// Trigger asks the tasks of an attempt for a checkpoint.
-type Trigger struct {
-	Checkpoint int64
-	// Savepoint: a savepoint, not a checkpoint; Stop: the job stops after
-	// it (stop with savepoint).
-	Savepoint, Stop bool
+// Reports is the job master's side of the control plane: it takes the
+// reports the boxes of the live attempt sent up (Reporter.Report).
+type Reports interface {
+	// Report: a box of worker, of attempt (the live one), reported
+	// payload (task.AppendReport's encoding, opaque here).
+	Report(attempt int, worker string, payload []byte)
 }
 
 // Coordinator is the coordinator process's side of the control plane: a
@@ -119,7 +102,7 @@ type liveAttempt struct {
 type conn struct {
 	worker  string
 	session uint64 // set by the loop once registered
-	out     chan *message
+	out     *outbox
 	closed  chan struct{}
 	once    sync.Once
 	err     error // the stream's end, set before closed is closed
@@ -153,7 +136,8 @@ func NewCoordinator(addr string, cfg CoordinatorConfig) (*Coordinator, error) {
 		calls: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}), ended: make(chan struct{}),
 		sessions: map[uint64]*conn{},
 	}
-	opts := append([]grpc.ServerOption{grpc.ForceServerCodec(codec{}), grpc.WaitForHandlers(true)}, cfg.Options...)
+	opts := append([]grpc.ServerOption{grpc.ForceServerCodec(codec{}), grpc.WaitForHandlers(true),
+		grpc.MaxRecvMsgSize(maxMessage), grpc.MaxSendMsgSize(maxMessage)}, cfg.Options...)
 	c.grpc = grpc.NewServer(opts...)
 	c.grpc.RegisterService(&serviceDesc, c)
 	go c.loop()
@@ -199,28 +183,39 @@ func (c *Coordinator) Wait(ctx context.Context) error {
 	}
 }
 
-// Trigger sends t to every worker of attempt, which must be the live
-// one.
-func (c *Coordinator) Trigger(attempt int, t Trigger) error {
+// Mail sends letters, in order, to the boxes of worker in attempt, which
+// must be the live one and place tasks on worker (CP4, CP7). It never
+// waits for the worker: the letters are queued for its stream; those of
+// a worker lost meanwhile are dropped (its loss fails the attempt).
+func (c *Coordinator) Mail(attempt int, worker string, letters ...Letter) error {
+	if len(letters) == 0 {
+		return nil
+	}
+	m := &message{Kind: kindMail, Attempt: attempt, Letters: slices.Clone(letters)}
 	return c.call(func() error {
 		if err := c.checkLive(attempt); err != nil {
-			return fmt.Errorf("control: triggering checkpoint %d: %w", t.Checkpoint, err)
+			return fmt.Errorf("control: mail for worker %s: %w", worker, err)
 		}
-		c.sendLive(&message{Kind: kindTrigger, Attempt: attempt, Checkpoint: t.Checkpoint, Savepoint: t.Savepoint, Stop: t.Stop})
+		session, ok := c.live.sessions[worker]
+		if !ok {
+			return fmt.Errorf("control: mail for worker %s: attempt %d places no task on it", worker, attempt)
+		}
+		if cn := c.sessions[session]; cn != nil {
+			c.send(cn, m)
+		}
 		return nil
 	})
 }
 
 // CheckpointCompleted tells the Scheduler that checkpoint id of attempt
-// is complete (the restore point of the next attempt, CL6) and notifies
-// the attempt's workers.
+// is complete: the restore point of the next attempt (CL6). The boxes
+// are told by mail.
 func (c *Coordinator) CheckpointCompleted(attempt int, id int64) error {
 	return c.call(func() error {
 		if err := c.checkLive(attempt); err != nil {
 			return fmt.Errorf("control: completing checkpoint %d: %w", id, err)
 		}
 		c.step(cluster.CheckpointCompleted{Attempt: attempt, ID: id})
-		c.sendLive(&message{Kind: kindComplete, Attempt: attempt, Checkpoint: id})
 		return nil
 	})
 }
@@ -380,9 +375,11 @@ func (c *Coordinator) end(err error) {
 func (c *Coordinator) send(cn *conn, m *message) {
 	select {
 	case <-cn.closed:
-	case cn.out <- m:
+		return
 	default:
-		c.drop(cn, fmt.Sprintf("%d messages wait to be sent", sendQueue))
+	}
+	if !cn.out.put(m) {
+		c.drop(cn, fmt.Sprintf("more than %d messages or %d MiB wait to be sent", sendQueue, maxQueued>>20))
 	}
 }
 
@@ -438,7 +435,7 @@ func (c *Coordinator) attach(ss grpc.ServerStream) error {
 		c.logf("%v", err)
 		return err
 	}
-	cn := &conn{worker: m.Worker, out: make(chan *message, sendQueue), closed: make(chan struct{})}
+	cn := &conn{worker: m.Worker, out: newOutbox(), closed: make(chan struct{})}
 	w := cluster.Worker{ID: m.Worker, Address: m.Address, Slots: m.Slots}
 	if !c.post(func() { c.joining = cn; c.step(cluster.WorkerRegistered{Now: c.cfg.Now(), Worker: w}); c.joining = nil }) {
 		return status.Error(codes.Unavailable, "control: coordinator closed")
@@ -465,13 +462,15 @@ func (c *Coordinator) attach(ss grpc.ServerStream) error {
 		defer c.wg.Done()
 		for {
 			select {
-			case m := <-cn.out:
+			case <-cn.out.notify:
+			case <-cn.closed:
+				return
+			}
+			for _, m := range cn.out.take() {
 				if err := ss.SendMsg(m); err != nil {
 					c.post(func() { c.lost(cn, err) })
 					return
 				}
-			case <-cn.closed:
-				return
 			}
 		}
 	}()
@@ -537,7 +536,7 @@ func (c *Coordinator) receive(cn *conn, m *message) {
 		return
 	}
 	switch m.Kind {
-	case kindRunning, kindFinished, kindFailed, kindAck:
+	case kindRunning, kindFinished, kindFailed, kindReport:
 	default:
 		c.drop(cn, fmt.Sprintf("unexpected %s message", m.Kind))
 		return
@@ -571,9 +570,11 @@ func (c *Coordinator) receive(cn *conn, m *message) {
 		}
 	case kindFailed:
 		c.step(cluster.AttemptFailed{Attempt: l.n, Err: fmt.Sprintf("worker %s: %s", cn.worker, m.Reason)})
-	case kindAck:
-		if c.cfg.Checkpoints != nil {
-			c.cfg.Checkpoints.Acknowledge(Ack{Attempt: l.n, Worker: cn.worker, Checkpoint: m.Checkpoint, Handles: m.Handles})
+	case kindReport:
+		if c.cfg.Reports != nil {
+			for _, p := range m.Reports {
+				c.cfg.Reports.Report(l.n, cn.worker, p)
+			}
 		}
 	}
 }

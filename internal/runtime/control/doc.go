@@ -11,9 +11,12 @@
 // # One stream per worker
 //
 // A worker opens one bidirectional stream (Control/Attach) and keeps it
-// for its registration: the first message registers, then heartbeats,
-// reports and acknowledgements flow up, deploys, cancels, triggers and
-// completions flow down. Flink's TaskExecutor gateway is a set of RPCs
+// for its registration: the first message registers, then heartbeats
+// and reports flow up, deploys, cancels and mail flow down. The job
+// master stays in the coordinator process and the control plane relays
+// what it exchanges with the chain subtasks (boxes): task.Mail down
+// (Coordinator.Mail, Tasks.Mail) and task.Report up (Reporter.Report,
+// Reports), each as an opaque payload (task's wire encodings, W1-W4). Flink's TaskExecutor gateway is a set of RPCs
 // each way; one stream is chosen here because it is the session: its end
 // is the loss of the worker (the coordinator steps ConnectionLost at once
 // instead of waiting for missed heartbeats) and, at the worker, the loss
@@ -51,14 +54,14 @@
 //     side's loop nor a task's report waits for a peer that stopped
 //     reading: the worker too sends through a bounded queue, and ends
 //     its session when it overflows.
-//   - CP4 (both). Attempts are fenced. The coordinator takes reports and
-//     acknowledgements only of the live attempt, from the registration
-//     whose slots it uses, and answers any other with a cancel of the
-//     attempt named; Trigger and CheckpointCompleted of an attempt that
-//     is not live fail. A worker deploys only an attempt newer than every
-//     one deployed in its session, cancels the one it runs first, and
-//     takes cancels, triggers and completions of the attempt it runs
-//     only. A deploy carries the workers and slots of the placement; the
+//   - CP4 (both). Attempts are fenced. The coordinator takes reports
+//     only of the live attempt, from the registration whose slots it
+//     uses, and answers any other with a cancel of the attempt named;
+//     Mail and CheckpointCompleted of an attempt that is not live fail,
+//     as does Mail for a worker the live attempt places no task on. A
+//     worker deploys only an attempt newer than every one deployed in its
+//     session, cancels the one it runs first, and takes cancels and mail
+//     of the attempt it runs only. A deploy carries the workers and slots of the placement; the
 //     worker places its own shape (capped as asked) on those workers and
 //     fails the attempt if its slots differ (Place is a function of shape
 //     and workers, CL3).
@@ -72,4 +75,13 @@
 //     compare, internal/rpcutil); the refusal says missing or wrong,
 //     never a secret. Mutual TLS is the server's and the workers' gRPC
 //     options (credentials.NewTLS, tls.RequireAndVerifyClientCert).
+//   - CP7 (both). The relay keeps order: the letters of Coordinator.Mail
+//     reach Tasks.Mail, and the payloads of Reporter.Report reach
+//     Reports.Report, in the order each side sent them, per worker (one
+//     stream, one sender goroutine; letters or reports queued behind one
+//     another of the same attempt join one message, up to maxBatch bytes).
+//     A worker hands an attempt's mail to Tasks.Mail only once its Deploy
+//     returned: mail that comes earlier is held, then given in order. The
+//     mail of a worker lost is dropped with its queue; its loss fails the
+//     attempt, so no later Mail for it is taken (CP4).
 package control

@@ -33,8 +33,8 @@ func TestCoordinatorRefusesStaleAttempt(t *testing.T) {
 	if d := w.recv(kindDeploy); d.Attempt != 2 {
 		t.Fatalf("redeployed attempt %d", d.Attempt)
 	}
-	for _, k := range []kind{kindAck, kindRunning, kindFinished, kindFailed} {
-		w.send(&message{Kind: k, Attempt: 1, Checkpoint: 1, Handles: []byte("old")})
+	for _, k := range []kind{kindReport, kindRunning, kindFinished, kindFailed} {
+		w.send(&message{Kind: k, Attempt: 1, Reports: [][]byte{[]byte("old")}})
 		if c := w.recv(kindCancel); c.Attempt != 1 || c.Reason != "stale attempt 1: attempt 2 is live" {
 			t.Errorf("stale %s answered with %+v", k, c)
 		}
@@ -45,19 +45,22 @@ func TestCoordinatorRefusesStaleAttempt(t *testing.T) {
 	if c := w.recv(kindCancel); c.Attempt != 1 || c.Reason != "stale tasks: attempt 2 is the live one" {
 		t.Errorf("a heartbeat with attempt 1 answered with %+v", c)
 	}
-	if !r.log.has("control: refused ack message of worker w1: stale attempt 1: attempt 2 is live") {
+	if !r.log.has("control: refused report message of worker w1: stale attempt 1: attempt 2 is live") {
 		t.Errorf("coordinator logged %q", r.log.all())
 	}
-	if err := r.c.Trigger(1, Trigger{Checkpoint: 1}); err == nil || err.Error() != "control: triggering checkpoint 1: attempt 1 is not live (attempt 2 is)" {
-		t.Errorf("triggering attempt 1: %v", err)
+	if err := r.c.Mail(1, "w1", Letter{Payload: []byte("trigger")}); err == nil || err.Error() != "control: mail for worker w1: attempt 1 is not live (attempt 2 is)" {
+		t.Errorf("mailing attempt 1: %v", err)
+	}
+	if err := r.c.Mail(2, "w9", Letter{Payload: []byte("trigger")}); err == nil || err.Error() != "control: mail for worker w9: attempt 2 places no task on it" {
+		t.Errorf("mailing a worker outside attempt 2: %v", err)
 	}
 	if err := r.c.CheckpointCompleted(1, 1); err == nil {
 		t.Errorf("completing a checkpoint of attempt 1 succeeded")
 	}
-	w.send(&message{Kind: kindAck, Attempt: 2, Checkpoint: 3, Handles: []byte("new")})
-	waitFor(t, "the ack of attempt 2", func() bool { return len(r.acks.get()) > 0 })
-	if got := r.acks.get(); len(got) != 1 || got[0].Attempt != 2 || got[0].Checkpoint != 3 || string(got[0].Handles) != "new" {
-		t.Errorf("acks %+v, want only attempt 2's", got)
+	w.send(&message{Kind: kindReport, Attempt: 2, Reports: [][]byte{[]byte("new")}})
+	waitFor(t, "the report of attempt 2", func() bool { return len(r.reports.all()) > 0 })
+	if got := r.reports.all(); !slices.Equal(got, []string{"2 w1 new"}) {
+		t.Errorf("reports %q, want only attempt 2's", got)
 	}
 	if s := r.c.String(); !strings.HasPrefix(s, "live attempt=2 latest=0") {
 		t.Errorf("scheduler %s", s)
@@ -118,11 +121,11 @@ func TestWorkerRefusesStaleAttempt(t *testing.T) {
 		misplaced,
 		deploy(2),
 		deploy(1),
-		{Kind: kindTrigger, Attempt: 1, Checkpoint: 5},
+		{Kind: kindMail, Attempt: 1, Letters: []Letter{{Box: 0, Payload: []byte("trigger 5")}}},
 		{Kind: kindCancel, Attempt: 1},
-		{Kind: kindTrigger, Attempt: 2, Checkpoint: 6},
-		{Kind: kindComplete, Attempt: 1, Checkpoint: 5},
-		{Kind: kindComplete, Attempt: 2, Checkpoint: 6},
+		{Kind: kindMail, Attempt: 2, Letters: []Letter{{Box: 1, Payload: []byte("trigger 6")}}},
+		{Kind: kindMail, Attempt: 1, Letters: []Letter{{Box: 0, Payload: []byte("complete 5")}}},
+		{Kind: kindMail, Attempt: 2, Letters: []Letter{{Box: 0, Payload: []byte("complete 6")}, {Box: 1, Payload: []byte("complete 6")}}},
 	}}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -149,20 +152,20 @@ func TestWorkerRefusesStaleAttempt(t *testing.T) {
 	waitFor(t, "the silent coordinator noticed", func() bool {
 		return logs.has("control: worker w1: session ended: control: worker w1: nothing heard from the coordinator for 1s")
 	})
-	// Deploy runs on a goroutine of its own: a trigger may come first.
+	// Deploy runs on a goroutine of its own: mail that comes first is
+	// held until it returned (CP7).
 	got := tasks.all()
-	want := []string{"deploy 2 restore=0", "trigger 2 checkpoint=6 savepoint=false stop=false", "complete 2 checkpoint=6", "cancel 2"}
-	if !slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(want))) || got[len(got)-1] != "cancel 2" {
-		t.Errorf("tasks did %q, want %q, cancel last", got, want)
+	want := []string{"deploy 2 restore=0", "mail 2 box=1 trigger 6", "mail 2 box=0 complete 6", "mail 2 box=1 complete 6", "cancel 2"}
+	if !slices.Equal(got, want) {
+		t.Errorf("tasks did %q, want %q", got, want)
 	}
 	waitFor(t, "the failure of the misplaced attempt 1 and attempt 2 running", func() bool {
 		return fake.has("failed attempt=1 control: worker w1 placing attempt 1: slots [w1/0 w1/1] here, [w1/1 w1/0] at the coordinator") && fake.has("running attempt=2")
 	})
 	for _, refused := range []string{
 		"refused deploy of attempt 1: attempt 2 came before",
-		"refused trigger of checkpoint 5 of attempt 1: not running",
+		"refused 1 letters of attempt 1: not running",
 		"refused cancel of attempt 1: not running",
-		"refused complete of checkpoint 5 of attempt 1: not running",
 	} {
 		if !logs.has(refused) {
 			t.Errorf("no %q in %q", refused, logs.all())

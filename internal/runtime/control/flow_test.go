@@ -14,7 +14,7 @@ import (
 )
 
 // TestStalledWorkerDropped: a worker that stops reading its stream is
-// dropped once sendQueue messages wait for it. The coordinator's
+// dropped once more than sendQueue messages wait for it. The coordinator's
 // goroutine never waits for it (CP1), and its stream is ended while the
 // worker still reads nothing (CP3); the worker, reading again, is told
 // why.
@@ -29,7 +29,7 @@ func TestStalledWorkerDropped(t *testing.T) {
 	w := r.raw("w1", 2, grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
 	// w's receiver stops once w.in is full: the worker reads nothing
 	// more. Each heartbeat it sends is answered, until it is dropped.
-	for !r.log.has("control: worker w1 session 1 dropped: 256 messages wait to be sent") {
+	for !r.log.has("control: worker w1 session 1 dropped: more than 256 messages or 128 MiB wait to be sent") {
 		if err := w.cs.SendMsg(&message{Kind: kindHeartbeat, Session: w.session}); err != nil {
 			break
 		}
@@ -47,14 +47,14 @@ func TestStalledWorkerDropped(t *testing.T) {
 			return false
 		}
 	})
-	if !strings.HasPrefix(end, "w1: rpc error: code = Unavailable desc = control: worker w1 dropped: 256 messages wait to be sent") {
+	if !strings.HasPrefix(end, "w1: rpc error: code = Unavailable desc = control: worker w1 dropped: more than 256 messages or 128 MiB wait to be sent") {
 		t.Errorf("stream ended with %q", end)
 	}
 	if s := r.c.String(); !strings.Contains(s, "w1") || !strings.Contains(s, "lost") {
 		t.Errorf("scheduler %s: w1 not lost", s)
 	}
 	// Reading again, the worker finds the end of its stream and why.
-	if err := w.ended(); err == nil || !strings.Contains(err.Error(), "dropped: 256 messages wait to be sent") {
+	if err := w.ended(); err == nil || !strings.Contains(err.Error(), "dropped: more than 256 messages or 128 MiB wait to be sent") {
 		t.Errorf("the worker's stream ended with %v", err)
 	}
 }
@@ -85,7 +85,7 @@ func (s *stalledCoordinator) attach(ss grpc.ServerStream) error {
 
 // TestStalledCoordinatorEndsSession: a worker whose coordinator stops
 // reading never waits for it: a task's report returns, and the session
-// ends once sendQueue messages wait, cancelling its tasks (CP3, CP5).
+// ends once more than sendQueue messages wait, cancelling its tasks (CP3, CP5).
 func TestStalledCoordinatorEndsSession(t *testing.T) {
 	noLeaks(t)
 	fake := &stalledCoordinator{done: make(chan struct{}), deploy: &message{Kind: kindDeploy, Attempt: 1,
@@ -115,15 +115,15 @@ func TestStalledCoordinatorEndsSession(t *testing.T) {
 	defer func() { cancel(); <-stopped }()
 	var rep *Reporter
 	waitFor(t, "attempt 1 deployed", func() bool { _, rep = tasks.deployment(1); return rep != nil })
-	// Acknowledgements larger than the windows: the stream stalls.
+	// Reports larger than the windows: the stream stalls.
 	acked := make(chan struct{})
 	go func() {
 		defer close(acked)
 		for range 4 {
-			rep.Acknowledge(1, make([]byte, 1<<20))
+			rep.Report(make([]byte, 1<<20))
 		}
 	}()
-	waitFor(t, "the acknowledgements returned", func() bool {
+	waitFor(t, "the reports returned", func() bool {
 		select {
 		case <-acked:
 			return true
@@ -132,7 +132,7 @@ func TestStalledCoordinatorEndsSession(t *testing.T) {
 		}
 	})
 	waitFor(t, "the session ended", func() bool {
-		return logs.has("control: worker w1: session ended: control: worker w1: 256 messages wait to be sent: the coordinator reads nothing")
+		return logs.has("control: worker w1: session ended: control: worker w1: more than 256 messages or 128 MiB wait to be sent: the coordinator reads nothing")
 	})
 	waitFor(t, "attempt 1 cancelled", func() bool { return tasks.has("cancel 1") })
 }

@@ -2,6 +2,8 @@ package control
 
 import (
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/snapflow/snapflow/internal/runtime/cluster"
 	"github.com/vmihailenco/msgpack/v5"
@@ -38,18 +40,15 @@ const (
 	kindRunning
 	kindFinished
 	kindFailed
-	// kindTrigger, coordinator to worker: Attempt, Checkpoint, Savepoint,
-	// Stop.
-	kindTrigger
-	// kindAck, worker to coordinator: Attempt, Checkpoint, Handles (the
-	// state handles of the worker's tasks, opaque here).
-	kindAck
-	// kindComplete, coordinator to worker: checkpoint Checkpoint of
-	// Attempt is complete (the sinks commit).
-	kindComplete
+	// kindMail, coordinator to worker: Attempt, Letters (mail for the
+	// worker's boxes, in the order the master sent it; opaque here).
+	kindMail
+	// kindReport, worker to coordinator: Attempt, Reports (the reports of
+	// the worker's boxes, in the order they were made; opaque here).
+	kindReport
 )
 
-var kindNames = [...]string{"?", "register", "registered", "heartbeat", "deploy", "cancel", "running", "finished", "failed", "trigger", "ack", "complete"}
+var kindNames = [...]string{"?", "register", "registered", "heartbeat", "deploy", "cancel", "running", "finished", "failed", "mail", "report"}
 
 func (k kind) String() string {
 	if int(k) < len(kindNames) {
@@ -73,12 +72,23 @@ type message struct {
 	Parallelism int                 `msgpack:"p,omitempty"`
 	Workers     []cluster.Worker    `msgpack:"ws,omitempty"`
 	Placed      []cluster.Slot      `msgpack:"pl,omitempty"`
-	Checkpoint  int64               `msgpack:"c,omitempty"`
-	Savepoint   bool                `msgpack:"sp,omitempty"`
-	Stop        bool                `msgpack:"st,omitempty"`
-	Handles     []byte              `msgpack:"h,omitempty"`
+	Letters     []Letter            `msgpack:"l,omitempty"`
+	Reports     [][]byte            `msgpack:"rp,omitempty"`
 	Reason      string              `msgpack:"re,omitempty"`
 }
+
+// Letter is one mail for one box of an attempt: Box is the box's index in
+// the attempt's boxes (the master's numbering, which every process
+// computes alike from the job), Payload the mail's encoding
+// (task.AppendMail), opaque to the control plane.
+type Letter struct {
+	Box     int    `msgpack:"b"`
+	Payload []byte `msgpack:"p"`
+}
+
+// maxMessage bounds a message either way (gRPC's default is 4 MiB): a
+// report may carry a subtask's channel state (task's W2).
+const maxMessage = 64 << 20
 
 // codec is the gRPC codec of the service: msgpack of message, so no
 // protoc-generated code is needed (as channel/netchan's wire codec).
@@ -120,4 +130,76 @@ var serviceDesc = grpc.ServiceDesc{
 		ServerStreams: true,
 		ClientStreams: true,
 	}},
+}
+
+// maxBatch bounds the payload bytes of the letters or reports joined in
+// one message.
+const maxBatch = maxMessage / 2
+
+// maxQueued bounds the payload bytes waiting in an outbox.
+const maxQueued = 2 * maxMessage
+
+// outbox is the queue of one stream's sender goroutine, either way. Put
+// never waits. Mail or reports put behind a queued message of the same
+// kind and attempt join it (while it stays under maxBatch bytes): a
+// checkpoint's many letters or reports travel in few messages, in order.
+// An outbox that holds more than sendQueue messages or maxQueued payload
+// bytes has overflowed: its peer does not read, and the stream ends.
+type outbox struct {
+	mu     sync.Mutex
+	queue  []*message
+	bytes  int
+	notify chan struct{} // a token when the queue became non-empty
+}
+
+func newOutbox() *outbox { return &outbox{notify: make(chan struct{}, 1)} }
+
+// put queues m; false if the outbox overflowed (m is queued all the
+// same: the stream ends anyway).
+func (o *outbox) put(m *message) bool {
+	n := m.payloadBytes()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	joined := false
+	if k := len(o.queue); k > 0 && (m.Kind == kindMail || m.Kind == kindReport) {
+		last := o.queue[k-1]
+		if last.Kind == m.Kind && last.Attempt == m.Attempt && last.payloadBytes()+n <= maxBatch {
+			// The tail is this outbox's own (taken messages are never
+			// touched): clip, so that appending copies.
+			last.Letters = append(slices.Clip(last.Letters), m.Letters...)
+			last.Reports = append(slices.Clip(last.Reports), m.Reports...)
+			joined = true
+		}
+	}
+	if !joined {
+		o.queue = append(o.queue, m)
+	}
+	o.bytes += n
+	if len(o.queue) == 1 && !joined {
+		select {
+		case o.notify <- struct{}{}:
+		default:
+		}
+	}
+	return len(o.queue) <= sendQueue && o.bytes <= maxQueued
+}
+
+// take returns the queued messages, in order, and empties the outbox.
+func (o *outbox) take() []*message {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	q := o.queue
+	o.queue, o.bytes = nil, 0
+	return q
+}
+
+func (m *message) payloadBytes() int {
+	n := 0
+	for _, l := range m.Letters {
+		n += len(l.Payload)
+	}
+	for _, r := range m.Reports {
+		n += len(r)
+	}
+	return n
 }

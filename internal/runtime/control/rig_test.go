@@ -111,9 +111,11 @@ func (l *log) has(parts ...string) bool {
 }
 
 // fakeTasks records what the worker driver asks of the tasks; its deploys
-// run until cancelled.
+// run until cancelled. With a gate, Deploy returns only once the gate is
+// closed (or its attempt cancelled).
 type fakeTasks struct {
 	log
+	gate      chan struct{}
 	mu        sync.Mutex
 	deployed  map[int]Deployment
 	reporters map[int]*Reporter
@@ -128,16 +130,22 @@ func (f *fakeTasks) Deploy(ctx context.Context, d Deployment, r *Reporter) error
 	f.deployed[d.Attempt], f.reporters[d.Attempt] = d, r
 	f.mu.Unlock()
 	f.add("deploy %d restore=%d", d.Attempt, d.Restore)
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+			f.add("deployed %d", d.Attempt)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	return nil
 }
 
 func (f *fakeTasks) Cancel(attempt int) { f.add("cancel %d", attempt) }
 
-func (f *fakeTasks) Trigger(attempt int, t Trigger) {
-	f.add("trigger %d checkpoint=%d savepoint=%v stop=%v", attempt, t.Checkpoint, t.Savepoint, t.Stop)
+func (f *fakeTasks) Mail(attempt, box int, payload []byte) {
+	f.add("mail %d box=%d %s", attempt, box, payload)
 }
-
-func (f *fakeTasks) Complete(attempt int, id int64) { f.add("complete %d checkpoint=%d", attempt, id) }
 
 func (f *fakeTasks) deployment(attempt int) (Deployment, *Reporter) {
 	f.mu.Lock()
@@ -145,22 +153,12 @@ func (f *fakeTasks) deployment(attempt int) (Deployment, *Reporter) {
 	return f.deployed[attempt], f.reporters[attempt]
 }
 
-// acks are the acknowledgements the coordinator passed on.
-type acks struct {
-	mu   sync.Mutex
-	list []Ack
-}
+// reports are the reports the coordinator passed on, as "attempt worker
+// payload".
+type reports struct{ log }
 
-func (a *acks) Acknowledge(ack Ack) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.list = append(a.list, ack)
-}
-
-func (a *acks) get() []Ack {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return slices.Clone(a.list)
+func (r *reports) Report(attempt int, worker string, payload []byte) {
+	r.add("%d %s %s", attempt, worker, payload)
 }
 
 // rig is a coordinator on loopback with a fake clock, and its workers.
@@ -169,7 +167,7 @@ type rig struct {
 	c       *Coordinator
 	clock   *fakeClock
 	ticks   chan time.Time
-	acks    *acks
+	reports *reports
 	log     log
 	mu      sync.Mutex
 	actions []cluster.Action
@@ -191,12 +189,12 @@ func newRig(t *testing.T, shape *cluster.Shape, edit func(*CoordinatorConfig)) *
 
 // newRigAt is newRig listening on addr.
 func newRigAt(t *testing.T, addr string, shape *cluster.Shape, edit func(*CoordinatorConfig)) *rig {
-	r := &rig{t: t, clock: &fakeClock{now: time.Date(2026, 12, 7, 20, 0, 0, 0, time.UTC)}, ticks: make(chan time.Time), acks: &acks{}, workers: map[string]*testWorker{}}
+	r := &rig{t: t, clock: &fakeClock{now: time.Date(2026, 12, 7, 20, 0, 0, 0, time.UTC)}, ticks: make(chan time.Time), reports: &reports{}, workers: map[string]*testWorker{}}
 	cfg := CoordinatorConfig{
-		Scheduler:   cluster.Config{Shape: shape, HeartbeatTimeout: 10 * time.Second, SlotTimeout: time.Minute},
-		Checkpoints: r.acks,
-		Now:         r.clock.Now,
-		Ticks:       r.ticks,
+		Scheduler: cluster.Config{Shape: shape, HeartbeatTimeout: 10 * time.Second, SlotTimeout: time.Minute},
+		Reports:   r.reports,
+		Now:       r.clock.Now,
+		Ticks:     r.ticks,
 		OnAction: func(a cluster.Action) {
 			r.mu.Lock()
 			defer r.mu.Unlock()

@@ -16,21 +16,22 @@ import (
 )
 
 // Tasks is what a worker process runs: the runtime implements it (the
-// tasks of a deployment, their checkpoints). Its methods are called by
-// the worker's goroutines: Deploy on one of its own, so a Trigger,
-// Complete or Cancel of the attempt may come before Deploy returned.
+// boxes of a deployment: its chain subtasks). Its methods are called by
+// the worker's goroutines: Deploy on one of its own, so a Cancel of the
+// attempt may come before Deploy returned; Mail of an attempt comes only
+// after its Deploy returned nil (the worker holds it until then, CP7).
 type Tasks interface {
 	// Deploy starts the worker's tasks of d and returns once they run
 	// (nil) or could not start. ctx is cancelled when the attempt is
-	// cancelled or the coordinator is lost. The tasks report their end
-	// and their acknowledgements through r.
+	// cancelled or the coordinator is lost. The tasks report through r.
 	Deploy(ctx context.Context, d Deployment, r *Reporter) error
 	// Cancel stops every task of attempt; it returns once they stopped.
 	Cancel(attempt int)
-	// Trigger asks the tasks of attempt for a checkpoint or savepoint.
-	Trigger(attempt int, t Trigger)
-	// Complete: checkpoint id of attempt is complete.
-	Complete(attempt int, id int64)
+	// Mail gives box (its index in the attempt's boxes) of attempt the
+	// mail payload (opaque here: task.AppendMail's encoding), in the
+	// order the coordinator sent it. It must not block (a task.Mailbox's
+	// Put does not).
+	Mail(attempt, box int, payload []byte)
 }
 
 // Deployment is an attempt of the job as a worker runs it.
@@ -101,7 +102,8 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	if cfg.Reconnect <= 0 {
 		cfg.Reconnect = time.Second
 	}
-	opts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.ForceCodec(codec{}))}, cfg.Options...)
+	opts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.ForceCodec(codec{}),
+		grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage))}, cfg.Options...)
 	cc, err := grpc.NewClient(cfg.Coordinator, opts...)
 	if err != nil {
 		return fmt.Errorf("control: worker %s dialing %s: %w", cfg.ID, cfg.Coordinator, err)
@@ -152,7 +154,7 @@ type session struct {
 	// out is the queue of the session's sender goroutine; full is closed
 	// when it overflowed (the session ends: the coordinator reads
 	// nothing).
-	out      chan *message
+	out      *outbox
 	full     chan struct{}
 	fullOnce sync.Once
 
@@ -162,6 +164,10 @@ type session struct {
 	fence, current int
 	cancel         context.CancelFunc
 	deploys        sync.WaitGroup
+	// ready: current's Deploy returned; until then its mail is held in
+	// held (CP7).
+	ready bool
+	held  []Letter
 }
 
 // send queues m for the sender goroutine; it never waits, so neither the
@@ -169,13 +175,11 @@ type session struct {
 // reporting waits for a coordinator that stopped reading. False if the
 // queue is full: the session ends.
 func (s *session) send(m *message) bool {
-	select {
-	case s.out <- m:
+	if s.out.put(m) {
 		return true
-	default:
-		s.fullOnce.Do(func() { close(s.full) })
-		return false
 	}
+	s.fullOnce.Do(func() { close(s.full) })
+	return false
 }
 
 func (w *worker) session(ctx context.Context) (err error) {
@@ -186,7 +190,7 @@ func (w *worker) session(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	s := &session{w: w, stream: cs, out: make(chan *message, sendQueue), full: make(chan struct{})}
+	s := &session{w: w, stream: cs, out: newOutbox(), full: make(chan struct{})}
 	defer s.stopTasks()
 	shape := w.cfg.Shape
 	if err := cs.SendMsg(&message{Kind: kindRegister, Worker: w.cfg.ID, Address: w.cfg.Address, Slots: w.cfg.Slots, Fingerprint: shape.Fingerprint(), Shape: shape}); err != nil {
@@ -223,14 +227,16 @@ func (w *worker) session(ctx context.Context) (err error) {
 	go func() {
 		for {
 			select {
-			case m := <-s.out:
+			case <-s.out.notify:
+			case <-ctx.Done():
+				sendErr <- ctx.Err()
+				return
+			}
+			for _, m := range s.out.take() {
 				if err := cs.SendMsg(m); err != nil {
 					sendErr <- err
 					return
 				}
-			case <-ctx.Done():
-				sendErr <- ctx.Err()
-				return
 			}
 		}
 	}()
@@ -252,7 +258,7 @@ func (w *worker) session(ctx context.Context) (err error) {
 			sendErr <- err
 			return err
 		case <-s.full:
-			return fmt.Errorf("control: worker %s: %d messages wait to be sent: the coordinator reads nothing", w.cfg.ID, sendQueue)
+			return fmt.Errorf("control: worker %s: more than %d messages or %d MiB wait to be sent: the coordinator reads nothing", w.cfg.ID, sendQueue, maxQueued>>20)
 		case <-heard:
 			silence.Reset(w.cfg.CoordinatorTimeout)
 		case <-silence.C:
@@ -310,18 +316,22 @@ func (s *session) receive(ctx context.Context, m *message) {
 			return
 		}
 		w.cfg.Tasks.Cancel(m.Attempt)
-	case kindTrigger, kindComplete:
+	case kindMail:
 		s.mu.Lock()
 		run := m.Attempt > 0 && m.Attempt == s.current
+		hold := run && !s.ready
+		if hold {
+			s.held = append(s.held, m.Letters...)
+		}
 		s.mu.Unlock()
 		if !run {
-			w.logf("control: worker %s: refused %s of checkpoint %d of attempt %d: not running", w.cfg.ID, m.Kind, m.Checkpoint, m.Attempt)
+			w.logf("control: worker %s: refused %d letters of attempt %d: not running", w.cfg.ID, len(m.Letters), m.Attempt)
 			return
 		}
-		if m.Kind == kindTrigger {
-			w.cfg.Tasks.Trigger(m.Attempt, Trigger{Checkpoint: m.Checkpoint, Savepoint: m.Savepoint, Stop: m.Stop})
-		} else {
-			w.cfg.Tasks.Complete(m.Attempt, m.Checkpoint)
+		if !hold {
+			for _, l := range m.Letters {
+				w.cfg.Tasks.Mail(m.Attempt, l.Box, l.Payload)
+			}
 		}
 	default:
 		w.logf("control: worker %s: ignored a %s message", w.cfg.ID, m.Kind)
@@ -345,7 +355,7 @@ func (s *session) deploy(ctx context.Context, m *message) {
 	}
 	// A placement that differs fails the attempt without deploying it.
 	p, err := w.place(m)
-	s.fence, s.current = m.Attempt, 0
+	s.fence, s.current, s.ready, s.held = m.Attempt, 0, false, nil
 	var actx context.Context
 	if err == nil {
 		s.current = m.Attempt
@@ -370,8 +380,32 @@ func (s *session) deploy(ctx context.Context, m *message) {
 			r.Failed(err)
 			return
 		}
+		s.release(m.Attempt)
 		r.send(&message{Kind: kindRunning, Attempt: m.Attempt})
 	}()
+}
+
+// release delivers the mail of attempt held while it deployed, then lets
+// the receiver deliver its mail directly, keeping the order (CP7).
+func (s *session) release(attempt int) {
+	for {
+		s.mu.Lock()
+		if s.current != attempt {
+			s.mu.Unlock()
+			return // cancelled meanwhile
+		}
+		held := s.held
+		s.held = nil
+		if len(held) == 0 {
+			s.ready = true
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		for _, l := range held {
+			s.w.cfg.Tasks.Mail(attempt, l.Box, l.Payload)
+		}
+	}
 }
 
 // place places the worker's own shape on the deploy's workers, as the
@@ -407,10 +441,11 @@ func (r *Reporter) Failed(err error) {
 	r.send(&message{Kind: kindFailed, Attempt: r.attempt, Reason: err.Error()})
 }
 
-// Acknowledge: the worker's tasks acknowledged checkpoint id, their state
-// handles encoded in handles.
-func (r *Reporter) Acknowledge(id int64, handles []byte) {
-	r.send(&message{Kind: kindAck, Attempt: r.attempt, Checkpoint: id, Handles: handles})
+// Report sends a box's report (opaque here: task.AppendReport's
+// encoding) to the coordinator, after the reports made before it. It
+// never waits: reports are queued for the stream, and batched.
+func (r *Reporter) Report(payload []byte) {
+	r.send(&message{Kind: kindReport, Attempt: r.attempt, Reports: [][]byte{payload}})
 }
 
 func (r *Reporter) send(m *message) {
