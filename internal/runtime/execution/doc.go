@@ -12,6 +12,17 @@
 // internal/runtime/task); the driver only puts mail into their unbounded mailboxes
 // and reads their reports (G1).
 //
+// A box (chain subtask) may run in another process: the driver sees it
+// through Attempt's Mailbox interface and its Chain, as it sees a local
+// one. A Remote stands for such boxes in the coordinator process: its
+// Mailbox encodes the master's mail and sends it (task's wire encoding,
+// through the control plane), the reports the workers send back go into
+// Attempt.Reports in order without blocking the receiver, and the box's
+// Chain ends when the box reported Finished, or fails when the Remote
+// failed (its worker lost). The in-process path is unchanged: a
+// *task.Mailbox is the Mailbox, and the master's mail is per checkpoint,
+// never per record.
+//
 // Decisions (the user-facing lifecycle is documented in package graph):
 //
 //   - Executions are told apart by a random id per Start, recorded in

@@ -119,9 +119,10 @@ type Attempt struct {
 	// without a storage.
 	StateFS vfs.FS
 	// Boxes are the chain subtasks (for the master), Mailboxes their
-	// mailboxes and Chains their loops, all in one order.
+	// mailboxes and Chains their loops, all in one order. A box that runs
+	// in another process has a Remote's Mailbox and Chain.
 	Boxes     []master.Box
-	Mailboxes []*task.Mailbox
+	Mailboxes []Mailbox
 	Chains    []Chain
 	// Channels are the attempt's channels, for Execution.Channels.
 	Channels []interface{ Gauges() channel.Gauges }
