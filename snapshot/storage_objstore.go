@@ -46,7 +46,9 @@ import (
 //   - ST17: there is no lock: one writer per job is the caller's
 //     business (the coordinator's lease, next issue); meanwhile a second
 //     writer completing an id the first completed fails (ErrConflict,
-//     OS5).
+//     OS5), and what is not fenced yet is objstore OS9.
+//   - ST13: nothing in shared/ is deleted (this build writes none there,
+//     and cannot tell what another build's checkpoints reference).
 //   - ST19: keys are relative to the store, which is the location's
 //     business (a URL's prefix parameter).
 //   - Discard retires every checkpoint, deletes the objects of
@@ -93,12 +95,15 @@ func RedactLocation(location string) string { return objstore.Redact(location) }
 // openRemote opens the job jobID in the object store at location.
 func openRemote(location, jobID string, opts StorageOptions) (*Storage, error) {
 	if opts.SavepointDir != "" {
-		return nil, fmt.Errorf("snapshot: open storage %s: SavepointDir %q with checkpoints on object storage: savepoints go to the same store", location, opts.SavepointDir)
+		return nil, fmt.Errorf("snapshot: open storage %s: SavepointDir %q with checkpoints on object storage: savepoints go to the same store", RedactLocation(location), opts.SavepointDir)
 	}
 	ctx := context.Background()
 	store, err := objstore.Open(ctx, location)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: open storage: %w", err)
+	}
+	if opts.wrapStore != nil {
+		store = opts.wrapStore(store)
 	}
 	job, err := objstore.NewJob(store, jobID)
 	if err != nil {
@@ -118,15 +123,22 @@ func openRemote(location, jobID string, opts StorageOptions) (*Storage, error) {
 		s.logf = func(string, ...any) {}
 	}
 	// ST5: what interrupted checkpoints left.
-	if _, err := job.Collect(ctx, noShared, nil); err != nil {
+	if _, err := job.Collect(ctx, noShared, keepShared); err != nil {
 		s.logf("snapshot: open storage %s: deleting what interrupted checkpoints left failed (retried after the next checkpoint): %v", s.LogPath(), err)
 	}
 	return s, nil
 }
 
-// noShared is Collect's refs: checkpoints on object storage reference
-// no shared objects (no native state).
+// noShared is Collect's refs: the checkpoints this build writes on object
+// storage reference no shared objects (no native state).
 func noShared(objstore.Record, []byte) ([]string, error) { return nil, nil }
+
+// keepShared is Collect's keep: every object of shared/ stays. This build
+// does not decode the native-state references of a metadata (noShared),
+// so it cannot tell which shared objects a complete checkpoint written by
+// a build with native state on object storage references (Pebble's
+// sstables, ST12): it deletes none of them.
+func keepShared(objstore.Attrs) bool { return true }
 
 func (s *Storage) remotePath(dir string) string { return s.jobID + "/" + dir }
 
