@@ -86,7 +86,9 @@ type crashWriter struct {
 	key string
 }
 
-func (w *crashWriter) Commit() error { return w.c.write("create "+w.key, w.Writer.Commit, w.Writer.Abort) }
+func (w *crashWriter) Commit() error {
+	return w.c.write("create "+w.key, w.Writer.Commit, w.Writer.Abort)
+}
 
 func (c *crashStore) Delete(ctx context.Context, key string) error {
 	return c.write("delete "+key, func() error { return c.Store.Delete(ctx, key) }, func() error { return nil })
