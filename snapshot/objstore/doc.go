@@ -182,8 +182,9 @@
 // snapshot.Storage keeps a job here when its location is a URL
 // (snapshot/storage_objstore.go): keyed-state objects streamed by
 // Store.Create, channel-state objects by Put, Job.Complete, Job.Retire
-// for retention, DropIncomplete for the checkpoints that can no longer
-// complete, DropRecord for the records of long-retired checkpoints (the
+// for retention, DropIncomplete (one listing of the job, reading no
+// record) and DropIncompleteID (one checkpoint) for the checkpoints that
+// can no longer complete, DropRecord for the records of long-retired checkpoints (the
 // completed log's compaction), and readers through ReadFS (a read-only
 // vfs.FS: a path is a key, a directory a key prefix, File.ReadAt one
 // ranged read), so that package restore reads a store as it reads a
