@@ -101,6 +101,30 @@ func Latest(st *snapshot.Storage, allowFallback bool, logf Logf) (*checkpoint.Me
 	return latest(st, allowFallback, logf, nil)
 }
 
+// LatestID returns the id of the checkpoint (or stop-with-savepoint)
+// that Latest would restore from the job jobID at location, a local
+// directory or an object-store URL (snapshot.OpenStorage), or 0 if there
+// is none: what a restarted coordinator gives its scheduler
+// (cluster.Config.Latest). Its errors are Latest's, ErrFallback
+// included. It opens the job's storage for the call, with its cleanup
+// (ST5) and, on a local directory, its lock (ST17: it fails with
+// snapshot.ErrLocked while another Storage holds the job); a coordinator
+// that keeps the storage open calls Latest on it instead.
+func LatestID(location, jobID string, allowFallback bool, logf Logf) (int64, error) {
+	st, err := snapshot.OpenStorage(location, jobID, snapshot.StorageOptions{Logf: logf})
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	md, _, err := Latest(st, allowFallback, logf)
+	if cerr := st.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("restore: %w", cerr)
+	}
+	if err != nil || md == nil {
+		return 0, err
+	}
+	return md.CheckpointID, nil
+}
+
 // LatestPlan chooses the checkpoint as Latest does, assigns its state to
 // ops as Assign does, and checks the keyed-state blocks that the plan's
 // subtasks need (LoadKeyedState): reading only those blocks. A

@@ -329,6 +329,10 @@ type StorageOptions struct {
 	// Write), a torn last log record dropped by OpenStorage. nil discards
 	// them.
 	Logf func(format string, args ...any)
+
+	// wrapStore, if set, wraps the object store of a URL location (the
+	// tests' fault injection and call counting).
+	wrapStore func(objstore.Store) objstore.Store
 }
 
 // CheckpointRef names a complete checkpoint directory in a Storage.
@@ -409,11 +413,15 @@ func (s *Storage) subsumed(kind marker.Kind, id int64, err error) error {
 // with ErrLocked if another Storage holds the job directory (ST17); the
 // lock is held until Close or Discard.
 func OpenStorage(dir, jobID string, opts StorageOptions) (*Storage, error) {
+	where := dir
+	if IsObjectStoreLocation(dir) {
+		where = RedactLocation(dir) // no credentials in messages
+	}
 	if jobID == "" || jobID == "." || jobID == ".." || strings.ContainsAny(jobID, `/\`) {
-		return nil, fmt.Errorf("snapshot: open storage in %s: job id %q is not a single path element", dir, jobID)
+		return nil, fmt.Errorf("snapshot: open storage in %s: job id %q is not a single path element", where, jobID)
 	}
 	if opts.Retain < 0 {
-		return nil, fmt.Errorf("snapshot: open storage in %s: negative Retain %d", dir, opts.Retain)
+		return nil, fmt.Errorf("snapshot: open storage in %s: negative Retain %d", where, opts.Retain)
 	}
 	if IsObjectStoreLocation(dir) {
 		return openRemote(dir, jobID, opts)

@@ -38,6 +38,18 @@ import (
 //     Retain (objstore.Job.Retire: _metadata first, the record stays, OS6);
 //     records of retired checkpoints beyond the newest 64 are dropped (the
 //     log's compaction, ST6).
+//   - Tidy is incremental (at a 100 ms interval on S3 each call costs):
+//     the Storage reads the records once, at open, and adds those of its
+//     own completions; it retires and drops by that view, which holds
+//     only records that exist (a record another writer adds is missing
+//     from it: retention then retires less, never more). The incomplete
+//     chk-M it drops are the ids since its last Tidy that have no record,
+//     each listed alone (objstore.Job.DropIncompleteID, which stats the
+//     record afresh); every 64th Tidy, or after a gap of more than 16
+//     ids, one listing of the job (DropIncomplete, reading no record)
+//     catches the state a subtask wrote into a checkpoint already
+//     dropped. In the steady state a Tidy makes a constant number of
+//     calls and reads no record (TestStorageObjectStoreCalls).
 //   - ST5, ST10: OpenStorage and Tidy delete the objects of incomplete
 //     chk-M below the newest completed id (objstore.Job.Collect, OS7),
 //     Finished those of every incomplete chk-M. A keyed-state write into
@@ -46,7 +58,9 @@ import (
 //   - ST17: there is no lock: one writer per job is the caller's
 //     business (the coordinator's lease, next issue); meanwhile a second
 //     writer completing an id the first completed fails (ErrConflict,
-//     OS5).
+//     OS5), and what is not fenced yet is objstore OS9.
+//   - ST13: nothing in shared/ is deleted (this build writes none there,
+//     and cannot tell what another build's checkpoints reference).
 //   - ST19: keys are relative to the store, which is the location's
 //     business (a URL's prefix parameter).
 //   - Discard retires every checkpoint, deletes the objects of
@@ -59,9 +73,17 @@ import (
 type remote struct {
 	store objstore.Store
 	job   *objstore.Job
-	// retired are the checkpoints this Storage retired (no need to retire
+	// records are the completion records this Storage knows of, by id:
+	// read at open, then those of its own completions; their ids sorted
+	// in ids. retired are those of them it retired (no need to retire
 	// them again).
+	records map[int64]objstore.Record
+	ids     []int64
 	retired map[int64]bool
+	// swept is the id below which Tidy dropped every incomplete chk-M
+	// (as far as it saw); tidies counts the Tidy calls that did work.
+	swept  int64
+	tidies int
 	// closed: the store was closed (Close, Discard).
 	closed bool
 }
@@ -93,12 +115,15 @@ func RedactLocation(location string) string { return objstore.Redact(location) }
 // openRemote opens the job jobID in the object store at location.
 func openRemote(location, jobID string, opts StorageOptions) (*Storage, error) {
 	if opts.SavepointDir != "" {
-		return nil, fmt.Errorf("snapshot: open storage %s: SavepointDir %q with checkpoints on object storage: savepoints go to the same store", location, opts.SavepointDir)
+		return nil, fmt.Errorf("snapshot: open storage %s: SavepointDir %q with checkpoints on object storage: savepoints go to the same store", RedactLocation(location), opts.SavepointDir)
 	}
 	ctx := context.Background()
 	store, err := objstore.Open(ctx, location)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: open storage: %w", err)
+	}
+	if opts.wrapStore != nil {
+		store = opts.wrapStore(store)
 	}
 	job, err := objstore.NewJob(store, jobID)
 	if err != nil {
@@ -112,21 +137,56 @@ func openRemote(location, jobID string, opts StorageOptions) (*Storage, error) {
 		savepointDir: jobID,
 		retain:       max(opts.Retain, 1),
 		logf:         opts.Logf,
-		remote:       &remote{store: store, job: job, retired: make(map[int64]bool)},
+		remote:       &remote{store: store, job: job, records: make(map[int64]objstore.Record), retired: make(map[int64]bool)},
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}
+	recs, err := job.Completed(ctx)
+	if err != nil {
+		_ = store.Close()
+		return nil, fmt.Errorf("snapshot: open storage %s: %w", s.LogPath(), err)
+	}
+	for _, r := range recs {
+		s.remote.addRecord(r)
+		s.remote.swept = max(s.remote.swept, r.ID)
+	}
 	// ST5: what interrupted checkpoints left.
-	if _, err := job.Collect(ctx, noShared, nil); err != nil {
+	if _, err := job.Collect(ctx, noShared, keepShared); err != nil {
 		s.logf("snapshot: open storage %s: deleting what interrupted checkpoints left failed (retried after the next checkpoint): %v", s.LogPath(), err)
 	}
 	return s, nil
 }
 
-// noShared is Collect's refs: checkpoints on object storage reference
-// no shared objects (no native state).
+// addRecord adds r to the records known.
+func (r *remote) addRecord(rec objstore.Record) {
+	if _, ok := r.records[rec.ID]; ok {
+		return
+	}
+	r.records[rec.ID] = rec
+	i, _ := slices.BinarySearch(r.ids, rec.ID)
+	r.ids = slices.Insert(r.ids, i, rec.ID)
+}
+
+// dropRecord removes id from the records known.
+func (r *remote) dropRecord(id int64) {
+	delete(r.records, id)
+	delete(r.retired, id)
+	if i, ok := slices.BinarySearch(r.ids, id); ok {
+		r.ids = slices.Delete(r.ids, i, i+1)
+	}
+}
+
+// noShared is Collect's refs: the checkpoints this build writes on object
+// storage reference no shared objects (no native state).
 func noShared(objstore.Record, []byte) ([]string, error) { return nil, nil }
+
+// keepShared is Collect's keep: every object of shared/ stays. This build
+// does not decode the native-state references of a metadata (noShared),
+// so it cannot tell which shared objects a complete checkpoint written by
+// a build with native state on object storage references (Pebble's
+// sstables, ST12): it deletes none of them.
+func keepShared(objstore.Attrs) bool { return true }
 
 func (s *Storage) remotePath(dir string) string { return s.jobID + "/" + dir }
 
@@ -171,6 +231,7 @@ func (s *Storage) persistRemote(md, written *checkpoint.Metadata, files []channe
 	if err != nil {
 		return "", fmt.Errorf("snapshot: write %s %d: %w", kind, id, err)
 	}
+	s.remote.addRecord(rec)
 	ref := completedRef(s, rec)
 	s.untidy = append(s.untidy, ref)
 	return ref.Path, nil
@@ -195,49 +256,69 @@ func (s *Storage) tidyRemote() {
 	}
 }
 
+// Tidy's full sweep: every sweepEvery-th Tidy, or when more than
+// sweepGap ids passed since the last, one listing of the job replaces
+// the per-id listings of the incomplete checkpoints.
+const (
+	sweepEvery = 64
+	sweepGap   = 16
+)
+
 // retainRemote retires the checkpoints beyond the newest Retain (if
 // retention), drops the records of retired checkpoints beyond the newest
-// 64, and deletes what incomplete checkpoints below the id below left.
+// 64, and deletes what incomplete checkpoints below the id below left,
+// by the records this Storage knows (remote).
 func (s *Storage) retainRemote(retention bool, below int64) error {
 	ctx := context.Background()
-	j := s.remote.job
-	recs, err := j.Completed(ctx)
-	if err != nil {
-		return err
-	}
-	var chk []objstore.Record
-	for _, r := range recs {
-		if r.Kind == marker.Checkpoint {
-			chk = append(chk, r)
+	r, j := s.remote, s.remote.job
+	var errs []error
+	var chk []int64
+	for _, id := range r.ids {
+		if r.records[id].Kind == marker.Checkpoint {
+			chk = append(chk, id)
 		}
 	}
-	var errs []error
 	if retention && len(chk) > s.retain {
 		old := chk[:len(chk)-s.retain]
-		for _, r := range old {
-			if s.remote.retired[r.ID] {
+		for _, id := range old {
+			if r.retired[id] {
 				continue
 			}
-			if err := j.Retire(ctx, r); err != nil {
-				errs = append(errs, err)
+			if err := j.Retire(ctx, r.records[id]); err != nil {
+				errs = append(errs, fmt.Errorf("retire %s %d: %w", marker.Checkpoint, id, err))
 				continue
 			}
-			s.remote.retired[r.ID] = true
+			r.retired[id] = true
 		}
 		if drop := len(old) - logCompactKeep; drop > 0 {
-			for _, r := range old[:drop] {
-				if !s.remote.retired[r.ID] {
+			for _, id := range old[:drop] {
+				if !r.retired[id] {
 					continue
 				}
-				if err := j.DropRecord(ctx, r.ID); err != nil {
+				if err := j.DropRecord(ctx, id); err != nil {
 					errs = append(errs, err)
+					continue
 				}
+				r.dropRecord(id)
 			}
 		}
 	}
-	if _, err := j.DropIncomplete(ctx, below); err != nil {
-		errs = append(errs, err)
+	r.tidies++
+	if r.tidies%sweepEvery == 0 || below-r.swept > sweepGap {
+		if _, err := j.DropIncomplete(ctx, below); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+	} else {
+		for id := r.swept; id < below; id++ {
+			if _, ok := r.records[id]; ok {
+				continue
+			}
+			if _, err := j.DropIncompleteID(ctx, id); err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+		}
 	}
+	r.swept = max(r.swept, below)
 	return errors.Join(errs...)
 }
 

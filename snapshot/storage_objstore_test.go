@@ -229,3 +229,97 @@ func TestStorageObjectStoreRefuses(t *testing.T) {
 		t.Fatalf("WriteNativeState on object storage: %v", err)
 	}
 }
+
+// TestStorageObjectStoreErrorsHideCredentials: OpenStorage's refusals
+// name a URL location without the user information it may hold.
+func TestStorageObjectStoreErrorsHideCredentials(t *testing.T) {
+	const loc = "s3://AKIAEXAMPLE:s3cr3tKey@bucket?region=us-east-1"
+	for name, f := range map[string]func() error{
+		"SavepointDir": func() error {
+			_, err := OpenStorage(loc, storageTestJobID, StorageOptions{SavepointDir: "/sp"})
+			return err
+		},
+		"job id": func() error { _, err := OpenStorage(loc, "a/b", StorageOptions{}); return err },
+		"Retain": func() error { _, err := OpenStorage(loc, storageTestJobID, StorageOptions{Retain: -1}); return err },
+	} {
+		err := f()
+		if err == nil || strings.Contains(err.Error(), "s3cr3tKey") || strings.Contains(err.Error(), "AKIAEXAMPLE") || !strings.Contains(err.Error(), "s3://bucket") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestStorageObjectStoreKeepsSharedObjects: opening a job on object
+// storage deletes no object of shared/: it cannot tell which of them a
+// complete checkpoint references (Pebble's sstables of a job written by
+// a build with native state on object storage), so retention leaves them.
+func TestStorageObjectStoreKeepsSharedObjects(t *testing.T) {
+	loc := fmt.Sprintf("mem://snapshot-test-%d", memSeq.Add(1))
+	s := openAt(t, loc, StorageOptions{})
+	if _, err := s.Write(locationMD(t, s, 1)); err != nil {
+		t.Fatal(err)
+	}
+	key := s.remote.job.Key(SharedStateDir + "/op-0-a.sst")
+	if err := objstore.Put(context.Background(), s.remote.store, key, []byte("sstable")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openAt(t, loc, StorageOptions{})
+	if _, err := s.Write(locationMD(t, s, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.remote.store.Stat(context.Background(), key); err != nil {
+		t.Fatalf("a shared object after reopening and a checkpoint: %v", err)
+	}
+}
+
+// TestStorageTwoWritersOneID: two coordinators writing checkpoint 2 of
+// one job on object storage (a deposed one and its successor, objstore
+// OS5, OS9): the second keyed-state create of a name fails (write-once),
+// the first Persist wins, the other's fails with objstore.ErrConflict,
+// and readers see the winner's checkpoint only; a Tidy by either leaves
+// the winner's checkpoint.
+func TestStorageTwoWritersOneID(t *testing.T) {
+	for name, loc := range map[string]string{
+		"memblob": fmt.Sprintf("mem://snapshot-test-%d", memSeq.Add(1)),
+		"s3":      fakeS3(t),
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := openAt(t, loc, StorageOptions{})
+			b := openAt(t, loc, StorageOptions{})
+			if _, err := a.Write(locationMD(t, a, 1)); err != nil {
+				t.Fatal(err)
+			}
+			mdA := locationMD(t, a, 2)
+			_, err := b.WriteKeyedState(context.Background(), 2, marker.Checkpoint,
+				checkpoint.TaskID{Operator: keyedTestUID, Subtask: 0}, keyedTestStates(3))
+			if !errors.Is(err, objstore.ErrExist) {
+				t.Fatalf("the second writer's keyed state of the same name: %v", err)
+			}
+			mdB := storageTestMD(2, marker.Checkpoint)
+			if _, err := b.Persist(mdB); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Persist(mdA); !errors.Is(err, objstore.ErrConflict) {
+				t.Fatalf("the losing writer's Persist: %v", err)
+			}
+			a.Tidy()
+			b.Tidy()
+			r := openAt(t, loc, StorageOptions{})
+			// B never read the record of 1 (it opened before): its
+			// retention retires less, never more.
+			if ids := checkpointIDs(t, r); !slices.Equal(ids, []int64{1, 2}) {
+				t.Fatalf("checkpoints %v, want [1 2]", ids)
+			}
+			got, err := ReadMetadata(r.FS(), r.FS().PathJoin(r.JobDir(), "chk-2"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Operators) != len(mdB.Operators) {
+				t.Fatalf("checkpoint 2 reads as the loser's: %d operators", len(got.Operators))
+			}
+		})
+	}
+}

@@ -135,13 +135,56 @@
 // in-memory filesystem, keeping only synced data), which checks the
 // syncs inside Commit and Delete.
 //
+// # Two writers: what fences a deposed coordinator, what does not (OS9)
+//
+// ST17's flock has no object-store counterpart: one writer per job is
+// the coordinator's business (a lease, next issue). A lease alone fences
+// nothing here: S3 takes no fencing token, so a deposed coordinator that
+// was paused (GC, a partition) still sends the PUTs and DELETEs it had
+// started, or starts new ones before it notices. What the store itself
+// enforces today:
+//
+//   - one id, two writers: the first record create wins, the other's
+//     Complete fails with ErrConflict (OS5); their state objects of the
+//     same name are write-once, so the second create fails (ErrExist)
+//     and that subtask's snapshot fails, except a Put of identical
+//     bytes, which is harmless. No checkpoint mixes two writers' objects
+//     of one name.
+//   - Collect and DropIncomplete read the records afresh, so a stale
+//     writer never deletes a checkpoint that has a record; retention
+//     keeps the newest records' checkpoints whoever runs it.
+//
+// (snapshot's TestStorageTwoWritersOneID checks both through Storage.)
+// What it does not stop: a deposed coordinator completing an id its
+// successor never uses. The successor's NextID is above every record and chk-N it saw,
+// but the deposed one may complete an id it triggered earlier (below),
+// or trigger new ones (above, possibly the successor's ids). Then (a) a
+// later restore may take the deposed lineage's checkpoint as the
+// latest, although the successor restored an older one and replayed
+// since (sinks of both lineages may commit: duplicates); (b) the
+// deposed one's retention may retire the checkpoint the successor is
+// restoring from, while it reads it; (c) its DropIncomplete, below an
+// id it completed, deletes the successor's checkpoint in progress.
+//
+// What the HA issue needs, on conditional writes only: an epoch object
+// per takeover. The successor lists the records, then creates
+// <job>/_epochs/<E> write-once (E above every epoch; ErrExist: another
+// took over, step down), holding the ids it listed and the first id it
+// will use. A record of an id below the newest epoch's first id that
+// the epoch does not list is void for every reader (the deposed
+// lineage: created after the successor's listing); a writer re-reads
+// the epochs after its record create and before each retention or
+// collection, and stops if a newer one exists. A listing is strongly
+// consistent on S3, GCS and Azure, so the listed set is exact.
+//
 // # Used by snapshot.Storage; next: the Pebble native state
 //
 // snapshot.Storage keeps a job here when its location is a URL
 // (snapshot/storage_objstore.go): keyed-state objects streamed by
 // Store.Create, channel-state objects by Put, Job.Complete, Job.Retire
-// for retention, DropIncomplete for the checkpoints that can no longer
-// complete, DropRecord for the records of long-retired checkpoints (the
+// for retention, DropIncomplete (one listing of the job, reading no
+// record) and DropIncompleteID (one checkpoint) for the checkpoints that
+// can no longer complete, DropRecord for the records of long-retired checkpoints (the
 // completed log's compaction), and readers through ReadFS (a read-only
 // vfs.FS: a path is a key, a directory a key prefix, File.ReadAt one
 // ranged read), so that package restore reads a store as it reads a
@@ -173,11 +216,7 @@
 //     store's clock). Until then snapshot refuses it
 //     (snapshot.ErrNativeOnObjectStore) and graph asks for
 //     State.FullCheckpoints.
-//   - ST17's flock has no object-store counterpart: one writer per job
-//     is the coordinator's lease (next issue, HA); meanwhile OS5 keeps a
-//     second coordinator from completing an id twice, and Collect run
-//     by a stale coordinator deletes less, never more (it reads the
-//     records afresh).
+//   - Fencing (OS9, for the HA issue): see "Two writers" below.
 //   - The local directory can move onto Dir and Job too, reading an old
 //     _completed log once.
 package objstore

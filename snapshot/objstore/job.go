@@ -339,27 +339,52 @@ func firstErr(first, err error) error {
 // no completion record and M < below (checkpoints that can no longer
 // complete: aborted, subsumed, or every one still open when the job
 // finished), and returns their keys. Savepoint directories stay, as in
-// Collect.
+// Collect. It makes one listing of the job, which names the records too
+// (their presence is what counts, OS3): it reads none of them.
 func (j *Job) DropIncomplete(ctx context.Context, below int64) ([]string, error) {
-	recs, err := j.Completed(ctx)
-	if err != nil {
-		return nil, err
-	}
-	recorded := make(map[string]bool, len(recs))
-	for _, r := range recs {
-		recorded[r.Dir] = true
-	}
 	objs, err := j.s.List(ctx, j.prefix)
 	if err != nil {
 		return nil, err
+	}
+	recorded := make(map[int64]bool)
+	for _, o := range objs {
+		if name, ok := strings.CutPrefix(strings.TrimPrefix(o.Key, j.prefix), CompletedDir+"/"); ok {
+			if id, ok := parseRecordName(name); ok {
+				recorded[id] = true
+			}
+		}
 	}
 	var deleted []string
 	for _, o := range objs {
 		dir, _, nested := strings.Cut(strings.TrimPrefix(o.Key, j.prefix), "/")
 		id, ok := parseCheckpointDir(dir)
-		if !nested || !ok || recorded[dir] || id >= below {
+		if !nested || !ok || recorded[id] || id >= below {
 			continue
 		}
+		if err := j.s.Delete(ctx, o.Key); err != nil {
+			return deleted, err
+		}
+		deleted = append(deleted, o.Key)
+	}
+	return deleted, nil
+}
+
+// DropIncompleteID is DropIncomplete for the one directory chk-<id>: it
+// lists that directory and, if it holds objects, deletes them unless id
+// has a completion record (a stat of it), and returns their keys.
+func (j *Job) DropIncompleteID(ctx context.Context, id int64) ([]string, error) {
+	objs, err := j.s.List(ctx, j.Key(SnapshotDir(marker.Checkpoint, id)+"/"))
+	if err != nil || len(objs) == 0 {
+		return nil, err
+	}
+	switch _, err := j.s.Stat(ctx, j.Key(CompletedDir+"/"+RecordName(id))); {
+	case err == nil:
+		return nil, nil // complete
+	case !errors.Is(err, ErrNotExist):
+		return nil, err
+	}
+	var deleted []string
+	for _, o := range objs {
 		if err := j.s.Delete(ctx, o.Key); err != nil {
 			return deleted, err
 		}

@@ -24,7 +24,9 @@
 //     restores the latest completed checkpoint once there are enough
 //     slots, waiting for them up to SlotTimeout and then failing or, when
 //     configured, rescaling down to the slots there are (Flink's adaptive
-//     scheduler).
+//     scheduler). A cancel request (CancelRequested, Flink's cancel: a
+//     plain stop without a savepoint) cancels the live attempt and ends
+//     the job, its checkpoints kept (Cancelled names the newest).
 //
 // Invariants (scripts in testdata/, the randomized TestSchedulerRandom):
 //
@@ -48,11 +50,12 @@
 //     attempt. An event naming an attempt that is not the live one
 //     (running, finished, failed, a checkpoint) changes nothing; a worker
 //     reporting tasks of an attempt that is not live is told to cancel
-//     them. Nothing is deployed after Finished or Failed.
+//     them. Nothing is deployed after Finished, Failed or Cancelled.
 //   - CL5 (scheduler.go). A Deploy uses only slots of registrations that
 //     are not lost, and a live attempt never keeps a lost one: declaring a
 //     registration lost cancels the attempt using its slots in the same
-//     Step (and no other attempt is cancelled but one that failed). A
+//     Step (and no other attempt is cancelled but one that failed, or
+//     the live one at a cancel request, CL9). A
 //     heartbeat or cut of a registration that is not current changes
 //     nothing (a heartbeat is answered with Reject); a worker is declared
 //     lost at a Tick only when its last heartbeat is older than
@@ -72,4 +75,11 @@
 //   - CL8 (scheduler.go). Step is a function of the Config and the
 //     sequence of events: time is only what events carry, never going
 //     back, and workers are visited in id order.
+//   - CL9 (scheduler.go). A CancelRequested ends a job that has not
+//     ended in the same Step: the live attempt, if any, is cancelled
+//     (Cancel of every worker of its placement), then Cancelled names
+//     the newest completed checkpoint as CL6 would restore it (the
+//     checkpoints stay: the driver neither discards them nor takes a
+//     savepoint). The restart strategy is not asked; a cancel request
+//     after the end changes nothing.
 package cluster

@@ -99,6 +99,13 @@ type CheckpointCompleted struct {
 	ID      int64
 }
 
+// CancelRequested: cancel the job, without a savepoint (Flink's cancel):
+// its tasks are cancelled and the job ends, its completed checkpoints
+// kept, so that a later job restores the newest (CL9). A stop with a
+// savepoint is the snapshot coordinator's (a savepoint, then the end of
+// input); this is the plain stop.
+type CancelRequested struct{ Reason string }
+
 func (WorkerRegistered) isEvent()    {}
 func (Heartbeat) isEvent()           {}
 func (Tick) isEvent()                {}
@@ -108,6 +115,7 @@ func (AttemptRunning) isEvent()      {}
 func (AttemptFinished) isEvent()     {}
 func (AttemptFailed) isEvent()       {}
 func (CheckpointCompleted) isEvent() {}
+func (CancelRequested) isEvent()     {}
 
 // Action is an output of Scheduler.Step, for the driver to carry out.
 type Action interface{ isAction() }
@@ -166,6 +174,14 @@ type Finished struct{}
 // Failed: the job failed for good.
 type Failed struct{ Err error }
 
+// Cancelled: the job ended at a CancelRequested. Its checkpoints stay;
+// Latest is the newest completed one (a live attempt's, or Config.Latest;
+// 0: none), what a job restoring from this one's storage restores.
+type Cancelled struct {
+	Latest int64
+	Reason string
+}
+
 func (Registered) isAction()   {}
 func (Reject) isAction()       {}
 func (DeclareLost) isAction()  {}
@@ -174,6 +190,7 @@ func (Cancel) isAction()       {}
 func (WaitForSlots) isAction() {}
 func (Finished) isAction()     {}
 func (Failed) isAction()       {}
+func (Cancelled) isAction()    {}
 
 type phase uint8
 
@@ -185,10 +202,11 @@ const (
 	live                    // an attempt is deployed
 	finished
 	failed
+	cancelled
 )
 
 func (p phase) String() string {
-	return [...]string{"idle", "pending", "restarting", "waiting", "live", "finished", "failed"}[p]
+	return [...]string{"idle", "pending", "restarting", "waiting", "live", "finished", "failed", "cancelled"}[p]
 }
 
 type member struct {
@@ -313,6 +331,8 @@ func (s *Scheduler) Step(dst []Action, ev Event) []Action {
 			s.latest = e.ID
 		}
 		return dst
+	case CancelRequested:
+		return s.cancelJob(dst, e.Reason)
 	}
 	panic(fmt.Sprintf("cluster: unknown event %T", ev))
 }
@@ -386,6 +406,20 @@ func (s *Scheduler) cancel(dst []Action, reason string) []Action {
 		s.phase, s.until = restarting, s.now.Add(delay)
 	}
 	return dst
+}
+
+// cancelJob ends the job at a cancel request (CL9): the live attempt's
+// tasks are cancelled (no restart strategy asked: nothing failed), then
+// Cancelled. A job that ended already is left as it is.
+func (s *Scheduler) cancelJob(dst []Action, reason string) []Action {
+	switch s.phase {
+	case finished, failed, cancelled:
+		return dst
+	case live:
+		dst = append(dst, Cancel{Attempt: s.attempt, Reason: "job cancelled: " + reason})
+	}
+	s.phase, s.running = cancelled, false
+	return append(dst, Cancelled{Latest: s.latest, Reason: reason})
 }
 
 func (s *Scheduler) describeAttempt() string {

@@ -32,6 +32,7 @@ var epoch = time.Unix(0, 0).UTC()
 //	finished attempt=N
 //	failed attempt=N err=S
 //	completed attempt=N id=N                      (CheckpointCompleted)
+//	cancel-job reason=S                           (CancelRequested)
 //	state                                         (Scheduler.String, NextDeadline)
 //
 // Every event prints the actions of its Step, one per line:
@@ -44,8 +45,9 @@ var epoch = time.Unix(0, 0).UTC()
 //	wait needed=N offered=N until=D
 //	finished
 //	failed: <error>
+//	cancelled latest=N: <reason>
 //
-// and every Step is checked against CL4-CL6 (invariants).
+// and every Step is checked against CL4-CL6 and CL9 (invariants).
 func TestScheduler(t *testing.T) {
 	datadriven.Walk(t, "testdata/scheduler", func(t *testing.T, path string) {
 		var s *Scheduler
@@ -154,6 +156,8 @@ func scriptEvent(t *testing.T, d *datadriven.TestData) Event {
 		return AttemptFailed{Attempt: num("attempt"), Err: str("err")}
 	case "completed":
 		return CheckpointCompleted{Attempt: num("attempt"), ID: int64(num("id"))}
+	case "cancel-job":
+		return CancelRequested{Reason: str("reason")}
 	}
 	t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
 	return nil
@@ -196,6 +200,8 @@ func formatAction(a Action) string {
 		return "finished"
 	case Failed:
 		return "failed: " + a.Err.Error()
+	case Cancelled:
+		return fmt.Sprintf("cancelled latest=%d: %s", a.Latest, a.Reason)
 	}
 	return fmt.Sprintf("unknown action %T", a)
 }
@@ -203,8 +209,10 @@ func formatAction(a Action) string {
 // invariants follows a scheduler's events and actions and checks what it
 // can see from outside: CL4 (one live attempt, attempts numbered without
 // gaps, stale events change nothing, nothing after the end), CL5 (deploys
-// only on registrations not lost, none kept by a live attempt) and CL6
-// (restore the newest checkpoint a live attempt completed).
+// only on registrations not lost, none kept by a live attempt), CL6
+// (restore the newest checkpoint a live attempt completed) and CL9 (a
+// cancel request cancels the live attempt and ends the job, naming the
+// newest completed checkpoint).
 type invariants struct {
 	// alive are the registrations registered and not declared lost.
 	alive map[string]uint64
@@ -236,6 +244,8 @@ func (v *invariants) check(ev Event, acts []Action) error {
 		stale = e.Attempt != v.live
 	case ConnectionLost:
 		stale = v.alive[e.Worker] != e.Session || e.Session == 0
+	case CancelRequested:
+		stale = v.done
 	}
 	if stale && len(acts) > 0 {
 		return fmt.Errorf("CL4/CL5: a stale %T gave %v", ev, acts)
@@ -243,7 +253,7 @@ func (v *invariants) check(ev Event, acts []Action) error {
 	lostSlot := "" // a worker with slots of the live attempt declared lost
 	for _, a := range acts {
 		switch a.(type) {
-		case Deploy, Finished, Failed:
+		case Deploy, Finished, Failed, Cancelled:
 			if v.done {
 				return fmt.Errorf("CL4: %s after the job ended", formatAction(a))
 			}
@@ -284,7 +294,8 @@ func (v *invariants) check(ev Event, acts []Action) error {
 				if a.Attempt != v.live {
 					return fmt.Errorf("CL4: cancel of attempt %d, live is %d", a.Attempt, v.live)
 				}
-				if f, ok := ev.(AttemptFailed); !ok || f.Attempt != v.live {
+				_, cancelJob := ev.(CancelRequested)
+				if f, ok := ev.(AttemptFailed); (!ok || f.Attempt != v.live) && !cancelJob {
 					if lostSlot == "" {
 						return fmt.Errorf("CL5: attempt %d cancelled, neither failed nor on a lost worker's slots", a.Attempt)
 					}
@@ -303,7 +314,21 @@ func (v *invariants) check(ev Event, acts []Action) error {
 				return fmt.Errorf("CL4: failed while attempt %d is live", v.live)
 			}
 			v.done = true
+		case Cancelled:
+			if _, ok := ev.(CancelRequested); !ok {
+				return fmt.Errorf("CL9: cancelled at a %T", ev)
+			}
+			if v.live != 0 {
+				return fmt.Errorf("CL9: cancelled while attempt %d is live", v.live)
+			}
+			if a.Latest != v.latest {
+				return fmt.Errorf("CL9: cancelled naming checkpoint %d, the newest completed is %d", a.Latest, v.latest)
+			}
+			v.done = true
 		}
+	}
+	if _, ok := ev.(CancelRequested); ok && !v.done {
+		return fmt.Errorf("CL9: the job goes on after a cancel request (%v)", acts)
 	}
 	// CL5: the live attempt keeps no lost registration.
 	if v.placement != nil {
@@ -324,8 +349,8 @@ var (
 // TestSchedulerRandom drives schedulers with random events (workers
 // registering again, heartbeats of current and stale registrations and
 // attempts, time jumps past the timeouts, cut connections, attempts
-// failing, checkpoints of live and stale attempts) and checks CL4-CL6
-// after every Step, and CL8: a second scheduler fed the same events gives
+// failing, checkpoints of live and stale attempts, cancel requests) and
+// checks CL4-CL6 and CL9 after every Step, and CL8: a second scheduler fed the same events gives
 // the same actions. A failure prints the seed; -cluster.seed replays it.
 func TestSchedulerRandom(t *testing.T) {
 	seeds := []uint64{*seedFlag}
@@ -406,6 +431,8 @@ func runRandom(t *testing.T, seed uint64, steps int) {
 			ev = AttemptFailed{Attempt: near, Err: "boom"}
 		case r < 81:
 			ev = AttemptFinished{Attempt: near}
+		case r < 82:
+			ev = CancelRequested{Reason: "by the user"}
 		default:
 			nextID++
 			ev = CheckpointCompleted{Attempt: near, ID: nextID}
