@@ -230,14 +230,8 @@ func (cj *commitJob) build(t testing.TB) *graph.Job {
 	if cj.table == nil {
 		cj.table = newMemTable(cj.chaos)
 	}
-	logf := func(f string, a ...any) {
-		cj.mu.Lock()
-		cj.logs = append(cj.logs, fmt.Sprintf(f, a...))
-		cj.mu.Unlock()
-		if cj.Logf != nil {
-			cj.Logf(f, a...)
-		}
-	}
+	cj.record.Logf, cj.record.Chaos = cj.Logf, cj.chaos
+	logf := cj.record.Log
 	ck := graph.CheckpointConfig{Interval: cj.Interval, Mode: cj.Mode, MaxConcurrent: cj.Concurrent, TolerableFailures: -1, Retain: 100, Dir: cj.CkptDir}
 	if cj.Interval > 0 && ck.Dir == "" {
 		ck.Dir = t.TempDir()
@@ -247,15 +241,10 @@ func (cj *commitJob) build(t testing.TB) *graph.Job {
 		Parallelism: cj.Parallelism, Checkpoint: ck, Restart: graph.FixedDelay(cj.Restarts, 0), Restore: cj.Restore,
 		DisableChaining: cj.Unchained, Logf: logf,
 		OnEvent: func(e graph.Event) {
-			switch e.Kind {
-			case graph.JobFailed:
-				cj.chaos.JobFailed()
-			case graph.CheckpointCompleted:
+			if e.Kind == graph.CheckpointCompleted {
 				cj.completed.Add(1)
 			}
-			cj.mu.Lock()
-			cj.events = append(cj.events, e)
-			cj.mu.Unlock()
+			cj.record.OnEvent(e)
 		},
 	})
 	newSource := source.GenerateRate(cj.Records, cj.Rate, func(i int64) rec { return rec{ID: i} })
@@ -356,7 +345,7 @@ func TestCommitterFailureMatrix(t *testing.T) {
 				cj.Mode = mode
 				require.NoError(t, cj.run(t))
 				require.NotEmpty(t, cj.chaos.Fired(), "the fault fired")
-				fails := cj.failures()
+				fails := cj.record.Failures()
 				require.Len(t, fails, tc.restarts, "job failures: %v", fails)
 				for _, err := range fails {
 					require.ErrorIs(t, err, inject.ErrInjected)
@@ -373,7 +362,7 @@ func TestCommitterFailureMatrix(t *testing.T) {
 func TestCommitterCommitErrorNamesTheCommit(t *testing.T) {
 	cj := commitMatrixJob(t, fault{Site: "tcommit", At: 2, Sticky: true})
 	require.NoError(t, cj.run(t))
-	fails := cj.failures()
+	fails := cj.record.Failures()
 	require.Len(t, fails, 1)
 	var ce *sink.CommitError
 	require.ErrorAs(t, fails[0], &ce)

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -135,9 +134,7 @@ type crashJob struct {
 
 	dir    string
 	chaos  *chaos
-	mu     sync.Mutex
-	events []graph.Event
-	logs   []string
+	record sinktest.Recorder
 }
 
 func (cj *crashJob) build(t testing.TB) *graph.Job {
@@ -147,14 +144,8 @@ func (cj *crashJob) build(t testing.TB) *graph.Job {
 	if cj.dir == "" {
 		cj.dir = t.TempDir()
 	}
-	logf := func(f string, a ...any) {
-		cj.mu.Lock()
-		cj.logs = append(cj.logs, fmt.Sprintf(f, a...))
-		cj.mu.Unlock()
-		if cj.Logf != nil {
-			cj.Logf(f, a...)
-		}
-	}
+	cj.record.Logf, cj.record.Chaos = cj.Logf, cj.chaos
+	logf := cj.record.Log
 	ck := graph.CheckpointConfig{Interval: cj.Interval, Mode: cj.Mode, MaxConcurrent: cj.Concurrent, TolerableFailures: -1, Retain: 1}
 	if cj.Interval > 0 {
 		if cj.CkptDir != "" {
@@ -169,14 +160,7 @@ func (cj *crashJob) build(t testing.TB) *graph.Job {
 		Restart:     graph.FixedDelay(cj.Restarts, 0),
 		Restore:     cj.Restore,
 		Logf:        logf,
-		OnEvent: func(e graph.Event) {
-			if e.Kind == graph.JobFailed {
-				cj.chaos.JobFailed()
-			}
-			cj.mu.Lock()
-			cj.events = append(cj.events, e)
-			cj.mu.Unlock()
-		},
+		OnEvent:     cj.record.OnEvent,
 	}
 	j := graph.NewJob(cj.Name, cfg)
 	src := graph.Source(j, "src", source.GenerateRate(cj.Records, cj.Rate, func(i int64) rec { return rec{ID: i} }))
@@ -195,18 +179,6 @@ func (cj *crashJob) build(t testing.TB) *graph.Job {
 
 func (cj *crashJob) run(t testing.TB) error {
 	return cj.build(t).Run(context.Background())
-}
-
-func (cj *crashJob) failures() []error {
-	cj.mu.Lock()
-	defer cj.mu.Unlock()
-	var out []error
-	for _, e := range cj.events {
-		if e.Kind == graph.JobFailed {
-			out = append(out, e.Err)
-		}
-	}
-	return out
 }
 
 // check returns what is wrong with the committed output: every id in
@@ -301,7 +273,7 @@ func TestTwoPhaseFailureMatrix(t *testing.T) {
 			cj := matrixJob(t, tc.faults...)
 			require.NoError(t, cj.run(t))
 			require.NotEmpty(t, cj.chaos.Fired(), "the fault fired")
-			fails := cj.failures()
+			fails := cj.record.Failures()
 			require.Len(t, fails, tc.restarts, "job failures: %v", fails)
 			for _, err := range fails {
 				require.ErrorIs(t, err, inject.ErrInjected)
@@ -318,7 +290,7 @@ func TestTwoPhaseFailureMatrix(t *testing.T) {
 func TestTwoPhaseCommitFailureNamesTxn(t *testing.T) {
 	cj := matrixJob(t, fault{Site: "commit", At: 2, Sticky: true})
 	require.NoError(t, cj.run(t))
-	fails := cj.failures()
+	fails := cj.record.Failures()
 	require.Len(t, fails, 1)
 	var te *sink.TxnError
 	require.ErrorAs(t, fails[0], &te)
@@ -333,7 +305,7 @@ func TestTwoPhaseCommitFailureNamesTxn(t *testing.T) {
 	_, err := os.Stat(h.CommittedPath())
 	require.NoError(t, err, "committed by the restored attempt")
 	require.NoError(t, cj.check(0))
-	require.True(t, slices.ContainsFunc(cj.logs, func(s string) bool {
+	require.True(t, slices.ContainsFunc(cj.record.Logs(), func(s string) bool {
 		return strings.Contains(s, "commit of transaction "+te.Txn.String()+" failed (attempt 1 of 2)")
 	}), "the retry is logged")
 }
@@ -449,11 +421,9 @@ func TestTwoPhaseRandomCrashes(t *testing.T) {
 // outcome is the random run's report: err with the job's parameters,
 // faults, failures and logs.
 func (cj *crashJob) outcome(err error, params string) inject.Outcome {
-	cj.mu.Lock()
-	logs := strings.Join(cj.logs, "\n  ")
-	cj.mu.Unlock()
-	return inject.Outcome{Err: err, Fired: cj.chaos.Fired(), Restarted: len(cj.failures()) > 0,
-		Details: fmt.Sprintf("%s faults=%v fired=%v failures=%v\nlogs:\n  %s", params, cj.Faults, cj.chaos.Fired(), cj.failures(), logs)}
+	fails := cj.record.Failures()
+	return inject.Outcome{Err: err, Fired: cj.chaos.Fired(), Restarted: len(fails) > 0,
+		Details: fmt.Sprintf("%s faults=%v fired=%v failures=%v\nlogs:\n  %s", params, cj.Faults, cj.chaos.Fired(), fails, &cj.record)}
 }
 
 var crashSites = []string{

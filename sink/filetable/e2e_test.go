@@ -15,7 +15,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -179,9 +178,7 @@ type tableJob struct {
 	ckptFS    vfs.FS
 	chaos     *chaos
 	completed atomic.Int64 // checkpoints completed, over all attempts
-	mu        sync.Mutex
-	events    []graph.Event
-	logs      []string
+	record    sinktest.Recorder
 }
 
 func (tj *tableJob) build(t testing.TB) *graph.Job {
@@ -194,14 +191,8 @@ func (tj *tableJob) build(t testing.TB) *graph.Job {
 	if tj.ckptFS == nil {
 		tj.ckptFS = vfs.NewMem()
 	}
-	logf := func(f string, a ...any) {
-		tj.mu.Lock()
-		tj.logs = append(tj.logs, fmt.Sprintf(f, a...))
-		tj.mu.Unlock()
-		if tj.Logf != nil {
-			tj.Logf(f, a...)
-		}
-	}
+	tj.record.Logf, tj.record.Chaos = tj.Logf, tj.chaos
+	logf := tj.record.Log
 	opts := []filetable.Option{filetable.WithFS(errorfs.Wrap(tj.mem, fsChaos{tj.chaos})), filetable.MaxManifests(4)}
 	if tj.TargetSize > 0 {
 		opts = append(opts, filetable.TargetFileSize(tj.TargetSize))
@@ -215,15 +206,10 @@ func (tj *tableJob) build(t testing.TB) *graph.Job {
 		Restore:     tj.Restore,
 		Logf:        logf,
 		OnEvent: func(e graph.Event) {
-			switch e.Kind {
-			case graph.JobFailed:
-				tj.chaos.JobFailed()
-			case graph.CheckpointCompleted:
+			if e.Kind == graph.CheckpointCompleted {
 				tj.completed.Add(1)
 			}
-			tj.mu.Lock()
-			tj.events = append(tj.events, e)
-			tj.mu.Unlock()
+			tj.record.OnEvent(e)
 		},
 	}
 	if tj.Interval > 0 {
@@ -259,30 +245,6 @@ func (tj *tableJob) table(t testing.TB, opts ...filetable.Option) *filetable.Tab
 	tbl, err := filetable.Open("/table", append([]filetable.Option{filetable.WithFS(tj.mem)}, opts...)...)
 	require.NoError(t, err)
 	return tbl
-}
-
-func (tj *tableJob) failures() []error {
-	tj.mu.Lock()
-	defer tj.mu.Unlock()
-	var out []error
-	for _, e := range tj.events {
-		if e.Kind == graph.JobFailed {
-			out = append(out, e.Err)
-		}
-	}
-	return out
-}
-
-func (tj *tableJob) completions() []graph.Event {
-	tj.mu.Lock()
-	defer tj.mu.Unlock()
-	var out []graph.Event
-	for _, e := range tj.events {
-		if e.Kind == graph.CheckpointCompleted {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // exactlyOnce returns what is wrong with the records of the newest
@@ -418,7 +380,7 @@ func TestTableFailureMatrix(t *testing.T) {
 					err := tj.run(t)
 					require.NoError(t, err)
 					require.NotEmpty(t, tj.chaos.Fired(), "the fault fired")
-					fails := tj.failures()
+					fails := tj.record.Failures()
 					if tc.failed {
 						require.NotEmpty(t, fails, "the job failed")
 					} else {
@@ -454,7 +416,7 @@ func TestTableUnalignedLateCommittables(t *testing.T) {
 				tj.Faults = []fault{{Site: "commit", At: 2 + i}}
 			}
 			require.NoError(t, tj.run(t))
-			require.NoError(t, tj.check(t), "fired %v, failures %v", tj.chaos.Fired(), tj.failures())
+			require.NoError(t, tj.check(t), "fired %v, failures %v", tj.chaos.Fired(), tj.record.Failures())
 		})
 	}
 }
@@ -471,12 +433,9 @@ func TestTableRandomCrashes(t *testing.T) {
 			if err == nil {
 				err = tj.check(t)
 			}
-			tj.mu.Lock()
-			logs := strings.Join(tj.logs, "\n  ")
-			tj.mu.Unlock()
-			return inject.Outcome{Err: err, Fired: tj.chaos.Fired(), Restarted: len(tj.failures()) > 0,
+			return inject.Outcome{Err: err, Fired: tj.chaos.Fired(), Restarted: len(tj.record.Failures()) > 0,
 				Details: fmt.Sprintf("records=%d p=%d rate=%.0f interval=%v mode=%v target=%d faults=%v fired=%v failures=%v\nlogs:\n  %s",
-					tj.Records, tj.Parallelism, tj.Rate, tj.Interval, tj.Mode, tj.TargetSize, tj.Faults, tj.chaos.Fired(), tj.failures(), logs)}
+					tj.Records, tj.Parallelism, tj.Rate, tj.Interval, tj.Mode, tj.TargetSize, tj.Faults, tj.chaos.Fired(), tj.record.Failures(), &tj.record)}
 		})
 }
 
@@ -531,7 +490,7 @@ func TestTableRestoreOlderCheckpoint(t *testing.T) {
 	origin := &tableJob{Name: "origin", Records: 4000, Parallelism: 2, Chunks: 12, Interval: 3 * time.Millisecond, Retain: 1000}
 	require.NoError(t, origin.run(t))
 	require.NoError(t, origin.check(t))
-	done := origin.completions()
+	done := origin.record.Events(graph.CheckpointCompleted)
 	require.Greater(t, len(done), 6)
 	older := done[len(done)/3]
 	t.Logf("%d checkpoints completed; restoring %d (%s)", len(done), older.CheckpointID, older.Path)

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -78,9 +77,7 @@ type pgJob struct {
 	pool   *pgxpool.Pool
 	table  string
 	chaos  *chaos
-	mu     sync.Mutex
-	events []graph.Event
-	logs   []string
+	record sinktest.Recorder
 }
 
 // setup creates the job's database and table, once.
@@ -98,20 +95,12 @@ func (j *pgJob) setup(t testing.TB) {
 	createRecTable(t, j.pool, j.table, j.PK)
 }
 
-func (j *pgJob) logf(f string, a ...any) {
-	j.mu.Lock()
-	j.logs = append(j.logs, fmt.Sprintf(f, a...))
-	j.mu.Unlock()
-	if j.Logf != nil {
-		j.Logf(f, a...)
-	}
-}
-
 func (j *pgJob) build(t testing.TB) *graph.Job {
 	j.setup(t)
 	if j.chaos == nil {
 		j.chaos = inject.New(j.Faults...)
 	}
+	j.record.Logf, j.record.Chaos = j.Logf, j.chaos
 	ck := graph.CheckpointConfig{Interval: j.Interval, Mode: j.Mode, MaxConcurrent: j.Concurrent, TolerableFailures: -1, Retain: 1}
 	if j.Interval > 0 {
 		if j.CkptDir != "" {
@@ -125,15 +114,8 @@ func (j *pgJob) build(t testing.TB) *graph.Job {
 		Checkpoint:  ck,
 		Restart:     graph.FixedDelay(j.Restarts, j.RestartDelay),
 		Restore:     j.Restore,
-		Logf:        j.logf,
-		OnEvent: func(e graph.Event) {
-			if e.Kind == graph.JobFailed {
-				j.chaos.JobFailed()
-			}
-			j.mu.Lock()
-			j.events = append(j.events, e)
-			j.mu.Unlock()
-		},
+		Logf:        j.record.Log,
+		OnEvent:     j.record.OnEvent,
 	}
 	s, err := New(context.Background(), j.pool, Config[rec]{
 		Table: j.table, Columns: []string{"id", "payload"}, Row: recRow,
@@ -149,7 +131,7 @@ func (j *pgJob) build(t testing.TB) *graph.Job {
 	case j.Killed:
 		c = noEndAbort{chaosPG{Sink: s, c: j.chaos}}
 	}
-	opts := []sink.Option{sink.WithLogf(j.logf)}
+	opts := []sink.Option{sink.WithLogf(j.record.Log)}
 	if j.CommitUser != "" {
 		opts = append(opts, sink.WithCommitUser(j.CommitUser))
 	}
@@ -173,29 +155,8 @@ func (j *pgJob) run(t testing.TB) error {
 	return j.build(t).Run(ctx)
 }
 
-func (j *pgJob) failures() []error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	var out []error
-	for _, e := range j.events {
-		if e.Kind == graph.JobFailed {
-			out = append(out, e.Err)
-		}
-	}
-	return out
-}
-
-func (j *pgJob) completed() int {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	n := 0
-	for _, e := range j.events {
-		if e.Kind == graph.CheckpointCompleted {
-			n++
-		}
-	}
-	return n
-}
+// completed is the number of checkpoints completed, over all attempts.
+func (j *pgJob) completed() int { return len(j.record.Events(graph.CheckpointCompleted)) }
 
 // check returns what is wrong with the outcome: the committed table holds
 // every id exactly once, nothing is left prepared, and every connection
@@ -223,12 +184,9 @@ func (j *pgJob) check(t testing.TB) error {
 }
 
 func (j *pgJob) describe() string {
-	j.mu.Lock()
-	logs := strings.Join(j.logs, "\n  ")
-	j.mu.Unlock()
 	return fmt.Sprintf("%s records=%d p=%d rate=%.0f interval=%v mode=%v concurrent=%d write=%v batch=%d retry=%d faults=%v fired=%v failures=%v\nlogs:\n  %s",
 		j.Name, j.Records, j.Parallelism, j.Rate, j.Interval, j.Mode, j.Concurrent, j.Write, j.BatchRows, j.Retry.Attempts,
-		j.Faults, j.chaos.Fired(), j.failures(), logs)
+		j.Faults, j.chaos.Fired(), j.record.Failures(), &j.record)
 }
 
 // TestPostgresFailureMatrix runs the timelines of a two-phase commit with
@@ -289,7 +247,7 @@ func TestPostgresFailureMatrix(t *testing.T) {
 						t.Fatalf("%v\n%s", err, j.describe())
 					}
 					require.NotEmpty(t, j.chaos.Fired(), "the fault fired: %s", j.describe())
-					fails := j.failures()
+					fails := j.record.Failures()
 					require.Len(t, fails, tc.restarts, "job failures: %s", j.describe())
 					for _, err := range fails {
 						require.ErrorIs(t, err, inject.ErrInjected)
@@ -390,6 +348,6 @@ func TestPostgresRandomCrashes(t *testing.T) {
 			if err == nil {
 				err = j.check(t)
 			}
-			return inject.Outcome{Err: err, Details: j.describe(), Fired: j.chaos.Fired(), Restarted: len(j.failures()) > 0}
+			return inject.Outcome{Err: err, Details: j.describe(), Fired: j.chaos.Fired(), Restarted: len(j.record.Failures()) > 0}
 		})
 }

@@ -103,7 +103,7 @@ func TestPostgresNewExecutionAbortsStale(t *testing.T) {
 	start := time.Now()
 	require.NoError(t, pos.run(t))
 	t.Logf("the restored execution finished in %v", time.Since(start))
-	require.Empty(t, pos.failures())
+	require.Empty(t, pos.record.Failures())
 	require.NoError(t, pos.check(t))
 }
 
@@ -152,12 +152,12 @@ func TestPostgresDown(t *testing.T) {
 		})
 		require.NoError(t, srv.Stop())
 		down := time.Now()
-		waitFor(t, "a failed attempt", 30*time.Second, func() bool { return len(j.failures()) > 0 })
+		waitFor(t, "a failed attempt", 30*time.Second, func() bool { return len(j.record.Failures()) > 0 })
 		time.Sleep(time.Second)
 		require.NoError(t, srv.Start())
 		t.Logf("PostgreSQL was down for %v", time.Since(down))
 		require.NoError(t, <-done)
-		fails := j.failures()
+		fails := j.record.Failures()
 		require.NotEmpty(t, fails)
 		named := false
 		for _, err := range fails {
@@ -216,7 +216,7 @@ func TestPostgresRefusesOlderRestore(t *testing.T) {
 	require.ErrorIs(t, err, restore.ErrUnrecoverable)
 	require.ErrorContains(t, err, "after the restored checkpoint")
 	require.ErrorContains(t, err, "sink.WithCommitUser")
-	require.Len(t, old.failures(), 1, "not retried")
+	require.Len(t, old.record.Failures(), 1, "not retried")
 	t.Logf("%v", err)
 
 	fork := &pgJob{Name: "older", Records: 3000, Parallelism: 2, Rate: 20_000, Interval: 20 * time.Millisecond, CkptDir: ckpt,
@@ -283,7 +283,7 @@ func TestPostgresEndAbortsUncovered(t *testing.T) {
 			defer cancel()
 			e, err := j.build(t).Start(ctx)
 			require.NoError(t, err)
-			waitFor(t, "the injected failure", time.Minute, func() bool { return len(j.failures()) > 0 })
+			waitFor(t, "the injected failure", time.Minute, func() bool { return len(j.record.Failures()) > 0 })
 			if tc.cancel {
 				e.Cancel()
 				require.ErrorIs(t, e.Wait(), context.Canceled)
@@ -292,13 +292,9 @@ func TestPostgresEndAbortsUncovered(t *testing.T) {
 			}
 			require.Empty(t, preparedLeft(t, j.pool), "prepared transactions left after the job ended")
 			var completed int64
-			j.mu.Lock()
-			for _, ev := range j.events {
-				if ev.Kind == graph.CheckpointCompleted {
-					completed = max(completed, ev.CheckpointID)
-				}
+			for _, ev := range j.record.Events(graph.CheckpointCompleted) {
+				completed = max(completed, ev.CheckpointID)
 			}
-			j.mu.Unlock()
 			require.Positive(t, completed)
 			var horizon int64
 			require.NoError(t, j.pool.QueryRow(ctx, "SELECT max(checkpoint) FROM "+DefaultCommitsTable).Scan(&horizon))

@@ -1,9 +1,10 @@
 // Package sinktest holds the fault-injecting pieces that the sinks'
 // failure-matrix and random-crash jobs (sink, sink/filetable,
 // sink/postgres) share: a sink wrapped with faults at its checkpoint
-// hooks, and a user function that fails before the sink. The jobs
-// themselves differ (what they commit to, how they check it) and stay
-// with their tests. Only tests use it.
+// hooks, a user function that fails before the sink, and a Recorder of
+// the job's log lines and events. The jobs themselves differ (what they
+// commit to, how they check it) and stay with their tests. Only tests
+// use it.
 package sinktest
 
 import (
