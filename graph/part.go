@@ -212,8 +212,8 @@ func (j *Job) checkPlacement(pl *cluster.Placement, worker string) error {
 						continue
 					}
 					if po.at(v.uid, i) != po.at(e.to.uid, k) {
-						return fmt.Errorf("graph: job %q: the feedback edge from operator uid %q to %q crosses workers (subtask %d on %s, %d on %s); loops run on one worker only",
-							j.name, v.uid, e.to.uid, i, po.at(v.uid, i), k, po.at(e.to.uid, k))
+						return fmt.Errorf("graph: job %q: the feedback edge from operator uid %q to %q (%v) crosses workers (subtask %d on %s, %d on %s); a feedback channel is unbounded and cannot be a network channel",
+							j.name, v.uid, e.to.uid, e.part, i, po.at(v.uid, i), k, po.at(e.to.uid, k))
 					}
 				}
 			}
