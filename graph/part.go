@@ -17,11 +17,11 @@ import (
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 )
 
-// An attempt built in parts (doc.go, "Parts"): a worker process builds
-// only its part of each attempt, the chain subtasks a cluster.Placement
-// puts on it, and the job master, wherever it runs, reaches their
-// mailboxes by box index. The multi-process runtime reaches this file
-// through graph/internal/parts.
+// An attempt built in parts (docs/design.md, "Placement: an attempt in
+// parts", PT1-PT6): a worker process builds only its part of each
+// attempt, the chain subtasks a cluster.Placement puts on it, and the job
+// master, wherever it runs, reaches their mailboxes by box index. The
+// multi-process runtime reaches this file through graph/internal/parts.
 
 func init() {
 	parts.NewWorker = func(job any, cfg parts.WorkerConfig) (parts.Worker, error) {

@@ -27,6 +27,7 @@ import (
 	"github.com/snapflow/snapflow/graph"
 	"github.com/snapflow/snapflow/graph/internal/parts"
 	"github.com/snapflow/snapflow/internal/runtime/cluster"
+	"github.com/snapflow/snapflow/internal/testsupport/s3test"
 	"github.com/snapflow/snapflow/marker"
 	"github.com/snapflow/snapflow/sink"
 	"github.com/snapflow/snapflow/snapshot"
@@ -228,10 +229,11 @@ func startInParts(t *testing.T, job *graph.Job, ws []*worker) (*graph.Execution,
 // slots), w2 and w3 (1 each): the channels of its keyBy edge between
 // subtasks on different workers are network channels on loopback with a
 // shared secret, the others local. It runs in aligned, unaligned and
-// aligned-with-timeout mode, with a failure after a completed checkpoint
-// (failingSource) and the restore from the latest one, each part loading
-// only its own subtasks' plan (the next attempt opens its channels anew,
-// fencing the old ones): the published output is the failure-free one,
+// aligned-with-timeout mode, with checkpoints on a local directory, an
+// in-memory object store and S3 on loopback, with a failure after a
+// completed checkpoint (failingSource) and the restore from the latest
+// one, each part loading only its own subtasks' plan from that storage
+// (the next attempt opens its channels anew, fencing the old ones): the published output is the failure-free one,
 // every record exactly once by its identity (its I, with the running sum
 // it produced). The sink is slowed until the failure, so the network
 // channels are backpressured and barriers overtake data queued at both
@@ -255,13 +257,24 @@ func TestNetworkChannelsExactlyOnce(t *testing.T) {
 	}
 	t.Logf("seed %d (rerun with -nettest.seed=%d)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
+	// The checkpoints go to a local directory (Pebble state), an
+	// in-memory object store and S3 on loopback (heap state): each part
+	// reads its own subtasks' plan from there and writes its keyed state
+	// there.
+	local := func(t *testing.T) string { return t.TempDir() }
+	var memSeq atomic.Int64
+	mem := func(*testing.T) string { return fmt.Sprintf("mem://nettest-%d", memSeq.Add(1)) }
+	s3 := func(t *testing.T) string { return s3test.URL(t, "checkpoints") + "&prefix=jobs/" }
+	heap := graph.StateConfig{Backend: graph.HeapState}
 	for _, m := range []struct {
-		name string
-		cc   graph.CheckpointConfig
+		name  string
+		cc    graph.CheckpointConfig
+		dir   func(*testing.T) string
+		state graph.StateConfig
 	}{
-		{"aligned", graph.CheckpointConfig{Mode: marker.Aligned}},
-		{"unaligned", graph.CheckpointConfig{Mode: marker.Unaligned}},
-		{"aligned-timeout", graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond}},
+		{"aligned/local", graph.CheckpointConfig{Mode: marker.Aligned}, local, graph.StateConfig{}},
+		{"unaligned/memblob", graph.CheckpointConfig{Mode: marker.Unaligned}, mem, heap},
+		{"aligned-timeout/s3", graph.CheckpointConfig{Mode: marker.Aligned, AlignedTimeout: time.Millisecond}, s3, heap},
 	} {
 		failAt := 1 + rng.Int64N(n/4)
 		t.Run(fmt.Sprintf("%s/fail-at=%d", m.name, failAt), func(t *testing.T) {
@@ -270,9 +283,9 @@ func TestNetworkChannelsExactlyOnce(t *testing.T) {
 			var fired atomic.Bool
 			committer := sink.NewMemory[out]()
 			cc := m.cc
-			cc.Interval, cc.Dir, cc.Retain, cc.TolerableFailures = 3*time.Millisecond, t.TempDir(), 2, -1
+			cc.Interval, cc.Dir, cc.Retain, cc.TolerableFailures = 3*time.Millisecond, m.dir(t), 2, -1
 			job := graph.NewJob("network", graph.Config{
-				Parallelism: 4, Checkpoint: cc, Restart: graph.FixedDelay(2, time.Millisecond), Logf: t.Logf,
+				Parallelism: 4, Checkpoint: cc, State: m.state, Restart: graph.FixedDelay(2, time.Millisecond), Logf: t.Logf,
 			})
 			src := graph.Source(job, "source", func() graph.SourceFunc[rec] {
 				return &failingSource{Indexed: source.NewIndexed(n, func(i int64) rec { return rec{Key: i % numKeys, I: i} }),

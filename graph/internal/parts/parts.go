@@ -6,8 +6,9 @@
 // A part is one worker's share of one attempt of a job placed by
 // cluster.Place: the chain subtasks placed on the worker, their
 // mailboxes, and the channels with at least one end on it (in-memory
-// when both ends are on it, network channels otherwise). The invariants
-// are graph's PT1-PT6 (graph/doc.go, "Parts").
+// when both ends are on it, network channels otherwise) and its own
+// restore plan. The invariants are graph's PT1-PT6 (docs/design.md,
+// "Placement: an attempt in parts").
 package parts
 
 import (
