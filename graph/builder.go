@@ -88,7 +88,7 @@ type edge struct {
 	// newChan creates a *channel.Chan[E] for the edge's element type E
 	// (elem); newNet a network channel of E (netwire.go).
 	newChan func(channel.Config) any
-	newNet  func(n *netEdges, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error)
+	newNet  func(n *netEnds, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error)
 	// partitioner is a hash edge's hashPartitioner[T, K] (operators.go),
 	// or a two-input operator's input's coEdge (coprocess.go): it makes
 	// the edge's channels (of task.Keyed[K, T], or of the operator's

@@ -230,7 +230,7 @@ func (c coEdge[T, E]) elemType() reflect.Type {
 }
 
 // newNet implements chanMaker.
-func (c coEdge[T, E]) newNet(n *netEdges, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error) {
+func (c coEdge[T, E]) newNet(n *netEnds, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error) {
 	if m, ok := c.inner.(chanMaker); ok {
 		return m.newNet(n, id, attempt, cfg)
 	}

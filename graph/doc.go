@@ -120,5 +120,11 @@
 //
 // How it works inside (the barrier protocol, the lifecycle in detail, the
 // invariants G1-G7, EV1-EV3 and SO1 this package keeps) is in
-// docs/design.md, sections 3 to 6.
+// docs/design.md, sections 3 to 6. For maintainers: an attempt of a job
+// across worker processes is built in parts (part.go, reached through
+// graph/internal/parts): each worker builds the chain subtasks a
+// cluster.Placement puts on it, in-memory channels where both ends are
+// there and netchan network channels otherwise, and restores only its own
+// subtasks' state; its invariants PT1-PT6 are in docs/design.md,
+// "Placement: an attempt in parts".
 package graph

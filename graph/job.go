@@ -212,9 +212,6 @@ type Job struct {
 	// iterations are the loops started with Iterate.
 	iterations []*iteration
 	errs       []error
-	// net makes the channels of the edges it selects network channels
-	// (netwire.go); nil: every channel is local.
-	net *netEdges
 }
 
 // NewJob returns an empty job.

@@ -1064,7 +1064,7 @@ func (h hashPartitioner[T, K]) newChan(cfg channel.Config) any {
 func (h hashPartitioner[T, K]) elemType() reflect.Type { return reflect.TypeFor[task.Keyed[K, T]]() }
 
 // newNet implements chanMaker.
-func (h hashPartitioner[T, K]) newNet(n *netEdges, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error) {
+func (h hashPartitioner[T, K]) newNet(n *netEnds, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error) {
 	return newNetLink[task.Keyed[K, T]](n, id, attempt, cfg)
 }
 

@@ -186,6 +186,9 @@ type attempt struct {
 	// aligned are the watermark alignment memberships of the source
 	// subtasks in a group, in a registry of this attempt's own.
 	aligned map[checkpoint.TaskID]*task.AlignmentMember
+	// part is the placement of an attempt built in parts, for the worker
+	// building its part (part.go); nil for an attempt in one process.
+	part *partOf
 	// nets are the attempt's network channels (netwire.go), closed once
 	// by closeNets when the attempt ends.
 	nets     []interface{ close() }
@@ -212,34 +215,55 @@ func (j *Job) build(x *execution.Attempt, ends *endHooks, f *fault) (*execution.
 		return nil, err
 	}
 	a.aligned = j.alignmentMembers()
+	j.forBoxes(func(_ int, chain []*vertex, i int, bx master.Box) {
+		mb, c := a.chainSubtask(chain, i, bx)
+		x.Boxes = append(x.Boxes, bx)
+		x.Mailboxes = append(x.Mailboxes, mb)
+		x.Chains = append(x.Chains, c)
+	})
+	return x, nil
+}
+
+// forBoxes calls f for every chain subtask of j (subtask i of chain) in
+// the job master's box order, with its index in that order and its box:
+// the chains in job order, each chain's subtasks in order. A part of an
+// attempt (part.go) numbers its boxes by it too (PT2).
+func (j *Job) forBoxes(f func(box int, chain []*vertex, i int, bx master.Box)) {
+	box := 0
 	for _, chain := range j.chains {
 		for i := 0; i < chain[0].parallelism; i++ {
-			mb := task.NewMailbox()
 			tasks := make([]checkpoint.TaskID, len(chain))
 			for k, v := range chain {
 				tasks[k] = checkpoint.TaskID{Operator: v.uid, Subtask: i}
-				a.mails[tasks[k]] = mb
 			}
-			x.Mailboxes = append(x.Mailboxes, mb)
 			bx := master.Box{Tasks: tasks, Source: chain[0].kind == kindSource, Loop: chain[0].loop}
 			for _, e := range chain[0].inputs {
 				bx.Head = bx.Head || e.feedback
 			}
-			x.Boxes = append(x.Boxes, bx)
-			x.Chains = append(x.Chains, execution.Chain{
-				Name: a.info(chain[0], i).String(),
-				Run: func(ctx context.Context) error {
-					if len(a.nets) > 0 {
-						// The attempt's context ends once every chain
-						// returned or the attempt failed.
-						context.AfterFunc(ctx, a.closeNets)
-					}
-					return runChain(ctx, a, chain, i)
-				},
-			})
+			f(box, chain, i, bx)
+			box++
 		}
 	}
-	return x, nil
+}
+
+// chainSubtask makes the mailbox of subtask i of chain (box bx), shared
+// by the chain's operator subtasks, and the chain subtask's loop.
+func (a *attempt) chainSubtask(chain []*vertex, i int, bx master.Box) (*task.Mailbox, execution.Chain) {
+	mb := task.NewMailbox()
+	for _, t := range bx.Tasks {
+		a.mails[t] = mb
+	}
+	return mb, execution.Chain{
+		Name: a.info(chain[0], i).String(),
+		Run: func(ctx context.Context) error {
+			if len(a.nets) > 0 {
+				// The attempt's context ends once every chain
+				// returned or the attempt failed.
+				context.AfterFunc(ctx, a.closeNets)
+			}
+			return runChain(ctx, a, chain, i)
+		},
+	}
 }
 
 // alignmentMembers registers every subtask of every source with a

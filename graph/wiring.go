@@ -11,8 +11,9 @@ import (
 )
 
 // wireChannels creates fresh channels for every unchained edge (G5), local
-// or, where the job's factory selects the edge, network channels
-// (netwire.go), and returns them, for their gauges.
+// or, in a part of an attempt whose placement puts the channel's ends on
+// different workers, network channels (netwire.go; only the ends on this
+// worker), and returns them, for their gauges.
 func (a *attempt) wireChannels() ([]interface{ Gauges() channel.Gauges }, error) {
 	j := a.job
 	chCfg := channel.Config{Capacity: j.cfg.ChannelCapacity, BufferSize: j.cfg.BufferSize}
@@ -28,7 +29,7 @@ func (a *attempt) wireChannels() ([]interface{ Gauges() channel.Gauges }, error)
 			for i := range chans {
 				chans[i] = make([]any, ed.to.parallelism)
 				for k := range chans[i] {
-					if ed.part == Forward && k != i {
+					if ed.part == Forward && k != i || !a.hasEnd(ed, i, k) {
 						continue
 					}
 					cfg := chCfg
@@ -158,7 +159,7 @@ func (a *attempt) loopFor(chain []*vertex, i int) *task.Loop {
 // whose channels carry both inputs' records as one type.
 type chanMaker interface {
 	newChan(channel.Config) any
-	newNet(n *netEdges, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error)
+	newNet(n *netEnds, id netchan.ChannelID, attempt int64, cfg channel.Config) (any, error)
 	elemType() reflect.Type
 }
 
