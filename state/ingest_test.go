@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	speb "github.com/snapflow/snapflow/state/internal/pebble"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -52,15 +53,16 @@ func TestIngestableDescriptors(t *testing.T) {
 			require.NoError(t, b.Close())
 		}
 	}
-	require.True(t, ingestable(same))
-	require.False(t, ingestable(mixed))
+	require.True(t, speb.Ingestable(same))
+	require.False(t, speb.Ingestable(mixed))
 	all := keygroup.Range{Start: 0, End: nativeMaxP - 1}
 	_, err := RestorePebbleKeyedBackend[string](eng, all, nativeMaxP, nil, NativeSource{FS: fs, Restores: mixed})
 	require.ErrorContains(t, err, `keyed state "v" has a descriptor in key group`)
 	b, err := RestorePebbleKeyedBackend[string](eng, all, nativeMaxP, nil, NativeSource{FS: fs, Restores: same})
 	require.NoError(t, err)
 	defer b.Close()
-	require.Equal(t, int64(100), b.peb.native["v"].Entries, "ingested")
+	st, _ := b.peb.Adopted("v")
+	require.Equal(t, int64(100), st.Entries, "ingested")
 	v, err := Value[string, int](b, "v")
 	require.NoError(t, err)
 	require.Len(t, values(v), 100)
@@ -105,7 +107,7 @@ func BenchmarkRescaleIngest(b *testing.B) {
 			to := fmt.Sprintf("%s/copy-%d-%d", dir, round, i)
 			require.NoError(b, fs.MkdirAll(to, 0o755))
 			for _, f := range nr.Ref.Files {
-				require.NoError(b, copyFile(fs, fs.PathJoin(nr.Dir, f.Name), fs, fs.PathJoin(to, f.Name)))
+				require.NoError(b, vfs.CopyAcrossFS(fs, fs.PathJoin(nr.Dir, f.Name), fs, fs.PathJoin(to, f.Name)))
 			}
 			nr.Dir = to
 			src.Restores = append(src.Restores, nr)

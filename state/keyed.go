@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"iter"
 	"maps"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/snapflow/snapflow/internal/cacheline"
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/pebble"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -46,11 +46,11 @@ type KeyedBackend[K comparable] struct {
 	restored map[string]*restoredState[K]
 	// peb is the Pebble instance that stores the registered states
 	// (NewPebbleKeyedBackend); nil: the heap.
-	peb *pebbleStore
+	peb *pebble.Store
 	// pre holds the keys added for the next Prefetch; prefetchers are the
-	// tables Prefetch fills (pebble_prefetch.go).
-	pre         []prefetchKey[K]
-	prefetchers []prefetcher[K]
+	// tables Prefetch fills (prefetch.go).
+	pre         []pebble.PrefetchKey[K]
+	prefetchers []pebble.Prefetcher[K]
 	_           cacheline.Pad
 }
 
@@ -63,7 +63,7 @@ func (b *KeyedBackend[K]) Close() error {
 	if b.peb == nil {
 		return nil
 	}
-	err := b.peb.close()
+	err := b.peb.Close()
 	b.peb = nil
 	return err
 }
@@ -78,7 +78,7 @@ type keyedState[K comparable] interface {
 
 // restoredState is the restored content of one keyed state name.
 type restoredState[K comparable] struct {
-	groupCheck
+	engine.GroupCheck
 	es []engine.RestoredEntry[K]
 }
 
@@ -112,21 +112,21 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		if err != nil {
 			return nil, fmt.Errorf("state: reading restored keyed state: %w", err)
 		}
-		if err := checkRestoredGroup(r, &g); err != nil {
+		if err := engine.CheckRestoredGroup(r, &g); err != nil {
 			return nil, err
 		}
 		rs := b.restored[g.State]
 		if rs == nil {
-			rs = &restoredState[K]{groupCheck: groupCheck{descKG: -1, plainKG: -1}}
+			rs = &restoredState[K]{GroupCheck: engine.NewGroupCheck()}
 			b.restored[g.State] = rs
 		}
-		first, isMap, err := rs.begin(&g)
+		first, isMap, err := rs.Begin(&g)
 		if err != nil {
 			return nil, err
 		}
 		for i := first; i < len(g.Entries); i++ {
 			e := &g.Entries[i]
-			k, err := decodeRestoredKey[K](dec, maxParallelism, &g, i, isMap)
+			k, err := engine.DecodeRestoredKey[K](dec, maxParallelism, &g, i, isMap)
 			if err != nil {
 				return nil, err
 			}
@@ -139,7 +139,7 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 	}
 	for _, name := range slices.Sorted(maps.Keys(b.restored)) {
 		rs := b.restored[name]
-		if err := rs.finish(name); err != nil {
+		if err := rs.Finish(name); err != nil {
 			return nil, err
 		}
 		es := rs.es
@@ -162,104 +162,6 @@ func NewKeyedBackend[K comparable](r keygroup.Range, maxParallelism int, restore
 		}
 	}
 	return b, nil
-}
-
-// checkRestoredGroup checks that the restored group g lies in r (S2).
-func checkRestoredGroup(r keygroup.Range, g *checkpoint.KeyGroupState) error {
-	if !r.Contains(g.KeyGroup) {
-		return fmt.Errorf("state: key group %d is not in key-group range %v of this subtask (keyed state %q). "+
-			"Unless restored state was assigned to the wrong subtask, this is most likely caused by a "+
-			"non-deterministic key (its hash or encoding differs between runs)", g.KeyGroup, r, g.State)
-	}
-	return nil
-}
-
-// groupCheck checks the restored key groups of one keyed state name
-// against each other as they come: one descriptor entry in all of them,
-// or none in any (S11).
-type groupCheck struct {
-	// desc is the raw descriptor entry value shared by every key group of
-	// the state (S11), d its decoded form; nil for a state without one (a
-	// value or list state without TTL or codec).
-	desc []byte
-	d    *stateDesc
-	// descKG and plainKG are a key group that has the descriptor and one
-	// with entries that has none (-1: none seen).
-	descKG, plainKG int
-}
-
-// begin checks the descriptor entry of g, if it has one, and returns the
-// index of its first entry that is not the descriptor and whether its
-// entries carry user keys (map states and timer queues).
-func (c *groupCheck) begin(g *checkpoint.KeyGroupState) (first int, userKeys bool, err error) {
-	if len(g.Entries) == 0 {
-		return 0, false, nil
-	}
-	if len(g.Entries[0].Key) != 0 {
-		if c.plainKG < 0 {
-			c.plainKG = g.KeyGroup
-		}
-		return 0, false, nil
-	}
-	// The descriptor entry (S11).
-	raw := g.Entries[0].Value
-	if len(g.Entries[0].UserKey) > 0 {
-		return 0, false, fmt.Errorf("state: the descriptor entry of keyed state %q in key group %d has a user key", g.State, g.KeyGroup)
-	}
-	if c.desc == nil {
-		d, err := decodeDesc(raw)
-		if err != nil {
-			return 0, false, fmt.Errorf("state: decoding the descriptor of keyed state %q in key group %d: %w", g.State, g.KeyGroup, err)
-		}
-		c.desc, c.d = raw, d
-	} else if !bytes.Equal(raw, c.desc) {
-		return 0, false, fmt.Errorf("state: keyed state %q has descriptor %x in key group %d but %x in key group %d",
-			g.State, raw, g.KeyGroup, c.desc, c.descKG)
-	}
-	if c.descKG < 0 {
-		c.descKG = g.KeyGroup
-	}
-	return 1, c.d.Kind == kindMap || c.d.Kind == kindTimers, nil
-}
-
-// finish checks, once every key group of state name was seen, that it
-// has a descriptor in all or none of them.
-func (c *groupCheck) finish(name string) error {
-	if c.descKG >= 0 && c.plainKG >= 0 {
-		return fmt.Errorf("state: keyed state %q has a descriptor in key group %d but none in key group %d", name, c.descKG, c.plainKG)
-	}
-	return nil
-}
-
-// decodeRestoredKey decodes the key of entry i of the restored group g and
-// checks it (S2): it decodes as K into a comparable value, lies in g's key
-// group, and has a user key iff userKeys.
-func decodeRestoredKey[K comparable](dec *engine.Decoder, maxParallelism int, g *checkpoint.KeyGroupState, i int, userKeys bool) (K, error) {
-	e := &g.Entries[i]
-	var k K
-	if err := engine.DecodeInto(dec, e.Key, &k); err != nil {
-		return k, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: %w",
-			i, g.State, g.KeyGroup, engine.TypeName[K](), err)
-	}
-	if !reflect.ValueOf(&k).Elem().Comparable() {
-		// K holds an interface, and the decoded dynamic type (say
-		// a map) cannot be a map key.
-		return k, fmt.Errorf("state: decoding key %d of keyed state %q in key group %d as %s: decoded key of type %T is not comparable",
-			i, g.State, g.KeyGroup, engine.TypeName[K](), k)
-	}
-	if kg := keygroup.Of(k, maxParallelism); kg != g.KeyGroup {
-		return k, fmt.Errorf("state: restored key %v of keyed state %q was recorded in key group %d "+
-			"but maps to key group %d (max parallelism %d): the key's hash or encoding is not deterministic, "+
-			"or the state was written with another max parallelism",
-			k, g.State, g.KeyGroup, kg, maxParallelism)
-	}
-	switch hasUK := len(e.UserKey) > 0; {
-	case userKeys && !hasUK:
-		return k, fmt.Errorf("state: entry %d (key %v) of map state %q in key group %d has no user key", i, k, g.State, g.KeyGroup)
-	case !userKeys && hasUK:
-		return k, fmt.Errorf("state: entry %d (key %v) of keyed state %q in key group %d has a user key, but the state is not a map state", i, k, g.State, g.KeyGroup)
-	}
-	return k, nil
 }
 
 // Range returns the key groups the backend owns.
@@ -302,8 +204,8 @@ func (b *KeyedBackend[K]) CurrentKeyGroup() int { return b.kg }
 // access. Snapshots skip the values expired at the time of Freeze.
 func (b *KeyedBackend[K]) SetTime(now time.Time) {
 	b.now, b.timeSet = now.UnixNano(), true
-	if b.peb != nil && len(b.peb.sweepers) > 0 {
-		b.peb.sweepTTL(b.now)
+	if b.peb != nil {
+		b.peb.SweepTTL(b.now)
 	}
 }
 
@@ -342,7 +244,7 @@ func (b *KeyedBackend[K]) mustKey() {
 // stateInfo is what a keyed state was registered with: its layout, its
 // options and its description (S4, S11).
 type stateInfo struct {
-	kind stateKind
+	kind engine.Kind
 	opts options
 	// what describes the state without its options ("value state of
 	// int").
@@ -381,23 +283,23 @@ func register[K comparable, H keyedState[K]](b *KeyedBackend[K], name string, in
 // (S11): otherwise it could only be decoded into a mix of both.
 func (b *KeyedBackend[K]) checkRestored(name string, info *stateInfo) error {
 	if rs := b.restored[name]; rs != nil && len(rs.es) > 0 {
-		return checkDesc(name, rs.es[0].KG, rs.d, info)
+		return checkDesc(name, rs.es[0].KG, rs.D, info)
 	}
 	if b.peb != nil {
-		if ns, ok := b.peb.native[name]; ok {
-			var d *stateDesc
+		if ns, ok := b.peb.Adopted(name); ok {
+			var d *engine.Desc
 			if ns.Desc != nil {
 				var err error
-				if d, err = decodeDesc(ns.Desc); err != nil {
+				if d, err = engine.DecodeDesc(ns.Desc); err != nil {
 					return fmt.Errorf("state: decoding the descriptor of restored keyed state %q: %w", name, err)
 				}
 			}
 			// Name the key group of an entry, as the heap does.
 			kg := b.kgs.Start
-			if p, err := adoptedProbe(b.peb, name, ns.ID); err != nil {
+			if pkg, ok, err := b.peb.AdoptedKeyGroup(name, ns.ID); err != nil {
 				return err
-			} else if p != nil {
-				kg = p.kg
+			} else if ok {
+				kg = pkg
 			}
 			return checkDesc(name, kg, d, info)
 		}
@@ -408,11 +310,11 @@ func (b *KeyedBackend[K]) checkRestored(name string, info *stateInfo) error {
 // checkDesc checks the registration info of state name against the
 // descriptor got it was written with (nil: none), naming key group kg in
 // errors (S11).
-func checkDesc(name string, kg int, got *stateDesc, info *stateInfo) error {
+func checkDesc(name string, kg int, got *engine.Desc, info *stateInfo) error {
 	want := info.desc()
 	if got == nil {
 		switch {
-		case want.Kind == kindMap:
+		case want.Kind == engine.KindMap:
 			return fmt.Errorf("state: keyed state %q in key group %d was written as a value or list state; it cannot be restored as %s", name, kg, info.what)
 		case want.TTL:
 			return fmt.Errorf("state: keyed state %q in key group %d was written without a TTL; it cannot be restored with one "+
@@ -475,7 +377,7 @@ func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 		names = append(names, name)
 	}
 	if b.peb != nil {
-		for name := range b.peb.native {
+		for name := range b.peb.AdoptedNames() {
 			names = append(names, name)
 		}
 	}
@@ -493,10 +395,8 @@ func (b *KeyedBackend[K]) Freeze() (*KeyedSnapshot, error) {
 			continue
 		}
 		if b.peb != nil {
-			if st, ok := b.peb.native[name]; ok {
-				sn := b.peb.db.NewSnapshot()
-				b.peb.snaps[sn] = struct{}{}
-				s.parts = append(s.parts, &nativeView{s: b.peb, snap: sn, st: st})
+			if st, ok := b.peb.Adopted(name); ok {
+				s.parts = append(s.parts, b.peb.FreezeAdopted(st))
 				s.n += 1 << 30
 				continue
 			}
@@ -666,7 +566,7 @@ type restoredView[K comparable] struct {
 func (v restoredView[K]) Encode(_ context.Context, _ *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	es := v.rs.es
 	h := 0
-	if v.rs.desc != nil {
+	if v.rs.Desc != nil {
 		h = 1
 	}
 	groups := 0
@@ -683,7 +583,7 @@ func (v restoredView[K]) Encode(_ context.Context, _ *engine.Encoder, out []chec
 		}
 		from := len(all)
 		if h > 0 {
-			all = append(all, checkpoint.KeyedEntry{Value: v.rs.desc})
+			all = append(all, checkpoint.KeyedEntry{Value: v.rs.Desc})
 		}
 		for _, re := range es[i:j] {
 			all = append(all, checkpoint.KeyedEntry{Key: re.RawKey, UserKey: re.RawUK, Value: re.RawVal})

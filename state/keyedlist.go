@@ -39,7 +39,7 @@ type listStore[K comparable, V any] interface {
 // registration it decodes the restored lists of that name. Options:
 // WithTTL, WithCodec (a Codec[V] for the elements).
 func KeyedList[K comparable, V any](b *KeyedBackend[K], name string, opts ...Option) (*KeyedListState[K, V], error) {
-	info := stateInfo{kind: kindList, opts: collect(opts), what: describeKeyedList[V]()}
+	info := stateInfo{kind: engine.KindList, opts: collect(opts), what: describeKeyedList[V]()}
 	return register(b, name, info, func() (*KeyedListState[K, V], error) {
 		st, err := newListStore[K, V](b, name, &info)
 		if err != nil {

@@ -36,7 +36,7 @@ type MapState[K comparable, UK comparable, UV any] struct {
 // interfaces (strings and time.Time are fine), the state is snapshotted
 // copy-on-write, as ValueState is; otherwise it is encoded at the barrier.
 func Map[K comparable, UK comparable, UV any](b *KeyedBackend[K], name string, opts ...Option) (*MapState[K, UK, UV], error) {
-	info := stateInfo{kind: kindMap, opts: collect(opts), what: describeMap[UK, UV]()}
+	info := stateInfo{kind: engine.KindMap, opts: collect(opts), what: describeMap[UK, UV]()}
 	return register(b, name, info, func() (*MapState[K, UK, UV], error) {
 		t, err := newMapStore[K, UK, UV](b, name, &info)
 		if err != nil {

@@ -119,7 +119,7 @@ func TestNativeRestorePartial(t *testing.T) {
 			if (kg-r.Start)%chunk == chunk-1 {
 				// One sstable per chunk of key groups, all in one
 				// sublevel of L0 (disjoint), so none is compacted.
-				require.NoError(t, b.peb.db.Flush())
+				require.NoError(t, b.peb.DB().Flush())
 			}
 		}
 		ns, err := b.FreezeNative()
@@ -267,13 +267,13 @@ func TestNativeBarrierFlushSpan(t *testing.T) {
 	for kg := 0; kg <= r.End; kg += chunk {
 		if kg != chunk {
 			fill(kg, kg+chunk-1)
-			require.NoError(t, b.peb.db.Flush())
+			require.NoError(t, b.peb.DB().Flush())
 		}
 	}
 	fill(chunk, 2*chunk-1)
 	ns, err := b.FreezeNative()
 	require.NoError(t, err)
-	require.NotNil(t, ns.taken, "the barrier rotates the memtable, flushed asynchronously")
+	require.True(t, ns.s.Async(), "the barrier rotates the memtable, flushed asynchronously")
 	require.NoError(t, ns.Take(context.Background()))
 	defer ns.Release()
 	var spans []checkpoint.KeyGroupSpan

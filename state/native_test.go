@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
+	speb "github.com/snapflow/snapflow/state/internal/pebble"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -62,7 +63,7 @@ func nativeStore(t testing.TB, ns *NativeSnapshot, r keygroup.Range, fs vfs.FS, 
 	require.NoError(t, err)
 	ref := &checkpoint.NativeStateRef{Format: checkpoint.NativeFormatPebble, Instance: ns.Instance, States: ns.States}
 	for _, name := range names {
-		require.NoError(t, copyFile(ns.FS, ns.FS.PathJoin(ns.Dir, name), fs, fs.PathJoin(dir, name)))
+		require.NoError(t, vfs.CopyAcrossFS(ns.FS, ns.FS.PathJoin(ns.Dir, name), fs, fs.PathJoin(dir, name)))
 		ref.Files = append(ref.Files, checkpoint.NativeFile{Name: name, Path: name, Shared: sharedName(name)})
 	}
 	ns.Stored(ref)
@@ -109,7 +110,7 @@ func TestNativeSnapshotRestore(t *testing.T) {
 		r := restores[i]
 		require.NoError(t, fs.MkdirAll(dir, 0o755))
 		for _, f := range r.Ref.Files {
-			require.NoError(t, copyFile(fs, fs.PathJoin(r.Dir, f.Name), fs, fs.PathJoin(dir, f.Name)))
+			require.NoError(t, vfs.CopyAcrossFS(fs, fs.PathJoin(r.Dir, f.Name), fs, fs.PathJoin(dir, f.Name)))
 		}
 		r.Dir = dir
 		return r
@@ -119,7 +120,7 @@ func TestNativeSnapshotRestore(t *testing.T) {
 		r     keygroup.Range
 		from  []int
 		pebbl bool
-		// sst is ingestFileSize (0: as it is).
+		// sst is pebble.IngestFileSize (0: as it is).
 		sst uint64
 	}{
 		{"same range", halves[0], []int{0}, true, 0},
@@ -131,8 +132,8 @@ func TestNativeSnapshotRestore(t *testing.T) {
 	for ci, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if c.sst > 0 {
-				defer func(n uint64) { ingestFileSize = n }(ingestFileSize)
-				ingestFileSize = c.sst
+				defer func(n uint64) { speb.IngestFileSize = n }(speb.IngestFileSize)
+				speb.IngestFileSize = c.sst
 			}
 			src := NativeSource{FS: fs}
 			for _, i := range c.from {
@@ -157,7 +158,7 @@ func TestNativeSnapshotRestore(t *testing.T) {
 			if len(c.from) > 1 {
 				// Ingested: the states are carried over with exact counts,
 				// and nothing is left of the built sstables.
-				require.Len(t, b.peb.native, 3)
+				require.Len(t, slices.Collect(b.peb.AdoptedNames()), 3)
 				entries := map[string]int64{}
 				for _, g := range inRange(c.r) {
 					n := int64(len(g.Entries))
@@ -166,13 +167,14 @@ func TestNativeSnapshotRestore(t *testing.T) {
 					}
 					entries[g.State] += n
 				}
-				for name, st := range b.peb.native {
+				for name := range b.peb.AdoptedNames() {
+					st, _ := b.peb.Adopted(name)
 					require.Equal(t, entries[name], st.Entries, "state %q", name)
 				}
-				_, err := fs.Stat(fs.PathJoin(b.peb.dir, "ingest"))
+				_, err := fs.Stat(fs.PathJoin(b.peb.Dir(), "ingest"))
 				require.Error(t, err, "the built sstables are removed")
 				if c.sst > 0 {
-					m := b.peb.db.Metrics()
+					m := b.peb.DB().Metrics()
 					require.Greater(t, m.Total().TablesIngested, uint64(10), "ingested in many sstables")
 				}
 			}
@@ -270,7 +272,7 @@ func TestNativeSnapshotAsyncFlush(t *testing.T) {
 	ns, err := b.FreezeNative()
 	require.NoError(t, err)
 	defer ns.Release()
-	require.NotNil(t, ns.taken, "the flush and the checkpoint are left to a goroutine")
+	require.True(t, ns.s.Async(), "the flush and the checkpoint are left to a goroutine")
 	nativeFill(t, b, 3000, 1) // after the barrier: updates and new keys
 	v, err := Value[string, int](b, "count")
 	require.NoError(t, err)
@@ -304,16 +306,16 @@ func TestNativeSnapshotFlushOverrun(t *testing.T) {
 	nativeFill(t, b, 1000, 0)
 	// Between the barrier's flush and the checkpoint, a later write is
 	// flushed.
-	testHookFlushed = func(db *pebble.DB) {
-		require.NoError(t, db.Set(appendPrefix(nil, r.Start, 0), []byte{0x07}, pebble.NoSync)) // an int, as the state holds
+	speb.TestHookFlushed = func(db *pebble.DB) {
+		require.NoError(t, db.Set(speb.AppendPrefix(nil, r.Start, 0), []byte{0x07}, pebble.NoSync)) // an int, as the state holds
 		require.NoError(t, db.Flush())
 	}
 	ns, err := b.FreezeNative()
 	require.NoError(t, err)
 	err = ns.Take(context.Background())
-	testHookFlushed = nil
+	speb.TestHookFlushed = nil
 	require.ErrorIs(t, err, ErrFlushOverrun)
-	require.Contains(t, err.Error(), b.peb.dir)
+	require.Contains(t, err.Error(), b.peb.Dir())
 	_, serr := fs.Stat(ns.Dir)
 	require.Error(t, serr, "no checkpoint directory is left")
 	ns.Release()
@@ -324,7 +326,7 @@ func TestNativeSnapshotFlushOverrun(t *testing.T) {
 	ns, err = b.FreezeNative()
 	require.NoError(t, err)
 	defer ns.Release()
-	require.Nil(t, ns.taken, "after an overrun FreezeNative flushes itself")
+	require.False(t, ns.s.Async(), "after an overrun FreezeNative flushes itself")
 	nativeFill(t, b, 1500, 3)
 	require.NoError(t, ns.Take(context.Background()))
 	res := nativeStore(t, ns, r, fs, "/restore")
@@ -340,6 +342,6 @@ func TestNativeSnapshotFlushOverrun(t *testing.T) {
 	ns2, err := b.FreezeNative()
 	require.NoError(t, err)
 	defer ns2.Release()
-	require.NotNil(t, ns2.taken)
+	require.True(t, ns2.s.Async())
 	require.NoError(t, ns2.Take(context.Background()))
 }

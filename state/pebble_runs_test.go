@@ -11,6 +11,7 @@ import (
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/pebble"
 )
 
 // paren is an order-sensitive, non-associative reduce function:
@@ -19,9 +20,9 @@ func paren(a, b string) string { return "(" + a + b + ")" }
 
 // runsIn counts the stored values of table id that are runs (S15), and
 // all of its stored values.
-func runsIn(t *testing.T, s *pebbleStore, id uint16) (runs, values int) {
+func runsIn(t *testing.T, b *KeyedBackend[int], id uint16) (runs, values int) {
 	t.Helper()
-	require.NoError(t, scanState(s.db, s.kgs, id, nil, func(_ int, _, val []byte) bool {
+	require.NoError(t, pebble.ScanState(b.peb.DB(), b.Range(), id, nil, func(_ int, _, val []byte) bool {
 		values++
 		if engine.IsRun(val) {
 			runs++
@@ -65,9 +66,9 @@ func TestReducingBlindAdds(t *testing.T) {
 				for k := range keys {
 					add(k, fmt.Sprintf("%d.%d", k, round))
 				}
-				tbl.flush()
+				tbl.Flush()
 			}
-			runs, values := runsIn(t, b.peb, tbl.id)
+			runs, values := runsIn(t, b, tbl.ID())
 			require.Equal(t, keys, values)
 			require.Equal(t, keys, runs, "every key's later adds were blind")
 			// A snapshot holds one folded value per key, and restores on
@@ -100,9 +101,9 @@ func TestReducingBlindAdds(t *testing.T) {
 			require.True(t, ok)
 			require.Equal(t, want[7], v)
 			add(7, "x")
-			tbl.flush()
+			tbl.Flush()
 			if cache > 0 {
-				raw, closer, err := b.peb.db.Get(tbl.kbuf)
+				raw, closer, err := b.peb.DB().Get(tbl.StoredKey(7, b.CurrentKeyGroup()))
 				require.NoError(t, err)
 				require.False(t, engine.IsRun(raw), "key 7 after a read")
 				_ = closer.Close()
@@ -118,12 +119,12 @@ func TestReducingBlindAdds(t *testing.T) {
 
 			// The paced sweep: a whole period of backend time in steps
 			// folds every run that is not cached.
-			tbl.flush()
+			tbl.Flush()
 			start := time.Unix(1000, 0)
-			for i := range 2 * sweepSteps {
-				b.SetTime(start.Add(time.Duration(i) * 2 * time.Second / sweepSteps))
+			for i := range 2 * pebble.SweepSteps {
+				b.SetTime(start.Add(time.Duration(i) * 2 * time.Second / pebble.SweepSteps))
 			}
-			runs, _ = runsIn(t, b.peb, tbl.id)
+			runs, _ = runsIn(t, b, tbl.ID())
 			require.Zero(t, runs, "runs left after a sweep pass")
 			got = map[int]string{}
 			for k := range keys {
@@ -159,18 +160,18 @@ func TestReducingRunsRestore(t *testing.T) {
 			want[k] = v
 		}
 	}
-	r.runs.flush()
-	runs, _ := runsIn(t, b.peb, r.runs.id)
+	r.runs.Flush()
+	runs, _ := runsIn(t, b, r.runs.ID())
 	require.Positive(t, runs)
 
 	// The records of the instance, as a rescale reads them, hold the runs;
 	// a reducing state on either engine folds them, a value state fails
 	// with the cause named.
 	var snap []checkpoint.KeyGroupState
-	sn := b.peb.db.NewSnapshot()
+	sn := b.peb.DB().NewSnapshot()
 	defer func() { _ = sn.Close() }()
-	require.NoError(t, scanState(sn, b.peb.kgs, r.runs.id, nil, func(kg int, key, val []byte) bool {
-		snap = append(snap, checkpoint.KeyGroupState{State: "r", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: bytes.Clone(key[pebblePrefixLen:]), Value: bytes.Clone(val)}}})
+	require.NoError(t, pebble.ScanState(sn, b.Range(), r.runs.ID(), nil, func(kg int, key, val []byte) bool {
+		snap = append(snap, checkpoint.KeyGroupState{State: "r", KeyGroup: kg, Entries: []checkpoint.KeyedEntry{{Key: bytes.Clone(key[pebble.PrefixLen:]), Value: bytes.Clone(val)}}})
 		return true
 	}))
 	for _, engine := range engineNames {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/snapflow/snapflow/internal/mpenc"
 	"github.com/snapflow/snapflow/state/internal/engine"
+	speb "github.com/snapflow/snapflow/state/internal/pebble"
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
@@ -138,7 +139,7 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		batch := db.NewBatch()
 		var kbuf []byte
 		for j := range keys {
-			kbuf = mpenc.AppendInt(appendPrefix(kbuf[:0], kgs[j], 0), keys[j])
+			kbuf = mpenc.AppendInt(speb.AppendPrefix(kbuf[:0], kgs[j], 0), keys[j])
 			if err := batch.Set(kbuf, mpenc.AppendInt(nil, 1), nil); err != nil {
 				b.Fatal(err)
 			}
@@ -165,7 +166,7 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 				}
 				return
 			}
-			fillPebble(kb.peb.db)
+			fillPebble(kb.peb.DB())
 			kb.SetCurrentKey(keys[7], kgs[7])
 			if n, ok := s.Value(); !ok || n != 1 {
 				b.Fatalf("the engine reads %d, %v after the fill", n, ok)
@@ -229,7 +230,7 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 			b.Fatal(err)
 		}
 		fill := func() {
-			fillPebble(kb.peb.db)
+			fillPebble(kb.peb.DB())
 			kb.SetCurrentKey(keys[7], kgs[7])
 			if n, ok := rs.Get(); !ok || n != 1 {
 				b.Fatalf("the reducing engine reads %d, %v after the fill", n, ok)
@@ -253,31 +254,31 @@ func benchCounter(b *testing.B, dist string, cacheEntries int) {
 		stores = append(stores, &store{name: "engine-reducing", fill: fill, run: run, close: func() { _ = kb.Close() }})
 	}
 	{
-		s, err := openPebbleStore(PebbleEngine{Dir: b.TempDir()}, r)
+		s, err := speb.Open(speb.Config{Dir: b.TempDir()}, r)
 		if err != nil {
 			b.Fatal(err)
 		}
 		var kbuf, vbuf []byte
 		incr := func(j int32) {
-			kbuf = mpenc.AppendInt(appendPrefix(kbuf[:0], kgs[j], 0), keys[j])
+			kbuf = mpenc.AppendInt(speb.AppendPrefix(kbuf[:0], kgs[j], 0), keys[j])
 			var n int64
-			v, c, err := s.db.Get(kbuf)
+			v, c, err := s.DB().Get(kbuf)
 			if err == nil {
 				n, _ = engine.ReadInt(v)
 				_ = c.Close()
 			}
 			vbuf = mpenc.AppendInt(vbuf[:0], n+1)
-			if err := s.db.Set(kbuf, vbuf, pebble.NoSync); err != nil {
+			if err := s.DB().Set(kbuf, vbuf, pebble.NoSync); err != nil {
 				b.Fatal(err)
 			}
 		}
-		fill := func() { fillPebble(s.db) }
+		fill := func() { fillPebble(s.DB()) }
 		run := func(seq []int32) {
 			for _, j := range seq {
 				incr(j)
 			}
 		}
-		stores = append(stores, &store{name: "raw", fill: fill, run: run, close: func() { _ = s.close() }})
+		stores = append(stores, &store{name: "raw", fill: fill, run: run, close: func() { _ = s.Close() }})
 	}
 	rawAt := len(stores) - 1
 	for _, st := range stores {
@@ -359,7 +360,7 @@ func settle(b *testing.B, db *pebble.DB) {
 //	go test ./state -run '^$' -bench PebbleFreeze -benchtime 20x
 func BenchmarkPebbleFreeze(b *testing.B) {
 	const n = 200_000
-	for _, size := range []int{4096, 16384, defaultWriteCacheEntries} {
+	for _, size := range []int{4096, 16384, speb.DefaultWriteCacheEntries} {
 		b.Run(fmt.Sprintf("cache=%d", size), func(b *testing.B) {
 			kb, err := NewPebbleKeyedBackend[int64](PebbleEngine{Dir: b.TempDir(), WriteCacheEntries: size}, keygroup.Range{Start: 0, End: maxP - 1}, maxP, nil)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/pebble"
 )
 
 // TestPebbleTTLPacedCleanup: on Pebble, the expired entries of keys that
@@ -67,24 +68,15 @@ func TestPebbleTTLPacedCleanup(t *testing.T) {
 				}
 			}
 			stored := func() map[string]int {
-				out := map[string]int{}
-				for name, nt := range b.peb.tables {
-					nt.flush()
-					id, _, _ := nt.nativeInfo()
-					n := 0
-					require.NoError(t, scanState(b.peb.db, b.peb.kgs, id, nil, func(int, []byte, []byte) bool { n++; return true }))
-					out[name] = n
-				}
+				out, err := b.peb.StoredEntries()
+				require.NoError(t, err)
 				return out
 			}
 			listLen := func(k int) int {
-				lt := l.st.(*ttlList[int, int]).in.(*pebbleTable[int, []engine.TTLValue[int]])
-				var raw []engine.TTLValue[int]
-				lt.ck = k
-				lt.cgen = 0
+				lt := l.st.(*ttlList[int, int]).in.(*pebble.Table[int, []engine.TTLValue[int]])
 				setKey(b, k)
-				lt.setKey(&lt.ck, b.kg)
-				require.True(t, lt.getRaw(lt.kbuf, &raw))
+				raw, ok := lt.StoredValue(k, b.kg)
+				require.True(t, ok)
 				return len(raw)
 			}
 			all := map[string]int{"v": keys, "l": keys, "m": 2 * keys}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/snapflow/snapflow/state/internal/engine"
 	"github.com/snapflow/snapflow/state/internal/heap"
+	"github.com/snapflow/snapflow/state/internal/pebble"
 )
 
 // ReducingState is a keyed state that holds one value of type V per key,
@@ -26,7 +27,7 @@ type ReducingState[K comparable, V any] struct {
 	t    engine.Table[K, V]
 	heap *heap.Table[K, V]
 	// runs is the Pebble table when it adds blindly (S15).
-	runs   *pebbleTable[K, V]
+	runs   *pebble.Table[K, V]
 	reduce func(a, b V) V
 }
 
@@ -41,15 +42,15 @@ func Reducing[K comparable, V any](b *KeyedBackend[K], name string, reduce func(
 	if reduce == nil {
 		return nil, fmt.Errorf("state: keyed state %q: nil reduce function", name)
 	}
-	info := stateInfo{kind: kindValue, opts: collect(opts), what: fmt.Sprintf("reducing state of %s", engine.TypeName[V]())}
+	info := stateInfo{kind: engine.KindValue, opts: collect(opts), what: fmt.Sprintf("reducing state of %s", engine.TypeName[V]())}
 	return register(b, name, info, func() (*ReducingState[K, V], error) {
 		t, err := newValueTable[K, V](b, name, &info, reduce)
 		if err != nil {
 			return nil, err
 		}
 		h, _ := t.(*heap.Table[K, V])
-		p, _ := t.(*pebbleTable[K, V])
-		if p != nil && !p.sp.Runs {
+		p, _ := t.(*pebble.Table[K, V])
+		if p != nil && !p.BlindAdds() {
 			p = nil
 		}
 		return &ReducingState[K, V]{b: b, name: name, info: info, t: t, heap: h, runs: p, reduce: reduce}, nil
@@ -71,7 +72,7 @@ func (s *ReducingState[K, V]) Add(v V) {
 		return
 	}
 	if p := s.runs; p != nil {
-		p.add(s.b.key, s.b.kg, v, s.reduce)
+		p.Add(s.b.key, s.b.kg, v, s.reduce)
 		return
 	}
 	if old, ok := s.t.Get(s.b.key, s.b.kg); ok {
@@ -136,7 +137,7 @@ func Aggregating[K comparable, IN, ACC, OUT any](b *KeyedBackend[K], name string
 	if agg == nil {
 		return nil, fmt.Errorf("state: keyed state %q: nil aggregate function", name)
 	}
-	info := stateInfo{kind: kindValue, opts: collect(opts), what: fmt.Sprintf("aggregating state of %s to %s by %s", engine.TypeName[IN](), engine.TypeName[OUT](), engine.TypeName[ACC]())}
+	info := stateInfo{kind: engine.KindValue, opts: collect(opts), what: fmt.Sprintf("aggregating state of %s to %s by %s", engine.TypeName[IN](), engine.TypeName[OUT](), engine.TypeName[ACC]())}
 	return register(b, name, info, func() (*AggregatingState[K, IN, ACC, OUT], error) {
 		t, err := newValueTable[K, ACC](b, name, &info, nil)
 		if err != nil {

@@ -1,14 +1,12 @@
 package state
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"slices"
 
 	"github.com/snapflow/snapflow/snapshot/checkpoint"
 	"github.com/snapflow/snapflow/state/internal/engine"
+	"github.com/snapflow/snapflow/state/internal/pebble"
 )
 
 // TimerQueue is a keyed priority-queue set of timers: (key, time) pairs,
@@ -46,15 +44,13 @@ type TimerQueue[K comparable] struct {
 	// Exactly one of hq (heap backend) and pq (Pebble) is set, one queue
 	// per key group of the range.
 	hq []heapTimers[K]
-	pq *pebbleTimers[K]
+	pq *pebble.Timers[K]
 }
 
-// timerEntry is a timer of key key at ts. sk is its stored suffix
-// [ts][encoded key] (Pebble only).
+// timerEntry is a timer of key key at ts, in a heap queue.
 type timerEntry[K comparable] struct {
 	ts  int64
 	key K
-	sk  []byte
 }
 
 // timerID is a timer as a set element.
@@ -69,7 +65,7 @@ type timerID[K comparable] struct {
 // nanoseconds per key that graph kept its timers in before
 // ("_timers", "_event_timers"), which it converts.
 func Timers[K comparable](b *KeyedBackend[K], name string) (*TimerQueue[K], error) {
-	info := stateInfo{kind: kindTimers, what: "timer queue"}
+	info := stateInfo{kind: engine.KindTimers, what: "timer queue"}
 	return register(b, name, info, func() (*TimerQueue[K], error) {
 		return newTimerQueue(b, name, info)
 	})
@@ -86,13 +82,12 @@ func newTimerQueue[K comparable](b *KeyedBackend[K], name string, info stateInfo
 		return nil, err
 	}
 	if b.peb != nil {
-		pq, err := newPebbleTimers(q, restored)
+		pq, err := pebble.NewTimers(b.peb, name, info.descBytes(), restored)
 		if err != nil {
 			return nil, err
 		}
 		q.pq = pq
 		delete(b.restored, name)
-		b.peb.registered(name, pq)
 		for i := range n {
 			q.fix(i)
 		}
@@ -100,7 +95,7 @@ func newTimerQueue[K comparable](b *KeyedBackend[K], name string, info stateInfo
 	}
 	q.hq = make([]heapTimers[K], n)
 	for _, t := range restored {
-		q.hq[t.kg-q.start].add(t.key, t.ts)
+		q.hq[t.KG-q.start].add(t.Key, t.TS)
 	}
 	delete(b.restored, name)
 	for i := range n {
@@ -109,77 +104,39 @@ func newTimerQueue[K comparable](b *KeyedBackend[K], name string, info stateInfo
 	return q, nil
 }
 
-// restoredTimer is a restored timer with its key group.
-type restoredTimer[K comparable] struct {
-	kg  int
-	key K
-	ts  int64
-}
-
 // restoredTimers decodes the restored entries of name: a timer queue's
 // (the descriptor says so; user key: the 8-byte time, no value) or, with
 // no descriptor, the legacy keyed list state of int64 per key.
-func restoredTimers[K comparable](b *KeyedBackend[K], name string) ([]restoredTimer[K], error) {
+func restoredTimers[K comparable](b *KeyedBackend[K], name string) ([]engine.RestoredTimer[K], error) {
 	rs := b.restored[name]
 	if rs == nil || len(rs.es) == 0 {
 		return nil, nil
 	}
-	out := make([]restoredTimer[K], 0, len(rs.es))
-	if rs.d != nil {
+	out := make([]engine.RestoredTimer[K], 0, len(rs.es))
+	if rs.D != nil {
 		for i := range rs.es {
 			e := &rs.es[i]
-			ts, err := decodeTimerTime(e.RawUK, e.RawVal)
+			ts, err := engine.DecodeTimerTime(e.RawUK, e.RawVal)
 			if err != nil {
 				return nil, fmt.Errorf("state: timer %d (key %v) of timer queue %q in key group %d: %w", i, e.Key, name, e.KG, err)
 			}
-			out = append(out, restoredTimer[K]{kg: e.KG, key: e.Key, ts: ts})
+			out = append(out, engine.RestoredTimer[K]{KG: e.KG, Key: e.Key, TS: ts})
 		}
 		return out, nil
 	}
 	dec := engine.NewDecoder()
 	for i := range rs.es {
 		e := &rs.es[i]
-		ts, err := decodeLegacyTimers(dec, e.RawVal)
+		ts, err := engine.DecodeLegacyTimers(dec, e.RawVal)
 		if err != nil {
 			return nil, fmt.Errorf("state: decoding the timers of key %v of keyed state %q in key group %d (a list of int64, the format before timer queues): %w", e.Key, name, e.KG, err)
 		}
 		for _, at := range ts {
-			out = append(out, restoredTimer[K]{kg: e.KG, key: e.Key, ts: at})
+			out = append(out, engine.RestoredTimer[K]{KG: e.KG, Key: e.Key, TS: at})
 		}
 	}
 	return out, nil
 }
-
-// decodeLegacyTimers decodes the value of a legacy timer list (a msgpack
-// array of int64).
-func decodeLegacyTimers(dec *engine.Decoder, raw []byte) ([]int64, error) {
-	var ts []int64
-	if err := engine.DecodeInto(dec, raw, &ts); err != nil {
-		return nil, err
-	}
-	return ts, nil
-}
-
-// decodeTimerTime decodes the user key of a timer entry (the time, 8 bytes
-// order-preserving); the entry has no value.
-func decodeTimerTime(uk, val []byte) (int64, error) {
-	if len(uk) != 8 {
-		return 0, fmt.Errorf("the time (user key) is %d bytes, want 8", len(uk))
-	}
-	if len(val) != 0 {
-		return 0, fmt.Errorf("a timer entry has a value (%d bytes)", len(val))
-	}
-	return timerTime(uk), nil
-}
-
-// appendTimerTime appends ts as 8 bytes whose byte order is the order of
-// the times (big endian, sign bit flipped).
-func appendTimerTime(b []byte, ts int64) []byte {
-	return binary.BigEndian.AppendUint64(b, uint64(ts)^(1<<63))
-}
-
-// timerTime decodes 8 bytes written by appendTimerTime.
-func timerTime(b []byte) int64 { return int64(binary.BigEndian.Uint64(b) ^ (1 << 63)) }
 
 func (q *TimerQueue[K]) describe() string         { return q.info.describe() }
 func (q *TimerQueue[K]) registration() *stateInfo { return &q.info }
@@ -190,7 +147,7 @@ func (q *TimerQueue[K]) Register(ts int64) {
 	q.b.mustKey()
 	i := q.b.kg - q.start
 	if q.pq != nil {
-		if q.pq.add(i, q.b.kg, q.b.key, ts) {
+		if q.pq.Add(i, q.b.kg, q.b.key, ts) {
 			q.fix(i)
 		}
 		return
@@ -206,7 +163,7 @@ func (q *TimerQueue[K]) Delete(ts int64) {
 	q.b.mustKey()
 	i := q.b.kg - q.start
 	if q.pq != nil {
-		if q.pq.remove(i, q.b.kg, q.b.key, ts) {
+		if q.pq.Remove(i, q.b.kg, q.b.key, ts) {
 			q.fix(i)
 		}
 		return
@@ -231,14 +188,14 @@ func (q *TimerQueue[K]) Poll() (key K, kg int, ts int64, ok bool) {
 		return key, 0, 0, false
 	}
 	i := int(q.heads[0])
-	var t timerEntry[K]
 	if q.pq != nil {
-		t = q.pq.poll(i, i+q.start)
+		key, ts = q.pq.Poll(i, i+q.start)
 	} else {
-		t = q.hq[i].poll()
+		t := q.hq[i].poll()
+		key, ts = t.key, t.ts
 	}
 	q.fix(i)
-	return t.key, i + q.start, t.ts, true
+	return key, i + q.start, ts, true
 }
 
 // Latest returns the time of the latest pending timer, if any. It visits
@@ -246,7 +203,7 @@ func (q *TimerQueue[K]) Poll() (key K, kg int, ts int64, ok bool) {
 // the key group's timers).
 func (q *TimerQueue[K]) Latest() (int64, bool) {
 	if q.pq != nil {
-		return q.pq.latest()
+		return q.pq.Latest()
 	}
 	var last int64
 	found := false
@@ -263,7 +220,7 @@ func (q *TimerQueue[K]) Latest() (int64, bool) {
 func (q *TimerQueue[K]) Clear() int {
 	n := 0
 	if q.pq != nil {
-		n = q.pq.clear()
+		n = q.pq.Clear()
 	} else {
 		for i := range q.hq {
 			n += len(q.hq[i].h)
@@ -280,7 +237,7 @@ func (q *TimerQueue[K]) Clear() int {
 // Len returns the number of pending timers (on Pebble, by iterating them).
 func (q *TimerQueue[K]) Len() int {
 	if q.pq != nil {
-		return q.pq.count()
+		return q.pq.Count()
 	}
 	n := 0
 	for i := range q.hq {
@@ -294,11 +251,7 @@ func (q *TimerQueue[K]) Len() int {
 // (at most PebbleEngine.TimerCacheEntries per key group).
 func (q *TimerQueue[K]) InMemory() int {
 	if q.pq != nil {
-		n := 0
-		for i := range q.pq.kgs {
-			n += len(q.pq.kgs[i].c)
-		}
-		return n
+		return q.pq.InMemory()
 	}
 	return q.Len()
 }
@@ -308,7 +261,7 @@ func (q *TimerQueue[K]) InMemory() int {
 // the queue.
 func (q *TimerQueue[K]) All(fn func(key K, ts int64) bool) {
 	if q.pq != nil {
-		q.pq.all(fn)
+		q.pq.All(fn)
 		return
 	}
 	for i := range q.hq {
@@ -325,7 +278,7 @@ func (q *TimerQueue[K]) fix(i int) {
 	var ts int64
 	var ok bool
 	if q.pq != nil {
-		ts, ok = q.pq.head(i)
+		ts, ok = q.pq.Head(i)
 	} else {
 		ts, ok = q.hq[i].head()
 	}
@@ -402,7 +355,7 @@ func (q *TimerQueue[K]) down(j int32) {
 func (q *TimerQueue[K]) freeze() (engine.Frozen, error) {
 	desc := q.info.descBytes()
 	if q.pq != nil {
-		return q.pq.freeze(desc), nil
+		return q.pq.Freeze(desc), nil
 	}
 	v := &heapTimersView[K]{name: q.name, desc: desc}
 	for i := range q.hq {
@@ -453,33 +406,15 @@ func (v *heapTimersView[K]) Encode(ctx context.Context, e *engine.Encoder, out [
 				return nil, fmt.Errorf("state: encoding key %v of timer queue %q in key group %d: %w", t.key, v.name, g.kg, err)
 			}
 			start := len(e.Buf)
-			e.Buf = appendTimerTime(e.Buf, t.ts)
+			e.Buf = engine.AppendTimerTime(e.Buf, t.ts)
 			es = append(es, checkpoint.KeyedEntry{Key: kb, UserKey: e.Buf[start:len(e.Buf):len(e.Buf)]})
 		}
-		if err := sortTimers(v.name, g.kg, es[1:]); err != nil {
+		if err := engine.SortTimers(v.name, g.kg, es[1:]); err != nil {
 			return nil, err
 		}
 		out = append(out, checkpoint.KeyGroupState{State: v.name, KeyGroup: g.kg, Entries: es})
 	}
 	return out, nil
-}
-
-// sortTimers sorts timer entries by (key, time) and fails on two equal
-// ones (distinct keys that encode alike).
-func sortTimers(name string, kg int, es []checkpoint.KeyedEntry) error {
-	slices.SortFunc(es, func(x, y checkpoint.KeyedEntry) int {
-		if c := bytes.Compare(x.Key, y.Key); c != 0 {
-			return c
-		}
-		return bytes.Compare(x.UserKey, y.UserKey)
-	})
-	for i := 1; i < len(es); i++ {
-		if bytes.Equal(es[i].Key, es[i-1].Key) && bytes.Equal(es[i].UserKey, es[i-1].UserKey) {
-			return fmt.Errorf("state: two timers of timer queue %q in key group %d have the same key encoding %x and time; "+
-				"keys must encode injectively (msgpack skips unexported fields)", name, kg, es[i].Key)
-		}
-	}
-	return nil
 }
 
 // heapTimers is the queue of one key group on the heap: a min-heap by

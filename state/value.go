@@ -39,7 +39,7 @@ type ValueState[K comparable, V any] struct {
 // may be changed in place after Update (see "Snapshots" in the package
 // documentation).
 func Value[K comparable, V any](b *KeyedBackend[K], name string, opts ...Option) (*ValueState[K, V], error) {
-	info := stateInfo{kind: kindValue, opts: collect(opts), what: describeValue[V]()}
+	info := stateInfo{kind: engine.KindValue, opts: collect(opts), what: describeValue[V]()}
 	return register(b, name, info, func() (*ValueState[K, V], error) {
 		t, err := newValueTable[K, V](b, name, &info, nil)
 		if err != nil {

@@ -1,4 +1,4 @@
-package state
+package pebble
 
 import (
 	"bytes"
@@ -19,58 +19,23 @@ import (
 // of searching from the top of each level where it can), into its
 // write-back cache. The per-record read is then a cache hit.
 
-// prefetchKey is a key handed to AddPrefetch.
-type prefetchKey[K comparable] struct {
-	k  K
-	kg int
+// PrefetchKey is a key handed to the backend's AddPrefetch: the key and
+// its key group.
+type PrefetchKey[K comparable] struct {
+	K  K
+	KG int
 }
 
-// prefetcher is a table that Prefetch fills: the cached tables of value,
-// list, reducing and aggregating states (not map states, whose user keys
-// the records do not tell).
-type prefetcher[K comparable] interface {
-	prefetch(keys []prefetchKey[K])
+// Prefetcher is a table that the backend's Prefetch fills: the cached
+// tables of value, list, reducing and aggregating states (not map states,
+// whose user keys the records do not tell; Table.Prefetches).
+type Prefetcher[K comparable] interface {
+	Prefetch(keys []PrefetchKey[K])
 }
 
-// Prefetches reports whether Prefetch does anything: true for a Pebble
-// backend whose write-back cache and prefetch are on, false for the heap.
-// A caller checks it once, so that the heap backend costs nothing per
-// buffer.
-func (b *KeyedBackend[K]) Prefetches() bool {
-	return b.peb != nil && b.peb.prefetch && b.peb.cacheEntries > 0
-}
-
-// AddPrefetch adds the key k of key group kg to the keys the next
-// Prefetch reads. Keys outside the backend's key-group range are ignored
-// (SetCurrentKey reports them). It does nothing unless Prefetches.
-func (b *KeyedBackend[K]) AddPrefetch(k K, kg int) {
-	if b.peb == nil || kg < b.kgs.Start || kg > b.kgs.End {
-		return
-	}
-	b.pre = append(b.pre, prefetchKey[K]{k, kg})
-}
-
-// Prefetch reads the values of the keys added since the last Prefetch into
-// the write-back caches of the states that the records since the previous
-// Prefetch used, and forgets the keys. It changes no state and no current
-// key: it only makes the next reads of those keys cache hits (as far as
-// the cache holds them: at most half its entries per call). Call it on the
-// backend's goroutine, between records.
-func (b *KeyedBackend[K]) Prefetch() {
-	if len(b.pre) == 0 {
-		return
-	}
-	if b.peb != nil {
-		for _, t := range b.prefetchers {
-			t.prefetch(b.pre)
-		}
-	}
-	var zero prefetchKey[K]
-	for i := range b.pre {
-		b.pre[i] = zero // the keys may hold pointers
-	}
-	b.pre = b.pre[:0]
-}
+// Prefetches reports whether the store's tables prefetch: the write-back
+// cache and the prefetch are on (Config.NoPrefetch unset).
+func (s *Store) Prefetches() bool { return s.prefetch && s.cacheEntries > 0 }
 
 // prefetchRef is one key of a prefetch in the table's key buffer.
 type prefetchRef struct {
@@ -78,11 +43,11 @@ type prefetchRef struct {
 	hash       uint64
 }
 
-// prefetch implements prefetcher: it encodes the keys, drops those cached
+// prefetch implements Prefetcher: it encodes the keys, drops those cached
 // and the duplicates, sorts the rest and reads them with one iterator into
 // the cache, as clean slots (a key without an entry as a known absent
 // one, as a read would cache it).
-func (t *pebbleTable[K, V]) prefetch(keys []prefetchKey[K]) {
+func (t *Table[K, V]) Prefetch(keys []PrefetchKey[K]) {
 	c := t.c
 	if c == nil || !t.touched {
 		return
@@ -95,8 +60,8 @@ func (t *pebbleTable[K, V]) prefetch(keys []prefetchKey[K]) {
 	buf, refs := t.pbuf[:0], t.prefs[:0]
 	for i := range keys[:n] {
 		start := len(buf)
-		t.ke.Buf = appendPrefix(buf, keys[i].kg, t.id)
-		t.ck = keys[i].k
+		t.ke.Buf = AppendPrefix(buf, keys[i].KG, t.id)
+		t.ck = keys[i].K
 		if _, _, err := t.sp.Key(t.ke, &t.ck); err != nil {
 			panic(fmt.Sprintf("state: encoding key %v of keyed state %q: %v", t.ck, t.name, err))
 		}

@@ -1,4 +1,4 @@
-package state
+package pebble
 
 import (
 	"bytes"
@@ -13,11 +13,11 @@ import (
 	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
-// defaultTimerCacheEntries is PebbleEngine.TimerCacheEntries' default,
+// defaultTimerCacheEntries is Config.TimerCacheEntries' default,
 // Flink's default for its RocksDB timer cache.
 const defaultTimerCacheEntries = 128
 
-// pebbleTimers is the Pebble part of a TimerQueue: its timers are entries
+// Timers is the Pebble part of a TimerQueue: its timers are entries
 // [key group][state id][time][encoded key] with an empty value, and kgs
 // holds the cached heads of each key group.
 //
@@ -28,13 +28,14 @@ const defaultTimerCacheEntries = 128
 // returns. So the earliest cached timer is the key group's earliest, a
 // register or delete after the cached ones needs no read (one blind Set or
 // Delete), and one before or among them is decided by the cache.
-type pebbleTimers[K comparable] struct {
-	q    *TimerQueue[K]
-	s    *pebbleStore
-	id   uint16
-	name string
-	cap  int
-	kgs  []timerCache[K]
+type Timers[K comparable] struct {
+	start int // the first key group of the store's range (queue 0)
+	desc  []byte
+	s     *Store
+	id    uint16
+	name  string
+	cap   int
+	kgs   []timerCache[K]
 	// n bounds the stored timers from above (exact unless approx: a blind
 	// Set may have written a timer that was stored already).
 	n      int
@@ -48,6 +49,14 @@ type pebbleTimers[K comparable] struct {
 	hi   []byte
 }
 
+// timerEntry is a timer of key key at ts, with its stored suffix sk:
+// [ts][encoded key].
+type timerEntry[K comparable] struct {
+	ts  int64
+	key K
+	sk  []byte
+}
+
 // timerCache is the cache of one key group: its earliest stored timers,
 // sorted by stored suffix in descending order (the head is last).
 type timerCache[K comparable] struct {
@@ -59,24 +68,23 @@ type timerCache[K comparable] struct {
 	floor []byte
 }
 
-// newPebbleTimers opens the Pebble part of q: it adopts the timers of a
-// natively restored instance (converting a legacy list state), writes the
-// restored timers, and loads every key group's cache.
-func newPebbleTimers[K comparable](q *TimerQueue[K], restored []restoredTimer[K]) (*pebbleTimers[K], error) {
-	b := q.b
-	s := b.peb
+// NewTimers opens the Pebble part of the timer queue name, whose
+// descriptor entry is desc, with one queue per key group of s's range: it
+// adopts the timers of a natively restored instance (converting a legacy
+// list state), writes restored, and loads every key group's cache.
+func NewTimers[K comparable](s *Store, name string, desc []byte, restored []engine.RestoredTimer[K]) (*Timers[K], error) {
 	c := s.timerCache
 	if c <= 0 {
 		c = defaultTimerCacheEntries
 	}
-	p := &pebbleTimers[K]{q: q, s: s, name: q.name, cap: c, kgs: make([]timerCache[K], len(q.pos)), ke: engine.NewEncoder(), dec: engine.NewDecoder()}
+	p := &Timers[K]{s: s, start: s.kgs.Start, desc: desc, name: name, cap: c, kgs: make([]timerCache[K], max(s.kgs.Len(), 0)), ke: engine.NewEncoder(), dec: engine.NewDecoder()}
 	legacyID := -1 // the state id of converted legacy timers
-	if ns, ok := s.native[q.name]; ok {
+	if ns, ok := s.native[name]; ok {
 		if ns.Desc != nil {
 			// A timer queue's entries, in place under their id.
 			p.id = ns.ID
-			if err := scanState(s.db, s.kgs, p.id, nil, func(int, []byte, []byte) bool { p.n++; return true }); err != nil {
-				return nil, fmt.Errorf("state: counting the timers of restored timer queue %q: %w", q.name, err)
+			if err := ScanState(s.db, s.kgs, p.id, nil, func(int, []byte, []byte) bool { p.n++; return true }); err != nil {
+				return nil, fmt.Errorf("state: counting the timers of restored timer queue %q: %w", name, err)
 			}
 		} else {
 			legacy, err := p.readLegacy(ns)
@@ -84,13 +92,13 @@ func newPebbleTimers[K comparable](q *TimerQueue[K], restored []restoredTimer[K]
 				return nil, err
 			}
 			restored = append(restored, legacy...)
-			if p.id, err = s.newID(q.name); err != nil {
+			if p.id, err = s.newID(name); err != nil {
 				return nil, err
 			}
 			legacyID = int(ns.ID)
 		}
 	} else {
-		id, err := s.newID(q.name)
+		id, err := s.newID(name)
 		if err != nil {
 			return nil, err
 		}
@@ -100,8 +108,8 @@ func newPebbleTimers[K comparable](q *TimerQueue[K], restored []restoredTimer[K]
 		return nil, err
 	}
 	for i := range p.kgs {
-		if err := p.load1(i, i+q.start); err != nil {
-			return nil, fmt.Errorf("state: restoring timer queue %q: %w", q.name, err)
+		if err := p.load1(i, i+p.start); err != nil {
+			return nil, fmt.Errorf("state: restoring timer queue %q: %w", name, err)
 		}
 	}
 	if legacyID >= 0 {
@@ -111,27 +119,28 @@ func newPebbleTimers[K comparable](q *TimerQueue[K], restored []restoredTimer[K]
 			return nil, err
 		}
 	}
+	s.registered(name, p)
 	return p, nil
 }
 
 // readLegacy reads the timers of the legacy list state ns of an adopted
 // instance (a list of int64 per key, no descriptor).
-func (p *pebbleTimers[K]) readLegacy(ns checkpoint.NativeState) ([]restoredTimer[K], error) {
-	var out []restoredTimer[K]
+func (p *Timers[K]) readLegacy(ns checkpoint.NativeState) ([]engine.RestoredTimer[K], error) {
+	var out []engine.RestoredTimer[K]
 	var ferr error
-	err := scanState(p.s.db, p.s.kgs, ns.ID, nil, func(kg int, key, val []byte) bool {
+	err := ScanState(p.s.db, p.s.kgs, ns.ID, nil, func(kg int, key, val []byte) bool {
 		var k K
 		if ferr = engine.DecodeInto(p.dec, key[pebblePrefixLen:], &k); ferr != nil {
 			ferr = fmt.Errorf("state: decoding a key of keyed state %q in key group %d: %w", p.name, kg, ferr)
 			return false
 		}
-		ts, err := decodeLegacyTimers(p.dec, val)
+		ts, err := engine.DecodeLegacyTimers(p.dec, val)
 		if err != nil {
 			ferr = fmt.Errorf("state: decoding the timers of key %v of keyed state %q in key group %d (a list of int64, the format before timer queues): %w", k, p.name, kg, err)
 			return false
 		}
 		for _, at := range ts {
-			out = append(out, restoredTimer[K]{kg: kg, key: k, ts: at})
+			out = append(out, engine.RestoredTimer[K]{KG: kg, Key: k, TS: at})
 		}
 		return true
 	})
@@ -142,10 +151,10 @@ func (p *pebbleTimers[K]) readLegacy(ns checkpoint.NativeState) ([]restoredTimer
 }
 
 // deleteState deletes every entry of state id in the range.
-func (p *pebbleTimers[K]) deleteState(id uint16) error {
+func (p *Timers[K]) deleteState(id uint16) error {
 	for kg := p.s.kgs.Start; kg <= p.s.kgs.End; kg++ {
-		lo := appendPrefix(nil, kg, id)
-		hi := appendPrefix(nil, kg, id+1)
+		lo := AppendPrefix(nil, kg, id)
+		hi := AppendPrefix(nil, kg, id+1)
 		if id == 0xffff {
 			hi = binary.BigEndian.AppendUint32(nil, uint32(kg+1)<<16)
 		}
@@ -157,7 +166,7 @@ func (p *pebbleTimers[K]) deleteState(id uint16) error {
 }
 
 // load writes restored timers in batches.
-func (p *pebbleTimers[K]) load(ts []restoredTimer[K]) error {
+func (p *Timers[K]) load(ts []engine.RestoredTimer[K]) error {
 	if len(ts) == 0 {
 		return nil
 	}
@@ -166,9 +175,9 @@ func (p *pebbleTimers[K]) load(ts []restoredTimer[K]) error {
 	seen := make(map[string]struct{}, len(ts))
 	for i := range ts {
 		t := &ts[i]
-		key, err := p.storedKey(t.kg, &t.key, t.ts)
+		key, err := p.storedKey(t.KG, &t.Key, t.TS)
 		if err != nil {
-			return fmt.Errorf("state: encoding key %v of timer queue %q in key group %d: %w", t.key, p.name, t.kg, err)
+			return fmt.Errorf("state: encoding key %v of timer queue %q in key group %d: %w", t.Key, p.name, t.KG, err)
 		}
 		if _, dup := seen[string(key)]; dup {
 			continue // a legacy list may name a time twice
@@ -189,20 +198,20 @@ func (p *pebbleTimers[K]) load(ts []restoredTimer[K]) error {
 }
 
 // storedKey builds the stored key of (k, ts) in key group kg in kbuf.
-func (p *pebbleTimers[K]) storedKey(kg int, k *K, ts int64) ([]byte, error) {
+func (p *Timers[K]) storedKey(kg int, k *K, ts int64) ([]byte, error) {
 	p.ke.Buf = p.ke.Buf[:0]
 	kb, err := engine.EncodeFast(p.ke, k, true)
 	if err != nil {
 		return nil, err
 	}
-	p.kbuf = appendTimerTime(appendPrefix(p.kbuf[:0], kg, p.id), ts)
+	p.kbuf = engine.AppendTimerTime(AppendPrefix(p.kbuf[:0], kg, p.id), ts)
 	p.kbuf = append(p.kbuf, kb...)
 	return p.kbuf, nil
 }
 
 // key builds the stored key of (k, ts), panicking on an encoding failure
 // (a key that cannot be encoded cannot be the current key of any state).
-func (p *pebbleTimers[K]) key(kg int, k K, ts int64) []byte {
+func (p *Timers[K]) key(kg int, k K, ts int64) []byte {
 	key, err := p.storedKey(kg, &k, ts)
 	if err != nil {
 		panic(fmt.Sprintf("state: encoding key %v of timer queue %q: %v", k, p.name, err))
@@ -210,13 +219,13 @@ func (p *pebbleTimers[K]) key(kg int, k K, ts int64) []byte {
 	return key
 }
 
-func (p *pebbleTimers[K]) set(key []byte) {
+func (p *Timers[K]) set(key []byte) {
 	if err := p.s.db.Set(key, nil, pebble.NoSync); err != nil {
 		panic(fmt.Sprintf("state: writing timer queue %q to Pebble: %v", p.name, err))
 	}
 }
 
-func (p *pebbleTimers[K]) del(key []byte) {
+func (p *Timers[K]) del(key []byte) {
 	if err := p.s.db.Delete(key, pebble.NoSync); err != nil {
 		panic(fmt.Sprintf("state: deleting from timer queue %q in Pebble: %v", p.name, err))
 	}
@@ -232,7 +241,8 @@ func (c *timerCache[K]) covers(sk []byte) bool {
 	return c.complete || (len(c.c) > 0 && bytes.Compare(sk, c.c[0].sk) <= 0)
 }
 
-func (p *pebbleTimers[K]) head(i int) (int64, bool) {
+// Head returns the time of the earliest timer of queue i, if it has one.
+func (p *Timers[K]) Head(i int) (int64, bool) {
 	c := p.kgs[i].c
 	if len(c) == 0 {
 		return 0, false
@@ -240,9 +250,9 @@ func (p *pebbleTimers[K]) head(i int) (int64, bool) {
 	return c[len(c)-1].ts, true
 }
 
-// add registers (k, ts) in key group kg (queue i) and reports whether the
+// Add registers (k, ts) in key group kg (queue i) and reports whether the
 // cache changed.
-func (p *pebbleTimers[K]) add(i, kg int, k K, ts int64) bool {
+func (p *Timers[K]) Add(i, kg int, k K, ts int64) bool {
 	key := p.key(kg, k, ts)
 	sk := key[pebblePrefixLen:]
 	c := &p.kgs[i]
@@ -268,8 +278,8 @@ func (p *pebbleTimers[K]) add(i, kg int, k K, ts int64) bool {
 	return true
 }
 
-// remove deletes (k, ts) and reports whether the cache changed.
-func (p *pebbleTimers[K]) remove(i, kg int, k K, ts int64) bool {
+// Remove deletes (k, ts) and reports whether the cache changed.
+func (p *Timers[K]) Remove(i, kg int, k K, ts int64) bool {
 	key := p.key(kg, k, ts)
 	sk := key[pebblePrefixLen:]
 	c := &p.kgs[i]
@@ -293,26 +303,27 @@ func (p *pebbleTimers[K]) remove(i, kg int, k K, ts int64) bool {
 	return true
 }
 
-// poll removes the head of key group kg (queue i), which has one.
-func (p *pebbleTimers[K]) poll(i, kg int) timerEntry[K] {
+// Poll removes the head of key group kg (queue i), which has one, and
+// returns its key and time.
+func (p *Timers[K]) Poll(i, kg int) (K, int64) {
 	c := &p.kgs[i]
 	last := len(c.c) - 1
 	t := c.c[last]
 	c.c[last] = timerEntry[K]{}
 	c.c = c.c[:last]
-	p.kbuf = append(appendPrefix(p.kbuf[:0], kg, p.id), t.sk...)
+	p.kbuf = append(AppendPrefix(p.kbuf[:0], kg, p.id), t.sk...)
 	p.del(p.kbuf)
 	p.n--
 	if last == 0 && !c.complete {
 		c.floor = t.sk
 		p.refill(i, kg)
 	}
-	return t
+	return t.key, t.ts
 }
 
 // bounds sets lo and hi to the bounds of key group kg's timers.
-func (p *pebbleTimers[K]) bounds(kg int) {
-	p.lo = appendPrefix(p.lo[:0], kg, p.id)
+func (p *Timers[K]) bounds(kg int) {
+	p.lo = AppendPrefix(p.lo[:0], kg, p.id)
 	p.hi = prefixSuccessor(p.hi[:0], p.lo)
 }
 
@@ -321,14 +332,14 @@ func (p *pebbleTimers[K]) bounds(kg int) {
 // entries. (A Pebble iterator sees the instance as it was when it was
 // made, so each refill makes one; refills come once per cap timers
 // popped.)
-func (p *pebbleTimers[K]) refill(i, kg int) {
+func (p *Timers[K]) refill(i, kg int) {
 	if err := p.load1(i, kg); err != nil {
 		panic(fmt.Sprintf("state: %v", err))
 	}
 }
 
 // load1 is refill, returning its error.
-func (p *pebbleTimers[K]) load1(i, kg int) error {
+func (p *Timers[K]) load1(i, kg int) error {
 	c := &p.kgs[i]
 	p.bounds(kg)
 	lo := p.lo
@@ -362,22 +373,22 @@ func (p *pebbleTimers[K]) load1(i, kg int) error {
 }
 
 // decode decodes a stored key into a cache entry.
-func (p *pebbleTimers[K]) decode(key []byte) (timerEntry[K], error) {
+func (p *Timers[K]) decode(key []byte) (timerEntry[K], error) {
 	var t timerEntry[K]
 	if len(key) < pebblePrefixLen+8 {
 		return t, fmt.Errorf("stored key %x is too short for a timer", key)
 	}
 	t.sk = bytes.Clone(key[pebblePrefixLen:])
-	t.ts = timerTime(t.sk)
+	t.ts = engine.TimerTime(t.sk)
 	if err := engine.DecodeInto(p.dec, t.sk[8:], &t.key); err != nil {
 		return t, fmt.Errorf("decoding the key of stored timer %x: %w", key, err)
 	}
 	return t, nil
 }
 
-// latest seeks to the last timer of every key group whose cache is not
+// Latest seeks to the last timer of every key group whose cache is not
 // complete, with one iterator.
-func (p *pebbleTimers[K]) latest() (int64, bool) {
+func (p *Timers[K]) Latest() (int64, bool) {
 	var last int64
 	found := false
 	note := func(ts int64) {
@@ -394,7 +405,7 @@ func (p *pebbleTimers[K]) latest() (int64, bool) {
 			}
 			continue
 		}
-		p.bounds(i + p.q.start)
+		p.bounds(i + p.start)
 		if it == nil {
 			var err error
 			if it, err = p.s.db.NewIter(&pebble.IterOptions{LowerBound: p.lo, UpperBound: p.hi}); err != nil {
@@ -404,7 +415,7 @@ func (p *pebbleTimers[K]) latest() (int64, bool) {
 			it.SetBounds(p.lo, p.hi)
 		}
 		if it.Last() {
-			note(timerTime(it.Key()[pebblePrefixLen:]))
+			note(engine.TimerTime(it.Key()[pebblePrefixLen:]))
 		}
 	}
 	if it != nil {
@@ -413,19 +424,19 @@ func (p *pebbleTimers[K]) latest() (int64, bool) {
 	return last, found
 }
 
-// count counts the stored timers.
-func (p *pebbleTimers[K]) count() int {
+// Count counts the stored timers.
+func (p *Timers[K]) Count() int {
 	n := 0
-	if err := scanState(p.s.db, p.s.kgs, p.id, nil, func(int, []byte, []byte) bool { n++; return true }); err != nil {
+	if err := ScanState(p.s.db, p.s.kgs, p.id, nil, func(int, []byte, []byte) bool { n++; return true }); err != nil {
 		panic(fmt.Sprintf("state: iterating timer queue %q in Pebble: %v", p.name, err))
 	}
 	return n
 }
 
-// all iterates the stored timers.
-func (p *pebbleTimers[K]) all(fn func(K, int64) bool) {
+// All iterates the stored timers.
+func (p *Timers[K]) All(fn func(K, int64) bool) {
 	var ferr error
-	err := scanState(p.s.db, p.s.kgs, p.id, nil, func(_ int, key, _ []byte) bool {
+	err := ScanState(p.s.db, p.s.kgs, p.id, nil, func(_ int, key, _ []byte) bool {
 		var t timerEntry[K]
 		if t, ferr = p.decode(key); ferr != nil {
 			return false
@@ -440,10 +451,10 @@ func (p *pebbleTimers[K]) all(fn func(K, int64) bool) {
 	}
 }
 
-// clear deletes every timer (a range deletion per key group) and returns
+// Clear deletes every timer (a range deletion per key group) and returns
 // how many there were.
-func (p *pebbleTimers[K]) clear() int {
-	n := p.count()
+func (p *Timers[K]) Clear() int {
+	n := p.Count()
 	if n > 0 {
 		if err := p.deleteState(p.id); err != nil {
 			panic(err.Error())
@@ -457,26 +468,37 @@ func (p *pebbleTimers[K]) clear() int {
 }
 
 // flush implements nativeTable: every write went to Pebble already.
-func (p *pebbleTimers[K]) flush() {}
+func (p *Timers[K]) flush() {}
 
 // nativeInfo implements nativeTable.
-func (p *pebbleTimers[K]) nativeInfo() (uint16, []byte, int) {
+func (p *Timers[K]) nativeInfo() (uint16, []byte, int) {
 	n := p.n
 	if p.approx {
 		n = -1
 	}
-	return p.id, p.q.info.descBytes(), n
+	return p.id, p.desc, n
 }
 
-func (p *pebbleTimers[K]) freeze(desc []byte) engine.Frozen {
+// InMemory returns the number of timers held in the caches.
+func (p *Timers[K]) InMemory() int {
+	n := 0
+	for i := range p.kgs {
+		n += len(p.kgs[i].c)
+	}
+	return n
+}
+
+// Freeze returns the frozen view of the queue, with desc as its
+// descriptor entry.
+func (p *Timers[K]) Freeze(desc []byte) engine.Frozen {
 	sn := p.s.db.NewSnapshot()
 	p.s.snaps[sn] = struct{}{}
-	return &pebbleTimersView{s: p.s, snap: sn, id: p.id, name: p.name, desc: desc, n: p.n}
+	return &timersView{s: p.s, snap: sn, id: p.id, name: p.name, desc: desc, n: p.n}
 }
 
-// pebbleTimersView is the frozen view of a Pebble timer queue.
-type pebbleTimersView struct {
-	s    *pebbleStore
+// timersView is the frozen view of a Pebble timer queue.
+type timersView struct {
+	s    *Store
 	snap *pebble.Snapshot
 	id   uint16
 	name string
@@ -484,9 +506,9 @@ type pebbleTimersView struct {
 	n    int
 }
 
-func (v *pebbleTimersView) Entries() int { return v.n }
+func (v *timersView) Entries() int { return v.n }
 
-func (v *pebbleTimersView) Release() {
+func (v *timersView) Release() {
 	if v.snap != nil {
 		delete(v.s.snaps, v.snap)
 		_ = v.snap.Close()
@@ -494,7 +516,7 @@ func (v *pebbleTimersView) Release() {
 	}
 }
 
-func (v *pebbleTimersView) Encode(ctx context.Context, _ *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
+func (v *timersView) Encode(ctx context.Context, _ *engine.Encoder, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	if v.snap == nil {
 		return nil, fmt.Errorf("state: encoding timer queue %q: the view was released", v.name)
 	}
@@ -504,7 +526,7 @@ func (v *pebbleTimersView) Encode(ctx context.Context, _ *engine.Encoder, out []
 	return scanNative(v.snap, v.s.kgs, checkpoint.NativeState{Name: v.name, ID: v.id, Desc: v.desc}, out)
 }
 
-func (v *pebbleTimersView) Cursor(ctx context.Context) (engine.GroupCursor, error) {
+func (v *timersView) Cursor(ctx context.Context) (engine.GroupCursor, error) {
 	if v.snap == nil {
 		return nil, fmt.Errorf("state: encoding timer queue %q: the view was released", v.name)
 	}

@@ -1,4 +1,4 @@
-package state
+package pebble
 
 import (
 	"cmp"
@@ -34,7 +34,7 @@ type nativeTable interface {
 
 // nativeInfo returns the state id, descriptor and entries of t, -1 when
 // only an upper bound is known.
-func (t *pebbleTable[K, V]) nativeInfo() (uint16, []byte, int) {
+func (t *Table[K, V]) nativeInfo() (uint16, []byte, int) {
 	if t.approx {
 		return t.id, t.sp.Desc, -1
 	}
@@ -52,7 +52,7 @@ func newInstanceID() string {
 // number of entries it holds: those of an adopted instance's state of that
 // name (as its reference says, or counted if it does not know), or a new
 // id and none.
-func (s *pebbleStore) stateID(name string) (uint16, int, error) {
+func (s *Store) stateID(name string) (uint16, int, error) {
 	ns, ok := s.native[name]
 	if !ok {
 		id, err := s.newID(name)
@@ -62,35 +62,59 @@ func (s *pebbleStore) stateID(name string) (uint16, int, error) {
 		return ns.ID, int(ns.Entries), nil
 	}
 	n := 0
-	if err := scanState(s.db, s.kgs, ns.ID, nil, func(int, []byte, []byte) bool { n++; return true }); err != nil {
+	if err := ScanState(s.db, s.kgs, ns.ID, nil, func(int, []byte, []byte) bool { n++; return true }); err != nil {
 		return 0, 0, fmt.Errorf("state: counting the entries of restored keyed state %q: %w", name, err)
 	}
 	return ns.ID, n, nil
 }
 
+// Adopted returns the adopted state name: a state of a restored
+// instance not registered yet (S3).
+func (s *Store) Adopted(name string) (checkpoint.NativeState, bool) {
+	st, ok := s.native[name]
+	return st, ok
+}
+
+// AdoptedNames returns the names of the adopted states, in no order.
+func (s *Store) AdoptedNames() iter.Seq[string] { return maps.Keys(s.native) }
+
+// AdoptedKeyGroup returns the key group of a stored entry of the adopted
+// state name, stored under id (the probe checkAdopted decodes), so that
+// an error names one as the heap's does; false for a state without
+// entries.
+func (s *Store) AdoptedKeyGroup(name string, id uint16) (int, bool, error) {
+	p, err := adoptedProbe(s, name, id)
+	if p == nil || err != nil {
+		return 0, false, err
+	}
+	return p.kg, true, nil
+}
+
+// FreezeAdopted returns the frozen view of the adopted state st: a
+// Pebble snapshot of its entries as they are stored (none of them
+// decoded), released by the view's Release or by Close.
+func (s *Store) FreezeAdopted(st checkpoint.NativeState) engine.Frozen {
+	sn := s.db.NewSnapshot()
+	s.snaps[sn] = struct{}{}
+	return &nativeView{s: s, snap: sn, st: st}
+}
+
 // registered records the table of state name for native snapshots.
-func (s *pebbleStore) registered(name string, t nativeTable) {
+func (s *Store) registered(name string, t nativeTable) {
 	delete(s.native, name)
 	delete(s.probes, name)
 	s.tables[name] = t
 }
 
-// CanSnapshotNative reports whether FreezeNative can take a native
-// snapshot of b: b stores its state in Pebble and holds no restored state
-// in memory (restored from KeyGroupState records and not registered yet,
-// S3), which a native snapshot would not include.
-func (b *KeyedBackend[K]) CanSnapshotNative() bool {
-	return b.peb != nil && len(b.restored) == 0
-}
-
-// NativeSnapshot is a native (incremental) snapshot of a Pebble backend: a
-// Pebble checkpoint of the instance as it was at the barrier, in a
-// directory next to its working directory, with what a reference to it
-// needs. FreezeNative takes its synchronous part; Take, on any goroutine,
-// makes the checkpoint in Dir; then store Dir's files
-// (snapshot.Storage.WriteNativeState), record the reference with Stored,
-// and Release it on the backend's goroutine.
-type NativeSnapshot struct {
+// Snapshot is a native (incremental) snapshot of a Store: a Pebble
+// checkpoint of the instance as it was at the barrier, in a directory
+// next to its working directory, with what a reference to it needs.
+// FreezeNative takes its synchronous part; Take, on any goroutine, makes
+// the checkpoint in Dir; then its files are stored, the reference
+// recorded with Stored, and it is released with Release on the backend's
+// goroutine. state.NativeSnapshot wraps it; the contract is in
+// state/nativecontract.go.
+type Snapshot struct {
 	// FS and Dir hold the Pebble checkpoint once Take returned nil.
 	FS  vfs.FS
 	Dir string
@@ -106,7 +130,7 @@ type NativeSnapshot struct {
 	// the instance knew their bounds once Take returned nil (N4).
 	Spans map[string]checkpoint.KeyGroupSpan
 
-	s *pebbleStore
+	s *Store
 	// taken is closed when the Pebble checkpoint was taken (or failed,
 	// err), by a goroutine FreezeNative starts that waits for the flush
 	// of the memtable rotated at the barrier; nil when FreezeNative took
@@ -135,21 +159,18 @@ var barrierMarker = []byte("snapflow barrier")
 // write-back cache, commits a marker whose sequence number is the
 // barrier's, and rotates the memtable, whose flush Take waits for. After
 // an overrun (ErrFlushOverrun) the next call flushes and takes the
-// checkpoint here instead, as before. It panics unless CanSnapshotNative.
-// The snapshot holds every stored value, expired TTL values included
-// (reads hide them and the sweep removes them; S12's "no snapshot holds an
+// checkpoint here instead, as before. The caller (state's FreezeNative)
+// checks that no restored state is held outside the instance (S3). The
+// snapshot holds every stored value, expired TTL values included (reads
+// hide them and the sweep removes them; S12's "no snapshot holds an
 // expired value" is a property of Freeze's snapshots).
-func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
-	if !b.CanSnapshotNative() {
-		panic("state: FreezeNative on a backend that cannot take a native snapshot")
-	}
-	s := b.peb
+func (s *Store) FreezeNative() (*Snapshot, error) {
 	s.waitPending()
 	for _, name := range slices.Sorted(maps.Keys(s.tables)) {
 		s.tables[name].flush()
 	}
 	s.chkSeq++
-	ns := &NativeSnapshot{FS: s.fs, Dir: fmt.Sprintf("%s.chk-%d", s.dir, s.chkSeq), Instance: s.instance, s: s}
+	ns := &Snapshot{FS: s.fs, Dir: fmt.Sprintf("%s.chk-%d", s.dir, s.chkSeq), Instance: s.instance, s: s}
 	if s.syncFlush.Swap(false) {
 		if err := s.db.Flush(); err != nil {
 			return nil, fmt.Errorf("state: native snapshot: flushing Pebble in %s: %w", s.dir, err)
@@ -196,7 +217,7 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 // fails, and returns the key groups of the sstables it knows the bounds of
 // (N4). It touches nothing of s but the instance and its file system, so
 // it runs on any goroutine.
-func (s *pebbleStore) checkpoint(dir string) (map[string]checkpoint.KeyGroupSpan, error) {
+func (s *Store) checkpoint(dir string) (map[string]checkpoint.KeyGroupSpan, error) {
 	if err := s.db.Checkpoint(dir); err != nil {
 		_ = s.fs.RemoveAll(dir)
 		return nil, fmt.Errorf("state: native snapshot: Pebble checkpoint of %s into %s: %w", s.dir, dir, err)
@@ -247,11 +268,11 @@ func tableSpan(smallest, largest []byte) checkpoint.KeyGroupSpan {
 // on a goroutine of its own, started at the barrier, so that the
 // checkpoint follows the flush at once rather than after the asynchronous
 // parts of earlier checkpoints.
-func (n *NativeSnapshot) take(s *pebbleStore, flushed <-chan struct{}, seq uint64) {
+func (n *Snapshot) take(s *Store, flushed <-chan struct{}, seq uint64) {
 	defer close(n.taken)
 	<-flushed
-	if testHookFlushed != nil {
-		testHookFlushed(s.db)
+	if TestHookFlushed != nil {
+		TestHookFlushed(s.db)
 	}
 	if n.Spans, n.err = s.checkpoint(n.Dir); n.err != nil {
 		return
@@ -269,9 +290,9 @@ func (n *NativeSnapshot) take(s *pebbleStore, flushed <-chan struct{}, seq uint6
 	_ = s.fs.RemoveAll(n.Dir)
 }
 
-// testHookFlushed, when set by a test, runs in take between the flush and
+// TestHookFlushed, when set by a test, runs in take between the flush and
 // the checkpoint.
-var testHookFlushed func(*pebble.DB)
+var TestHookFlushed func(*pebble.DB)
 
 // Take waits until the snapshot's Pebble checkpoint is in Dir and returns
 // its error: one wrapping ErrFlushOverrun after an overrun (N3). Then it
@@ -279,7 +300,7 @@ var testHookFlushed func(*pebble.DB)
 // before the previous one was stored still reuses its files. Call it on
 // any goroutine before storing Dir's files, after the previous snapshot's
 // Stored (a subtask's asynchronous parts run in order).
-func (n *NativeSnapshot) Take(ctx context.Context) error {
+func (n *Snapshot) Take(ctx context.Context) error {
 	if n.taken != nil {
 		select {
 		case <-n.taken:
@@ -303,7 +324,7 @@ func (n *NativeSnapshot) Take(ctx context.Context) error {
 // snapshot is taken: a barrier's rotation must not come before an earlier
 // barrier's checkpoint, whose flush it would overrun. It blocks only when
 // checkpoints come faster than a memtable flush.
-func (s *pebbleStore) waitPending() {
+func (s *Store) waitPending() {
 	if s.pending != nil {
 		<-s.pending.taken
 		s.pending = nil
@@ -382,7 +403,7 @@ func (t *seqTracker) newest(names []string) uint64 {
 // stored: they are the known ones from now on, which the next snapshot's
 // Take hands on (Known). Call it on the goroutine that stored them, before
 // Release.
-func (n *NativeSnapshot) Stored(ref *checkpoint.NativeStateRef) {
+func (n *Snapshot) Stored(ref *checkpoint.NativeStateRef) {
 	known := make(map[string]checkpoint.NativeFile)
 	for _, f := range ref.Files {
 		if f.Shared {
@@ -399,7 +420,7 @@ func (n *NativeSnapshot) Stored(ref *checkpoint.NativeStateRef) {
 // taking it if it still runs. Call it on the backend's goroutine
 // (after the backend's Close it only removes the directory, if Close did
 // not). Releasing twice is a no-op.
-func (n *NativeSnapshot) Release() {
+func (n *Snapshot) Release() {
 	if n.s == nil {
 		return
 	}
@@ -414,77 +435,50 @@ func (n *NativeSnapshot) Release() {
 	}
 }
 
-// NativeSource is the native keyed state a restore handed a new subtask:
+// Source is state.NativeSource (which converts to it), the native keyed
+// state a restore handed a new subtask:
 // the old instances' files, copied and checked into the directories of
 // Restores, on FS (nil: vfs.Default). Their directories belong to the
 // backend being built, which removes them.
-type NativeSource struct {
+type Source struct {
 	FS       vfs.FS
 	Restores []checkpoint.NativeRestore
 }
 
-func (src NativeSource) fs() vfs.FS {
+func (src Source) fs() vfs.FS {
 	if src.FS == nil {
 		return vfs.Default
 	}
 	return src.FS
 }
 
-// remove removes the directories of src.
-func (src NativeSource) remove() {
+// Remove removes the directories of src.
+func (src Source) Remove() {
 	for _, r := range src.Restores {
 		_ = src.fs().RemoveAll(r.Dir)
 	}
 }
 
-// RestorePebbleKeyedBackend is NewPebbleKeyedBackend with native keyed state
-// restored as well. When src holds one instance whose key-group range
-// contains r and nothing else is restored, the instance is opened from its
-// files as they are and the key groups outside r are deleted (two range
-// deletions): nothing is decoded or rewritten, and registering a state
-// checks its descriptor (S11) but decodes no value. When r needs several
-// instances (or more of one than it has) and nothing else is restored, a
-// new instance ingests sstables built from the entries of r (ingest.go),
-// again without decoding a value. Otherwise (KeyGroupState records
-// besides, or a state whose descriptor differs between instances) the key
-// groups of r are read out of every instance (NativeKeyGroups) and
-// restored as records. The directories of src are removed either way.
-func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range, maxParallelism int, restored iter.Seq2[checkpoint.KeyGroupState, error], src NativeSource) (*KeyedBackend[K], error) {
-	adopt := restored == nil && len(src.Restores) == 1 && !src.Restores[0].Partial &&
-		src.Restores[0].KeyGroupStart <= r.Start && src.Restores[0].KeyGroupEnd >= r.End
-	if !adopt && restored == nil && len(src.Restores) > 0 && ingestable(src.Restores) {
-		defer src.remove()
-		b, err := NewKeyedBackend[K](r, maxParallelism, nil)
-		if err != nil {
-			return nil, err
-		}
-		if b.peb, err = ingestNative(eng, r, src); err != nil {
-			return nil, err
-		}
-		return b, nil
+// Adopt opens the old instance nr, copied into nr.Dir on srcFS (nil:
+// vfs.Default), as the new
+// instance of the key groups r, which nr's range contains: its files are
+// moved (or copied) into a fresh working directory on cfg.FS as they are, the key
+// groups outside r are deleted (two range deletions), and its states
+// stand as adopted ones until registered (S3): nothing is decoded or
+// rewritten.
+func Adopt(cfg Config, r keygroup.Range, srcFS vfs.FS, nr checkpoint.NativeRestore) (*Store, error) {
+	if srcFS == nil {
+		srcFS = vfs.Default
 	}
-	if !adopt {
-		kgs, err := NativeKeyGroups(src, r)
-		if err != nil {
-			return nil, err
-		}
-		return NewPebbleKeyedBackend[K](eng, r, maxParallelism, checkpoint.ConcatGroups(restored, kgs))
-	}
-	defer src.remove()
-	nr := src.Restores[0]
-	b, err := NewKeyedBackend[K](r, maxParallelism, nil)
+	fs, dir, err := makeWorkDir(cfg)
 	if err != nil {
 		return nil, err
 	}
-	fs, dir, err := makeWorkDir(eng)
-	if err != nil {
-		return nil, err
-	}
-	if err := moveFiles(src.fs(), nr.Dir, fs, dir); err != nil {
+	if err := moveFiles(srcFS, nr.Dir, fs, dir); err != nil {
 		_ = fs.RemoveAll(dir)
 		return nil, fmt.Errorf("state: restoring native keyed state from %s: %w", nr.Dir, err)
 	}
-	s, err := openPebbleAt(eng, fs, dir, r)
+	s, err := openPebbleAt(cfg, fs, dir, r)
 	if err != nil {
 		return nil, fmt.Errorf("state: restoring native keyed state: %w", err)
 	}
@@ -496,7 +490,7 @@ func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range,
 		lo := binary.BigEndian.AppendUint16(nil, uint16(span[0]))
 		hi := binary.BigEndian.AppendUint32(nil, uint32(span[1])<<16)
 		if err := s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
-			_ = s.close()
+			_ = s.Close()
 			return nil, fmt.Errorf("state: restoring native keyed state: deleting key groups [%d, %d): %w", span[0], span[1], err)
 		}
 	}
@@ -515,8 +509,7 @@ func RestorePebbleKeyedBackend[K comparable](eng PebbleEngine, r keygroup.Range,
 			s.known[f.Name] = f
 		}
 	}
-	b.peb = s
-	return b, nil
+	return s, nil
 }
 
 // moveFiles moves the files of dir on fs into to on tfs: by renaming on
@@ -555,14 +548,14 @@ func copyFile(fs vfs.FS, from string, tfs vfs.FS, to string) error {
 	return err
 }
 
-// NativeKeyGroups reads the key groups of r out of the instances of src,
+// KeyGroups reads the key groups of r out of the instances of src,
 // as the KeyGroupState records a Snapshot of them would hold (the stored
 // bytes as they are: a descriptor entry first in each key group of a
 // state that has one, map entries split into key and user key), and
 // removes the directories of src. It is how a heap backend, or a Pebble
 // backend whose range spans several old instances, restores native state.
-func NativeKeyGroups(src NativeSource, r keygroup.Range) ([]checkpoint.KeyGroupState, error) {
-	defer src.remove()
+func KeyGroups(src Source, r keygroup.Range) ([]checkpoint.KeyGroupState, error) {
+	defer src.Remove()
 	var out []checkpoint.KeyGroupState
 	for _, nr := range src.Restores {
 		var err error
@@ -599,7 +592,7 @@ func openRestored(fs vfs.FS, nr checkpoint.NativeRestore) (*pebble.DB, error) {
 }
 
 // scanNative appends the KeyGroupState records of state st in the key
-// groups kgs of r, the stored bytes as they are (see NativeKeyGroups).
+// groups kgs of r, the stored bytes as they are (see KeyGroups).
 func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []checkpoint.KeyGroupState) ([]checkpoint.KeyGroupState, error) {
 	c, err := newNativeCursor(r, kgs, st, true)
 	if err != nil {
@@ -616,7 +609,7 @@ func scanNative(r reader, kgs keygroup.Range, st checkpoint.NativeState, out []c
 
 // nativeCursor reads the KeyGroupState records of a state of a Pebble
 // reader one key group at a time (GroupCursor), the stored bytes as they
-// are (see NativeKeyGroups): copied into the encoder, or cloned without
+// are (see KeyGroups): copied into the encoder, or cloned without
 // one; whole keeps every group's entries, otherwise a group's entries are
 // reused by the next one.
 type nativeCursor struct {
@@ -630,11 +623,11 @@ type nativeCursor struct {
 func newNativeCursor(r reader, kgs keygroup.Range, st checkpoint.NativeState, whole bool) (*nativeCursor, error) {
 	c := &nativeCursor{st: st, whole: whole}
 	if st.Desc != nil {
-		d, err := decodeDesc(st.Desc)
+		d, err := engine.DecodeDesc(st.Desc)
 		if err != nil {
 			return nil, fmt.Errorf("decoding the descriptor of keyed state %q: %w", st.Name, err)
 		}
-		c.isMap, c.timers = d.Kind == kindMap, d.Kind == kindTimers
+		c.isMap, c.timers = d.Kind == engine.KindMap, d.Kind == engine.KindTimers
 	}
 	var err error
 	if c.c, err = newStateCursor(r, kgs, st.ID, nil); err != nil {
@@ -690,7 +683,7 @@ func (c *nativeCursor) AppendGroup(ctx context.Context, e *engine.Encoder, out [
 	}
 	if c.timers {
 		// Stored by time, snapshotted by (key, time) (S1).
-		if err := sortTimers(st.Name, kg, es[from+1:]); err != nil {
+		if err := engine.SortTimers(st.Name, kg, es[from+1:]); err != nil {
 			return nil, err
 		}
 	}
@@ -702,7 +695,7 @@ func (c *nativeCursor) AppendGroup(ctx context.Context, e *engine.Encoder, out [
 // not registered yet (S3): a Pebble snapshot whose entries of the state
 // are encoded as they are stored.
 type nativeView struct {
-	s    *pebbleStore
+	s    *Store
 	snap *pebble.Snapshot
 	st   checkpoint.NativeState
 }

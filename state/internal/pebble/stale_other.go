@@ -1,6 +1,6 @@
 //go:build !unix
 
-package state
+package pebble
 
 // removeStaleWorkDirs is a no-op where processes cannot be probed (S14).
 func removeStaleWorkDirs(string) {}

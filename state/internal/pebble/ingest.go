@@ -1,4 +1,4 @@
-package state
+package pebble
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ import (
 //
 // A state whose descriptor differs between old instances cannot be
 // adopted as one: the restore then loads records, which checks every
-// value (ingestable reports which).
+// value (Ingestable reports which).
 
 // Restore of records. A Pebble backend restored from KeyGroupState records
 // (a canonical checkpoint or savepoint) writes them into its instance as
@@ -52,17 +52,17 @@ import (
 // msgpack form is still found, and stored once); user keys and values are
 // stored as they are. It holds one key group of one state at a time (to
 // find a key stored twice), a batch of at most restoreBatchSize bytes (or
-// a quarter of a memtable, pebbleStore.batchSize) and
-// one sample value of each state without a descriptor (pebbleStore.probes),
+// a quarter of a memtable, Store.batchSize) and
+// one sample value of each state without a descriptor (Store.probes),
 // so its memory does not grow with the state.
 
 // restoreBatchSize bounds the bytes of one batch of restored entries
-// (pebbleStore.batchSize).
+// (Store.batchSize).
 const restoreBatchSize = 1 << 20
 
-// loading is what loadRestored knows of one restored state.
+// loading is what LoadRestored knows of one restored state.
 type loading struct {
-	groupCheck
+	engine.GroupCheck
 	id      uint16
 	entries int64
 	kgs     map[int]bool // the key groups seen
@@ -86,16 +86,17 @@ type probe struct {
 // a run, and no descriptor tells a value state from a reducing one (S11,
 // S15).
 func (ls *loading) sample(kg int, key, val []byte) {
-	if ls.probe != nil && (ls.probe.run || ls.d != nil || !engine.IsRun(val)) {
+	if ls.probe != nil && (ls.probe.run || ls.D != nil || !engine.IsRun(val)) {
 		return
 	}
 	ls.probe = &probe{kg: kg, key: bytes.Clone(key), val: bytes.Clone(val), run: engine.IsRun(val)}
 }
 
-// loadRestored writes the records of restored into b's instance (see
-// above) and registers their states as adopted (pebbleStore.native).
-func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoint.KeyGroupState, error]) error {
-	s := b.peb
+// LoadRestored writes restored, the KeyGroupState records of keys of
+// type K out of maxParallelism key groups, into s (see above) and
+// registers their states as adopted (Store.native), checking them as
+// state.NewKeyedBackend does (S2, S11).
+func LoadRestored[K comparable](s *Store, maxParallelism int, restored iter.Seq2[checkpoint.KeyGroupState, error]) error {
 	states := map[string]*loading{}
 	dec := engine.NewDecoder()
 	batch := s.db.NewBatch()
@@ -121,7 +122,7 @@ func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoin
 		if err != nil {
 			return fmt.Errorf("state: reading restored keyed state: %w", err)
 		}
-		if err := checkRestoredGroup(b.kgs, &g); err != nil {
+		if err := engine.CheckRestoredGroup(s.kgs, &g); err != nil {
 			return err
 		}
 		ls := states[g.State]
@@ -130,10 +131,10 @@ func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoin
 			if err != nil {
 				return err
 			}
-			ls = &loading{groupCheck: groupCheck{descKG: -1, plainKG: -1}, id: id, kgs: map[int]bool{}}
+			ls = &loading{GroupCheck: engine.NewGroupCheck(), id: id, kgs: map[int]bool{}}
 			states[g.State] = ls
 		}
-		first, userKeys, err := ls.begin(&g)
+		first, userKeys, err := ls.Begin(&g)
 		if err != nil {
 			return err
 		}
@@ -146,11 +147,11 @@ func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoin
 				return err
 			}
 		}
-		timers := userKeys && ls.d.Kind == kindTimers
+		timers := userKeys && ls.D.Kind == engine.KindTimers
 		keys, kbuf = keys[:0], kbuf[:0]
 		for i := first; i < len(g.Entries); i++ {
 			e := &g.Entries[i]
-			k, err := decodeRestoredKey[K](dec, b.maxP, &g, i, userKeys)
+			k, err := engine.DecodeRestoredKey[K](dec, maxParallelism, &g, i, userKeys)
 			if err != nil {
 				return err
 			}
@@ -160,7 +161,7 @@ func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoin
 				return fmt.Errorf("state: encoding key %d (key %v) of keyed state %q in key group %d: %w", i, k, g.State, g.KeyGroup, err)
 			}
 			start := len(kbuf)
-			kbuf = appendPrefix(kbuf, g.KeyGroup, ls.id)
+			kbuf = AppendPrefix(kbuf, g.KeyGroup, ls.id)
 			switch {
 			case timers:
 				if len(e.UserKey) != 8 || len(e.Value) != 0 {
@@ -191,7 +192,7 @@ func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoin
 		slices.SortFunc(keys, func(x, y keyAt) int { return bytes.Compare(x.key, y.key) })
 		for i := 1; i < len(keys); i++ {
 			if bytes.Equal(keys[i].key, keys[i-1].key) {
-				k, _ := decodeRestoredKey[K](dec, b.maxP, &g, keys[i].i, userKeys)
+				k, _ := engine.DecodeRestoredKey[K](dec, maxParallelism, &g, keys[i].i, userKeys)
 				return duplicateRestored(&g, k, g.Entries[keys[i].i].UserKey, userKeys)
 			}
 		}
@@ -209,10 +210,10 @@ func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoin
 	}
 	for _, name := range slices.Sorted(maps.Keys(states)) {
 		ls := states[name]
-		if err := ls.finish(name); err != nil {
+		if err := ls.Finish(name); err != nil {
 			return err
 		}
-		s.native[name] = checkpoint.NativeState{Name: name, ID: ls.id, Desc: ls.desc, Entries: ls.entries}
+		s.native[name] = checkpoint.NativeState{Name: name, ID: ls.id, Desc: ls.Desc, Entries: ls.entries}
 		if ls.probe != nil {
 			if s.probes == nil {
 				s.probes = map[string]*probe{}
@@ -226,7 +227,7 @@ func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoin
 // checkAdopted decodes one stored value of the adopted state name (S3),
 // stored under id, with vals, the codec of the state being registered as
 // what ("keyed state", "map state"), whose values are of type valName:
-// the probe loadRestored kept, else the first entry of the state that a
+// the probe LoadRestored kept, else the first entry of the state that a
 // seek finds. Registering an adopted state compares its descriptor (S11)
 // and decodes none of its values; this one read finds, at registration
 // and naming the cause as the heap's decoding of every value does, a
@@ -234,8 +235,8 @@ func loadRestored[K comparable](b *KeyedBackend[K], restored iter.Seq2[checkpoin
 // records (a value state over a reducing state's runs, S15; a list state
 // over a value state's values) or of another type. It is a sample: a
 // value it does not read fails when it is read.
-func checkAdopted[K comparable, V any](b *KeyedBackend[K], name string, id uint16, what string, vals engine.ValueCodec[V], valName string) error {
-	p, err := adoptedProbe(b.peb, name, id)
+func checkAdopted[K comparable, V any](s *Store, name string, id uint16, what string, vals engine.ValueCodec[V], valName string) error {
+	p, err := adoptedProbe(s, name, id)
 	if p == nil || err != nil {
 		return err
 	}
@@ -263,8 +264,8 @@ func checkAdopted[K comparable, V any](b *KeyedBackend[K], name string, id uint1
 // checkAdoptedUserKey decodes the user key of the probe of the adopted
 // map state name (checkAdopted) as UK, which must give a comparable
 // value, as the heap's registration decodes every user key.
-func checkAdoptedUserKey[K comparable, UK comparable](b *KeyedBackend[K], name string, id uint16) error {
-	p, err := adoptedProbe(b.peb, name, id)
+func checkAdoptedUserKey[K comparable, UK comparable](s *Store, name string, id uint16) error {
+	p, err := adoptedProbe(s, name, id)
 	if p == nil || err != nil {
 		return err
 	}
@@ -289,14 +290,14 @@ func checkAdoptedUserKey[K comparable, UK comparable](b *KeyedBackend[K], name s
 }
 
 // adoptedProbe returns the probe of the adopted state name, stored under
-// id (checkAdopted): the one loadRestored kept, else the first entry a
+// id (checkAdopted): the one LoadRestored kept, else the first entry a
 // seek finds; nil for a state without entries.
-func adoptedProbe(s *pebbleStore, name string, id uint16) (*probe, error) {
+func adoptedProbe(s *Store, name string, id uint16) (*probe, error) {
 	if p := s.probes[name]; p != nil {
 		return p, nil
 	}
 	var p *probe
-	err := scanState(s.db, s.kgs, id, nil, func(kg int, key, val []byte) bool {
+	err := ScanState(s.db, s.kgs, id, nil, func(kg int, key, val []byte) bool {
 		p = &probe{kg: kg, key: bytes.Clone(key[pebblePrefixLen:]), val: bytes.Clone(val)}
 		return false
 	})
@@ -321,13 +322,13 @@ func duplicateRestored[K comparable](g *checkpoint.KeyGroupState, k K, uk []byte
 	return fmt.Errorf("state: restored keyed state %q holds key %v twice in key group %d", g.State, k, g.KeyGroup)
 }
 
-// ingestFileSize is the size at which a built sstable is finished and
+// IngestFileSize is the size at which a built sstable is finished and
 // the next one begun.
-var ingestFileSize uint64 = 64 << 20
+var IngestFileSize uint64 = 64 << 20
 
-// ingestable reports whether the native states of restores can be
+// Ingestable reports whether the native states of restores can be
 // ingested: every state name has one descriptor in all of them.
-func ingestable(restores []checkpoint.NativeRestore) bool {
+func Ingestable(restores []checkpoint.NativeRestore) bool {
 	desc := map[string][]byte{}
 	for _, nr := range restores {
 		for _, st := range nr.Ref.States {
@@ -340,10 +341,10 @@ func ingestable(restores []checkpoint.NativeRestore) bool {
 	return true
 }
 
-// ingestNative builds a new instance for range r from the old instances of
+// Ingest builds a new instance for range r from the old instances of
 // src (see above) and returns it with its states carried over.
-func ingestNative(eng PebbleEngine, r keygroup.Range, src NativeSource) (*pebbleStore, error) {
-	s, err := openPebbleStore(eng, r)
+func Ingest(cfg Config, r keygroup.Range, src Source) (*Store, error) {
+	s, err := Open(cfg, r)
 	if err != nil {
 		return nil, err
 	}
@@ -361,7 +362,7 @@ func ingestNative(eng PebbleEngine, r keygroup.Range, src NativeSource) (*pebble
 	}
 	slices.Sort(names)
 	if len(names) > 0xffff {
-		_ = s.close()
+		_ = s.Close()
 		return nil, fmt.Errorf("state: more than 65536 keyed states to restore into one Pebble instance")
 	}
 	ids := make(map[string]uint16, len(names))
@@ -372,18 +373,18 @@ func ingestNative(eng PebbleEngine, r keygroup.Range, src NativeSource) (*pebble
 	slices.SortFunc(restores, func(a, b checkpoint.NativeRestore) int { return a.KeyGroupStart - b.KeyGroupStart })
 	w := &ingestWriter{s: s, dir: s.fs.PathJoin(s.dir, "ingest"), counts: make([]int64, len(names))}
 	if err := s.fs.MkdirAll(w.dir, 0o755); err != nil {
-		_ = s.close()
+		_ = s.Close()
 		return nil, fmt.Errorf("state: restoring native keyed state by ingestion: %w", err)
 	}
 	for _, nr := range restores {
 		if err := w.copyInstance(src.fs(), nr, r, ids); err != nil {
 			_ = w.abort()
-			_ = s.close()
+			_ = s.Close()
 			return nil, fmt.Errorf("state: restoring native keyed state from %s by ingestion: %w", nr.Dir, err)
 		}
 	}
 	if err := w.finish(); err != nil {
-		_ = s.close()
+		_ = s.Close()
 		return nil, fmt.Errorf("state: restoring native keyed state by ingestion: %w", err)
 	}
 	s.nextID = uint32(len(names))
@@ -398,7 +399,7 @@ func ingestNative(eng PebbleEngine, r keygroup.Range, src NativeSource) (*pebble
 // ingestWriter writes the sstables of an ingestion into dir and ingests
 // them.
 type ingestWriter struct {
-	s      *pebbleStore
+	s      *Store
 	dir    string
 	w      *sstable.Writer
 	paths  []string
@@ -421,7 +422,7 @@ func (w *ingestWriter) copyInstance(fs vfs.FS, nr checkpoint.NativeRestore, r ke
 		return err
 	}
 	defer db.Close()
-	lo := appendPrefix(nil, kgs.Start, 0)
+	lo := AppendPrefix(nil, kgs.Start, 0)
 	hi := binary.BigEndian.AppendUint32(nil, uint32(kgs.End+1)<<16)
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
@@ -431,14 +432,14 @@ func (w *ingestWriter) copyInstance(fs vfs.FS, nr checkpoint.NativeRestore, r ke
 	for kg := kgs.Start; kg <= kgs.End; kg++ {
 		for _, st := range states {
 			id := ids[st.Name]
-			prefix = appendPrefix(prefix[:0], kg, st.ID)
+			prefix = AppendPrefix(prefix[:0], kg, st.ID)
 			for ok := it.SeekGE(prefix); ok && bytes.HasPrefix(it.Key(), prefix); ok = it.Next() {
 				v, err := it.ValueAndErr()
 				if err != nil {
 					_ = it.Close()
 					return err
 				}
-				w.key = append(appendPrefix(w.key[:0], kg, id), it.Key()[pebblePrefixLen:]...)
+				w.key = append(AppendPrefix(w.key[:0], kg, id), it.Key()[pebblePrefixLen:]...)
 				if err := w.set(w.key, v); err != nil {
 					_ = it.Close()
 					return err
@@ -457,7 +458,7 @@ func (w *ingestWriter) copyInstance(fs vfs.FS, nr checkpoint.NativeRestore, r ke
 // set appends one entry, beginning a new sstable when the current one is
 // full.
 func (w *ingestWriter) set(key, val []byte) error {
-	if w.w != nil && w.w.Raw().EstimatedSize() >= ingestFileSize {
+	if w.w != nil && w.w.Raw().EstimatedSize() >= IngestFileSize {
 		if err := w.close(); err != nil {
 			return err
 		}

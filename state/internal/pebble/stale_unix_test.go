@@ -1,6 +1,6 @@
 //go:build unix
 
-package state
+package pebble
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 	"github.com/snapflow/snapflow/state/keygroup"
 )
 
-// TestStaleWorkDirsRemoved: the first Pebble backend a process opens in a
+// TestStaleWorkDirsRemoved: the first Pebble instance a process opens in a
 // directory removes the working directories (and native checkpoints) that
 // dead processes left there, and nothing else: not those of live
 // processes, this one included, not one whose LOCK is held, not other
@@ -50,7 +50,7 @@ func TestStaleWorkDirsRemoved(t *testing.T) {
 		mk("snapflow-keyed-abcdef", "LOCK"), // no pid in the name
 		mk("something-else", "LOCK"),
 	}
-	b, err := NewPebbleKeyedBackend[int64](PebbleEngine{Dir: parent}, keygroup.Range{Start: 0, End: 127}, 128, nil)
+	b, err := Open(Config{Dir: parent}, keygroup.Range{Start: 0, End: 127})
 	require.NoError(t, err)
 	defer b.Close()
 	for _, d := range stale {
@@ -61,7 +61,7 @@ func TestStaleWorkDirsRemoved(t *testing.T) {
 		_, err := os.Stat(d)
 		require.NoError(t, err, "%s is kept", d)
 	}
-	name := filepath.Base(b.peb.dir)
+	name := filepath.Base(b.dir)
 	pid, ok := workDirPID(name)
 	require.True(t, ok, name)
 	require.Equal(t, os.Getpid(), pid, "the working directory %s is named after this process", name)

@@ -1,4 +1,4 @@
-package state
+package pebble
 
 import "time"
 
@@ -21,7 +21,7 @@ import "time"
 // replaces the per-access cleanup of the heap, which on Pebble would open
 // an iterator on every access.
 
-// defaultTTLCleanupPeriod is PebbleEngine.TTLCleanupPeriod's default.
+// defaultTTLCleanupPeriod is Config.TTLCleanupPeriod's default.
 const defaultTTLCleanupPeriod = time.Minute
 
 // sweepSteps is the number of steps a pass is paced in at most; a step
@@ -42,11 +42,12 @@ type ttlSweeper interface {
 	stored() int
 }
 
-func (t *pebbleTable[K, V]) stored() int { return t.n }
+func (t *Table[K, V]) stored() int { return t.n }
 
-// sweepTTL runs a step of the paced cleanup if one is due at now.
-func (s *pebbleStore) sweepTTL(now int64) {
-	if s.sweepPeriod < 0 {
+// SweepTTL runs a step of the paced cleanup if one is due at now (the
+// backend's SetTime, once per batch of records).
+func (s *Store) SweepTTL(now int64) {
+	if len(s.sweepers) == 0 || s.sweepPeriod < 0 {
 		return
 	}
 	if s.sweptAt == 0 || now < s.sweptAt {

@@ -1,4 +1,4 @@
-package state
+package pebble
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 	"github.com/snapflow/snapflow/state/internal/engine"
 )
 
-// defaultWriteCacheEntries is PebbleEngine.WriteCacheEntries when unset.
+// defaultWriteCacheEntries is Config.WriteCacheEntries when unset.
 // 4096 bounds the flush at a freeze to a few milliseconds (about 3 ms
 // measured, BenchmarkPebbleFreeze), the synchronous pause of a checkpoint.
 const defaultWriteCacheEntries = 1 << 12
@@ -143,7 +143,7 @@ const (
 // the key exists (has is false, unknown true), and the caller writes it at
 // once. The slot is valid until the next cacheSlot, drop or
 // flush-and-evict.
-func (t *pebbleTable[K, V]) cacheSlot(key []byte, mode int) int32 {
+func (t *Table[K, V]) cacheSlot(key []byte, mode int) int32 {
 	c := t.c
 	h := c.hash(key)
 	if s := c.find(key, h); s >= 0 {
@@ -171,7 +171,7 @@ func (t *pebbleTable[K, V]) cacheSlot(key []byte, mode int) int32 {
 
 // cacheInsert takes a slot for key (not in the cache), evicting one if
 // the cache is full, and returns it, clean and unreferenced.
-func (t *pebbleTable[K, V]) cacheInsert(key []byte, h uint64) int32 {
+func (t *Table[K, V]) cacheInsert(key []byte, h uint64) int32 {
 	c := t.c
 	var s int32
 	if c.used < len(c.ents) || len(c.ents) < c.limit {
@@ -214,7 +214,7 @@ func (t *pebbleTable[K, V]) cacheInsert(key []byte, h uint64) int32 {
 }
 
 // drop removes the clean slot of key from the cache, if it is there.
-func (t *pebbleTable[K, V]) drop(key []byte) {
+func (t *Table[K, V]) drop(key []byte) {
 	c := t.c
 	s := c.find(key, c.hash(key))
 	if s < 0 {
@@ -254,13 +254,13 @@ func (t *pebbleTable[K, V]) drop(key []byte) {
 }
 
 // cached reports whether key is in the cache.
-func (t *pebbleTable[K, V]) cached(key []byte) bool {
+func (t *Table[K, V]) cached(key []byte) bool {
 	return t.c != nil && t.c.find(key, t.c.hash(key)) >= 0
 }
 
 // flush writes every dirty slot to Pebble in one batch (NoSync); the
 // slots stay cached, clean.
-func (t *pebbleTable[K, V]) flush() {
+func (t *Table[K, V]) flush() {
 	c := t.c
 	if c == nil || len(c.dirty) == 0 {
 		return
@@ -292,7 +292,7 @@ func (t *pebbleTable[K, V]) flush() {
 
 // cacheGet reads the value of key (the current key or entry) through the
 // cache.
-func (t *pebbleTable[K, V]) cacheGet(key []byte) (V, bool) {
+func (t *Table[K, V]) cacheGet(key []byte) (V, bool) {
 	s := t.cslot
 	if s < 0 {
 		s = t.cacheSlot(key, slotLoad)
@@ -310,7 +310,7 @@ func (t *pebbleTable[K, V]) cacheGet(key []byte) (V, bool) {
 // otherwise v joins the key's ops slot without a read (a blind add, S15),
 // written to Pebble as a merge operand at the next flush. An ops slot
 // holding maxPendingOps adds is resolved first.
-func (t *pebbleTable[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
+func (t *Table[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
 	c := t.c
 	s := t.cslot
 	if s < 0 {
@@ -344,7 +344,7 @@ func (t *pebbleTable[K, V]) cacheAdd(key []byte, v V, reduce func(a, b V) V) {
 
 // encodeVal encodes v into the table's value buffer and returns the
 // bytes, valid until the next encoding; a failure panics, as any write's.
-func (t *pebbleTable[K, V]) encodeVal(v V) []byte {
+func (t *Table[K, V]) encodeVal(v V) []byte {
 	t.ve.Buf = t.ve.Buf[:0]
 	t.cv = v
 	vb, err := t.sp.Vals.Append(t.ve, &t.cv)
@@ -361,7 +361,7 @@ func (t *pebbleTable[K, V]) encodeVal(v V) []byte {
 // one run. The slot is dirty, holding the folded value to Set, if it had
 // pending adds or Pebble's value was a run (so that a read run is written
 // back as one value); clean otherwise.
-func (t *pebbleTable[K, V]) resolve(s int32) {
+func (t *Table[K, V]) resolve(s int32) {
 	e := &t.c.ents[s]
 	raw, closer, err := t.s.db.Get(e.key)
 	found := err == nil
@@ -391,7 +391,7 @@ func (t *pebbleTable[K, V]) resolve(s int32) {
 }
 
 // cachePut writes v under key (the current key or entry) into the cache.
-func (t *pebbleTable[K, V]) cachePut(key []byte, v V) {
+func (t *Table[K, V]) cachePut(key []byte, v V) {
 	s := t.cslot
 	if s < 0 {
 		s = t.cacheSlot(key, slotBlind)
@@ -402,7 +402,7 @@ func (t *pebbleTable[K, V]) cachePut(key []byte, v V) {
 	e.enc = append(e.enc[:0], vb...)
 	if !e.has {
 		// A blind write may overwrite a stored entry: n becomes an upper
-		// bound (see pebbleTable.approx).
+		// bound (see Table.approx).
 		t.n++
 		t.approx = t.approx || e.unknown
 	}
@@ -413,7 +413,7 @@ func (t *pebbleTable[K, V]) cachePut(key []byte, v V) {
 // cacheRemove removes the entry of key (the current key or entry) in the
 // cache, as a dirty slot without a value (a tombstone until flushed), and
 // reports whether there was one.
-func (t *pebbleTable[K, V]) cacheRemove(key []byte) bool {
+func (t *Table[K, V]) cacheRemove(key []byte) bool {
 	s := t.cslot
 	if s < 0 {
 		s = t.cacheSlot(key, slotExists)
