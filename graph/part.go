@@ -315,7 +315,7 @@ func (j *Job) startParts(ctx context.Context, pl *cluster.Placement, ws []parts.
 			restore = &parts.Restore{FS: x.StateFS, Path: x.Plan.Path}
 		}
 		j.forBoxes(func(_ int, _ []*vertex, _ int, bx master.Box) { x.Boxes = append(x.Boxes, bx) })
-		x.Mailboxes = make([]*task.Mailbox, len(x.Boxes))
+		x.Mailboxes = make([]execution.Mailbox, len(x.Boxes))
 		x.Chains = make([]execution.Chain, len(x.Boxes))
 		var built []*parts.Part
 		fail := func(err error) (*execution.Attempt, error) {
