@@ -23,7 +23,8 @@
 //
 // # State and timers
 //
-// Per key, WindowState (a MapState) maps each open window to its slot:
+// Per key, WindowState (a MapState) maps each open window to its slot
+// (sliding windows: see panes below):
 // the accumulator (the reduced value, the AggregateFunction's
 // accumulator, or nothing when a ProcessFunc keeps the elements, which
 // then live in ElementState under (window, arrival index)), the record
@@ -69,6 +70,39 @@
 //     event-time window and cleans every window; processing-time windows
 //     fire at the end of the input by the operator's EndOfInputTimers
 //     policy (graph.FireTimers by default).
+//
+// # Sliding windows: panes
+//
+// A sliding window's record belongs to size/slide windows. With an
+// incremental function that can merge (Reduce, or Aggregate and
+// AggregateProcess with an aggregate function implementing Merger) the
+// operator keeps panes (Flink's slices): intervals of gcd(size, slide),
+// aligned as the windows are, so that each window is a whole number of
+// them. A record is added to its one pane, PaneState (a MapState from the
+// pane to its slot), not to each of its windows. The first record of a
+// pane registers the timers of the pane's windows still kept (registering
+// a key's timer time twice is a no-op, so a window's timers are
+// registered once whichever pane comes first). A firing merges the
+// window's panes, in time order, into a fresh accumulator
+// (CreateAccumulator, or the first pane's value for Reduce, whose
+// function does not modify its arguments): a window's result is the same
+// as with one slot per window. WindowState then holds only what belongs
+// to a window rather than a pane: its firings (with allowed lateness) and
+// the records of a state restored from the per-window format of earlier
+// versions (merged before the panes), so such a checkpoint restores
+// without conversion. A window's cleanup removes its slot and the panes
+// of its first slide, which no later window holds.
+//
+//   - W6 (panes): every record of a window is in exactly one of its
+//     panes or in its restored slot until the window's cleanup; a pane
+//     goes at the cleanup of the last window that holds it.
+//
+// A Process function needs every element of a window, in arrival order,
+// and an aggregate function without Merge cannot combine panes: those
+// sliding windows keep one slot (and element list) per window, and a
+// record is written size/slide times. A state that holds panes cannot be
+// restored into such an operator (the restore fails, naming the
+// operator). Tumbling windows are one pane each; sessions merge instead.
 //
 // # Validation and bad input
 //

@@ -125,6 +125,10 @@ const (
 	// SessionState lists each key's sessions, by start, each with the
 	// window its state is kept under.
 	SessionState = "_window_sessions"
+	// PaneState maps a pane of sliding windows (see "Sliding windows:
+	// panes" in the package documentation) to its slot: the accumulator
+	// and record count of its records.
+	PaneState = "_window_panes"
 )
 
 // sessionEntry is one session of a key: its window W, and the window S its
@@ -151,14 +155,17 @@ type elemKey struct {
 }
 
 // fns are the window function of an operator, on accumulators ACC: add
-// (first: the window had no record) and merge (sessions) for an
-// incremental aggregate, or keep to store the elements; emit computes a
-// firing's output.
+// (first: the window had no record) and merge (sessions and the panes of
+// sliding windows; nil if the function cannot merge) for an incremental
+// aggregate, create (an empty accumulator to merge panes into; nil for a
+// reduction, whose merge does not modify its arguments), or keep to
+// store the elements; emit computes a firing's output.
 type fns[K comparable, IN, ACC, OUT any] struct {
-	add   func(acc ACC, in IN, first bool) ACC
-	merge func(a, b ACC) ACC
-	keep  bool
-	emit  func(c *Context[K], acc ACC, elems []IN, out graph.Collector[OUT]) error
+	add    func(acc ACC, in IN, first bool) ACC
+	merge  func(a, b ACC) ACC
+	create func() ACC
+	keep   bool
+	emit   func(c *Context[K], acc ACC, elems []IN, out graph.Collector[OUT]) error
 	// user are the user's function values whose lifecycle hooks the
 	// operator calls, in this order (Close in reverse): the aggregate
 	// function, then the ProcessFunc.
@@ -174,8 +181,13 @@ type op[K comparable, IN, ACC, OUT any] struct {
 	lateness int64
 	f        fns[K, IN, ACC, OUT]
 
-	ctx   *graph.Context
-	wins  *state.MapState[K, Window, slot[ACC]]
+	ctx  *graph.Context
+	wins *state.MapState[K, Window, slot[ACC]]
+	// panes holds the panes of sliding windows (PaneState), nil when the
+	// windows keep a slot each (see "Sliding windows: panes" in doc.go).
+	panes *state.MapState[K, Window, slot[ACC]]
+	// pane is the length of a pane (paned windows).
+	pane  int64
 	elems *state.MapState[K, elemKey, IN]
 	// sessions lists a key's sessions, by start (session assigners).
 	sessions *state.ValueState[K, []sessionEntry]
@@ -283,6 +295,19 @@ func (o *op[K, IN, ACC, OUT]) InitializeState(ctx *graph.Context) error {
 			return err
 		}
 	}
+	if o.a.kind == sliding && o.a.slide < o.a.size {
+		panes, err := state.Map[K, Window, slot[ACC]](b, PaneState)
+		if err != nil {
+			return err
+		}
+		if !o.f.keep && o.f.merge != nil {
+			o.panes, o.pane = panes, o.a.paneSize()
+		} else {
+			for e := range panes.AllEntries() {
+				return fmt.Errorf("window: operator %q: the restored state holds panes of sliding windows (%s, pane %v of key %v), which this operator's function cannot merge (a Process function, or an aggregate function without Merge, window.Merger): restore it with a function that merges", o.uid, PaneState, e.UserKey, e.Key)
+			}
+		}
+	}
 	for _, u := range o.f.user {
 		if in, ok := u.(graph.Initializer); ok {
 			if err := in.InitializeState(ctx); err != nil {
@@ -338,21 +363,37 @@ func (o *op[K, IN, ACC, OUT]) Process(ctx *graph.KeyedContext[K], in IN, out gra
 	var ts, wm int64
 	if o.a.domain == graph.EventTime {
 		ts, wm = o.spec.Timestamp(in), ctx.CurrentWatermark()
-		if why := o.invalid(ts); why != "" {
-			if o.spec.Invalid != nil {
-				o.spec.Invalid.Emit(ctx, in)
-				return nil
+		// invalid is a call: only for a timestamp out of range or with
+		// MaxFutureSkew.
+		if ts < minTime || ts > maxTime || o.spec.MaxFutureSkew > 0 {
+			if why := o.invalid(ts); why != "" {
+				if o.spec.Invalid != nil {
+					o.spec.Invalid.Emit(ctx, in)
+					return nil
+				}
+				return invalidRecord{fmt.Errorf("window: operator %q: record %+v of key %v %s (set Spec.Invalid to route such records to a side output)", o.uid, in, ctx.CurrentKey(), why)}
 			}
-			return invalidRecord{fmt.Errorf("window: operator %q: record %+v of key %v %s (set Spec.Invalid to route such records to a side output)", o.uid, in, ctx.CurrentKey(), why)}
 		}
 	} else {
 		ts = time.Now().UnixNano()
 		wm = marker.MinWatermark // processing time: nothing is late
 	}
-	o.buf = o.a.assign(o.buf[:0], ts)
-	if o.a.kind == session {
-		return o.addSession(ctx, in, o.buf[0], wm, out)
+	switch {
+	case o.a.kind == tumbling:
+		start := o.a.lastStart(ts)
+		w := Window{start, start + o.a.size}
+		if o.cleanup(w) <= wm {
+			o.late(ctx, in, ts, wm)
+			return nil
+		}
+		s, ok := o.wins.Get(w)
+		return o.addTo(ctx, w, w, s, !ok, in, wm, out)
+	case o.panes != nil:
+		return o.addToPane(ctx, in, ts, wm, out)
+	case o.a.kind == session:
+		return o.addSession(ctx, in, Window{ts, ts + o.a.gap}, wm, out)
 	}
+	o.buf = o.a.assign(o.buf[:0], ts)
 	onTime := false
 	for _, w := range o.buf {
 		if o.cleanup(w) <= wm {
@@ -421,6 +462,102 @@ func (o *op[K, IN, ACC, OUT]) addTo(ctx *graph.KeyedContext[K], w, sw Window, s 
 		return o.fire(ctx, w, sw, s, out)
 	}
 	return nil
+}
+
+// addToPane adds in, at ts, to its pane of sliding windows: the record
+// is written once, not once per window. A fresh pane registers the timers
+// of its windows still kept (the timer service ignores a second
+// registration of a time); the windows whose end the watermark wm passed
+// already (a late record within the allowed lateness) fire at once, the
+// latest first.
+func (o *op[K, IN, ACC, OUT]) addToPane(ctx *graph.KeyedContext[K], in IN, ts, wm int64, out graph.Collector[OUT]) error {
+	last := o.a.lastStart(ts)
+	if o.cleanup(Window{last, last + o.a.size}) <= wm {
+		o.late(ctx, in, ts, wm)
+		return nil
+	}
+	ps := ts - floorMod(ts-o.a.offset, o.pane)
+	pw := Window{ps, ps + o.pane}
+	p, ok := o.panes.Get(pw)
+	p.Acc = o.f.add(p.Acc, in, p.N == 0)
+	p.N++
+	o.panes.Put(pw, p)
+	// The earliest window of the pane (the windows start every slide, the
+	// last at last, and hold ps).
+	first := last - (last-ps+o.a.size-1)/o.a.slide*o.a.slide
+	if ok && first+o.a.size-1 > wm {
+		return nil
+	}
+	for start := last; start >= first; start -= o.a.slide {
+		w := Window{start, start + o.a.size}
+		if o.cleanup(w) <= wm {
+			break // and so are the earlier windows
+		}
+		if !ok {
+			o.register(ctx, w, wm)
+		}
+		if w.MaxTimestamp() <= wm {
+			if err := o.firePanes(ctx, w, out); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// firePanes emits sliding window w's result, its panes merged into a
+// fresh accumulator (or the first pane's value, for a reduction, whose
+// merge does not modify its arguments), after the slot WindowState holds
+// for w, if any: the window's firings, and its records from before panes
+// when the state was restored from the per-window format. A window
+// without records emits nothing. The firing is counted when the window
+// stays for its allowed lateness.
+func (o *op[K, IN, ACC, OUT]) firePanes(ctx *graph.KeyedContext[K], w Window, out graph.Collector[OUT]) error {
+	s, _ := o.wins.Get(w)
+	var acc ACC
+	n := int64(0)
+	o.combine(&acc, &n, s.Acc, s.N)
+	for ps := w.Start; ps < w.End; ps += o.pane {
+		if p, ok := o.panes.Get(Window{ps, ps + o.pane}); ok {
+			o.combine(&acc, &n, p.Acc, p.N)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	o.wctx = Context[K]{KeyedContext: ctx, Window: w, Pane: s.Fired, Count: n}
+	if err := o.f.emit(&o.wctx, acc, nil, out); err != nil {
+		return err
+	}
+	if o.cleanup(w) > w.MaxTimestamp() {
+		s.Fired++
+		o.wins.Put(w, s)
+	}
+	return nil
+}
+
+// combine merges b, the accumulator of bn records, into *acc, of *n.
+func (o *op[K, IN, ACC, OUT]) combine(acc *ACC, n *int64, b ACC, bn int64) {
+	switch {
+	case bn == 0:
+		return
+	case *n > 0:
+		*acc = o.f.merge(*acc, b)
+	case o.f.create != nil:
+		*acc = o.f.merge(o.f.create(), b)
+	default:
+		*acc = b
+	}
+	*n += bn
+}
+
+// cleanPanes drops sliding window w's slot and the panes no later window
+// holds: those in its first slide.
+func (o *op[K, IN, ACC, OUT]) cleanPanes(w Window) {
+	o.wins.Remove(w)
+	for ps := w.Start; ps < w.Start+o.a.slide; ps += o.pane {
+		o.panes.Remove(Window{ps, ps + o.pane})
+	}
 }
 
 // register registers w's timers: its firing (unless the watermark wm
@@ -558,6 +695,20 @@ func (o *op[K, IN, ACC, OUT]) OnTimer(ctx *graph.KeyedContext[K], at time.Time, 
 		return fmt.Errorf("window: operator %q: a %v timer fired for %v", o.uid, d, o.a)
 	}
 	t := at.UnixNano()
+	if o.panes != nil {
+		// The window whose end the timer is at fires, the one whose
+		// cleanup it is goes (the same one without allowed lateness);
+		// either time may be no window's.
+		if end := t + 1; o.a.aligned(end) {
+			if err := o.firePanes(ctx, Window{end - o.a.size, end}, out); err != nil {
+				return err
+			}
+		}
+		if end := t + 1 - o.lateness; o.a.aligned(end) {
+			o.cleanPanes(Window{end - o.a.size, end})
+		}
+		return nil
+	}
 	o.due = o.due[:0]
 	var list []sessionEntry
 	if o.a.kind == session {

@@ -149,12 +149,31 @@ func (a Assigner) assign(dst []Window, ts int64) []Window {
 	if a.kind == session {
 		return append(dst, Window{ts, ts + a.gap})
 	}
-	last := ts - floorMod(ts-a.offset, a.slide)
+	last := a.lastStart(ts)
 	for start := last; start > ts-a.size; start -= a.slide {
 		dst = append(dst, Window{start, start + a.size})
 	}
 	return dst
 }
+
+// paneSize is the length of the panes of sliding windows: the greatest
+// common divisor of size and slide, so every window is a whole number of
+// panes and every pane lies in the same windows as each of its instants.
+func (a Assigner) paneSize() int64 {
+	x, y := a.size, a.slide
+	for y != 0 {
+		x, y = y, x%y
+	}
+	return x
+}
+
+// lastStart is the start of the latest window of a (tumbling or sliding)
+// that holds time ts.
+func (a Assigner) lastStart(ts int64) int64 { return ts - floorMod(ts-a.offset, a.slide) }
+
+// aligned reports whether end is the end of a window of a (tumbling or
+// sliding).
+func (a Assigner) aligned(end int64) bool { return floorMod(end-a.offset, a.slide) == 0 }
 
 // span is the longest a window of a can be before merging (size or gap).
 func (a Assigner) span() int64 { return max(a.size, a.gap) }
@@ -172,7 +191,14 @@ func (a Assigner) perKey(lateness int64) int64 {
 	return (a.size + lateness + a.slide - 1) / a.slide
 }
 
-func floorMod(a, b int64) int64 { return ((a % b) + b) % b }
+// floorMod is a mod b in [0, b), b positive: one division.
+func floorMod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
 
 // NoTimestamp is what a Timestamp function returns for a record that has
 // no event time (see Spec.Invalid).

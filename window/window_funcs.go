@@ -35,9 +35,10 @@ func Reduce[K comparable, T any](s *graph.KeyedStream[K, T], uid string, spec Sp
 // AggregateFunction is an incremental aggregate of a window's records:
 // one accumulator ACC per window, created empty, added to per record, and
 // turned into the window's result OUT at a firing. It is
-// state.AggregateFunction without Merge: only session windows, which
-// merge, need their accumulators merged, and for them the function must
-// also implement Merger (every state.AggregateFunction does).
+// state.AggregateFunction without Merge: session windows, which merge,
+// need their accumulators merged, and for them the function must also
+// implement Merger (every state.AggregateFunction does); sliding windows
+// keep panes when it does (see Merger).
 type AggregateFunction[IN, ACC, OUT any] interface {
 	CreateAccumulator() ACC
 	Add(value IN, acc ACC) ACC
@@ -45,10 +46,14 @@ type AggregateFunction[IN, ACC, OUT any] interface {
 }
 
 // Merger is implemented by an AggregateFunction whose accumulators can be
-// merged: Merge returns the accumulator of the records of a and b. The
-// session windows of a key merge when a record bridges them
-// (EventTimeSession, ProcessingTimeSession), and so need it; tumbling and
-// sliding windows never merge.
+// merged: Merge returns the accumulator of the records of a and b. It may
+// modify and return a; it must not modify b. The session windows of a key
+// merge when a record bridges them (EventTimeSession,
+// ProcessingTimeSession), and so need it. Sliding windows use it when it
+// is there: a record goes into one pane (see "Sliding windows: panes" in
+// the package documentation) and a firing merges the window's panes into
+// a fresh accumulator; without it every record is added to each of its
+// size/slide windows. Tumbling windows never merge.
 type Merger[ACC any] interface {
 	Merge(a, b ACC) ACC
 }
@@ -66,9 +71,10 @@ func Aggregate[K comparable, IN, ACC, OUT any](s *graph.KeyedStream[K, IN], uid 
 	merge := mergeOf[ACC](s, uid, spec, agg)
 	return build(s, uid, spec, false, func() fns[K, IN, ACC, Result[K, OUT]] {
 		return fns[K, IN, ACC, Result[K, OUT]]{
-			add:   aggAdd(agg),
-			merge: merge,
-			user:  []any{agg},
+			add:    aggAdd(agg),
+			merge:  merge,
+			create: agg.CreateAccumulator,
+			user:   []any{agg},
 			emit: func(c *Context[K], acc ACC, _ []IN, out graph.Collector[Result[K, OUT]]) error {
 				out.Collect(result(c, agg.GetResult(acc)))
 				return nil
@@ -126,9 +132,10 @@ func AggregateProcess[K comparable, IN, ACC, V, OUT any](s *graph.KeyedStream[K,
 		fn := newFn()
 		one := make([]V, 1)
 		return fns[K, IN, ACC, OUT]{
-			add:   aggAdd(agg),
-			merge: merge,
-			user:  []any{agg, fn},
+			add:    aggAdd(agg),
+			merge:  merge,
+			create: agg.CreateAccumulator,
+			user:   []any{agg, fn},
 			emit: func(c *Context[K], acc ACC, _ []IN, out graph.Collector[OUT]) error {
 				one[0] = agg.GetResult(acc)
 				return fn.Process(c, one, out)
