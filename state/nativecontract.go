@@ -132,7 +132,7 @@ func (b *KeyedBackend[K]) FreezeNative() (*NativeSnapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &NativeSnapshot{FS: s.FS, Dir: s.Dir, Instance: s.Instance, States: s.States, Spans: s.Spans, s: s}, nil
+	return &NativeSnapshot{FS: s.FS, Dir: s.Dir, Instance: s.Instance, States: s.States, s: s}, nil
 }
 
 // Take waits until the snapshot's Pebble checkpoint is in Dir and returns
